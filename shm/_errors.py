@@ -1,0 +1,29 @@
+"""The substrate's exceptions; the host maps them onto Triton error codes in one place."""
+from __future__ import annotations
+
+
+class ShmError(Exception):
+    """Base class of every error raised by :mod:`tritonpy.shm`."""
+
+
+class ShmExhaustedError(ShmError, MemoryError):
+    """Shared memory could not be reserved: /dev/shm is full or the pool's cap is reached."""
+
+    def __init__(self, asked: int, free: int, where: str, reason: str = "") -> None:
+        self.asked = asked
+        self.free = free
+        self.where = where
+        why = f" ({reason})" if reason else ""
+        super().__init__(
+            f"shared memory exhausted{why}: asked for {asked} bytes in {where}, "
+            f"{free} bytes free; raise the limit (e.g. docker --shm-size, or the pool cap) "
+            f"or send smaller tensors"
+        )
+
+
+class ChannelClosedError(ShmError, ConnectionError):
+    """The peer process closed the channel or died."""
+
+
+class ProtocolError(ShmError, ValueError):
+    """A frame or a tensor handle from the peer is malformed or out of range."""

@@ -1,0 +1,169 @@
+"""A message channel between two processes: msgpack frames over a SOCK_SEQPACKET socket pair.
+
+Each ``send`` is one datagram, so threads may send concurrently without a lock and the receiver
+never sees a torn frame. A frame larger than ``frame_limit`` is written into a pool block and
+only its handle crosses the socket (SPILL). The peer's death closes the socket: ``recv`` returns
+None at once, with no timeout involved. Releases owed to the peer are sent in batches by a
+small flusher thread, and every frame read from the peer is validated before use.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from typing import Any, Callable
+import queue
+
+import msgpack
+import numpy as np
+
+from ._errors import ChannelClosedError, ProtocolError
+from .messages import Cmd, frame
+from .transport import Peer, TensorTransport
+
+FRAME_LIMIT = 60 * 1024
+_KNOWN = frozenset(int(c) for c in Cmd)
+_packb = msgpack.packb
+
+
+def socket_pair() -> tuple[socket.socket, socket.socket]:
+    """A connected SOCK_SEQPACKET pair (inheritable end second)."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    b.set_inheritable(True)
+    return a, b
+
+
+class Channel:
+    """One end of a host <-> stub channel."""
+
+    def __init__(self, sock: socket.socket, transport: TensorTransport, name: str = "channel",
+                 frame_limit: int = FRAME_LIMIT,
+                 maintenance: Callable[[], None] | None = None) -> None:
+        self.sock = sock
+        self.transport = transport
+        self.peer = Peer(name)
+        self.name = name
+        self.frame_limit = frame_limit
+        self._buf = bytearray(frame_limit + 1024)
+        self._view = memoryview(self._buf)
+        self.closed = False
+        self.frames_sent = 0
+        self.frames_received = 0
+        self._maintenance = maintenance
+        self._flusher = threading.Thread(target=self._flush_releases, name=f"{name}-release",
+                                         daemon=True)
+        self._flusher.start()
+
+    # -- sending ------------------------------------------------------------------------------
+    def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:
+        """Send one frame; raises ChannelClosedError if the peer is gone."""
+        data = _packb([int(cmd), call_id, body], use_bin_type=True)
+        if len(data) > self.frame_limit:
+            block = self.transport.pool.new_array(np.uint8, (len(data),))
+            block[:] = np.frombuffer(data, np.uint8)
+            seg, off = self.transport.segments.locate(block)  # type: ignore[misc]
+            eid = self.peer.export(block)
+            data = _packb(frame(Cmd.SPILL, 0, [seg.name, off, len(data), eid]), use_bin_type=True)
+        try:
+            self.sock.send(data)
+        except OSError as exc:
+            self.closed = True
+            raise ChannelClosedError(f"{self.name}: peer is gone ({exc})") from None
+        self.frames_sent += 1
+
+    def _flush_releases(self) -> None:
+        owed = self.peer.releases_owed
+        while True:
+            try:
+                first = owed.get(timeout=1.0)
+            except queue.Empty:
+                if self.closed:
+                    return
+                if self._maintenance is not None:
+                    try:
+                        self._maintenance()
+                    except ChannelClosedError:
+                        return
+                continue
+            if first is None or self.closed:
+                return
+            ids = self.peer.take_owed(first)
+            if ids:
+                try:
+                    self.send(Cmd.RELEASE, 0, ids)
+                except ChannelClosedError:
+                    return
+
+    # -- receiving ----------------------------------------------------------------------------
+    def recv(self) -> list | None:
+        """The next frame ``[cmd, call_id, body]``; None once the peer has closed or died.
+
+        RELEASE frames are handled here and never returned.
+        """
+        while True:
+            try:
+                n = self.sock.recv_into(self._buf)
+            except OSError:
+                n = 0
+            if n == 0:
+                self.closed = True
+                return None
+            self.frames_received += 1
+            msg = self._parse(self._view[:n])
+            cmd = msg[0]
+            if cmd == Cmd.RELEASE:
+                ids = msg[2]
+                if not isinstance(ids, list):
+                    raise ProtocolError("RELEASE body must be a list of ids")
+                self.peer.release(ids)
+                continue
+            if cmd == Cmd.SPILL:
+                msg = self._unspill(msg[2])
+            if msg[0] == Cmd.DROPPED and isinstance(msg[2], list):
+                for name in msg[2]:
+                    if isinstance(name, str):
+                        self.transport.segments.forget(name)
+            return msg
+
+    def _parse(self, data: Any) -> list:
+        try:
+            msg = msgpack.unpackb(data, raw=False, strict_map_key=False,
+                                  max_buffer_size=1 << 40)
+        except Exception as exc:  # msgpack raises several unrelated types on garbage
+            raise ProtocolError(f"{self.name}: undecodable frame ({exc})") from None
+        if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], int)
+                and isinstance(msg[1], int)):
+            raise ProtocolError(f"{self.name}: frame is not [cmd, call_id, body]")
+        if msg[0] not in _KNOWN:
+            raise ProtocolError(f"{self.name}: unknown command {msg[0]}")
+        return msg
+
+    def _unspill(self, body: Any) -> list:
+        if not (isinstance(body, list) and len(body) == 4):
+            raise ProtocolError(f"{self.name}: malformed SPILL frame")
+        seg_name, off, nbytes, eid = body
+        if not all(isinstance(x, int) for x in (off, nbytes, eid)):
+            raise ProtocolError(f"{self.name}: malformed SPILL frame")
+        try:
+            seg = self.transport.segments.get(seg_name)
+            if off < 0 or nbytes <= 0 or off + nbytes > seg.size:
+                raise ProtocolError(
+                    f"{self.name}: SPILL of {nbytes} bytes at {off} exceeds segment {seg_name}"
+                )
+            msg = self._parse(memoryview(seg.mm)[off:off + nbytes])
+        finally:
+            self.peer.owe_release(eid)
+        if msg[0] == Cmd.SPILL:
+            raise ProtocolError(f"{self.name}: nested SPILL frame")
+        return msg
+
+    # -- closing ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the socket and stop the flusher; what the peer held is dropped."""
+        self.closed = True
+        self.peer.releases_owed.put(None)
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        self.peer.drop_all()

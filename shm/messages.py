@@ -1,0 +1,106 @@
+"""Every message that crosses the host <-> stub channel, in one place.
+
+A frame is a msgpack array ``[cmd, call_id, body]``. ``call_id`` pairs a request with its reply
+(0 when none is expected). Commands are named after the Triton Python backend's own stub
+commands so that a reader can map one onto the other. Bodies are dicts (TypedDicts below) or
+lists; tensors inside them are :data:`tritonpy.shm.transport.WireTensor` lists.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any, TypedDict
+
+PROTOCOL_VERSION = 1
+
+
+class Cmd(enum.IntEnum):
+    """Frame commands. Direction: H = host, S = stub."""
+
+    # lifecycle
+    HELLO = 1  # S->H: {version, pid}; first frame of a stub
+    INITIALIZE = 2  # H->S: InitializeBody -> REPLY {ok|error, info}
+    AUTO_COMPLETE = 3  # H->S: {model_dir, config} -> REPLY {config}
+    FINALIZE = 4  # H->S -> REPLY
+    IS_READY = 5  # H->S -> REPLY {ready}
+    PING = 6  # H->S -> REPLY (answered by the stub's reader thread)
+    # inference
+    EXECUTE = 10  # H->S: ExecuteBody (a batch of requests)
+    EXECUTE_DONE = 11  # S->H: {responses | error}  (one frame per execute, default mode)
+    RESPONSE_SEND = 12  # S->H: ResponseBody (decoupled / response sender)
+    CANCEL = 13  # H->S: {ids}: requests cancelled by the client
+    RESCHEDULE = 14  # S->H: {id}: request released with RELEASE_RESCHEDULE
+    # BLS and the model loading API
+    BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id
+    BLS_RESPONSE = 21  # H->S: ResponseBody
+    BLS_CANCEL = 22  # S->H: cancel the BLS request with this call id
+    LOAD_MODEL = 23  # S->H: {name, config, files} -> REPLY
+    UNLOAD_MODEL = 24  # S->H: {name, unload_dependents} -> REPLY
+    MODEL_READY = 25  # S->H: {name, version} -> REPLY {ready}
+    # observability
+    LOG = 30  # S->H: [level, message, file, line]
+    METRIC_FAMILY = 31  # S->H: {name, description, kind}
+    METRIC_OP = 32  # S->H: [family, labels, op, value, buckets]
+    METRIC_VALUE = 33  # S->H: [family, labels] -> REPLY {value}
+    # memory
+    RELEASE = 40  # both: [export ids]
+    DROPPED = 41  # both: [segment names unlinked by their owner]
+    SPILL = 42  # both: [segment, offset, nbytes, export_id] of a frame too big for the socket
+    REPLY = 50  # reply to a call: {ok: bool, error?: ErrorBody, ...}
+
+
+class ErrorBody(TypedDict):
+    """An error as it crosses the channel: Triton code name and message."""
+
+    code: str
+    message: str
+
+
+class RequestBody(TypedDict, total=False):
+    """One inference request inside an EXECUTE frame."""
+
+    id: int  # host-side request id (responses and cancels name it)
+    model: str
+    version: int
+    request_id: str
+    correlation_id: int | str
+    flags: int
+    timeout: int
+    parameters: dict[str, Any]
+    inputs: list  # WireTensor
+    outputs: list[str]  # requested output names
+    preferred_memory: list  # [kind, device_id]
+
+
+class ExecuteBody(TypedDict):
+    requests: list[RequestBody]
+
+
+class ResponseBody(TypedDict, total=False):
+    """One response: to a request of an EXECUTE (RESPONSE_SEND) or to a BLS call."""
+
+    id: int
+    outputs: list  # WireTensor
+    error: ErrorBody | None
+    parameters: dict[str, Any]
+    final: bool  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    empty: bool  # a final flag with no response
+
+
+class BlsBody(TypedDict, total=False):
+    request: RequestBody
+    decoupled: bool
+    sync: bool  # the caller blocks (used by the host's BLS deadlock detection)
+    caller_request: int  # the execute request inside which this call was made (0 if none)
+
+
+class InitializeBody(TypedDict):
+    args: dict[str, str]
+    model_file: str
+    version_dir: str
+    decoupled: bool
+    max_async: int
+
+
+def frame(cmd: Cmd, call_id: int = 0, body: Any = None) -> list:
+    """A frame as sent on the channel."""
+    return [int(cmd), call_id, body]

@@ -1,0 +1,284 @@
+"""A growable pool of segments owned by this process, and the map of every segment it can see.
+
+Allocation is first-fit over per-segment free lists (64-byte aligned). The pool starts with one
+segment of ``default_size``, grows by whole new segments of ``growth_size`` (live segments are
+never remapped), gives a tensor larger than the growth size a segment of its own, and unlinks a
+segment that has stayed empty for ``idle_seconds`` (the first one is kept warm). ``cap`` bounds
+the bytes of all its segments together.
+"""
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from ._errors import ShmExhaustedError
+from .segment import PAGE, Segment, free_bytes, process_token, round_up
+
+ALIGN = 64
+MiB = 1 << 20
+
+
+class _Arena:
+    """Free-list allocator over one owned segment."""
+
+    __slots__ = ("seg", "free", "used", "idle_since", "dedicated")
+
+    def __init__(self, seg: Segment, dedicated: bool) -> None:
+        self.seg = seg
+        self.free: list[list[int]] = [[0, seg.size]]  # sorted [offset, size]
+        self.used = 0
+        self.idle_since = time.monotonic()
+        self.dedicated = dedicated
+
+    def alloc(self, n: int) -> int:
+        for i, (off, size) in enumerate(self.free):
+            if size >= n:
+                if size == n:
+                    del self.free[i]
+                else:
+                    self.free[i][0] = off + n
+                    self.free[i][1] = size - n
+                self.used += n
+                return off
+        return -1
+
+    def release(self, off: int, n: int) -> None:
+        self.used -= n
+        free = self.free
+        i = bisect.bisect_left(free, [off, 0])
+        if i > 0 and free[i - 1][0] + free[i - 1][1] == off:
+            free[i - 1][1] += n
+            if i < len(free) and free[i - 1][0] + free[i - 1][1] == free[i][0]:
+                free[i - 1][1] += free[i][1]
+                del free[i]
+        elif i < len(free) and off + n == free[i][0]:
+            free[i][0] = off
+            free[i][1] += n
+        else:
+            free.insert(i, [off, n])
+        if self.used == 0:
+            self.idle_since = time.monotonic()
+
+
+class SegmentMap:
+    """Every segment this process has mapped, its own and its peers', found by name or address.
+
+    Peers' segments are attached on first sight and cached; ``locate`` tells whether an array's
+    memory lies inside one of them so that it can be forwarded by handle instead of copied.
+    """
+
+    def __init__(self, directory: str | None = None) -> None:
+        self.directory = directory
+        self._by_name: dict[str, Segment] = {}
+        self._bases: list[int] = []
+        self._segs: list[Segment] = []
+        self._lock = threading.Lock()
+
+    def add(self, seg: Segment) -> None:
+        with self._lock:
+            self._by_name[seg.name] = seg
+            i = bisect.bisect_left(self._bases, seg.base)
+            self._bases.insert(i, seg.base)
+            self._segs.insert(i, seg)
+
+    def get(self, name: str) -> Segment:
+        """The mapping of ``name``, attaching it on first use."""
+        seg = self._by_name.get(name)
+        if seg is None:
+            with self._lock:
+                seg = self._by_name.get(name)
+            if seg is None:
+                seg = Segment.attach(name, self.directory)
+                self.add(seg)
+        return seg
+
+    def forget(self, name: str) -> None:
+        """Drop a peer's segment (it was unlinked); unmap it now or when its last view dies."""
+        with self._lock:
+            seg = self._by_name.pop(name, None)
+            if seg is None:
+                return
+            i = self._segs.index(seg)
+            del self._segs[i]
+            del self._bases[i]
+        seg.close()
+
+    def locate(self, arr: np.ndarray) -> tuple[Segment, int] | None:
+        """(segment, offset) if ``arr`` is C-contiguous and lies wholly inside a mapped segment."""
+        if not self._bases or not arr.flags.c_contiguous:
+            return None
+        addr = arr.__array_interface__["data"][0]
+        i = bisect.bisect_right(self._bases, addr) - 1
+        if i < 0:
+            return None
+        seg = self._segs[i]
+        off = addr - seg.base
+        if off + arr.nbytes > seg.size:
+            return None
+        return seg, off
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def close(self) -> None:
+        with self._lock:
+            segs = list(self._by_name.values())
+            self._by_name.clear()
+            self._bases.clear()
+            self._segs.clear()
+        for seg in segs:
+            seg.close()
+
+
+class Pool:
+    """Segments owned by this process, carved into blocks that are freed when their array dies."""
+
+    def __init__(
+        self,
+        prefix: str = "tritonpy_",
+        default_size: int = 16 * MiB,
+        growth_size: int = 16 * MiB,
+        cap: int = 0,
+        directory: str | None = None,
+        idle_seconds: float = 5.0,
+        segments: SegmentMap | None = None,
+        label: str = "pool",
+    ) -> None:
+        self.prefix = prefix + process_token()
+        self.default_size = round_up(max(default_size, PAGE))
+        self.growth_size = round_up(max(growth_size, PAGE))
+        self.cap = cap
+        self.directory = directory
+        self.idle_seconds = idle_seconds
+        self.segments = segments if segments is not None else SegmentMap(directory)
+        self.label = label
+        self._arenas: list[_Arena] = []
+        self._by_name: dict[str, _Arena] = {}
+        self._counter = 0
+        self._lock = threading.Lock()
+        self._closed = False
+        self.peak_bytes = 0
+        self.dropped: list[str] = []  # unlinked names not yet told to peers (take_dropped)
+
+    # -- allocation -------------------------------------------------------------------------
+    def allocate(self, nbytes: int) -> tuple[Segment, int]:
+        """Reserve ``nbytes`` (at least 1); the caller must call :meth:`free` exactly once."""
+        n = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+        with self._lock:
+            for arena in self._arenas:
+                if arena.dedicated and (arena.seg.size < n or arena.used):
+                    continue
+                off = arena.alloc(n)
+                if off >= 0:
+                    return arena.seg, off
+            self._reap_locked()
+            if not self._arenas:
+                size = max(self.default_size, round_up(n)) if n <= self.growth_size else round_up(n)
+            else:
+                size = self.growth_size if n <= self.growth_size else round_up(n)
+            arena = self._grow_locked(size, dedicated=n > self.growth_size)
+            off = arena.alloc(n)
+            return arena.seg, off
+
+    def free(self, seg: Segment, offset: int, nbytes: int) -> None:
+        """Give back a block from :meth:`allocate`."""
+        n = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
+        with self._lock:
+            arena = self._by_name.get(seg.name)
+            if arena is not None:
+                arena.release(offset, n)
+
+    def new_array(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        """A C-contiguous array inside the pool; its block is freed when its last view dies."""
+        dt = np.dtype(dtype)
+        count = 1
+        for d in shape:
+            count *= d
+        nbytes = count * dt.itemsize
+        seg, off = self.allocate(nbytes)
+        # The finalizer goes on the frombuffer() array itself: every later view (reshape,
+        # slice) collapses its base onto it, so it dies exactly with the last view.
+        root = np.frombuffer(seg.mm, dt, count, off)
+        weakref.finalize(root, self.free, seg, off, nbytes)
+        return root.reshape(shape)
+
+    def copy_in(self, src: np.ndarray) -> np.ndarray:
+        """A pool copy of ``src`` (one memcpy)."""
+        dst = self.new_array(src.dtype, src.shape)
+        np.copyto(dst, src, casting="no")
+        return dst
+
+    # -- growth, idling, cap ----------------------------------------------------------------
+    def _grow_locked(self, size: int, dedicated: bool) -> _Arena:
+        if self._closed:
+            raise RuntimeError(f"{self.label} is closed")
+        total = sum(a.seg.size for a in self._arenas)
+        if self.cap and total + size > self.cap:
+            self._reap_locked(force=True)
+            total = sum(a.seg.size for a in self._arenas)
+            if total + size > self.cap:
+                raise ShmExhaustedError(size, max(self.cap - total, 0), self.label, "pool cap")
+        name = f"{self.prefix}_{self._counter}"
+        self._counter += 1
+        seg = Segment.create(name, size, self.directory)
+        arena = _Arena(seg, dedicated)
+        self._arenas.append(arena)
+        self._by_name[name] = arena
+        self.segments.add(seg)
+        self.peak_bytes = max(self.peak_bytes, total + size)
+        return arena
+
+    def _reap_locked(self, force: bool = False) -> list[str]:
+        now = time.monotonic()
+        gone = []
+        for arena in list(self._arenas[1:] if not force else self._arenas):
+            if arena.used == 0 and (force or now - arena.idle_since >= self.idle_seconds):
+                self._arenas.remove(arena)
+                del self._by_name[arena.seg.name]
+                arena.seg.unlink()
+                self.segments.forget(arena.seg.name)
+                gone.append(arena.seg.name)
+        self.dropped.extend(gone)
+        return gone
+
+    def reap(self) -> list[str]:
+        """Unlink segments idle for ``idle_seconds``; returns their names (peers may unmap)."""
+        with self._lock:
+            return self._reap_locked()
+
+    def take_dropped(self) -> list[str]:
+        """Names unlinked since the last call, for peers to unmap."""
+        with self._lock:
+            out, self.dropped = self.dropped, []
+        return out
+
+    def usage(self) -> dict[str, int]:
+        """Segments, mapped bytes and bytes in use right now."""
+        with self._lock:
+            return {
+                "segments": len(self._arenas),
+                "mapped_bytes": sum(a.seg.size for a in self._arenas),
+                "used_bytes": sum(a.used for a in self._arenas),
+                "peak_bytes": self.peak_bytes,
+                "free_system_bytes": free_bytes(self.directory),
+            }
+
+    def segment_names(self) -> list[str]:
+        with self._lock:
+            return [a.seg.name for a in self._arenas]
+
+    def close(self) -> None:
+        """Unlink every segment; live views stay valid until they die (the mapping outlives
+        the name)."""
+        with self._lock:
+            self._closed = True
+            arenas, self._arenas = self._arenas, []
+            self._by_name.clear()
+        for arena in arenas:
+            arena.seg.unlink()
+            self.segments.forget(arena.seg.name)

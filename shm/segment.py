@@ -1,0 +1,143 @@
+"""Named shared-memory segments: POSIX shm through posix_ipc, or files in a fallback directory.
+
+A segment is created by exactly one process (its owner), which reserves its pages with
+``posix_fallocate`` so that a full ``/dev/shm`` raises :class:`ShmExhaustedError` here instead
+of a SIGBUS on first touch. Peers attach by name. Names are ``<prefix><pid>x<rand>_<n>``: the
+creating pid lets a later sweep tell orphans from live segments.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import re
+import secrets
+
+import posix_ipc
+
+from ._errors import ProtocolError, ShmError, ShmExhaustedError
+
+PAGE = mmap.PAGESIZE
+SHM_DIR = "/dev/shm"
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def round_up(n: int, to: int = PAGE) -> int:
+    """Round ``n`` up to a multiple of ``to``."""
+    return (n + to - 1) // to * to
+
+
+def process_token() -> str:
+    """A per-process token, ``<pid>x<random>``; the pid is what the orphan sweep checks."""
+    return f"{os.getpid()}x{secrets.token_hex(3)}"
+
+
+def free_bytes(directory: str | None) -> int:
+    """Bytes still free on the filesystem that backs ``directory`` (``/dev/shm`` for None)."""
+    try:
+        st = os.statvfs(directory or SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
+def check_name(name: str) -> None:
+    """Reject a segment name from a peer unless it is a plain name (no path tricks)."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ProtocolError(f"invalid shared-memory segment name {name!r}")
+
+
+class Segment:
+    """One mapped segment; ``owner`` is True in the process that created (and will unlink) it."""
+
+    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked")
+
+    def __init__(self, name: str, size: int, mm: mmap.mmap, owner: bool, directory: str | None):
+        self.name = name
+        self.size = size
+        self.mm = mm
+        self.owner = owner
+        self.directory = directory
+        self._unlinked = False
+        # The address of the mapping, used to recognise arrays that already live in it.
+        probe = ctypes.c_char.from_buffer(mm)
+        self.base = ctypes.addressof(probe)
+        del probe
+
+    @classmethod
+    def create(cls, name: str, size: int, directory: str | None = None) -> Segment:
+        """Create and reserve a segment of ``size`` bytes; raises ShmExhaustedError when full."""
+        check_name(name)
+        size = round_up(max(size, 1))
+        fd = _open(name, directory, create=True)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                _unlink(name, directory)
+                if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM, errno.EDQUOT):
+                    raise ShmExhaustedError(
+                        size, free_bytes(directory), directory or SHM_DIR, "no space left"
+                    ) from None
+                raise ShmError(f"cannot reserve {size} bytes for segment {name}: {exc}") from exc
+            try:
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            except OSError as exc:
+                _unlink(name, directory)
+                raise ShmError(f"cannot map segment {name} ({size} bytes): {exc}") from exc
+        finally:
+            os.close(fd)
+        return cls(name, size, mm, True, directory)
+
+    @classmethod
+    def attach(cls, name: str, directory: str | None = None) -> Segment:
+        """Map an existing segment created by a peer."""
+        check_name(name)
+        try:
+            fd = _open(name, directory, create=False)
+        except (posix_ipc.ExistentialError, FileNotFoundError):
+            raise ProtocolError(f"shared-memory segment {name} does not exist") from None
+        try:
+            size = os.fstat(fd).st_size
+            if size <= 0:
+                raise ProtocolError(f"shared-memory segment {name} is empty")
+            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+        finally:
+            os.close(fd)
+        return cls(name, size, mm, False, directory)
+
+    def close(self) -> bool:
+        """Unmap; returns False (and stays mapped) while views of it are still alive."""
+        try:
+            self.mm.close()
+        except BufferError:
+            return False
+        return True
+
+    def unlink(self) -> None:
+        """Remove the name (owner only); the memory lives on until every mapping is closed."""
+        if self.owner and not self._unlinked:
+            self._unlinked = True
+            _unlink(self.name, self.directory)
+
+
+def _open(name: str, directory: str | None, create: bool) -> int:
+    if directory is None:
+        flags = posix_ipc.O_CREX if create else 0
+        shm = posix_ipc.SharedMemory("/" + name, flags, mode=0o600, size=0)
+        return shm.fd
+    flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+    return os.open(os.path.join(directory, name), flags, 0o600)
+
+
+def _unlink(name: str, directory: str | None) -> None:
+    try:
+        if directory is None:
+            posix_ipc.unlink_shared_memory("/" + name)
+        else:
+            os.unlink(os.path.join(directory, name))
+    except (posix_ipc.ExistentialError, FileNotFoundError):
+        pass
+

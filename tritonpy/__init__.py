@@ -1,0 +1,1 @@
+"""tritonpy host."""

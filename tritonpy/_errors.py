@@ -1,0 +1,140 @@
+"""The host's exception hierarchy and its one mapping onto Triton codes, HTTP and gRPC statuses.
+
+Every error a user can see is a :class:`TritonpyError` carrying a Triton error code. The code
+is what crosses the stub channel (``{"code": "INVALID_ARG", "message": ...}``), what
+``pb_utils.TritonError.code()`` reports, and what picks the HTTP status and gRPC code.
+"""
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+
+class ErrorCode(str, enum.Enum):
+    """Triton's error codes (TRITONSERVER_Error_Code), by their short names."""
+
+    UNKNOWN = "UNKNOWN"
+    INTERNAL = "INTERNAL"
+    NOT_FOUND = "NOT_FOUND"
+    INVALID_ARG = "INVALID_ARG"
+    UNAVAILABLE = "UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    CANCELLED = "CANCELLED"
+
+
+# HTTP statuses as Triton's HTTP frontend returns them.
+_HTTP = {
+    ErrorCode.UNKNOWN: 500,
+    ErrorCode.INTERNAL: 500,
+    ErrorCode.NOT_FOUND: 404,
+    ErrorCode.INVALID_ARG: 400,
+    ErrorCode.UNAVAILABLE: 503,
+    ErrorCode.UNSUPPORTED: 400,
+    ErrorCode.ALREADY_EXISTS: 409,
+    ErrorCode.CANCELLED: 499,
+}
+# grpc.StatusCode names, resolved lazily so this module does not import grpc.
+_GRPC = {
+    ErrorCode.UNKNOWN: "UNKNOWN",
+    ErrorCode.INTERNAL: "INTERNAL",
+    ErrorCode.NOT_FOUND: "NOT_FOUND",
+    ErrorCode.INVALID_ARG: "INVALID_ARGUMENT",
+    ErrorCode.UNAVAILABLE: "UNAVAILABLE",
+    ErrorCode.UNSUPPORTED: "UNIMPLEMENTED",
+    ErrorCode.ALREADY_EXISTS: "ALREADY_EXISTS",
+    ErrorCode.CANCELLED: "CANCELLED",
+}
+
+
+class TritonpyError(Exception):
+    """Base of every tritonpy error; ``code`` is the Triton error code."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN
+
+    def __init__(self, message: str, code: ErrorCode | str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = ErrorCode(code) if not isinstance(code, ErrorCode) else code
+
+    @property
+    def http_status(self) -> int:
+        return _HTTP[self.code]
+
+    @property
+    def grpc_code(self) -> str:
+        """The name of the ``grpc.StatusCode`` member for this error."""
+        return _GRPC[self.code]
+
+    def to_wire(self) -> dict[str, str]:
+        return {"code": self.code.value, "message": self.message}
+
+    def __reduce__(self) -> Any:
+        return (type(self), (self.message, self.code))
+
+
+class UnknownError(TritonpyError):
+    code = ErrorCode.UNKNOWN
+
+
+class InternalError(TritonpyError):
+    code = ErrorCode.INTERNAL
+
+
+class NotFoundError(TritonpyError, LookupError):
+    code = ErrorCode.NOT_FOUND
+
+
+class InvalidArgumentError(TritonpyError, ValueError):
+    code = ErrorCode.INVALID_ARG
+
+
+class UnavailableError(TritonpyError):
+    code = ErrorCode.UNAVAILABLE
+
+
+class UnsupportedError(TritonpyError):
+    code = ErrorCode.UNSUPPORTED
+
+
+class AlreadyExistsError(TritonpyError):
+    code = ErrorCode.ALREADY_EXISTS
+
+
+class CancelledError(TritonpyError):
+    """The request was cancelled (by the client, a disconnect, or a BLS iterator's cancel())."""
+
+    code = ErrorCode.CANCELLED
+
+
+class ConfigError(InvalidArgumentError):
+    """A model configuration is invalid; the message names the file, line and field."""
+
+
+_BY_CODE: dict[ErrorCode, type[TritonpyError]] = {
+    ErrorCode.UNKNOWN: UnknownError,
+    ErrorCode.INTERNAL: InternalError,
+    ErrorCode.NOT_FOUND: NotFoundError,
+    ErrorCode.INVALID_ARG: InvalidArgumentError,
+    ErrorCode.UNAVAILABLE: UnavailableError,
+    ErrorCode.UNSUPPORTED: UnsupportedError,
+    ErrorCode.ALREADY_EXISTS: AlreadyExistsError,
+    ErrorCode.CANCELLED: CancelledError,
+}
+
+
+def error_from_code(code: str | ErrorCode, message: str) -> TritonpyError:
+    """The exception class for a Triton code name (unknown names become UNKNOWN)."""
+    try:
+        c = ErrorCode(code)
+    except ValueError:
+        c = ErrorCode.UNKNOWN
+    return _BY_CODE[c](message)
+
+
+def error_from_wire(body: Any) -> TritonpyError:
+    """An exception from a channel ErrorBody ``{"code", "message"}``."""
+    if isinstance(body, dict):
+        return error_from_code(str(body.get("code", "UNKNOWN")), str(body.get("message", "")))
+    return UnknownError(str(body))
