@@ -1,0 +1,33 @@
+"""Entry point of a stub process: ``python -m tritonpy.stub <socket-fd> <options-json>``."""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import socket
+import sys
+
+
+def _die_with_parent(parent: int) -> None:
+    # PR_SET_PDEATHSIG: the kernel kills us when the host dies, even by SIGKILL.
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # the host died before prctl took effect
+        os._exit(0)
+
+
+def main() -> int:
+    fd = int(sys.argv[1])
+    options = json.loads(sys.argv[2])
+    _die_with_parent(int(options.get("host_pid", os.getppid())))
+    sock = socket.socket(fileno=fd)
+    from ._runtime import StubRuntime
+
+    return StubRuntime(sock, options).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

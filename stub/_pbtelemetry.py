@@ -1,0 +1,132 @@
+"""``pb_utils.Logger`` and the custom metrics API (``MetricFamily`` / ``Metric``).
+
+Inside a stub both forward to the host (logs land in the host's log tagged with model and
+instance; metrics are exported by the host's Prometheus endpoint). In a plain interpreter logs
+go to Python logging and metrics are kept locally, so a model's unit test still runs.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+from ._pberrors import TritonModelException
+
+_log = logging.getLogger("triton_python_backend_utils")
+
+
+class LogLevel(enum.IntEnum):
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+
+
+_PY_LEVEL = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+             LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
+
+
+def _rt() -> Any:
+    from . import pb_utils
+
+    return pb_utils._runtime
+
+
+class Logger:
+    """Static logging helpers, as Triton's ``pb_utils.Logger``."""
+
+    @staticmethod
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        rt = _rt()
+        if rt is not None:
+            rt.log(int(level), str(message))
+        else:
+            _log.log(_PY_LEVEL.get(LogLevel(level), logging.INFO), "%s", message)
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, LogLevel.VERBOSE)
+
+
+class MetricFamily:
+    """A family of custom metrics: ``MetricFamily(name, description, kind)``."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
+            raise TritonModelException(f"invalid metric kind {kind}")
+        if not name or not name.replace("_", "a").replace(":", "a").isalnum():
+            raise TritonModelException(f"invalid metric family name {name!r}")
+        self.name = name
+        self.description = description
+        self.kind = kind
+        rt = _rt()
+        if rt is not None:
+            rt.metric_family(name, description, kind)
+
+    def Metric(self, labels: dict[str, str] | None = None,  # noqa: N802 - Triton's name
+               buckets: list[float] | None = None) -> Metric:
+        return Metric(self, dict(labels or {}), buckets)
+
+
+class Metric:
+    """One labelled metric of a family."""
+
+    def __init__(self, family: MetricFamily, labels: dict[str, str],
+                 buckets: list[float] | None) -> None:
+        if family.kind == MetricFamily.HISTOGRAM and not buckets:
+            raise TritonModelException("a histogram metric needs buckets")
+        if family.kind != MetricFamily.HISTOGRAM and buckets:
+            raise TritonModelException("only histogram metrics take buckets")
+        self._family = family
+        self._labels = {str(k): str(v) for k, v in labels.items()}
+        self._buckets = list(buckets) if buckets else None
+        self._local = 0.0
+        self._op("create", 0.0)
+
+    def _op(self, op: str, value: float) -> None:
+        rt = _rt()
+        if rt is not None:
+            rt.metric_op(self._family.name, self._labels, op, float(value), self._buckets)
+
+    def increment(self, value: float) -> None:
+        if self._family.kind != MetricFamily.COUNTER and self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("increment() is for counters and gauges")
+        if self._family.kind == MetricFamily.COUNTER and value < 0:
+            raise TritonModelException("a counter cannot be decremented")
+        self._local += value
+        self._op("increment", value)
+
+    def set(self, value: float) -> None:
+        if self._family.kind != MetricFamily.GAUGE:
+            raise TritonModelException("set() is for gauges")
+        self._local = value
+        self._op("set", value)
+
+    def observe(self, value: float) -> None:
+        if self._family.kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe() is for histograms")
+        self._local += value
+        self._op("observe", value)
+
+    def value(self) -> float:
+        """The current value (for a histogram, the sum of observations)."""
+        rt = _rt()
+        if rt is not None:
+            return float(rt.metric_value(self._family.name, self._labels))
+        return self._local

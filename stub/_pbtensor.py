@@ -1,0 +1,135 @@
+"""``pb_utils.Tensor`` and the dtype helpers."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._pberrors import TritonModelException
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+# ModelConfig DataType enum values, which is what Triton's helpers speak.
+_CODE_TO_NUMPY: dict[int, Any] = {
+    1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8,
+    7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64,
+    13: np.object_,
+}
+_NUMPY_TO_CODE = {np.dtype(v): k for k, v in _CODE_TO_NUMPY.items()}
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    """numpy type for a ModelConfig DataType value (13, TYPE_STRING, is np.object_)."""
+    return _CODE_TO_NUMPY.get(data_type)
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    """ModelConfig DataType value for a numpy dtype or type (bytes_ is TYPE_STRING)."""
+    try:
+        dt = np.dtype(data_type)
+    except TypeError:
+        return None
+    if dt.kind == "S":
+        return 13
+    return _NUMPY_TO_CODE.get(dt)
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+class Tensor:
+    """A named tensor: ``Tensor(name, numpy_array)``; data stays where it is (zero copy)."""
+
+    __slots__ = ("_name", "_arr", "_dtype")
+
+    def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
+        if not isinstance(name, str):
+            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        arr = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        if arr.dtype.kind in ("U", "V"):
+            raise TritonModelException(
+                "Tensor dtype used for numpy_array is not supported by Python backend. "
+                "Please use np.object_ instead."
+            )
+        if triton_dtype is not None:
+            want = triton_to_numpy_type(triton_dtype)
+            if want is None:
+                raise TritonModelException(f"unknown Triton data type {triton_dtype}")
+            if arr.dtype != np.dtype(want):
+                arr = arr.view(want)
+        code = numpy_to_triton_type(arr.dtype)
+        if code is None:
+            raise TritonModelException(f"numpy dtype {arr.dtype} has no Triton equivalent")
+        self._name = name
+        self._arr = arr
+        self._dtype = code
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> np.ndarray:
+        return self._arr
+
+    def shape(self) -> list[int]:
+        return list(self._arr.shape)
+
+    def triton_dtype(self) -> int:
+        return self._dtype
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        """A DLPack capsule of the data (CPU; BYTES tensors have no DLPack form)."""
+        if self._dtype == 13:
+            raise TritonModelException("DLPack does not support BYTES tensors")
+        return self._arr.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        if self._dtype == 13:
+            raise TritonModelException("DLPack does not support BYTES tensors")
+        return self._arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._arr.__dlpack_device__()
+
+    @staticmethod
+    def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
+        """A Tensor from any object with ``__dlpack__`` (or a DLPack capsule), zero copy."""
+        if hasattr(dlpack_tensor, "__dlpack_device__"):
+            dev = dlpack_tensor.__dlpack_device__()
+            if int(dev[0]) != 1:  # kDLCPU
+                raise TritonModelException(
+                    "GPU tensors need the gpu extra (cupy) and a GPU; this tensor is on "
+                    f"device type {int(dev[0])}"
+                )
+            return Tensor(name, np.from_dlpack(dlpack_tensor))
+        # A bare capsule: wrap it so numpy can consume it.
+        class _Capsule:
+            def __init__(self, cap: Any) -> None:
+                self.cap = cap
+
+            def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+                return self.cap
+
+            def __dlpack_device__(self) -> tuple[int, int]:
+                return (1, 0)
+
+        return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._arr.shape)}, dtype={self._arr.dtype})"

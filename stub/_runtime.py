@@ -1,0 +1,563 @@
+"""The stub process: loads ``model.py`` and runs its ``execute`` for the host.
+
+Threads. The *reader* thread owns the socket's receiving side: it answers PING, applies
+CANCEL flags, and completes waiters (BLS responses, replies to stub->host calls) directly, so a
+model blocked in ``exec()`` is woken without any other thread's help. Everything else
+(initialize, execute, finalize) goes through a queue to the *main* thread, which runs sync
+``execute`` inline. An ``async def execute`` runs on an asyncio loop in its own thread, up to
+``max_async`` at once per instance.
+"""
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import os
+import queue
+import sys
+import threading
+import traceback
+from typing import Any
+
+from tritonpy.shm import Channel, Cmd, Pool, TensorTransport
+from tritonpy.shm.messages import PROTOCOL_VERSION
+
+from . import pb_utils
+from ._pberrors import TritonError, TritonModelException
+from ._pbtensor import Tensor
+
+
+class _Waiter:
+    """A reply slot for one stub->host call, completed by the reader thread."""
+
+    __slots__ = ("lock", "body", "stream", "loop", "future", "aqueue")
+
+    def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
+        self.body: Any = None
+        self.stream: queue.SimpleQueue | None = queue.SimpleQueue() if stream and loop is None else None
+        self.loop = loop
+        self.future: asyncio.Future | None = None
+        self.aqueue: asyncio.Queue | None = None
+        self.lock: threading.Lock | None = None
+        if loop is not None:
+            if stream:
+                self.aqueue = asyncio.Queue()
+            else:
+                self.future = loop.create_future()
+        elif not stream:
+            self.lock = threading.Lock()
+            self.lock.acquire()
+
+    def deliver(self, body: Any) -> bool:
+        """Hand over one reply; returns True when no more replies are expected."""
+        final = not isinstance(body, dict) or body.get("final", True)
+        if self.loop is not None:
+            if self.future is not None:
+                self.loop.call_soon_threadsafe(_set_result, self.future, body)
+            else:
+                assert self.aqueue is not None
+                self.loop.call_soon_threadsafe(self.aqueue.put_nowait, body)
+        elif self.stream is not None:
+            self.stream.put(body)
+        else:
+            self.body = body
+            assert self.lock is not None
+            self.lock.release()
+        return final
+
+    def wait(self) -> Any:
+        assert self.lock is not None
+        self.lock.acquire()
+        return self.body
+
+
+def _set_result(fut: asyncio.Future, body: Any) -> None:
+    if not fut.done():
+        fut.set_result(body)
+
+
+class StubRuntime:
+    """One model instance's process."""
+
+    def __init__(self, sock: Any, options: dict[str, Any]) -> None:
+        self.options = options
+        self.name = options.get("instance_name", "stub")
+        self.pool = Pool(
+            prefix=options.get("prefix", "tritonpy_"),
+            default_size=int(options.get("shm_default_byte_size", 1 << 20)),
+            growth_size=int(options.get("shm_growth_byte_size", 1 << 20)),
+            cap=int(options.get("shm_cap", 0)),
+            directory=options.get("shm_directory") or None,
+            label=f"stub:{self.name}",
+        )
+        self.transport = TensorTransport(self.pool)
+        self.channel = Channel(sock, self.transport, f"stub:{self.name}",
+                               maintenance=self._maintain)
+        self.peer = self.channel.peer
+        self.tasks: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+        self._calls: dict[int, _Waiter] = {}
+        self._call_ids = itertools.count(1)
+        self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
+        self.model: Any = None
+        self.model_config: dict = {}
+        self.decoupled = False
+        self.phase = "starting"  # starting | initialize | ready | finalize
+        self._async_loop: asyncio.AbstractEventLoop | None = None
+        self._async_sem: asyncio.Semaphore | None = None
+        self.max_async = 1
+        self._local = threading.local()
+
+    # -- process main ---------------------------------------------------------------------------
+    def run(self) -> int:
+        pb_utils._set_runtime(self)
+        self.channel.send(Cmd.HELLO, 0, {"version": PROTOCOL_VERSION, "pid": os.getpid()})
+        reader = threading.Thread(target=self._read_loop, name="stub-reader", daemon=True)
+        reader.start()
+        while True:
+            msg = self.tasks.get()
+            if msg is None:
+                break
+            cmd, call_id, body = msg
+            try:
+                if cmd == Cmd.EXECUTE:
+                    self._on_execute(call_id, body)
+                elif cmd == Cmd.INITIALIZE:
+                    self._reply(call_id, self._initialize(body))
+                elif cmd == Cmd.AUTO_COMPLETE:
+                    self._reply(call_id, self._auto_complete(body))
+                elif cmd == Cmd.IS_READY:
+                    self._reply(call_id, self._is_ready())
+                elif cmd == Cmd.FINALIZE:
+                    self._reply(call_id, self._finalize())
+                    break
+            except Exception:  # a bug here must not kill the instance silently
+                self._reply(call_id, {"ok": False, "error": _error_body(
+                    "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
+        self.channel.close()
+        self.pool.close()
+        return 0
+
+    def _read_loop(self) -> None:
+        ch = self.channel
+        while True:
+            try:
+                msg = ch.recv()
+            except Exception as exc:  # a malformed frame: report it, keep reading
+                sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
+                continue
+            if msg is None:
+                # The host is gone; nothing here can be useful any more.
+                os._exit(0)
+            cmd, call_id, body = msg
+            if cmd == Cmd.REPLY or cmd == Cmd.BLS_RESPONSE:
+                w = self._calls.get(call_id)
+                if w is not None and w.deliver(body):
+                    self._calls.pop(call_id, None)
+            elif cmd == Cmd.PING:
+                self._reply(call_id, {"ok": True})
+            elif cmd == Cmd.CANCEL:
+                for rid in body or ():
+                    req = self._active.get(rid)
+                    if req is not None:
+                        req._cancelled = True
+            elif cmd == Cmd.DROPPED:
+                pass  # the channel already unmapped them
+            else:
+                self.tasks.put(msg)
+
+    def _maintain(self) -> None:
+        self.pool.reap()
+        dropped = self.pool.take_dropped()
+        if dropped:
+            self.channel.send(Cmd.DROPPED, 0, dropped)
+
+    def _reply(self, call_id: int, body: dict) -> None:
+        self.channel.send(Cmd.REPLY, call_id, body)
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def _load_module(self, model_file: str, version_dir: str) -> Any:
+        sys.modules["triton_python_backend_utils"] = pb_utils
+        if version_dir not in sys.path:
+            sys.path.insert(0, version_dir)
+        spec = importlib.util.spec_from_file_location("model", model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        if not hasattr(module, "TritonPythonModel"):
+            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        return module
+
+    def _initialize(self, body: dict) -> dict:
+        self.phase = "initialize"
+        try:
+            import json
+
+            module = self._load_module(body["model_file"], body["version_dir"])
+            self.model = module.TritonPythonModel()
+            args = body["args"]
+            self.model_config = json.loads(args["model_config"])
+            self.decoupled = bool(body.get("decoupled"))
+            self.max_async = max(1, int(body.get("max_async", 1)))
+            if hasattr(self.model, "initialize"):
+                result = self.model.initialize(args)
+                if inspect.isawaitable(result):
+                    asyncio.run(result)  # an async initialize is allowed by Triton
+            is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
+            if not hasattr(self.model, "execute"):
+                raise AttributeError("TritonPythonModel has no execute() method")
+            if is_async:
+                self._start_async_loop()
+        except Exception:
+            return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
+        finally:
+            self.phase = "ready"
+        return {"ok": True, "async": is_async, "has_is_ready": hasattr(self.model, "is_ready")}
+
+    def _auto_complete(self, body: dict) -> dict:
+        self.phase = "initialize"
+        try:
+            module = self._load_module(body["model_file"], body["version_dir"])
+            cls = module.TritonPythonModel
+            cfg = pb_utils.ModelConfig(body["config"])
+            fn = getattr(cls, "auto_complete_config", None)
+            if fn is not None:
+                out = fn(cfg)
+                if out is not None:
+                    cfg = out
+            return {"ok": True, "config": cfg.as_dict()}
+        except Exception:
+            return {"ok": False, "error": _error_body("INVALID_ARG", traceback.format_exc())}
+
+    def _is_ready(self) -> dict:
+        fn = getattr(self.model, "is_ready", None)
+        if fn is None:
+            return {"ok": True, "ready": True}
+        try:
+            return {"ok": True, "ready": bool(fn())}
+        except Exception:
+            return {"ok": True, "ready": False, "reason": traceback.format_exc(limit=3)}
+
+    def _finalize(self) -> dict:
+        self.phase = "finalize"
+        try:
+            fn = getattr(self.model, "finalize", None)
+            if fn is not None:
+                result = fn()
+                if inspect.isawaitable(result):
+                    asyncio.run(result)
+        except Exception:
+            return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
+        finally:
+            if self._async_loop is not None:
+                self._async_loop.call_soon_threadsafe(self._async_loop.stop)
+        return {"ok": True}
+
+    # -- execute ----------------------------------------------------------------------------------
+    def _make_requests(self, body: dict) -> list[pb_utils.InferenceRequest]:
+        out = []
+        decode = self.transport.decode
+        for rb in body["requests"]:
+            inputs = [Tensor(n, a) for n, a in (decode(w, self.peer) for w in rb["inputs"])]
+            req = pb_utils.InferenceRequest(
+                model_name=rb.get("model", ""),
+                requested_output_names=rb.get("outputs") or [],
+                inputs=inputs,
+                request_id=rb.get("request_id", ""),
+                correlation_id=rb.get("correlation_id", 0),
+                model_version=rb.get("version", -1),
+                flags=rb.get("flags", 0),
+                timeout=rb.get("timeout", 0),
+                parameters=rb.get("parameters") or {},
+            )
+            req._host_id = rb["id"]
+            req._decoupled_model = self.decoupled
+            out.append(req)
+            self._active[req._host_id] = req
+        return out
+
+    def _on_execute(self, call_id: int, body: dict) -> None:
+        try:
+            requests = self._make_requests(body)
+        except Exception:
+            self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
+                "INVALID_ARG", f"cannot decode requests: {traceback.format_exc(limit=2)}")})
+            return
+        if self._async_loop is not None:
+            asyncio.run_coroutine_threadsafe(self._execute_async(call_id, requests),
+                                             self._async_loop)
+            return
+        self._local.current = requests
+        try:
+            result = self.model.execute(requests)
+            err = None
+        except Exception as exc:
+            result, err = None, exc
+        finally:
+            self._local.current = None
+        self._complete(call_id, requests, result, err)
+
+    async def _execute_async(self, call_id: int, requests: list) -> None:
+        assert self._async_sem is not None
+        async with self._async_sem:
+            try:
+                result = await self.model.execute(requests)
+                err = None
+            except Exception as exc:
+                result, err = None, exc
+        self._complete(call_id, requests, result, err)
+
+    def _complete(self, call_id: int, requests: list, result: Any, err: Exception | None) -> None:
+        """Send EXECUTE_DONE: one frame carrying every response of the batch (default mode)."""
+        try:
+            body = self._done_body(requests, result, err)
+        except Exception:
+            body = {"error": _error_body("INTERNAL", traceback.format_exc())}
+        reschedule = [r._host_id for r in requests
+                      if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        if reschedule:
+            body["reschedule"] = reschedule
+        for r in requests:
+            self._active.pop(r._host_id, None)
+        self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
+
+    def _done_body(self, requests: list, result: Any, err: Exception | None) -> dict:
+        if err is not None:
+            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+            msg = f"Failed to process the request(s) for model '{self.name}', message: {tb}"
+            return {"error": _error_body("INTERNAL", msg)}
+        if self.decoupled:
+            if result is not None:
+                msg = (f"Python model '{self.name}' is using the decoupled mode and the execute "
+                       "function must return None.")
+                return {"error": _error_body("INTERNAL", msg), "unfinished_only": True}
+            return {}
+        if result is None:
+            # Default mode with the response sender: every request must have had its response.
+            missing = [r for r in requests if r._sender is None or not r._sender._closed]
+            if missing:
+                msg = ("execute() returned None, but no response was sent for "
+                       f"{len(missing)} of {len(requests)} request(s) of model '{self.name}'; "
+                       "return a list of InferenceResponse or use the response sender")
+                return {"error": _error_body("INTERNAL", msg), "unfinished_only": True}
+            return {}
+        if not isinstance(result, (list, tuple)):
+            msg = (f"Expected a list in the execute return, found type '{type(result).__name__}' "
+                   f"(model '{self.name}')")
+            return {"error": _error_body("INTERNAL", msg)}
+        if len(result) != len(requests):
+            msg = (f"Number of InferenceResponse objects do not match the number of "
+                   f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
+                   f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
+            return {"error": _error_body("INTERNAL", msg)}
+        responses = []
+        for req, resp in zip(requests, result):
+            if req._sender is not None and req._sender._sent:
+                responses.append({"id": req._host_id, "error": _error_body(
+                    "INTERNAL", "a response was already sent for this request through its "
+                    "response sender; execute() must then return None")})
+                continue
+            if not isinstance(resp, pb_utils.InferenceResponse):
+                responses.append({"id": req._host_id, "error": _error_body(
+                    "INTERNAL", f"Expected an InferenceResponse in the execute return, found "
+                    f"type '{type(resp).__name__}'")})
+                continue
+            responses.append(self._response_body(req, resp, True))
+        return {"responses": responses}
+
+    def _response_body(self, req: pb_utils.InferenceRequest,
+                       resp: pb_utils.InferenceResponse | None, final: bool) -> dict:
+        body: dict[str, Any] = {"id": req._host_id, "final": final}
+        if resp is None:
+            body["empty"] = True
+            return body
+        if resp._err is not None:
+            body["error"] = resp._err._to_wire()
+        wanted = req._requested_output_names
+        encode = self.transport.encode
+        body["outputs"] = [
+            encode(t._name, t._arr, self.peer)
+            for t in resp._output_tensors
+            if not wanted or t._name in wanted
+        ]
+        if resp._parameters:
+            body["parameters"] = resp._parameters
+        return body
+
+    def send_response(self, req: pb_utils.InferenceRequest,
+                      resp: pb_utils.InferenceResponse | None, final: bool) -> None:
+        self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
+
+    def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> Any:
+        return self.pool.new_array(dtype, shape)
+
+    def _start_async_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(loop)
+            self._async_sem = asyncio.Semaphore(self.max_async)
+            started.set()
+            loop.run_forever()
+
+        threading.Thread(target=run, name="stub-async", daemon=True).start()
+        started.wait()
+        self._async_loop = loop
+
+    # -- calls to the host: BLS, model loading, metrics ---------------------------------------
+    def _bls_body(self, req: pb_utils.InferenceRequest, decoupled: bool, sync: bool) -> dict:
+        if self.phase != "ready":
+            raise TritonModelException(
+                f"BLS requests cannot be made during {self.phase}(); make them in execute()"
+            )
+        if not req._model_name:
+            raise TritonModelException("BLS InferenceRequest needs a model_name")
+        encode = self.transport.encode
+        current = getattr(self._local, "current", None)
+        return {
+            "request": {
+                "model": req._model_name,
+                "version": req._model_version,
+                "request_id": req._request_id,
+                "correlation_id": req._correlation_id,
+                "flags": req._flags,
+                "timeout": req._timeout,
+                "parameters": req._parameters,
+                "inputs": [encode(t._name, t._arr, self.peer) for t in req._inputs],
+                "outputs": req._requested_output_names,
+                "preferred_memory": [req._preferred_memory.preferred_memory_type,
+                                     req._preferred_memory.preferred_device_id],
+            },
+            "decoupled": decoupled,
+            "sync": sync and current is not None,
+        }
+
+    def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
+        call_id = next(self._call_ids)
+        self._calls[call_id] = waiter
+        try:
+            self.channel.send(cmd, call_id, body)
+        except Exception:
+            self._calls.pop(call_id, None)
+            raise
+        return call_id
+
+    def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        body = self._bls_body(req, decoupled, sync=True)
+        if decoupled:
+            waiter = _Waiter(stream=True)
+            call_id = self._call(Cmd.BLS_INFER, body, waiter)
+            return _ResponseIterator(self, call_id, waiter)
+        waiter = _Waiter()
+        self._call(Cmd.BLS_INFER, body, waiter)
+        return self._to_response(waiter.wait())
+
+    async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        loop = asyncio.get_running_loop()
+        body = self._bls_body(req, decoupled, sync=False)
+        waiter = _Waiter(stream=decoupled, loop=loop)
+        call_id = self._call(Cmd.BLS_INFER, body, waiter)
+        if decoupled:
+            return _AsyncResponseIterator(self, call_id, waiter)
+        assert waiter.future is not None
+        return self._to_response(await waiter.future)
+
+    def _to_response(self, body: dict) -> pb_utils.InferenceResponse:
+        err = body.get("error")
+        outputs = [Tensor(n, a) for n, a in
+                   (self.transport.decode(w, self.peer) for w in body.get("outputs") or ())]
+        return pb_utils.InferenceResponse(
+            outputs, TritonError._from_wire(err) if err else None, body.get("parameters") or {})
+
+    def cancel_call(self, call_id: int) -> None:
+        self.channel.send(Cmd.BLS_CANCEL, call_id, None)
+
+    def model_call(self, what: str, name: str, **kw: Any) -> Any:
+        cmd = {"load": Cmd.LOAD_MODEL, "unload": Cmd.UNLOAD_MODEL, "ready": Cmd.MODEL_READY}[what]
+        if self.phase == "finalize":
+            raise TritonModelException("the model loading API cannot be used in finalize()")
+        waiter = _Waiter()
+        self._call(cmd, {"name": name, **kw}, waiter)
+        body = waiter.wait()
+        if not body.get("ok"):
+            raise TritonModelException(str((body.get("error") or {}).get("message", body)))
+        return body.get("ready", True)
+
+    def log(self, level: int, message: str) -> None:
+        self.channel.send(Cmd.LOG, 0, [level, message])
+
+    def metric_family(self, name: str, description: str, kind: int) -> None:
+        self.channel.send(Cmd.METRIC_FAMILY, 0, {"name": name, "description": description,
+                                                 "kind": kind})
+
+    def metric_op(self, family: str, labels: dict, op: str, value: float,
+                  buckets: list | None) -> None:
+        self.channel.send(Cmd.METRIC_OP, 0, [family, labels, op, value, buckets])
+
+    def metric_value(self, family: str, labels: dict) -> float:
+        waiter = _Waiter()
+        self._call(Cmd.METRIC_VALUE, [family, labels], waiter)
+        return float(waiter.wait().get("value", 0.0))
+
+
+class _ResponseIterator:
+    """What ``exec(decoupled=True)`` returns: responses as they arrive, with cancel()."""
+
+    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter) -> None:
+        self._rt = rt
+        self._call_id = call_id
+        self._waiter = waiter
+        self._done = False
+
+    def __iter__(self) -> _ResponseIterator:
+        return self
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        if self._done:
+            raise StopIteration
+        assert self._waiter.stream is not None
+        body = self._waiter.stream.get()
+        if body.get("final", True):
+            self._done = True
+            if body.get("empty") and not body.get("error"):
+                # A bare final flag still yields an empty response, as Triton does.
+                return pb_utils.InferenceResponse([])
+        return self._rt._to_response(body)
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._rt.cancel_call(self._call_id)
+
+
+class _AsyncResponseIterator:
+    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter) -> None:
+        self._rt = rt
+        self._call_id = call_id
+        self._waiter = waiter
+        self._done = False
+
+    def __aiter__(self) -> _AsyncResponseIterator:
+        return self
+
+    async def __anext__(self) -> pb_utils.InferenceResponse:
+        if self._done:
+            raise StopAsyncIteration
+        assert self._waiter.aqueue is not None
+        body = await self._waiter.aqueue.get()
+        if body.get("final", True):
+            self._done = True
+            if body.get("empty") and not body.get("error"):
+                return pb_utils.InferenceResponse([])
+        return self._rt._to_response(body)
+
+    # Triton's async decoupled iterator is also a plain iterator over received responses.
+    def cancel(self) -> None:
+        if not self._done:
+            self._rt.cancel_call(self._call_id)
+
+
+def _error_body(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}

@@ -1,0 +1,373 @@
+"""The ``triton_python_backend_utils`` module as a Triton Python model sees it.
+
+Names and behaviour follow Triton's Python backend. Inside a stub process the runtime
+(:mod:`tritonpy.stub._runtime`) is attached with :func:`_set_runtime`; in a plain interpreter
+(unit tests of a model) the data classes work on their own and anything that needs a server
+raises a clear :class:`TritonModelException`.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+
+import numpy as np
+
+from tritonpy.shm.dtypes import deserialize_bytes, serialize_bytes
+
+from ._pbconfig import ModelConfig
+from ._pberrors import TritonError, TritonModelException
+from ._pbtensor import (
+    TRITON_STRING_TO_NUMPY,
+    Tensor,
+    numpy_to_triton_type,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
+from ._pbtelemetry import Logger, LogLevel, Metric, MetricFamily
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+_runtime: Any = None  # the stub runtime, or None in a plain interpreter
+
+
+def _set_runtime(rt: Any) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def _need_runtime(what: str) -> Any:
+    if _runtime is None:
+        raise TritonModelException(
+            f"{what} needs a running tritonpy server; in a plain interpreter use "
+            "tritonpy.testing.ModelRunner to stand in for one"
+        )
+    return _runtime
+
+
+class PreferredMemory:
+    """Where BLS outputs should be placed: ``PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)``."""
+
+    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU,
+                 preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
+
+
+class Trace:
+    """Trace context of a request (accepted and carried; tritonpy does not trace)."""
+
+    def __init__(self, triton_trace: int = 0, trace_context: str | None = None) -> None:
+        self.triton_trace = triton_trace
+        self.trace_context = trace_context
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        return self.trace_context
+
+
+def _check_parameters(parameters: Any) -> dict[str, Any]:
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError as exc:
+            raise TritonModelException(f"parameters is not valid JSON: {exc}") from None
+    if not isinstance(parameters, dict):
+        raise TritonModelException("parameters must be a dict or a JSON object string")
+    for k, v in parameters.items():
+        if not isinstance(k, str):
+            raise TritonModelException(f"parameter key {k!r} must be a string")
+        if not isinstance(v, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type "
+                f"{type(v).__name__} for key '{k}'"
+            )
+    return parameters
+
+
+class InferenceRequest:
+    """A request: one the model received in ``execute``, or one it builds for BLS."""
+
+    def __init__(self, model_name: str = "", requested_output_names: list[str] | None = None,
+                 inputs: list[Tensor] | None = None, request_id: str = "",
+                 correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
+                 timeout: int = 0, preferred_memory: PreferredMemory | None = None,
+                 trace: Trace | None = None, parameters: Any = None) -> None:
+        if not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("correlation_id must be an int or a str")
+        self._model_name = model_name
+        self._requested_output_names = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        for t in self._inputs:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"inputs must be pb_utils.Tensor objects, got {type(t).__name__}"
+                )
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
+        self._preferred_memory = preferred_memory or PreferredMemory()
+        self._trace = trace or Trace()
+        self._parameters = _check_parameters(parameters)
+        # Set by the runtime on requests that arrive in execute().
+        self._host_id = 0
+        self._cancelled = False
+        self._sender: ResponseSender | None = None
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._decoupled_model = False
+
+    # accessors, as Triton's
+    def inputs(self) -> list[Tensor]:
+        return self._inputs
+
+    def requested_output_names(self) -> list[str]:
+        return self._requested_output_names
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def flags(self) -> int:
+        return self._flags
+
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def parameters(self) -> str:
+        """The request parameters as a JSON string (as Triton returns them)."""
+        return json.dumps(self._parameters)
+
+    def trace(self) -> Trace:
+        return self._trace
+
+    def is_cancelled(self) -> bool:
+        """A cheap read of a flag the host sets when the client cancels (no round trip)."""
+        return self._cancelled
+
+    def get_response_sender(self) -> ResponseSender:
+        if self._host_id == 0:
+            raise TritonModelException("only a request received in execute() has a response sender")
+        if self._sender is None:
+            self._sender = ResponseSender(self)
+        return self._sender
+
+    def set_release_flags(self, flags: int) -> None:
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"invalid release flags {flags}")
+        self._release_flags = flags
+
+    # BLS
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run this request on another model and wait: one InferenceResponse, or an iterator of
+        them when ``decoupled`` is True."""
+        return _need_runtime("InferenceRequest.exec()").bls_exec(self, decoupled)
+
+    async def async_exec(self, decoupled: bool = False) -> Any:
+        """Like :meth:`exec`, awaitable from ``async def execute``."""
+        return await _need_runtime("InferenceRequest.async_exec()").bls_async_exec(self, decoupled)
+
+
+class InferenceResponse:
+    """The response to one request: output tensors or an error, and parameters."""
+
+    def __init__(self, output_tensors: list[Tensor] | None = None,
+                 error: TritonError | None = None, parameters: Any = None) -> None:
+        if output_tensors is None:
+            output_tensors = []
+        if not isinstance(output_tensors, list):
+            raise TritonModelException('"output_tensors" must be a list.')
+        for t in output_tensors:
+            if not isinstance(t, Tensor):
+                raise TritonModelException(
+                    f"output_tensors must hold pb_utils.Tensor objects, got {type(t).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException("error must be a pb_utils.TritonError")
+        self._output_tensors = output_tensors
+        self._err = error
+        self._parameters = _check_parameters(parameters)
+
+    def output_tensors(self) -> list[Tensor]:
+        return self._output_tensors
+
+    def has_error(self) -> bool:
+        return self._err is not None
+
+    def error(self) -> TritonError | None:
+        return self._err
+
+    def parameters(self) -> str:
+        return json.dumps(self._parameters)
+
+
+class ResponseSender:
+    """Sends responses for one request (decoupled models, or once in default mode)."""
+
+    def __init__(self, request: InferenceRequest) -> None:
+        self._request = request
+        self._closed = False
+        self._sent = 0
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed."
+            )
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("Inference Response object must be provided when the "
+                                       "response flags is not COMPLETE_FINAL")
+        if not self._request._decoupled_model and response is not None and self._sent >= 1:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if final:
+            self._closed = True
+        if response is not None:
+            self._sent += 1
+        _need_runtime("ResponseSender.send()").send_response(self._request, response, final)
+
+    def is_cancelled(self) -> bool:
+        return self._request._cancelled
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for t in inference_request.inputs():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for t in inference_response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
+
+
+def get_input_config_by_name(model_config: dict, name: str) -> dict | None:
+    for props in model_config.get("input", []):
+        if props["name"] == name:
+            return props
+    return None
+
+
+def get_output_config_by_name(model_config: dict, name: str) -> dict | None:
+    for props in model_config.get("output", []):
+        if props["name"] == name:
+            return props
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
+    if "model_transaction_policy" in model_config:
+        return bool(model_config["model_transaction_policy"].get("decoupled", False))
+    return False
+
+
+def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
+    """Triton's layout for a BYTES tensor, as a 1-D uint8 array ("()" for an empty tensor)."""
+    if input_tensor.size == 0:
+        return ()
+    if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
+        return None
+    return np.frombuffer(serialize_bytes(input_tensor), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
+    """A 1-D object array of ``bytes`` from Triton's length-prefixed layout."""
+    if isinstance(encoded_tensor, np.ndarray):
+        encoded_tensor = encoded_tensor.tobytes()
+    return deserialize_bytes(encoded_tensor)
+
+
+def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
+    """Load (or reload) a model; explicit model-control mode only."""
+    _need_runtime("load_model()").model_call("load", model_name, config=config, files=files)
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload a model; explicit model-control mode only."""
+    _need_runtime("unload_model()").model_call("unload", model_name,
+                                               unload_dependents=unload_dependents)
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether a model (and version) is loaded and ready."""
+    return bool(_need_runtime("is_model_ready()").model_call("ready", model_name,
+                                                              version=str(model_version)))
+
+
+def empty_shm_tensor(name: str, shape: Any, dtype: Any) -> Tensor:
+    """A tritonpy extension: an output tensor allocated directly in shared memory.
+
+    Fill ``tensor.as_numpy()`` in place; sending it costs no copy. Outside a server it is a
+    plain numpy array.
+    """
+    arr = (_runtime.new_shm_array(dtype, tuple(shape)) if _runtime is not None
+           else np.empty(tuple(shape), dtype=dtype))
+    return Tensor(name, arr)
+
+
+_Callable = Callable  # keep typing import used for type checkers
+
+__all__ = [
+    "TRITON_STRING_TO_NUMPY",
+    "TRITONSERVER_MEMORY_CPU",
+    "TRITONSERVER_MEMORY_CPU_PINNED",
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_REQUEST_RELEASE_ALL",
+    "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "InferenceRequest",
+    "InferenceResponse",
+    "LogLevel",
+    "Logger",
+    "Metric",
+    "MetricFamily",
+    "ModelConfig",
+    "PreferredMemory",
+    "ResponseSender",
+    "Tensor",
+    "Trace",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "empty_shm_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "unload_model",
+    "using_decoupled_model_transaction_policy",
+]

@@ -1,0 +1,183 @@
+"""BLS routing: a stub's InferenceRequest is validated and scheduled like a client's, and its
+responses go back to that stub. Also the deadlock detector the real Triton lacks.
+
+A deadlock is a set of sync BLS waits that can never finish: a request queued at a model whose
+every instance is blocked waiting, directly or through other such requests, on that very
+request's progress (a model calling itself with every instance busy, or A <-> B both busy).
+The newest request of such a cycle is answered with an error naming the cycle, which unblocks
+its caller instead of hanging.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from tritonpy.shm import Cmd
+
+from ._errors import InvalidArgumentError, TritonpyError, UnavailableError
+from ._request import HostRequest
+
+if TYPE_CHECKING:
+    from ._model import Instance, ModelRuntime
+    from ._stubproc import StubProcess
+
+log = logging.getLogger("tritonpy.bls")
+
+# The first check waits a little: a real deadlock persists, a transient state does not.
+_FIRST_CHECK_S = 0.02
+_RECHECK_S = 0.25
+
+
+class BlsRouter:
+    """Handles BLS_INFER / BLS_CANCEL frames for the server."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.deadlocks = 0
+
+    def infer(self, model: ModelRuntime, inst: Instance, stub: StubProcess, call_id: int,
+              body: dict) -> None:
+        decoupled = bool(body.get("decoupled"))
+        peer = stub.channel.peer
+        srv = self.server
+
+        def reply_error(err: TritonpyError) -> None:
+            try:
+                stub.send(Cmd.BLS_RESPONSE, call_id, {"error": err.to_wire(), "final": True})
+            except Exception:
+                pass
+
+        try:
+            rb = body["request"]
+            target = srv.runtime(str(rb["model"]), int(rb.get("version", -1)))
+            if target.decoupled and not decoupled:
+                raise InvalidArgumentError(
+                    f"model '{target.name}' is decoupled: call exec(decoupled=True) or "
+                    "async_exec(decoupled=True) to receive its responses")
+            inputs = srv.transport.decode_many(rb.get("inputs") or [], peer)
+            params = rb.get("parameters") or {}
+            for k, v in params.items():
+                if not isinstance(v, (bool, int, str)):
+                    raise InvalidArgumentError(
+                        f"BLS parameter '{k}' has type {type(v).__name__}; bool, int or str only")
+        except TritonpyError as exc:
+            reply_error(exc)
+            return
+        except (KeyError, TypeError, ValueError) as exc:
+            reply_error(InvalidArgumentError(f"malformed BLS request: {exc}"))
+            return
+
+        def sink(req: HostRequest, outputs: Any, error: TritonpyError | None,
+                 parameters: dict | None, final: bool) -> None:
+            if not stub.alive or inst.stub is not stub:
+                return
+            out: dict[str, Any] = {"final": final}
+            if outputs is None:
+                out["empty"] = True
+            else:
+                try:
+                    out["outputs"] = [srv.transport.encode(n, a, peer) for n, a in outputs]
+                except TritonpyError as exc:
+                    error = exc
+                except Exception as exc:  # e.g. shm exhausted while forwarding
+                    error = UnavailableError(str(exc))
+            if error is not None:
+                out["error"] = error.to_wire()
+            if parameters:
+                out["parameters"] = parameters
+            if final:
+                inst.waiting_on.discard(req)
+                inst.bls_calls.pop(call_id, None)
+            try:
+                stub.send(Cmd.BLS_RESPONSE, call_id, out)
+            except Exception:
+                pass
+
+        req = HostRequest(
+            target, inputs, rb.get("outputs") or None, sink,
+            request_id=str(rb.get("request_id", "")),
+            correlation_id=rb.get("correlation_id", 0), flags=int(rb.get("flags", 0)),
+            timeout_us=int(rb.get("timeout", 0)), parameters=params,
+        )
+        req.caller = inst
+        req.sync = bool(body.get("sync"))
+        try:
+            srv.validate(target, req)
+        except TritonpyError as exc:
+            reply_error(exc)
+            return
+        inst.bls_calls[call_id] = req
+        if req.sync:
+            inst.waiting_on.add(req)
+        target.submit(req)
+
+    def cancel(self, inst: Instance, call_id: int) -> None:
+        req = inst.bls_calls.get(call_id)
+        if req is not None:
+            req.cancel("BLS request cancelled by the caller")
+
+    # -- deadlock detection ------------------------------------------------------------------
+    def watch(self, req: HostRequest) -> None:
+        """Check a queued sync BLS request for a deadlock shortly, and again while it waits."""
+        self.server.timers.at(time.monotonic() + _FIRST_CHECK_S, lambda: self._check(req))
+
+    def _check(self, req: HostRequest) -> None:
+        if req.done or req.instance is not None:
+            return
+        cycle = self._find_cycle(req)
+        if cycle is None:
+            self.server.timers.at(time.monotonic() + _RECHECK_S, lambda: self._check(req))
+            return
+        self.deadlocks += 1
+        path = " -> ".join(cycle)
+        msg = (f"BLS deadlock: request to model '{req.model.name}' can never run because every "
+               f"instance it needs is blocked waiting on it ({path}); add instances or avoid "
+               "the circular call")
+        log.error("%s", msg)
+        with req.model.lock:
+            try:
+                req.model.queue.remove(req)
+            except ValueError:
+                return  # dispatched meanwhile: not a deadlock after all
+        req.fail(UnavailableError(msg))
+
+    def _find_cycle(self, req: HostRequest) -> list[str] | None:
+        """The chain of instances that makes ``req`` unservable, or None if it can progress."""
+        on_path: list[str] = []
+        seen: set[int] = set()
+        lock = threading.Lock()
+
+        def inst_stuck(inst: Instance) -> bool:
+            # An instance is stuck iff it is busy, all of its capacity is blocked in sync BLS
+            # waits, and none of the requests it waits on can make progress.
+            if id(inst) in seen:
+                return True  # a cycle: assume stuck (greatest fixed point)
+            if inst.state not in ("READY",) or inst.running < inst.capacity:
+                return False
+            waits = [r for r in list(inst.waiting_on) if not r.done]
+            if len(waits) < inst.capacity:
+                return False
+            seen.add(id(inst))
+            on_path.append(inst.name)
+            stuck = all(req_stuck(r) for r in waits)
+            if not stuck:
+                on_path.pop()
+                seen.discard(id(inst))
+            return stuck
+
+        def req_stuck(r: HostRequest) -> bool:
+            if r.done:
+                return False
+            if r.instance is not None:  # executing: progresses unless its instance is stuck
+                return inst_stuck(r.instance)
+            model = r.model
+            if any(i.free() for i in model.instances):
+                return False
+            return all(inst_stuck(i) for i in model.instances if i.state != "STOPPED")
+
+        with lock:
+            if req_stuck(req):
+                return [f"{req.model.name}"] + on_path
+        return None

@@ -1,0 +1,434 @@
+"""A loaded model version: its instances (one stub each), its queue and its scheduler.
+
+State machine of a model: LOADING -> READY -> UNLOADING -> UNAVAILABLE (or LOADING ->
+UNAVAILABLE with a reason). An instance is STARTING, READY, RESTARTING (its stub died; requests
+go to the other instances meanwhile) or STOPPED. Requests are served FIFO by the first free
+instance; with ``dynamic_batching`` several queued requests go to one ``execute`` call.
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from tritonpy.shm import Cmd, ShmExhaustedError
+from tritonpy.shm.messages import RequestBody
+
+from ._errors import (
+    InternalError,
+    InvalidArgumentError,
+    TritonpyError,
+    UnavailableError,
+    error_from_wire,
+)
+from ._request import HostRequest
+from ._stats import ModelStats
+from ._stubproc import StubProcess
+
+log = logging.getLogger("tritonpy.model")
+
+LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
+_KINDS = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+DEFAULT_MAX_ASYNC = 8
+
+
+class Instance:
+    """One model instance: a stub process and what it is executing."""
+
+    def __init__(self, model: ModelRuntime, name: str, kind: str, device_id: int) -> None:
+        self.model = model
+        self.name = name
+        self.kind = kind
+        self.device_id = device_id
+        self.state = "STARTING"
+        self.stub: StubProcess | None = None
+        self.capacity = 1
+        self.running = 0
+        self.inflight: dict[int, tuple[list[HostRequest], int, int]] = {}
+        self.active: dict[int, HostRequest] = {}
+        self.waiting_on: set[HostRequest] = set()  # sync BLS calls this instance blocks on
+        self.bls_calls: dict[int, HostRequest] = {}  # call id -> request, for BLS_CANCEL
+        self._exec_ids = 0
+        self.restarts = 0
+        self.has_is_ready = False
+
+    def free(self) -> bool:
+        return self.state == "READY" and self.running < self.capacity
+
+    def next_exec_id(self) -> int:
+        self._exec_ids += 1
+        return self._exec_ids
+
+
+class ModelRuntime:
+    """One version of one model, loaded."""
+
+    def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
+                 model_dir: str, model_file: str) -> None:
+        self.server = server
+        self.name = name
+        self.version = version
+        self.config = config
+        self.config_json = config_json
+        self.model_dir = model_dir
+        self.model_file = model_file
+        self.state = LOADING
+        self.reason = ""
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self.max_batch_size = int(config.max_batch_size)
+        self.dynamic_batching = config.HasField("dynamic_batching") and self.max_batch_size > 0
+        self.stats = ModelStats(name, version)
+        self.instances: list[Instance] = []
+        self.queue: collections.deque[HostRequest] = collections.deque()
+        self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
+        from .validation import RequestValidator
+
+        self.validator = RequestValidator(config, name)
+        params = {k: v.string_value for k, v in config.parameters.items()}
+        try:
+            self.max_async = int(params.get("max_concurrent_executes", DEFAULT_MAX_ASYNC))
+        except ValueError:
+            raise InvalidArgumentError(
+                f"model '{name}': parameter max_concurrent_executes must be an integer") from None
+        for group in config.instance_group:
+            kind = _KINDS.get(int(group.kind), "CPU")
+            devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+            for dev in devices if kind == "GPU" else [0]:
+                for i in range(max(1, group.count)):
+                    idx = len([x for x in self.instances if x.name.startswith(group.name + "_")])
+                    self.instances.append(Instance(self, f"{group.name}_{idx}", kind, dev))
+        if not self.instances:
+            self.instances.append(Instance(self, f"{name}_0_0", "CPU", 0))
+
+    # -- loading ------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Start and initialize every instance; on any failure stop them all and raise."""
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(self.instances))) as ex:
+            futs = [ex.submit(self._start_instance, inst) for inst in self.instances]
+            errors = [f.exception() for f in futs]
+        failed = [e for e in errors if e is not None]
+        if failed:
+            self.state = UNAVAILABLE
+            self.reason = str(failed[0])
+            for inst in self.instances:
+                inst.state = "STOPPED"
+                if inst.stub is not None:
+                    inst.stub.stop(finalize=False, timeout=2)
+            err = failed[0]
+            if isinstance(err, TritonpyError):
+                raise type(err)(f"failed to load '{self.name}' version {self.version}: "
+                                f"{err.message}")
+            raise InternalError(f"failed to load '{self.name}': {err}")
+        self.state = READY
+
+    def _initialize_args(self, inst: Instance) -> dict[str, str]:
+        return {
+            "model_config": self.config_json,
+            "model_instance_kind": inst.kind,
+            "model_instance_name": inst.name,
+            "model_instance_device_id": str(inst.device_id),
+            "model_repository": self.model_dir,
+            "model_version": str(self.version),
+            "model_name": self.name,
+        }
+
+    def _start_instance(self, inst: Instance) -> None:
+        srv = self.server
+        env = {}
+        if inst.kind == "GPU":
+            # Each GPU instance sees only its own device (SPEC §8).
+            env["CUDA_VISIBLE_DEVICES"] = str(inst.device_id)
+        stub = StubProcess(inst.name, self.name, srv.transport, srv.options,
+                           on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
+                           python=self._python())
+        inst.stub = stub
+        stub.instance = inst  # type: ignore[attr-defined]
+        try:
+            stub.wait_hello(60)
+            reply = stub.call(Cmd.INITIALIZE, {
+                "args": self._initialize_args(inst),
+                "model_file": self.model_file,
+                "version_dir": os.path.dirname(self.model_file),
+                "decoupled": self.decoupled,
+                "max_async": self.max_async,
+            }, timeout=max(60.0, srv.options.stub_timeout_seconds))
+        except TritonpyError:
+            stub.stop(finalize=False, timeout=2)
+            raise
+        inst.capacity = self.max_async if reply.get("async") else 1
+        inst.has_is_ready = bool(reply.get("has_is_ready"))
+        with self.lock:
+            inst.state = "READY"
+            plans = self._take_locked()
+        self._send_plans(plans)
+
+    def _python(self) -> str | None:
+        env_path = self.server.execution_env(self)
+        return env_path
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def submit(self, req: HostRequest) -> None:
+        """Queue a validated request; it is dispatched as soon as an instance is free."""
+        if self.state != READY:
+            req.fail(UnavailableError(
+                f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})"))
+            return
+        req.on_cancel = self._cancelled
+        if req.timeout_us > 0:
+            self.server.timers.at(time.monotonic() + req.timeout_us / 1e6,
+                                  lambda r=req: self._timed_out(r))
+        with self.lock:
+            self.queue.append(req)
+            plans = self._take_locked()
+        if plans:
+            self._send_plans(plans)
+        elif req.sync and req.caller is not None and not req.done:
+            self.server.bls.watch(req)
+
+    def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
+        plans = []
+        q = self.queue
+        while q:
+            inst = next((i for i in self.instances if i.free()), None)
+            if inst is None:
+                break
+            batch: list[HostRequest] = []
+            size = 0
+            while q:
+                req = q[0]
+                if req.done:
+                    q.popleft()
+                    continue
+                if batch and (not self.dynamic_batching or size + req.batch_size > self.max_batch_size):
+                    break
+                q.popleft()
+                batch.append(req)
+                size += req.batch_size
+                if not self.dynamic_batching:
+                    break
+            if not batch:
+                break
+            inst.running += 1
+            plans.append((inst, batch))
+        return plans
+
+    def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
+        for inst, batch in plans:
+            self._send(inst, batch)
+
+    def _send(self, inst: Instance, batch: list[HostRequest]) -> None:
+        stub = inst.stub
+        assert stub is not None
+        t0 = time.monotonic_ns()
+        peer = stub.channel.peer
+        encode = self.server.transport.encode
+        bodies: list[RequestBody] = []
+        ok: list[HostRequest] = []
+        for req in batch:
+            try:
+                inputs = [encode(n, a, peer) for n, a in req.inputs]
+            except ShmExhaustedError as exc:
+                req.fail(UnavailableError(str(exc)))
+                continue
+            req.t_start = t0
+            req.instance = inst
+            ok.append(req)
+            bodies.append({
+                "id": req.id, "model": self.name, "version": self.version,
+                "request_id": req.request_id, "correlation_id": req.correlation_id,
+                "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
+                "inputs": inputs, "outputs": req.requested,
+            })
+        exec_id = inst.next_exec_id()
+        if not ok:
+            self._finish_execute(inst)
+            return
+        t1 = time.monotonic_ns()
+        for req in ok:
+            inst.active[req.id] = req
+        inst.inflight[exec_id] = (ok, t1, t1 - t0)
+        try:
+            stub.send(Cmd.EXECUTE, exec_id, {"requests": bodies})
+        except TritonpyError:
+            pass  # the stub is dying: its death path fails this batch
+        except OSError:
+            pass
+
+    def _finish_execute(self, inst: Instance) -> None:
+        with self.lock:
+            inst.running -= 1
+            plans = self._take_locked()
+            if not inst.running and not inst.active:
+                self._idle.notify_all()
+        self._send_plans(plans)
+
+    def _cancelled(self, req: HostRequest) -> None:
+        inst = req.instance
+        if inst is not None and inst.stub is not None and inst.stub.alive:
+            try:
+                inst.stub.send(Cmd.CANCEL, 0, [req.id])
+            except Exception:
+                pass
+
+    def _timed_out(self, req: HostRequest) -> None:
+        if not req.done:
+            req.cancelled = True
+            self._cancelled(req)
+            req.fail(UnavailableError("Request timeout expired"))
+
+    # -- frames from the stubs -------------------------------------------------------------------
+    def _on_frame(self, stub: StubProcess, msg: list) -> None:
+        cmd, call_id, body = msg
+        inst: Instance = stub.instance  # type: ignore[attr-defined]
+        if cmd == Cmd.EXECUTE_DONE:
+            self._on_done(inst, stub, call_id, body)
+        elif cmd == Cmd.RESPONSE_SEND:
+            self._on_response(inst, stub, body)
+        else:
+            self.server.on_stub_frame(self, inst, stub, msg)
+
+    def _decode(self, stub: StubProcess, wires: Any) -> list:
+        return self.server.transport.decode_many(wires or [], stub.channel.peer)
+
+    def _deliver(self, inst: Instance, stub: StubProcess, req: HostRequest, body: dict) -> None:
+        err = body.get("error")
+        error = error_from_wire(err) if err else None
+        try:
+            outputs: Any = None if body.get("empty") else self._decode(stub, body.get("outputs"))
+        except TritonpyError as exc:
+            outputs, error = [], exc
+        except Exception as exc:
+            outputs, error = [], InternalError(f"bad response from '{inst.name}': {exc}")
+        final = bool(body.get("final", True))
+        req.respond(outputs, error, body.get("parameters"), final)
+        if final:
+            inst.active.pop(req.id, None)
+            self.stats.request_done(error is None, time.monotonic_ns() - req.t_enqueue)
+
+    def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
+        req = inst.active.get(body.get("id", -1))
+        if req is None:
+            return  # cancelled or timed out earlier: drop it
+        self._deliver(inst, stub, req, body)
+        if not inst.active and not inst.running:
+            with self.lock:
+                self._idle.notify_all()
+
+    def _on_done(self, inst: Instance, stub: StubProcess, exec_id: int, body: dict) -> None:
+        entry = inst.inflight.pop(exec_id, None)
+        if entry is None:
+            return
+        batch, t_sent, input_ns = entry
+        t_done = time.monotonic_ns()
+        by_id = {r.id: r for r in batch}
+        resched = set(body.get("reschedule") or ())
+        for rb in body.get("responses") or ():
+            req = by_id.get(rb.get("id"))
+            if req is not None and req.id not in resched:
+                self._deliver(inst, stub, req, rb)
+        err = body.get("error")
+        if err:
+            error = error_from_wire(err)
+            for req in batch:
+                if not req.done and req.id not in resched:
+                    inst.active.pop(req.id, None)
+                    req.fail(error)
+                    self.stats.request_done(False, t_done - req.t_enqueue)
+        requeue = [r for r in batch if r.id in resched and not r.done]
+        for r in requeue:
+            inst.active.pop(r.id, None)
+        t_out = time.monotonic_ns()
+        self.stats.execution(sum(r.batch_size for r in batch),
+                             [r.t_start - r.t_enqueue for r in batch], input_ns,
+                             t_done - t_sent, t_out - t_done)
+        if requeue:
+            with self.lock:
+                self.queue.extendleft(reversed(requeue))
+        self._finish_execute(inst)
+
+    # -- death and restart ----------------------------------------------------------------------
+    def _on_death(self, stub: StubProcess, reason: str) -> None:
+        inst: Instance = stub.instance  # type: ignore[attr-defined]
+        if inst.stub is not stub:
+            return
+        err = UnavailableError(reason)
+        with self.lock:
+            was = inst.state
+            inst.state = "RESTARTING" if was == "READY" and self.state == READY else "STOPPED"
+            inflight, inst.inflight = inst.inflight, {}
+            active, inst.active = inst.active, {}
+            calls, inst.bls_calls = inst.bls_calls, {}
+            inst.waiting_on.clear()
+            inst.running = 0
+        for req in active.values():
+            if not req.done:
+                req.fail(err)
+                self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+        for req in calls.values():  # BLS calls the dead stub made: nobody waits for them now
+            req.cancel("the calling stub died")
+        if inst.state == "RESTARTING":
+            self.server.on_instance_died(self, inst)
+            threading.Thread(target=self._restart, args=(inst,), daemon=True,
+                             name=f"{inst.name}-restart").start()
+        with self.lock:
+            self._idle.notify_all()
+
+    def _restart(self, inst: Instance) -> None:
+        delay = self.server.options.restart_backoff_seconds
+        while self.state == READY and inst.state == "RESTARTING":
+            time.sleep(min(delay * (2 ** min(inst.restarts, 5)), 10.0))
+            if self.state != READY:
+                break
+            inst.restarts += 1
+            try:
+                self._start_instance(inst)
+                log.warning("restarted instance %s of model %s", inst.name, self.name)
+                inst.restarts = 0
+                return
+            except TritonpyError as exc:
+                log.error("restart of %s failed: %s", inst.name, exc.message)
+
+    # -- readiness and unloading ------------------------------------------------------------------
+    def ready(self) -> bool:
+        if self.state != READY or any(i.state != "READY" for i in self.instances):
+            return False
+        for inst in self.instances:
+            if inst.has_is_ready and inst.stub is not None:
+                try:
+                    if not inst.stub.call(Cmd.IS_READY, None, 5.0).get("ready", False):
+                        return False
+                except TritonpyError:
+                    return False
+        return True
+
+    def drain(self, timeout: float) -> None:
+        """Wait until nothing is queued or in flight (bounded by ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.queue or any(i.running or i.active for i in self.instances
+                                    if i.state in ("READY", "RESTARTING")):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(min(left, 0.1))
+
+    def unload(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, finish what is in flight, finalize every instance."""
+        if self.state == READY:
+            self.state = UNLOADING
+            self.drain(timeout)
+        self.state = UNAVAILABLE
+        with self.lock:
+            leftover = list(self.queue)
+            self.queue.clear()
+        for req in leftover:
+            req.fail(UnavailableError(f"model '{self.name}' was unloaded"))
+        for inst in self.instances:
+            inst.state = "STOPPED"
+            if inst.stub is not None:
+                inst.stub.stop(finalize=True, timeout=min(timeout, 10.0))

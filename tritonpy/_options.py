@@ -1,0 +1,61 @@
+"""Backend options, named as Triton's Python backend names them (``--backend-config=python,k=v``)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+from ._errors import InvalidArgumentError
+
+MiB = 1 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendOptions:
+    """The host's knobs for stubs and shared memory."""
+
+    shm_default_byte_size: int = 16 * MiB
+    shm_growth_byte_size: int = 16 * MiB
+    shm_region_prefix_name: str = "tritonpy_"
+    stub_timeout_seconds: float = 30.0
+    shm_message_queue_size: int = 1000
+    shm_total_byte_cap: int = 0  # 0: no cap beyond /dev/shm itself
+    shm_fallback_directory: str = ""  # file-backed mmap here instead of /dev/shm
+    stub_stderr_lines: int = 20
+    restart_backoff_seconds: float = 0.2
+    execution_env_path: str = ""
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, str] | None) -> BackendOptions:
+        """Options from ``{"shm-default-byte-size": "1048576", ...}`` (dashes or underscores)."""
+        kw: dict[str, object] = {}
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        for key, raw in (cfg or {}).items():
+            name = key.replace("-", "_")
+            if name == "shm_total_cap":
+                name = "shm_total_byte_cap"
+            f = fields.get(name)
+            if f is None:
+                raise InvalidArgumentError(
+                    f"unknown backend option '{key}'; known: "
+                    + ", ".join(sorted(n.replace("_", "-") for n in fields))
+                )
+            try:
+                if f.type in ("int", int):
+                    kw[name] = int(raw)
+                elif f.type in ("float", float):
+                    kw[name] = float(raw)
+                else:
+                    kw[name] = str(raw)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"backend option '{key}' expects a number, got {raw!r}"
+                ) from None
+        opts = cls(**kw)  # type: ignore[arg-type]
+        if opts.shm_default_byte_size <= 0 or opts.shm_growth_byte_size <= 0:
+            raise InvalidArgumentError("shm-default-byte-size and shm-growth-byte-size must be > 0")
+        if not opts.shm_region_prefix_name.replace("_", "a").replace("-", "a").isalnum():
+            raise InvalidArgumentError(
+                f"shm-region-prefix-name must be letters, digits, '-' or '_': "
+                f"{opts.shm_region_prefix_name!r}"
+            )
+        return opts

@@ -1,0 +1,375 @@
+"""The model repository as the server sees it: which models exist, which are loaded, and the
+load / reload / unload / poll life cycle of each.
+
+A reload builds the new version's instances while the old ones keep serving, then swaps them
+in and unloads the old ones (which finish their in-flight requests first). A model that fails to
+load is UNAVAILABLE with the reason; the others keep serving.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+import shutil
+import tarfile
+import tempfile
+import threading
+import time
+from typing import Any, Mapping
+
+from ._errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonpyError,
+    UnavailableError,
+    UnsupportedError,
+)
+from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime
+
+log = logging.getLogger("tritonpy.repository")
+
+
+class ModelEntry:
+    """One model name: its directory and its loaded versions."""
+
+    def __init__(self, name: str, directory: str) -> None:
+        self.name = name
+        self.directory = directory
+        self.state = UNAVAILABLE
+        self.reason = "unloaded"
+        self.runtimes: dict[int, ModelRuntime] = {}
+        self.retired: list[ModelRuntime] = []  # unloaded runtimes whose statistics remain
+        self.fingerprint = ""
+        self.lock = threading.Lock()
+        self.tmpdir: str | None = None
+
+
+class RepositoryManager:
+    """Scans repositories and drives model loading for a :class:`~tritonpy.server.Server`."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.entries: dict[str, ModelEntry] = {}
+        self.scan_errors: dict[str, str] = {}
+        self._lock = threading.Lock()
+        self._poller: threading.Thread | None = None
+        self._env_cache: dict[str, str] = {}
+
+    # -- scanning ------------------------------------------------------------------------------
+    def scan(self) -> None:
+        from .repository import scan_repositories
+
+        models, errors = scan_repositories(self.server.repositories)
+        with self._lock:
+            for name, directory in models.items():
+                entry = self.entries.get(name)
+                if entry is None:
+                    self.entries[name] = ModelEntry(name, directory)
+                elif entry.tmpdir is None:
+                    entry.directory = directory
+            self.scan_errors = errors
+
+    def require_known(self, name: str) -> ModelEntry:
+        entry = self.entries.get(name)
+        if entry is None:
+            if name in self.scan_errors:
+                raise InvalidArgumentError(self.scan_errors[name])
+            raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+        return entry
+
+    # -- start / stop --------------------------------------------------------------------------
+    def start_up(self, wait: bool) -> None:
+        self.scan()
+        mode = self.server.model_control_mode
+        if mode == "explicit":
+            names = list(self.entries) if "*" in self.server.load_models else [
+                n for n in self.server.load_models]
+            for n in names:
+                self.require_known(n)
+        else:
+            names = list(self.entries)
+        work = lambda: self._load_many(names)  # noqa: E731
+        if wait:
+            work()
+        else:
+            threading.Thread(target=work, daemon=True, name="tritonpy-startup").start()
+        if mode == "poll":
+            self._poller = threading.Thread(target=self._poll, daemon=True, name="tritonpy-poll")
+            self._poller.start()
+
+    def _load_many(self, names: list[str]) -> None:
+        if not names:
+            return
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(names))) as ex:
+            list(ex.map(self._load_quietly, names))
+
+    def _load_quietly(self, name: str) -> None:
+        try:
+            self.load(name)
+        except TritonpyError as exc:
+            log.error("failed to load '%s': %s", name, exc.message)
+
+    def shut_down(self, timeout: float) -> None:
+        entries = list(self.entries.values())
+        if entries:
+            with concurrent.futures.ThreadPoolExecutor(min(8, len(entries))) as ex:
+                list(ex.map(lambda e: self._unload_entry(e, timeout), entries))
+        for e in entries:
+            if e.tmpdir:
+                shutil.rmtree(e.tmpdir, ignore_errors=True)
+
+    # -- load / unload -------------------------------------------------------------------------
+    def load(self, name: str, config: str | None = None,
+             files: Mapping[str, bytes] | None = None, api: bool = False) -> None:
+        """Load (or reload) ``name``; raises with the reason when it fails."""
+        if api and self.server.model_control_mode != "explicit":
+            raise UnavailableError(
+                "explicit model load / unload is not allowed unless the model control mode is "
+                "explicit")
+        if api:
+            self.scan()
+        if files:
+            if not config:
+                raise InvalidArgumentError("load with files needs a config override as well")
+            entry = self.entries.get(name) or ModelEntry(name, "")
+            self.entries.setdefault(name, entry)
+            tmp = tempfile.mkdtemp(prefix=f"tritonpy-{name}-")
+            mdir = os.path.join(tmp, name)
+            os.makedirs(mdir)
+            for rel, data in files.items():
+                rel = rel[5:] if rel.startswith("file:") else rel
+                dest = os.path.normpath(os.path.join(mdir, rel))
+                if not dest.startswith(mdir + os.sep):
+                    raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                with open(dest, "wb") as fh:
+                    fh.write(data)
+            if entry.tmpdir:
+                shutil.rmtree(entry.tmpdir, ignore_errors=True)
+            entry.tmpdir = tmp
+            entry.directory = mdir
+        entry = self.require_known(name)
+        with entry.lock:
+            self._load_entry(entry, config)
+
+    def _load_entry(self, entry: ModelEntry, config_override: str | None) -> None:
+        from .config import (
+            config_from_dict,
+            config_to_json,
+            load_model_config,
+            normalize_config,
+        )
+        from .repository import available_versions, fingerprint, model_file, select_versions
+
+        srv = self.server
+        old = dict(entry.runtimes)
+        if not old:
+            entry.state = LOADING
+            entry.reason = ""
+        cfg_path = os.path.join(entry.directory, "config.pbtxt")
+        new: dict[int, ModelRuntime] = {}
+        try:
+            if config_override:
+                cfg, exists = config_from_dict(config_override, cfg_path), True
+            else:
+                cfg, exists = load_model_config(entry.directory)
+            if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
+                raise UnsupportedError(
+                    f"model '{entry.name}': ensembles are not supported yet by tritonpy")
+            if cfg.backend and cfg.backend != "python":
+                raise UnsupportedError(
+                    f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
+                    "tritonpy runs python backend models")
+            cfg = self._auto_complete(entry, cfg, cfg_path)
+            cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=0)
+            versions = select_versions(cfg, available_versions(entry.directory))
+            cfg_json = config_to_json(cfg)
+            for v in versions:
+                rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
+                                  model_file(cfg, entry.directory, v))
+                new[v] = rt
+                rt.load()
+        except TritonpyError as exc:
+            for rt in new.values():
+                if rt.state == READY:
+                    rt.unload(timeout=5)
+            if not old:
+                entry.state = UNAVAILABLE
+                entry.reason = exc.message
+            raise
+        entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
+        entry.runtimes = new
+        entry.state = READY
+        entry.reason = ""
+        for rt in old.values():  # the new versions serve already; the old ones finish up
+            rt.unload(timeout=self.server.exit_timeout)
+            entry.retired.append(rt)
+        log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
+
+    def _auto_complete(self, entry: ModelEntry, cfg: Any, cfg_path: str) -> Any:
+        """Run the model's ``auto_complete_config`` in a short-lived stub, if it has one."""
+        from tritonpy.shm import Cmd
+
+        from ._stubproc import StubProcess
+        from .config import config_from_dict, config_to_dict
+        from .repository import available_versions, model_file
+
+        versions = available_versions(entry.directory)
+        if not versions:
+            return cfg
+        fname = cfg.default_model_filename or "model.py"
+        path = os.path.join(entry.directory, str(versions[-1]), fname)
+        try:
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                if "auto_complete_config" not in fh.read():
+                    return cfg
+        except OSError:
+            return cfg  # model_file() reports the missing file later with its path
+        d = config_to_dict(cfg)
+        d.setdefault("name", entry.name)
+        if not d.get("name"):
+            d["name"] = entry.name
+        stub = StubProcess(f"{entry.name}_autocomplete", entry.name, self.server.transport,
+                           self.server.options, on_frame=lambda s, m: None,
+                           on_death=lambda s, r: None)
+        try:
+            stub.wait_hello(60)
+            reply = stub.call(Cmd.AUTO_COMPLETE, {
+                "model_file": path, "version_dir": os.path.dirname(path), "config": d,
+            }, timeout=60)
+        finally:
+            stub.stop(finalize=False, timeout=2)
+        _ = model_file
+        return config_from_dict(reply["config"], cfg_path)
+
+    def unload(self, name: str, api: bool = False) -> None:
+        if api and self.server.model_control_mode != "explicit":
+            raise UnavailableError(
+                "explicit model load / unload is not allowed unless the model control mode is "
+                "explicit")
+        entry = self.require_known(name)
+        self._unload_entry(entry, self.server.exit_timeout)
+
+    def _unload_entry(self, entry: ModelEntry, timeout: float) -> None:
+        with entry.lock:
+            if not entry.runtimes:
+                return
+            entry.state = UNLOADING
+            rts, entry.runtimes = entry.runtimes, {}
+            for rt in rts.values():
+                rt.unload(timeout)
+                entry.retired.append(rt)
+            entry.state = UNAVAILABLE
+            entry.reason = "unloaded"
+
+    # -- poll mode -----------------------------------------------------------------------------
+    def _poll(self) -> None:
+        from .repository import fingerprint
+
+        while not self.server._stopping:
+            time.sleep(self.server.poll_interval)
+            if self.server._stopping:
+                return
+            before = set(self.entries)
+            try:
+                self.scan()
+            except TritonpyError as exc:
+                log.error("repository scan failed: %s", exc.message)
+                continue
+            for name, entry in list(self.entries.items()):
+                if not os.path.isdir(entry.directory):
+                    self._unload_entry(entry, self.server.exit_timeout)
+                    self.entries.pop(name, None)
+                    continue
+                fp = fingerprint(entry.directory)
+                if name not in before or (fp != entry.fingerprint):
+                    entry.fingerprint = fp
+                    self._load_quietly(name)
+
+    # -- views ---------------------------------------------------------------------------------
+    def runtime(self, name: str, version: int = -1) -> ModelRuntime:
+        entry = self.require_known(name)
+        rts = entry.runtimes
+        if not rts:
+            raise UnavailableError(
+                f"Request for unknown model: '{name}' is not ready"
+                + (f" ({entry.reason})" if entry.reason and entry.reason != "unloaded" else ""))
+        if version is None or version < 0:
+            return rts[max(rts)]
+        rt = rts.get(version)
+        if rt is None:
+            raise NotFoundError(
+                f"Request for unknown model: '{name}' version {version} is not found")
+        return rt
+
+    def runtimes(self, include_unloaded: bool = False) -> list[ModelRuntime]:
+        out = []
+        for e in list(self.entries.values()):
+            out.extend(e.runtimes.values())
+            if include_unloaded:
+                live = {rt.version for rt in e.runtimes.values()}
+                seen = set()
+                for rt in reversed(e.retired):
+                    if rt.version not in live and rt.version not in seen:
+                        out.append(rt)
+                        seen.add(rt.version)
+        return out
+
+    def loaded_versions(self, name: str) -> list[int]:
+        return sorted(self.require_known(name).runtimes)
+
+    def is_ready(self, name: str, version: int = -1) -> bool:
+        try:
+            return self.runtime(name, version).ready()
+        except TritonpyError:
+            return False
+
+    def all_ready(self) -> bool:
+        return all(rt.ready() for rt in self.runtimes())
+
+    def index(self) -> list[dict]:
+        out = []
+        for name in sorted(set(self.entries) | set(self.scan_errors)):
+            e = self.entries.get(name)
+            if e is None:
+                out.append({"name": name, "version": "", "state": UNAVAILABLE,
+                            "reason": self.scan_errors[name]})
+            elif e.runtimes:
+                for v in sorted(e.runtimes):
+                    out.append({"name": name, "version": str(v), "state": e.runtimes[v].state,
+                                "reason": ""})
+            else:
+                out.append({"name": name, "version": "", "state": e.state, "reason": e.reason})
+        return out
+
+    # -- execution environments ----------------------------------------------------------------
+    def execution_env(self, rt: ModelRuntime) -> str | None:
+        """The interpreter of the model's EXECUTION_ENV_PATH (unpacked and cached by hash)."""
+        p = rt.config.parameters.get("EXECUTION_ENV_PATH")
+        if p is None or not p.string_value:
+            return None
+        path = p.string_value.replace("$$TRITON_MODEL_DIRECTORY", rt.model_dir)
+        if os.path.isdir(path):
+            env_dir = path
+        elif os.path.isfile(path):
+            with open(path, "rb") as fh:
+                digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+            env_dir = self._env_cache.get(digest, "")
+            if not env_dir:
+                cache = os.path.join(os.path.expanduser("~"), ".cache", "tritonpy", "envs", digest)
+                if not os.path.isdir(cache):
+                    tmp = cache + ".partial"
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    os.makedirs(tmp)
+                    with tarfile.open(path) as tar:
+                        tar.extractall(tmp, filter="data")
+                    os.replace(tmp, cache)
+                self._env_cache[digest] = env_dir = cache
+        else:
+            raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' does not exist")
+        for cand in ("bin/python3", "bin/python"):
+            exe = os.path.join(env_dir, cand)
+            if os.path.exists(exe):
+                return exe
+        raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has no bin/python3")

@@ -1,0 +1,247 @@
+"""Requests as the host carries them, and responses as the in-process API hands them out."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from tritonpy.shm.dtypes import triton_dtype_of
+
+from ._errors import CancelledError, TritonpyError
+
+_ids = itertools.count(1)
+
+
+class Tensor:
+    """An output tensor: ``to_numpy()`` is a zero-copy view (BYTES: an object array)."""
+
+    __slots__ = ("name", "data_type", "shape", "_arr")
+
+    def __init__(self, name: str, arr: np.ndarray) -> None:
+        self.name = name
+        self._arr = arr
+        self.data_type = triton_dtype_of(arr)
+        self.shape = tuple(arr.shape)
+
+    def to_numpy(self) -> np.ndarray:
+        return self._arr
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self._arr if dtype is None else self._arr.astype(dtype)
+
+    def __dlpack__(self, **kwargs: Any) -> Any:
+        return self._arr.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._arr.__dlpack_device__()
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.name!r}, {self.data_type}, shape={list(self.shape)})"
+
+
+class InferenceResponse:
+    """One response of a request: ``outputs`` by name, or ``error``; ``final`` ends a stream."""
+
+    __slots__ = ("model", "model_version", "request_id", "parameters", "outputs", "error", "final")
+
+    def __init__(self, model: str, model_version: int, request_id: str,
+                 outputs: dict[str, Tensor], error: TritonpyError | None,
+                 parameters: dict | None, final: bool) -> None:
+        self.model = model
+        self.model_version = model_version
+        self.request_id = request_id
+        self.outputs = outputs
+        self.error = error
+        self.parameters = parameters or {}
+        self.final = final
+
+    def __repr__(self) -> str:
+        what = f"error={self.error!r}" if self.error else f"outputs={list(self.outputs)}"
+        return f"InferenceResponse({self.model!r}, {what}, final={self.final})"
+
+
+# (request, outputs, error, parameters, final)
+Sink = Callable[["HostRequest", list, "TritonpyError | None", "dict | None", bool], None]
+
+
+class HostRequest:
+    """A request in the host: from a client or from a stub's BLS call."""
+
+    __slots__ = (
+        "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
+        "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
+        "t_start", "instance", "caller", "sync", "batch_size", "on_cancel", "__weakref__",
+    )
+
+    def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
+                 requested: Sequence[str] | None, sink: Sink, *, request_id: str = "",
+                 correlation_id: int | str = 0, flags: int = 0, timeout_us: int = 0,
+                 priority: int = 0, parameters: Mapping[str, Any] | None = None) -> None:
+        self.id = next(_ids)
+        self.model = model
+        self.inputs = inputs
+        self.requested = list(requested) if requested else []
+        self.request_id = request_id
+        self.correlation_id = correlation_id
+        self.flags = flags
+        self.timeout_us = timeout_us
+        self.priority = priority
+        self.parameters = dict(parameters or {})
+        self.sink = sink
+        self.cancelled = False
+        self.done = False
+        self.t_enqueue = time.monotonic_ns()
+        self.t_start = 0
+        self.instance: Any = None  # the instance executing it, once dispatched
+        self.caller: Any = None  # the instance whose BLS call this is
+        self.sync = False  # the caller blocks on it (deadlock detection)
+        self.batch_size = 1
+        self.on_cancel: Callable[[HostRequest], None] | None = None
+
+    def respond(self, outputs: list, error: TritonpyError | None, parameters: dict | None,
+                final: bool) -> None:
+        """Deliver one response; anything after the final one is dropped."""
+        if self.done:
+            return
+        if final:
+            self.done = True
+        self.sink(self, outputs, error, parameters, final)
+
+    def fail(self, error: TritonpyError) -> None:
+        self.respond([], error, None, True)
+
+    def cancel(self, reason: str = "request cancelled") -> None:
+        """Cancel: the caller gets CANCELLED now; the executing stub sees is_cancelled()."""
+        if self.done:
+            return
+        self.cancelled = True
+        cb = self.on_cancel
+        if cb is not None:
+            cb(self)
+        self.fail(CancelledError(reason))
+
+
+def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,
+                   parameters: dict | None, final: bool) -> InferenceResponse:
+    return InferenceResponse(
+        req.model.name, req.model.version, req.request_id,
+        {n: Tensor(n, a) for n, a in outputs}, error, parameters, final)
+
+
+class ResponseStream:
+    """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
+        self._finished = False
+        self.request: HostRequest | None = None
+
+    def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
+             parameters: dict | None, final: bool) -> None:
+        self._q.put(_make_response(req, outputs, error, parameters, final))
+
+    def __iter__(self) -> ResponseStream:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._finished:
+            raise StopIteration
+        resp = self._q.get()
+        if resp.final:
+            self._finished = True
+        return resp
+
+    def get(self, timeout: float | None = None) -> InferenceResponse:
+        """The next response, waiting up to ``timeout`` seconds (queue.Empty when none)."""
+        return self._q.get(timeout=timeout)
+
+    def cancel(self) -> None:
+        if self.request is not None:
+            self.request.cancel("request cancelled by the client")
+
+
+class AsyncResponseStream:
+    """Async iterator of a request's responses, fed from the host's threads."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._q: asyncio.Queue[InferenceResponse] = asyncio.Queue()
+        self._finished = False
+        self.request: HostRequest | None = None
+
+    def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
+             parameters: dict | None, final: bool) -> None:
+        resp = _make_response(req, outputs, error, parameters, final)
+        try:
+            self._loop.call_soon_threadsafe(self._q.put_nowait, resp)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> AsyncResponseStream:
+        return self
+
+    async def __anext__(self) -> InferenceResponse:
+        if self._finished:
+            raise StopAsyncIteration
+        try:
+            resp = await self._q.get()
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
+        if resp.final:
+            self._finished = True
+        return resp
+
+    def cancel(self) -> None:
+        if self.request is not None:
+            self.request.cancel("request cancelled by the client")
+
+
+class Timers:
+    """Request deadlines: one thread, a heap, and a condition (cheap when there are none)."""
+
+    def __init__(self) -> None:
+        import heapq
+
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._push = heapq.heappush
+        self._pop = heapq.heappop
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+
+    def at(self, deadline: float, fn: Callable[[], None]) -> None:
+        with self._cv:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tritonpy-timers",
+                                                daemon=True)
+                self._thread.start()
+            self._push(self._heap, (deadline, next(self._seq), fn))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and (not self._heap or self._heap[0][0] > time.monotonic()):
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cv.wait(wait)
+                if self._stop:
+                    return
+                _, _, fn = self._pop(self._heap)
+            try:
+                fn()
+            except Exception:  # a timer callback must not kill the timer thread
+                import logging
+
+                logging.getLogger("tritonpy").exception("timer callback failed")
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()

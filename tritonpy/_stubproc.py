@@ -1,0 +1,258 @@
+"""One stub process: spawn, channel, reader thread, calls, death and hang detection.
+
+The host side of a model instance. The reader thread handles every frame from the stub as it
+arrives (responses are delivered, BLS requests routed) so there is no hand-off on the hot path;
+``on_frame`` is the owner's dispatcher. The process's stdout and stderr are read line by line
+into the host log, and the last lines of stderr are kept for the error a crash produces.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+from tritonpy.shm import Channel, ChannelClosedError, Cmd, TensorTransport, socket_pair
+from tritonpy.shm import sweep_orphans
+
+from ._errors import InternalError, TritonpyError, UnavailableError, error_from_wire
+from ._options import BackendOptions
+
+log = logging.getLogger("tritonpy.stub")
+
+# One long-lived thread spawns every stub: PR_SET_PDEATHSIG fires when the *thread* that forked
+# the child exits, so stubs must not be forked from short-lived loader threads.
+_spawn_lock = threading.Lock()
+_spawner: Any = None
+
+
+def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
+    global _spawner
+    with _spawn_lock:
+        if _spawner is None:
+            import concurrent.futures
+
+            _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tritonpy-spawn")
+        fut = _spawner.submit(
+            subprocess.Popen, cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, close_fds=True,
+        )
+    return fut.result()
+
+
+def stub_python(options: BackendOptions) -> str:
+    """The interpreter that runs stubs (EXECUTION_ENV_PATH's, or the host's own)."""
+    env_path = options.execution_env_path
+    if env_path:
+        cand = os.path.join(env_path, "bin", "python3")
+        if os.path.exists(cand):
+            return cand
+        cand = os.path.join(env_path, "bin", "python")
+        if os.path.exists(cand):
+            return cand
+    return sys.executable
+
+
+class StubProcess:
+    """A running stub; ``on_frame(stub, msg)`` receives every frame except replies to calls."""
+
+    def __init__(self, name: str, model: str, transport: TensorTransport,
+                 options: BackendOptions, on_frame: Callable[[StubProcess, list], None],
+                 on_death: Callable[[StubProcess, str], None], extra_env: dict[str, str] | None = None,
+                 python: str | None = None) -> None:
+        self.name = name
+        self.model = model
+        self.options = options
+        self.transport = transport
+        self._on_frame = on_frame
+        self._on_death = on_death
+        self._calls: dict[int, list] = {}
+        self._call_ids = itertools.count(1)
+        self._calls_lock = threading.Lock()
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=options.stub_stderr_lines)
+        self.alive = False
+        self.dead_reason = ""
+        self._closing = False
+        self._last_seen = time.monotonic()
+        host_sock, child_sock = socket_pair()
+        stub_opts = {
+            "instance_name": name,
+            "prefix": options.shm_region_prefix_name,
+            "shm_default_byte_size": min(options.shm_default_byte_size, 16 << 20),
+            "shm_growth_byte_size": options.shm_growth_byte_size,
+            "shm_cap": options.shm_total_byte_cap,
+            "shm_directory": options.shm_fallback_directory,
+            "host_pid": os.getpid(),
+        }
+        env = dict(os.environ)
+        env.update(extra_env or {})
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [python or stub_python(options), "-m", "tritonpy.stub", str(child_sock.fileno()),
+               json.dumps(stub_opts)]
+        try:
+            self.proc = _spawn(cmd, child_sock.fileno(), env)
+        finally:
+            child_sock.close()
+        self.pid = self.proc.pid
+        self.channel = Channel(host_sock, transport, f"host:{name}")
+        self.alive = True
+        self._pipes = [
+            threading.Thread(target=self._pump, args=(self.proc.stdout, False), daemon=True,
+                             name=f"{name}-stdout"),
+            threading.Thread(target=self._pump, args=(self.proc.stderr, True), daemon=True,
+                             name=f"{name}-stderr"),
+        ]
+        for t in self._pipes:
+            t.start()
+        self._hello = threading.Event()
+        self._reader = threading.Thread(target=self._read_loop, daemon=True, name=f"{name}-reader")
+        self._reader.start()
+
+    # -- output -----------------------------------------------------------------------------
+    def _pump(self, pipe: Any, is_err: bool) -> None:
+        logger = logging.getLogger(f"tritonpy.model.{self.model}")
+        for raw in iter(pipe.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            if is_err:
+                self.stderr_tail.append(line)
+            logger.log(logging.WARNING if is_err else logging.INFO, "[%s] %s", self.name, line)
+        pipe.close()
+
+    # -- frames -----------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        ch = self.channel
+        while True:
+            try:
+                msg = ch.recv()
+            except Exception as exc:
+                log.error("[%s] bad frame from stub: %s", self.name, exc)
+                continue
+            if msg is None:
+                break
+            self._last_seen = time.monotonic()
+            cmd = msg[0]
+            if cmd == Cmd.REPLY:
+                with self._calls_lock:
+                    slot = self._calls.pop(msg[1], None)
+                if slot is not None:
+                    slot[1] = msg[2]
+                    slot[0].set()
+                continue
+            if cmd == Cmd.HELLO:
+                self._hello.set()
+                continue
+            try:
+                self._on_frame(self, msg)
+            except Exception:
+                log.exception("[%s] error handling frame %s", self.name, Cmd(cmd).name)
+        self._died()
+
+    def _died(self) -> None:
+        was_alive = self.alive
+        self.alive = False
+        try:
+            code = self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        for t in self._pipes:
+            t.join(timeout=1)
+        if code < 0:
+            try:
+                what = f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                what = f"killed by signal {-code}"
+        else:
+            what = f"exited with code {code}"
+        tail = "\n".join(self.stderr_tail)
+        self.dead_reason = f"stub process '{self.name}' (pid {self.pid}) {what}" + (
+            f"; last stderr lines:\n{tail}" if tail else "")
+        self.channel.close()
+        # The stub's own segments die with it: nobody else will unlink them.
+        sweep_orphans(self.options.shm_region_prefix_name,
+                      self.options.shm_fallback_directory or None, dead_pids={self.pid})
+        err = UnavailableError(self.dead_reason)
+        with self._calls_lock:
+            calls, self._calls = self._calls, {}
+        for ev, slot in ((s[0], s) for s in calls.values()):
+            slot[1] = {"ok": False, "error": err.to_wire()}
+            ev.set()
+        if was_alive and not self._closing:
+            log.error("%s", self.dead_reason)
+        self._on_death(self, self.dead_reason)
+
+    # -- calls --------------------------------------------------------------------------------
+    def call(self, cmd: Cmd, body: Any = None, timeout: float | None = None) -> dict:
+        """Send a frame and wait for the stub's REPLY; raises the error the stub reports."""
+        ev = threading.Event()
+        slot: list = [ev, None]
+        call_id = next(self._call_ids)
+        with self._calls_lock:
+            self._calls[call_id] = slot
+        try:
+            self.channel.send(cmd, call_id, body)
+        except ChannelClosedError:
+            with self._calls_lock:
+                self._calls.pop(call_id, None)
+            raise UnavailableError(self.dead_reason or f"stub '{self.name}' is gone") from None
+        if not ev.wait(timeout):
+            with self._calls_lock:
+                self._calls.pop(call_id, None)
+            raise UnavailableError(
+                f"stub '{self.name}' did not answer {Cmd(cmd).name} within {timeout} s")
+        reply = slot[1]
+        if not isinstance(reply, dict) or not reply.get("ok", False):
+            raise error_from_wire((reply or {}).get("error") if isinstance(reply, dict) else reply)
+        return reply
+
+    def wait_hello(self, timeout: float) -> None:
+        if not self._hello.wait(timeout):
+            if not self.alive:
+                raise UnavailableError(self.dead_reason or f"stub '{self.name}' died at start")
+            raise UnavailableError(f"stub '{self.name}' did not start within {timeout} s")
+
+    def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:
+        self.channel.send(cmd, call_id, body)
+
+    def ping(self, timeout: float) -> bool:
+        try:
+            self.call(Cmd.PING, None, timeout)
+            return True
+        except TritonpyError:
+            return False
+
+    # -- ending -----------------------------------------------------------------------------
+    def kill(self) -> None:
+        """SIGKILL the stub; the reader thread then runs the death path."""
+        try:
+            self.proc.kill()
+        except ProcessLookupError:
+            pass
+
+    def stop(self, finalize: bool = True, timeout: float = 10.0) -> None:
+        """Finalize (optionally) and end the process; leaves no process or segment behind."""
+        self._closing = True
+        if finalize and self.alive:
+            try:
+                self.call(Cmd.FINALIZE, None, timeout)
+            except TritonpyError as exc:
+                log.warning("[%s] finalize failed: %s", self.name, exc.message)
+        try:
+            self.proc.wait(timeout=timeout if finalize else 0.1)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self._reader.join(timeout=timeout)
+        if self._reader.is_alive():  # the socket never closed: force the death path
+            self.proc.kill()
+            self._reader.join(timeout=5)
+
+
+def internal(msg: str) -> InternalError:
+    return InternalError(msg)

@@ -1,0 +1,360 @@
+"""The in-process API: ``tritonpy.Server`` and ``Model`` — what a host server embeds.
+
+Shaped after Triton's own in-process Python API (the ``tritonserver`` package): a server over
+one or more model repositories, model handles with ``infer``/``async_infer`` returning
+iterables of responses, and the repository, statistics and metrics views the frontends serve.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
+from tritonpy.shm.dtypes import triton_dtype_of
+
+from . import _repo_manager
+from ._bls import BlsRouter
+from ._custom_metrics import CustomMetrics
+from ._errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonpyError,
+    UnavailableError,
+)
+from ._model import READY, ModelRuntime
+from ._options import BackendOptions
+from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
+from ._stubproc import StubProcess
+
+log = logging.getLogger("tritonpy")
+__version__ = "0.1.0"
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
+              "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
+              "parameters", "statistics", "logging"]
+
+
+class Server:
+    """A tritonpy server: model repositories, stubs, scheduling, BLS routing.
+
+    Args:
+        model_repository: one or more repository directories.
+        model_control_mode: ``"none"`` (load everything at start), ``"explicit"`` (load what
+            ``load_models``/``load()`` ask for) or ``"poll"`` (rescan and reload on changes).
+        load_models: models to load at start in explicit mode (``"*"`` for all).
+        backend_config: Triton's python backend options, e.g.
+            ``{"shm-default-byte-size": "16777216", "shm-region-prefix-name": "myapp_"}``.
+        exit_timeout: seconds ``stop()`` waits for in-flight requests.
+        poll_interval: seconds between repository scans in poll mode.
+    """
+
+    def __init__(self, model_repository: str | Sequence[str] | None = None, *,
+                 model_control_mode: str = "none", load_models: Sequence[str] = (),
+                 backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
+                 exit_timeout: float = 30.0, poll_interval: float = 1.0) -> None:
+        if model_repository is None:
+            repos: list[str] = []
+        elif isinstance(model_repository, (str, os.PathLike)):
+            repos = [os.fspath(model_repository)]
+        else:
+            repos = [os.fspath(r) for r in model_repository]
+        if model_control_mode not in ("none", "explicit", "poll"):
+            raise InvalidArgumentError(
+                f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
+        self.repositories = [os.path.abspath(r) for r in repos]
+        self.model_control_mode = model_control_mode
+        self.load_models = list(load_models)
+        self.options = BackendOptions.from_mapping(backend_config)
+        self.log_verbose = log_verbose
+        self.exit_timeout = exit_timeout
+        self.poll_interval = poll_interval
+        self.metrics_registry = CollectorRegistry(auto_describe=True)
+        self.custom_metrics = CustomMetrics()
+        self.metrics_registry.register(self.custom_metrics)
+        self.timers = Timers()
+        self.bls = BlsRouter(self)
+        self.transport: TensorTransport = None  # type: ignore[assignment]
+        self.pool: Pool = None  # type: ignore[assignment]
+        self.repo = _repo_manager.RepositoryManager(self)
+        self._started = False
+        self._stopping = False
+        self._maint: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self, wait_until_ready: bool = True) -> Server:
+        """Create the shm pool, sweep orphans of our prefix, load models per the control mode."""
+        if self._started:
+            return self
+        opts = self.options
+        directory = opts.shm_fallback_directory or None
+        removed = sweep_orphans(opts.shm_region_prefix_name, directory)
+        if removed:
+            log.info("removed %d orphaned shm segment(s) of dead processes", len(removed))
+        self.segments = SegmentMap(directory)
+        self.pool = Pool(prefix=opts.shm_region_prefix_name,
+                         default_size=opts.shm_default_byte_size,
+                         growth_size=opts.shm_growth_byte_size, cap=opts.shm_total_byte_cap,
+                         directory=directory, segments=self.segments, label="host")
+        # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
+        self.pool.free(*self.pool.allocate(1), 1)
+        self.transport = TensorTransport(self.pool, self.segments)
+        self._started = True
+        self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
+        self._maint.start()
+        self.repo.start_up(wait_until_ready)
+        return self
+
+    def stop(self) -> None:
+        """Drain in-flight requests, finalize models; no stub process or segment is left."""
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        self.repo.shut_down(self.exit_timeout)
+        self.timers.stop()
+        self.pool.close()
+        self.segments.close()
+        sweep_orphans(self.options.shm_region_prefix_name,
+                      self.options.shm_fallback_directory or None)
+        self._started = False
+
+    def __enter__(self) -> Server:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _maintain(self) -> None:
+        """Give idle host segments back and tell every stub to unmap them."""
+        while self._started and not self._stopping:
+            time.sleep(1.0)
+            if self._stopping:
+                return
+            self.pool.reap()
+            dropped = self.pool.take_dropped()
+            if dropped:
+                self.broadcast(Cmd.DROPPED, dropped)
+
+    def broadcast(self, cmd: Cmd, body: Any, exclude: StubProcess | None = None) -> None:
+        for rt in self.repo.runtimes():
+            for inst in rt.instances:
+                stub = inst.stub
+                if stub is not None and stub is not exclude and stub.alive:
+                    try:
+                        stub.send(cmd, 0, body)
+                    except Exception:
+                        pass
+
+    # -- health and metadata ---------------------------------------------------------------------
+    def live(self) -> bool:
+        return self._started and not self._stopping
+
+    def ready(self) -> bool:
+        return self.live() and self.repo.all_ready()
+
+    def metadata(self) -> dict:
+        return {"name": "tritonpy", "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def models(self) -> list[dict]:
+        """Repository index: ``{"name", "version", "state", "reason"}`` for every model."""
+        return self.repo.index()
+
+    def model(self, name: str, version: int = -1) -> Model:
+        """A handle on a model; NotFoundError if the repository has no such model."""
+        self.repo.require_known(name)
+        return Model(self, name, int(version))
+
+    def load(self, name: str, config: str | None = None,
+             files: Mapping[str, bytes] | None = None) -> None:
+        """Load or reload a model (explicit mode): raises with the reason on failure."""
+        self.repo.load(name, config=config, files=files, api=True)
+
+    def unload(self, name: str, unload_dependents: bool = False) -> None:
+        self.repo.unload(name, api=True)
+
+    def runtime(self, name: str, version: int = -1) -> ModelRuntime:
+        """The loaded runtime of a model version (-1: the newest loaded)."""
+        return self.repo.runtime(name, version)
+
+    def statistics(self, name: str = "", version: str = "") -> dict:
+        """Triton's ModelStatisticsResponse as JSON."""
+        stats = []
+        for rt in self.repo.runtimes(include_unloaded=True):
+            if name and rt.name != name:
+                continue
+            if version and str(rt.version) != str(version):
+                continue
+            stats.append(rt.stats.as_dict())
+        if name and not stats:
+            raise NotFoundError(f"requested model '{name}' is not available")
+        return {"model_stats": stats}
+
+    def shm_usage(self) -> list[dict]:
+        """Usage of the host pool (stub pools are reported by their segments' sizes)."""
+        out = [{"pool": "host", **self.pool.usage()}] if self.pool is not None else []
+        return out
+
+    def execution_env(self, rt: ModelRuntime) -> str | None:
+        return self.repo.execution_env(rt)
+
+    # -- requests --------------------------------------------------------------------------------
+    def validate(self, rt: ModelRuntime, req: HostRequest) -> None:
+        shapes = {}
+        for n, a in req.inputs:
+            shapes[n] = (triton_dtype_of(a), tuple(a.shape))
+        rt.validator.validate(shapes, req.requested or None, req.request_id)
+        if rt.max_batch_size > 0 and req.inputs:
+            req.batch_size = int(req.inputs[0][1].shape[0]) if req.inputs[0][1].ndim else 1
+
+    def on_stub_frame(self, rt: ModelRuntime, inst: Any, stub: StubProcess, msg: list) -> None:
+        cmd, call_id, body = msg
+        if cmd == Cmd.BLS_INFER:
+            self.bls.infer(rt, inst, stub, call_id, body)
+        elif cmd == Cmd.BLS_CANCEL:
+            self.bls.cancel(inst, call_id)
+        elif cmd == Cmd.LOG:
+            level, text = body[0], body[1]
+            logging.getLogger(f"tritonpy.model.{rt.name}").log(
+                _LOG_LEVELS.get(level, logging.INFO), "[%s] %s", inst.name, text)
+        elif cmd == Cmd.METRIC_FAMILY:
+            self.custom_metrics.family(str(body["name"]), str(body["description"]),
+                                       int(body["kind"]))
+        elif cmd == Cmd.METRIC_OP:
+            fam, labels, op, value, buckets = body
+            self.custom_metrics.op(fam, labels, op, value, buckets)
+        elif cmd == Cmd.METRIC_VALUE:
+            stub.send(Cmd.REPLY, call_id, {"ok": True,
+                                           "value": self.custom_metrics.value(body[0], body[1])})
+        elif cmd in (Cmd.LOAD_MODEL, Cmd.UNLOAD_MODEL, Cmd.MODEL_READY):
+            threading.Thread(target=self._model_api, args=(stub, cmd, call_id, body),
+                             daemon=True, name="tritonpy-model-api").start()
+        elif cmd == Cmd.DROPPED:
+            self.broadcast(Cmd.DROPPED, body, exclude=stub)
+
+    def _model_api(self, stub: StubProcess, cmd: int, call_id: int, body: dict) -> None:
+        try:
+            name = str(body["name"])
+            if cmd == Cmd.MODEL_READY:
+                v = str(body.get("version") or "")
+                ready = self.repo.is_ready(name, int(v) if v else -1)
+                reply: dict = {"ok": True, "ready": ready}
+            else:
+                if self.model_control_mode != "explicit":
+                    raise UnavailableError(
+                        "the model loading API needs explicit model control mode "
+                        "(--model-control-mode=explicit)")
+                if cmd == Cmd.LOAD_MODEL:
+                    files = body.get("files") or None
+                    self.repo.load(name, config=body.get("config") or None, files=files, api=True)
+                else:
+                    self.repo.unload(name, api=True)
+                reply = {"ok": True}
+        except TritonpyError as exc:
+            reply = {"ok": False, "error": exc.to_wire()}
+        except Exception as exc:
+            reply = {"ok": False, "error": {"code": "INTERNAL", "message": str(exc)}}
+        try:
+            stub.send(Cmd.REPLY, call_id, reply)
+        except Exception:
+            pass
+
+    def on_instance_died(self, rt: ModelRuntime, inst: Any) -> None:
+        log.warning("model '%s' instance '%s' died; restarting", rt.name, inst.name)
+
+
+def _as_input(name: str, value: Any) -> np.ndarray:
+    arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if hasattr(value, "to_numpy") and not isinstance(value, np.ndarray):
+        arr = value.to_numpy()
+    if arr.dtype.kind == "U":
+        arr = arr.astype(object)
+    try:
+        triton_dtype_of(arr)
+    except TypeError:
+        raise InvalidArgumentError(
+            f"input '{name}' has numpy dtype {arr.dtype}, which has no Triton data type") from None
+    return arr
+
+
+class Model:
+    """A handle on one model (version -1: the newest loaded)."""
+
+    def __init__(self, server: Server, name: str, version: int = -1) -> None:
+        self.server = server
+        self.name = name
+        self.version = version
+
+    def _rt(self) -> ModelRuntime:
+        return self.server.runtime(self.name, self.version)
+
+    def ready(self) -> bool:
+        return self.server.repo.is_ready(self.name, self.version)
+
+    def config(self) -> dict:
+        import json
+
+        return json.loads(self._rt().config_json)
+
+    def metadata(self) -> dict:
+        from .validation import model_metadata
+
+        rt = self._rt()
+        return model_metadata(rt.config, rt.name, self.server.repo.loaded_versions(rt.name))
+
+    def decoupled(self) -> bool:
+        return self._rt().decoupled
+
+    def _request(self, sink: Any, inputs: Mapping[str, Any],
+                 requested_output_names: Sequence[str] | None, request_id: str,
+                 parameters: Mapping[str, Any] | None, correlation_id: int | str, flags: int,
+                 timeout: int, priority: int) -> HostRequest:
+        rt = self._rt()
+        if rt.state != READY:
+            raise UnavailableError(f"model '{self.name}' is not ready")
+        for k, v in (parameters or {}).items():
+            if not isinstance(v, (bool, int, float, str)):
+                raise InvalidArgumentError(
+                    f"parameter '{k}' has type {type(v).__name__}; bool, int, float or str only")
+        if isinstance(requested_output_names, str):
+            requested_output_names = [requested_output_names]
+        arrays = [(n, _as_input(n, v)) for n, v in inputs.items()]
+        req = HostRequest(rt, arrays, requested_output_names, sink, request_id=request_id,
+                          correlation_id=correlation_id, flags=flags, timeout_us=timeout,
+                          priority=priority, parameters=parameters)
+        self.server.validate(rt, req)
+        return req
+
+    def infer(self, inputs: Mapping[str, Any],
+              requested_output_names: Sequence[str] | None = None, *, request_id: str = "",
+              parameters: Mapping[str, Any] | None = None, correlation_id: int | str = 0,
+              flags: int = 0, timeout: int = 0, priority: int = 0) -> ResponseStream:
+        """Run a request; iterate the result for its responses (one in default mode).
+
+        Raises InvalidArgumentError / NotFoundError / UnavailableError for a request that
+        cannot be queued; errors during execution come back as ``response.error``.
+        """
+        stream = ResponseStream()
+        req = self._request(stream.sink, inputs, requested_output_names, request_id,
+                            parameters, correlation_id, flags, timeout, priority)
+        stream.request = req
+        req.model.submit(req)
+        return stream
+
+    def async_infer(self, inputs: Mapping[str, Any],
+                    requested_output_names: Sequence[str] | None = None, *,
+                    request_id: str = "", parameters: Mapping[str, Any] | None = None,
+                    correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
+                    priority: int = 0) -> AsyncResponseStream:
+        """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``."""
+        stream = AsyncResponseStream(asyncio.get_running_loop())
+        req = self._request(stream.sink, inputs, requested_output_names, request_id,
+                            parameters, correlation_id, flags, timeout, priority)
+        stream.request = req
+        req.model.submit(req)
+        return stream
