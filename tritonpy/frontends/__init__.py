@@ -1,0 +1,180 @@
+"""Network frontends of a :class:`tritonpy.Server`: KServe v2 HTTP/REST, gRPC, and metrics.
+
+:class:`Frontends` runs all three on one asyncio loop, either the caller's (``await start()``,
+as ``tritonpy serve`` does) or a private loop in a background thread (``start_in_thread()``,
+for embedding and tests). Both protocol frontends share one :class:`DataPlane`, so they also
+share the registry of client shared-memory regions, as in Triton.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings
+from .grpc import GRPCFrontend
+from .http import HTTPFrontend
+from .sharedmem import SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from ..server import Server
+
+__all__ = ["DataPlane", "Frontends", "GRPCFrontend", "HTTPFrontend", "LogSettings",
+           "SharedMemoryRegistry"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SHM_PREFIX = "tritonpy_"
+
+
+class Frontends:
+    """HTTP, gRPC and metrics endpoints for one server.
+
+    Args:
+        server: the in-process server (already started, or started by the caller later).
+        http_port, grpc_port, metrics_port: ports; 0 picks a free one (read the attributes of
+            the same names after start).
+        allow_http, allow_grpc, allow_metrics: which endpoints to run.
+        http_address, grpc_address, metrics_address: addresses to listen on.
+        max_input_size: largest HTTP request body, in bytes.
+        reserved_shm_prefixes: shm name prefixes clients may not register (the server's own
+            pools); by default the server's ``shm-region-prefix-name``.
+        log_settings: the dynamic logging settings to expose (a default one otherwise).
+        exit_timeout: seconds in-flight requests get to finish on stop.
+    """
+
+    def __init__(
+        self,
+        server: Server,
+        *,
+        http_port: int = 8000,
+        grpc_port: int = 8001,
+        metrics_port: int = 8002,
+        allow_http: bool = True,
+        allow_grpc: bool = True,
+        allow_metrics: bool = True,
+        http_address: str = "0.0.0.0",
+        grpc_address: str = "0.0.0.0",
+        metrics_address: str = "0.0.0.0",
+        max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+        reserved_shm_prefixes: Iterable[str] | None = None,
+        log_settings: LogSettings | None = None,
+        exit_timeout: float = 30.0,
+    ) -> None:
+        from ..metrics import MetricsFrontend
+
+        if reserved_shm_prefixes is None:
+            config = getattr(server, "backend_config", None) or {}
+            reserved_shm_prefixes = [config.get("shm-region-prefix-name", DEFAULT_SHM_PREFIX)]
+        self.server = server
+        self.exit_timeout = exit_timeout
+        self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes), log_settings)
+        self.http = HTTPFrontend(self.plane, http_address, http_port, max_input_size) if allow_http else None
+        self.grpc = GRPCFrontend(self.plane, grpc_address, grpc_port) if allow_grpc else None
+        self.metrics = MetricsFrontend(server, metrics_address, metrics_port) if allow_metrics else None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started: list[Any] = []
+
+    @property
+    def http_port(self) -> int | None:
+        """The bound HTTP port (None when HTTP is off)."""
+        return self.http.port if self.http else None
+
+    @property
+    def grpc_port(self) -> int | None:
+        """The bound gRPC port (None when gRPC is off)."""
+        return self.grpc.port if self.grpc else None
+
+    @property
+    def metrics_port(self) -> int | None:
+        """The bound metrics port (None when metrics are off)."""
+        return self.metrics.port if self.metrics else None
+
+    def endpoints(self) -> Sequence[str]:
+        """Human-readable ``protocol host:port`` lines of what is listening."""
+        out = []
+        for kind, fe in (("HTTP", self.http), ("gRPC", self.grpc), ("metrics", self.metrics)):
+            if fe is not None and fe in self._started:
+                out.append(f"{kind} {fe.host}:{fe.port}")
+        return out
+
+    # -- on the caller's loop ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every enabled endpoint; on failure, stop the ones already started."""
+        try:
+            for fe in (self.http, self.grpc, self.metrics):
+                if fe is not None:
+                    await fe.start()
+                    self._started.append(fe)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        """Stop accepting, drain in-flight requests (up to ``exit_timeout``), close regions."""
+        started, self._started = self._started, []
+        results = await asyncio.gather(*(fe.stop(self.exit_timeout) for fe in started),
+                                       return_exceptions=True)
+        for fe, res in zip(started, results):
+            if isinstance(res, BaseException):
+                log.warning("stopping %s failed: %s", type(fe).__name__, res)
+        self.plane.shm.close()
+
+    # -- on a private loop in a thread -------------------------------------------------------
+
+    def start_in_thread(self) -> Frontends:
+        """Run the endpoints on a private event loop in a daemon thread; returns self."""
+        if self._thread is not None:
+            raise RuntimeError("frontends already started")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.start())
+            except BaseException as exc:
+                failure.append(exc)
+                ready.set()
+                loop.close()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="tritonpy-frontends", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = None
+            raise failure[0]
+        return self
+
+    def stop_in_thread(self) -> None:
+        """Stop what :meth:`start_in_thread` started and join its thread."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self.stop(), loop)
+        try:
+            fut.result(self.exit_timeout + 10)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+            self._thread = None
+            self._loop = None
+
+    def __enter__(self) -> Frontends:
+        return self.start_in_thread()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_in_thread()

@@ -1,0 +1,616 @@
+"""The data plane both network frontends share (as MLServer's ``handlers/dataplane.py``).
+
+The HTTP and gRPC frontends only translate their wire formats into the neutral
+:class:`InferRequest` below and :class:`InferResult` back; everything in between lives here:
+request parameters, tensor decoding (raw bytes, JSON, typed contents, client shared memory),
+the call into the in-process :class:`tritonpy.Server` without blocking the event loop,
+cancellation when the client goes away, output placement (binary, JSON, shared memory) and the
+one mapping of any failure onto a :class:`~tritonpy._errors.TritonpyError`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Sequence, Union
+
+import numpy as np
+
+from .._errors import (
+    InternalError,
+    InvalidArgumentError,
+    TritonpyError,
+    UnavailableError,
+    UnsupportedError,
+)
+from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
+from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
+from .sharedmem import SharedMemoryRegistry
+
+if TYPE_CHECKING:
+    from ..server import Model, Server
+
+log = logging.getLogger(__name__)
+
+ParamValue = Union[bool, int, float, str]
+Buffer = Union[bytes, bytearray, memoryview]
+
+#: Triton's default for ``--http-max-input-size`` (and our gRPC receive limit).
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
+#: Request parameters that start with ``triton_`` and that a client may still send.
+RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
+SEQUENCE_START = 1
+SEQUENCE_END = 2
+
+
+# ----------------------------------------------------------------------------- wire-neutral types
+
+
+@dataclass(frozen=True)
+class ShmRef:
+    """A window of a registered client shared-memory region."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass
+class RequestedOutput:
+    """One entry of a request's ``outputs``; ``binary`` None means the request's default."""
+
+    name: str
+    binary: bool | None = None
+    shm: ShmRef | None = None
+
+
+@dataclass
+class InferRequest:
+    """An inference request after wire decoding, before it reaches the model."""
+
+    model: str
+    version: int = -1
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    outputs: list[RequestedOutput] | None = None
+    request_id: str = ""
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    correlation_id: int | str = 0
+    flags: int = 0
+    timeout: int = 0
+    priority: int = 0
+    binary_output_default: bool = False
+    enable_empty_final: bool = False
+
+
+@dataclass
+class OutputTensor:
+    """An output ready for the wire: ``array`` for the body, or ``shm`` when already written."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    array: np.ndarray | None
+    shm: ShmRef | None = None
+    binary: bool = False
+
+    def raw(self) -> Buffer:
+        """The tensor's bytes in Triton's layout (length-prefixed elements for BYTES)."""
+        assert self.array is not None
+        return tensor_bytes(self.array, self.datatype)
+
+
+@dataclass
+class InferResult:
+    """One response of a model, wire-neutral; ``final`` marks the last of a stream."""
+
+    model: str
+    version: int
+    request_id: str
+    outputs: list[OutputTensor]
+    parameters: dict[str, Any]
+    final: bool = True
+    error: TritonpyError | None = None
+
+
+# ------------------------------------------------------------------------------ error mapping
+
+
+def to_error(exc: BaseException) -> TritonpyError:
+    """Map any exception raised while serving a request onto a :class:`TritonpyError`."""
+    if isinstance(exc, TritonpyError):
+        return exc
+    if isinstance(exc, ShmExhaustedError):
+        return UnavailableError(str(exc))
+    if isinstance(exc, (ProtocolError, ValueError, TypeError)):
+        return InvalidArgumentError(str(exc))
+    if isinstance(exc, ShmError):
+        return InternalError(str(exc))
+    return InternalError(f"{type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------------------------ small parsers
+
+
+def parse_version(text: str) -> int:
+    """A version from a URL or gRPC field: empty means the latest (-1)."""
+    if text == "" or text is None:
+        return -1
+    if text.isdigit():
+        return int(text)
+    raise InvalidArgumentError(
+        f"failed to get model version from specified version string '{text}', "
+        "version should be an integral value > 0"
+    )
+
+
+def is_uint(value: object) -> bool:
+    """True for a non-negative int that is not a bool (JSON true is not a number)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def element_count(name: str, shape: Sequence[object]) -> int:
+    """Validate a shape from the wire and return its element count."""
+    if not isinstance(shape, (list, tuple)) or not all(is_uint(d) for d in shape):
+        raise InvalidArgumentError(f"Unable to parse 'shape' of input '{name}'")
+    return math.prod(shape)  # type: ignore[arg-type]
+
+
+def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: bool) -> None:
+    """Fill ``req`` from request-level parameters, with Triton's rules for the special keys."""
+    for key, value in params.items():
+        if key == "sequence_id":
+            if is_uint(value) or (isinstance(value, str)):
+                req.correlation_id = value  # type: ignore[assignment]
+            else:
+                raise InvalidArgumentError("Unable to parse 'sequence_id'")
+        elif key in ("sequence_start", "sequence_end"):
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(f"Unable to parse '{key}'")
+            if value:
+                req.flags |= SEQUENCE_START if key == "sequence_start" else SEQUENCE_END
+        elif key in ("priority", "timeout"):
+            if not is_uint(value):
+                raise InvalidArgumentError(f"Unable to parse '{key}'")
+            setattr(req, key, value)
+        elif key == "binary_data_output" and http:
+            if not isinstance(value, bool):
+                raise InvalidArgumentError("Unable to parse 'binary_data_output'")
+            req.binary_output_default = value
+        elif key.startswith("triton_"):
+            if http or key not in RESERVED_PARAMETERS:
+                allowed = "" if http else " Only the following keys starting with 'triton_' are allowed: " + " ".join(RESERVED_PARAMETERS)
+                raise InvalidArgumentError(
+                    "parameter keys starting with 'triton_' are reserved for Triton usage and "
+                    "should not be specified." + allowed
+                )
+            if not isinstance(value, bool):
+                raise InvalidArgumentError(
+                    f"invalid value type for '{key}' parameter, expected bool_param."
+                )
+            req.enable_empty_final = value
+        elif isinstance(value, (bool, int, str)):
+            req.parameters[key] = value
+        else:
+            raise InvalidArgumentError(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
+            )
+
+
+def shm_ref(name: str, params: Mapping[str, object]) -> ShmRef | None:
+    """The shared-memory window named by a tensor's parameters, if any."""
+    if "shared_memory_region" not in params:
+        if "shared_memory_byte_size" in params or "shared_memory_offset" in params:
+            raise InvalidArgumentError(
+                f"'shared_memory_region' is required for tensor '{name}' when "
+                "'shared_memory_byte_size' or 'shared_memory_offset' is given"
+            )
+        return None
+    region = params["shared_memory_region"]
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if not isinstance(region, str):
+        raise InvalidArgumentError("Unable to parse 'shared_memory_region'")
+    if size is None:
+        raise InvalidArgumentError(
+            f"'shared_memory_byte_size' must be given with 'shared_memory_region' for tensor '{name}'"
+        )
+    if not is_uint(size):
+        raise InvalidArgumentError("Unable to parse 'shared_memory_byte_size'")
+    if not is_uint(offset):
+        raise InvalidArgumentError("Unable to parse 'shared_memory_offset'")
+    return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- tensor decoding
+
+
+def _numpy_dtype(name: str, datatype: object) -> np.dtype:
+    if not isinstance(datatype, str) or datatype not in TRITON_TO_NUMPY:
+        if datatype == "BF16":
+            raise UnsupportedError(f"input '{name}': BF16 tensors are not supported (numpy has no bfloat16)")
+        raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
+    return np.dtype(TRITON_TO_NUMPY[datatype])
+
+
+def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer) -> np.ndarray:
+    """A zero-copy array over ``buf``, after checking its size against the shape."""
+    dtype = _numpy_dtype(name, datatype)
+    count = element_count(name, shape)
+    if datatype == "BYTES":
+        try:
+            arr = deserialize_bytes(buf, count)
+        except ProtocolError as exc:
+            raise InvalidArgumentError(f"input '{name}': {exc}") from None
+        return arr.reshape(tuple(shape))
+    expected = count * ITEMSIZE[datatype]
+    if len(buf) != expected:
+        raise InvalidArgumentError(
+            f"unexpected total byte size {len(buf)} for input '{name}', expecting {expected}"
+        )
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+_KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+
+
+def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object) -> np.ndarray:
+    """An array from a JSON ``data`` list (any nesting; row-major like Triton)."""
+    dtype = _numpy_dtype(name, datatype)
+    count = element_count(name, shape)
+    if not isinstance(data, list):
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected a list")
+    if datatype == "BYTES":
+        flat: list[object] = []
+        _flatten(data, flat)
+        if not all(isinstance(s, str) for s in flat):
+            raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
+        arr = np.empty(len(flat), dtype=object)
+        arr[:] = [s.encode("utf-8") for s in flat]  # type: ignore[union-attr]
+    else:
+        try:
+            arr = np.array(data)
+        except ValueError as exc:
+            raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {exc}") from None
+        if arr.size and arr.dtype.kind not in _KINDS[dtype.kind]:
+            raise InvalidArgumentError(
+                f"Unable to parse 'data' of input '{name}': expected {datatype} values"
+            )
+        if dtype.kind in "iu" and arr.size:
+            info = np.iinfo(dtype)
+            if arr.min() < info.min or arr.max() > info.max:
+                raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': value out of range for {datatype}")
+        arr = arr.astype(dtype, copy=False).ravel()
+    if arr.size != count:
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field"
+        )
+    return arr.reshape(tuple(shape))
+
+
+def _flatten(data: object, out: list[object]) -> None:
+    if isinstance(data, list):
+        for item in data:
+            _flatten(item, out)
+    else:
+        out.append(data)
+
+
+def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
+    """The bytes of an output in Triton's layout; a zero-copy view for fixed-size types."""
+    if datatype == "BYTES":
+        return serialize_bytes(arr)
+    return memoryview(np.ascontiguousarray(arr)).cast("B")
+
+
+def json_data(out: OutputTensor) -> list[Any] | None:
+    """The output as a flat JSON list, or None when JSON cannot carry it losslessly."""
+    assert out.array is not None
+    flat = out.array.ravel()
+    if out.datatype == "BYTES":
+        try:
+            return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in flat.tolist()]
+        except UnicodeDecodeError:
+            return None
+    if out.datatype in ("FP16", "BF16"):
+        return None
+    if out.datatype in ("FP32", "FP64") and not np.isfinite(flat).all():
+        return None  # NaN/Inf are not JSON
+    return flat.tolist()  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------------------------- log settings
+
+
+class LogSettings:
+    """Triton's dynamic logging settings (``/v2/logging``, gRPC ``LogSettings``), really applied.
+
+    ``log_verbose_level`` sets the ``tritonpy`` loggers to DEBUG (>0) or INFO; ``log_info``,
+    ``log_warning`` and ``log_error`` filter records of that level out of the handlers given
+    (the CLI's stderr handler; the root logger's handlers when embedded); ``log_file`` adds a
+    file handler; ``log_format`` is ``default`` or ``ISO8601``.
+    """
+
+    _FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S"}
+
+    def __init__(self, handlers: Sequence[logging.Handler] | None = None, verbose: int = 0) -> None:
+        self._lock = threading.Lock()
+        self._handlers = list(handlers) if handlers is not None else None
+        self._file_handler: logging.FileHandler | None = None
+        self.values: dict[str, Any] = {
+            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_verbose_level": int(verbose), "log_format": "default",
+        }
+        self._filter = logging.Filter()
+        self._filter.filter = self._keep  # type: ignore[method-assign]
+        self._attached = False
+
+    def _keep(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            return bool(self.values["log_error"])
+        if record.levelno >= logging.WARNING:
+            return bool(self.values["log_warning"])
+        if record.levelno >= logging.INFO:
+            return bool(self.values["log_info"])
+        return True
+
+    def _targets(self) -> list[logging.Handler]:
+        handlers = self._handlers if self._handlers is not None else logging.getLogger().handlers
+        return list(handlers) + ([self._file_handler] if self._file_handler else [])
+
+    def get(self) -> dict[str, Any]:
+        """The current settings, as Triton reports them."""
+        with self._lock:
+            return dict(self.values)
+
+    def update(self, new: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate and apply a settings update (null values are ignored, as in Triton)."""
+        types = {"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
+                 "log_verbose_level": int, "log_format": str}
+        for key, value in new.items():
+            if value is None:
+                continue
+            want = types.get(key)
+            if want is None:
+                raise InvalidArgumentError(f"unknown logging setting '{key}'")
+            if not isinstance(value, want) or (want is int and (isinstance(value, bool) or value < 0)):
+                raise InvalidArgumentError(f"Unable to parse '{key}'")
+            if key == "log_format" and value not in self._FORMATS:
+                raise UnavailableError(f"invalid argument for --log_format, got: {value}")
+        with self._lock:
+            if new.get("log_file") is not None and new["log_file"] != self.values["log_file"]:
+                self._set_file(new["log_file"])
+            for key, value in new.items():
+                if value is not None:
+                    self.values[key] = value
+            level = logging.DEBUG if self.values["log_verbose_level"] > 0 else logging.INFO
+            logging.getLogger("tritonpy").setLevel(level)
+            datefmt = self._FORMATS[self.values["log_format"]]
+            for handler in self._targets():
+                if not self._attached or handler is self._file_handler:
+                    handler.addFilter(self._filter)
+                if handler.formatter is not None:
+                    handler.formatter.datefmt = datefmt
+            self._attached = True
+            return dict(self.values)
+
+    def _set_file(self, path: str) -> None:
+        old = self._file_handler
+        self._file_handler = None
+        if path:
+            try:
+                fh = logging.FileHandler(path)
+            except OSError as exc:
+                raise UnavailableError(f"failed to open log file '{path}': {exc}") from None
+            targets = self._targets()
+            if targets and targets[0].formatter is not None:
+                fh.setFormatter(targets[0].formatter)
+            logging.getLogger().addHandler(fh)
+            self._file_handler = fh
+        if old is not None:
+            logging.getLogger().removeHandler(old)
+            old.close()
+
+    def close(self) -> None:
+        """Detach the filter and close the log file, if any."""
+        with self._lock:
+            for handler in self._targets():
+                handler.removeFilter(self._filter)
+            if self._file_handler is not None:
+                logging.getLogger().removeHandler(self._file_handler)
+                self._file_handler.close()
+                self._file_handler = None
+
+
+# ----------------------------------------------------------------------------------- the plane
+
+
+class DataPlane:
+    """Everything the frontends do against the in-process server."""
+
+    def __init__(self, server: Server, shm: SharedMemoryRegistry | None = None,
+                 log_settings: LogSettings | None = None) -> None:
+        self.server = server
+        self.shm = shm if shm is not None else SharedMemoryRegistry()
+        self.log_settings = log_settings if log_settings is not None else LogSettings()
+
+    # -- health and metadata (cheap, called straight from the event loop) -----------------------
+
+    def live(self) -> bool:
+        """Whether the server is live."""
+        return bool(self.server.live())
+
+    def ready(self) -> bool:
+        """Whether the server is ready."""
+        return bool(self.server.ready())
+
+    def server_metadata(self) -> dict[str, Any]:
+        """KServe server metadata."""
+        return self.server.metadata()
+
+    def model(self, name: str, version: int = -1) -> Model:
+        """The model object; NotFoundError for an unknown model."""
+        if not name:
+            raise InvalidArgumentError("Missing model name in request")
+        return self.server.model(name, version)
+
+    def model_ready(self, name: str, version: int = -1) -> bool:
+        """Whether a model version is ready (False for an unknown model, as Triton)."""
+        try:
+            return bool(self.model(name, version).ready())
+        except TritonpyError:
+            return False
+
+    def model_metadata(self, name: str, version: int = -1) -> dict[str, Any]:
+        """KServe model metadata."""
+        return self.model(name, version).metadata()
+
+    def model_config(self, name: str, version: int = -1) -> dict[str, Any]:
+        """The model configuration in Triton's JSON form."""
+        return self.model(name, version).config()
+
+    # -- repository and statistics (may block: run in a worker thread) -----------------------
+
+    async def repository_index(self, ready_only: bool = False) -> list[dict[str, Any]]:
+        """The repository index; only READY entries when ``ready_only``."""
+        models = await asyncio.to_thread(self.server.models)
+        if ready_only:
+            models = [m for m in models if m.get("state") == "READY"]
+        return models
+
+    async def load(self, name: str, config: str | None, files: Mapping[str, bytes] | None) -> None:
+        """Load (or reload) a model in explicit mode."""
+        await asyncio.to_thread(self.server.load, name, config, dict(files) if files else None)
+
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model in explicit mode."""
+        await asyncio.to_thread(self.server.unload, name, unload_dependents)
+
+    async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """Triton's ModelStatisticsResponse in JSON form."""
+        if version:
+            parse_version(version)
+        return await asyncio.to_thread(self.server.statistics, name, version)
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef) -> np.ndarray:
+        """A zero-copy array over a client's shared-memory window."""
+        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size))
+
+    def check_outputs(self, req: InferRequest) -> None:
+        """Fail early (before the model runs) on an output window that does not exist."""
+        for out in req.outputs or ():
+            if out.shm is not None:
+                self.shm.view(out.shm.region, out.shm.offset, out.shm.byte_size).release()
+
+    async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
+        """Run one request on a default-mode model and return its single response.
+
+        Args:
+            req: the decoded request.
+            decoupled_error: the message for a decoupled model, which this path cannot serve
+                (each protocol words it its own way in Triton).
+        """
+        model = self.model(req.model, req.version)
+        if model.decoupled():
+            raise UnsupportedError(decoupled_error)
+        result: InferResult | None = None
+        async with contextlib.aclosing(self.stream(req, model)) as responses:
+            async for result in responses:
+                if result.final:
+                    break
+        if result is None:
+            raise InternalError(f"model '{req.model}' returned no response")
+        return result
+
+    async def stream(self, req: InferRequest, model: Model | None = None) -> AsyncIterator[InferResult]:
+        """Run one request and yield each response as it arrives (decoupled or not).
+
+        A response-level error is yielded as ``InferResult.error``; an error before the model
+        runs (validation, unknown model) is raised. If the consumer is cancelled (the client
+        went away) the request is cancelled in the server too.
+        """
+        if model is None:
+            model = self.model(req.model, req.version)
+        self.check_outputs(req)
+        names = [o.name for o in req.outputs] if req.outputs is not None else None
+        try:
+            responses = model.async_infer(
+                req.inputs, names, request_id=req.request_id, parameters=req.parameters,
+                correlation_id=req.correlation_id, flags=req.flags, timeout=req.timeout,
+                priority=req.priority,
+            )
+        except Exception as exc:  # validation errors raise straight from infer()
+            raise to_error(exc) from None
+        # The request's inputs may be views of the HTTP body or a client's shm window; the
+        # server has its own copy by now, so drop ours (lets an unregister unmap at once).
+        req.inputs = {}
+        finished = False
+        try:
+            async for resp in responses:
+                finished = bool(resp.final)
+                yield self._result(req, resp)
+                if finished:
+                    break
+        except asyncio.CancelledError:
+            if not finished:
+                responses.cancel()
+            raise
+        except GeneratorExit:
+            if not finished:
+                responses.cancel()
+            raise
+        except Exception as exc:
+            raise to_error(exc) from None
+
+    def _result(self, req: InferRequest, resp: Any) -> InferResult:
+        result = InferResult(
+            model=resp.model or req.model, version=int(resp.model_version),
+            request_id=resp.request_id if resp.request_id is not None else req.request_id,
+            outputs=[], parameters=dict(resp.parameters or {}), final=bool(resp.final),
+        )
+        if resp.error is not None:
+            result.error = to_error(resp.error)
+            return result
+        try:
+            result.outputs = self._outputs(req, resp.outputs)
+        except Exception as exc:
+            result.error = to_error(exc)
+            result.outputs = []
+        return result
+
+    def _outputs(self, req: InferRequest, tensors: Mapping[str, Any]) -> list[OutputTensor]:
+        wanted = {o.name: o for o in req.outputs} if req.outputs is not None else {}
+        order = [o.name for o in req.outputs if o.name in tensors] if req.outputs else list(tensors)
+        outs = []
+        for name in order:
+            t = tensors[name]
+            arr = t.to_numpy()
+            spec = wanted.get(name)
+            out = OutputTensor(name, t.data_type, tuple(int(d) for d in t.shape), arr)
+            if spec is not None and spec.shm is not None:
+                self._write_shm(out, spec.shm)
+            else:
+                out.binary = spec.binary if spec is not None and spec.binary is not None else req.binary_output_default
+            outs.append(out)
+        return outs
+
+    def _write_shm(self, out: OutputTensor, ref: ShmRef) -> None:
+        data = out.raw()
+        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        if n > ref.byte_size:
+            raise InternalError(
+                f"shared memory size specified with the request for output '{out.name}' "
+                f"({ref.byte_size} bytes) should be at least {n} bytes to hold the results"
+            )
+        if n:
+            view = self.shm.view(ref.region, ref.offset, n)
+            try:
+                view[:] = data
+            finally:
+                view.release()
+        out.array = None
+        out.shm = ShmRef(ref.region, ref.offset, n)

@@ -1,0 +1,502 @@
+"""KServe v2 gRPC frontend (``inference.GRPCInferenceService``) on ``grpc.aio``.
+
+The service definition is the one ``tritonclient[grpc]`` ships, so the real client talks to it
+unchanged. Behaviour follows Triton's ``src/grpc``: every output travels in
+``raw_output_contents``; errors become the gRPC status the Triton error code maps to; on the
+bidirectional stream each request runs concurrently, a failed request becomes an
+``error_message`` on the stream (the stream stays open), default-mode models answer in request
+order, decoupled models answer as their responses arrive, and every response carries
+``triton_final_response`` (the flags-only final response only when the request asked for it
+with ``triton_enable_empty_final_response``).
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from .._errors import InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from .dataplane import (
+    DataPlane,
+    InferRequest,
+    InferResult,
+    RequestedOutput,
+    apply_parameters,
+    array_from_raw,
+    element_count,
+    parse_version,
+    shm_ref,
+    to_error,
+)
+
+log = logging.getLogger(__name__)
+
+#: Triton sets both gRPC message limits to INT32_MAX.
+MAX_MESSAGE_SIZE = 2**31 - 1
+_END = object()
+_DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+
+# Which typed ``contents`` field carries each datatype.
+_CONTENTS = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents",
+    "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents",
+    "UINT16": "uint_contents", "UINT32": "uint_contents", "UINT64": "uint64_contents",
+    "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+_FIELD_TYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_contents": "INT64",
+               "uint_contents": "UINT32", "uint64_contents": "UINT64", "fp32_contents": "FP32",
+               "fp64_contents": "FP64", "bytes_contents": "BYTES"}
+
+F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
+
+
+def _rpc(fn: F) -> F:
+    """Turn any error of a unary RPC into the gRPC status its Triton code maps to."""
+
+    @functools.wraps(fn)
+    async def wrapper(self: GRPCService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await fn(self, request, context)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # never let a bad request take the server down
+            err = to_error(exc)
+            if not isinstance(exc, type(err)):
+                log.exception("gRPC %s failed", fn.__name__)
+            await context.abort(getattr(grpc.StatusCode, err.grpc_code), err.message)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _param_value(p: Any) -> Any:
+    """The Python value of an InferParameter / ModelRepositoryParameter / SettingValue."""
+    kind = p.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(p, kind)
+
+
+def _set_param(target: Any, key: str, value: Any) -> None:
+    p = target[key]
+    if isinstance(value, bool):
+        p.bool_param = value
+    elif isinstance(value, int):
+        p.int64_param = value
+    elif isinstance(value, float):
+        p.double_param = value
+    else:
+        p.string_param = str(value)
+
+
+def decode_request(plane: DataPlane, request: Any) -> InferRequest:
+    """A :class:`InferRequest` from a ``ModelInferRequest`` message."""
+    model = request.model_name
+    req = InferRequest(model, parse_version(request.model_version), request_id=request.id)
+    apply_parameters(req, {k: _param_value(v) for k, v in request.parameters.items()}, http=False)
+    raw = request.raw_input_contents
+    index = 0
+    for inp in request.inputs:
+        name, datatype, shape = inp.name, inp.datatype, list(inp.shape)
+        params = {k: _param_value(v) for k, v in inp.parameters.items()}
+        ref = shm_ref(name, params)
+        has_contents = inp.HasField("contents")
+        if name in req.inputs:
+            raise InvalidArgumentError(f"input '{name}' appears more than once in the request")
+        if ref is not None:
+            if has_contents:
+                raise InvalidArgumentError(
+                    f"unexpected 'content' provided when using shared memory for input tensor "
+                    f"'{name}' for model '{model}'"
+                )
+            req.inputs[name] = plane.input_from_shm(name, datatype, shape, ref)
+        elif has_contents and len(raw):
+            raise InvalidArgumentError(
+                f"contents field must not be specified when using raw_input_contents for "
+                f"'{name}' for model '{model}'"
+            )
+        elif has_contents:
+            req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents)
+        elif index < len(raw):
+            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index])
+            index += 1
+        else:
+            raise InvalidArgumentError(
+                f"unable to find data for input tensor '{name}' for model '{model}' in request."
+            )
+    if index != len(raw):
+        raise InvalidArgumentError(
+            f"unexpected number of raw_input_contents for model '{model}': "
+            f"{len(raw)} given, {index} inputs use them"
+        )
+    if len(request.outputs):
+        req.outputs = []
+        for out in request.outputs:
+            params = {k: _param_value(v) for k, v in out.parameters.items()}
+            if params.get("classification"):
+                raise UnsupportedError(
+                    f"output '{out.name}': the classification extension is not supported by tritonpy"
+                )
+            req.outputs.append(RequestedOutput(out.name, None, shm_ref(out.name, params)))
+    return req
+
+
+def _from_contents(model: str, name: str, datatype: str, shape: list[int], contents: Any) -> np.ndarray:
+    fields = [f.name for f, _ in contents.ListFields()]
+    expected = _CONTENTS.get(datatype)
+    if expected is None:
+        raise InvalidArgumentError(
+            f"input '{name}' for model '{model}': datatype '{datatype}' cannot be sent in typed "
+            "contents, use raw_input_contents"
+        )
+    for f in fields:
+        if f != expected:
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{name}' for model '{model}' "
+                f"of type '{_FIELD_TYPE[f]}', expected datatype '{datatype}'"
+            )
+    count = element_count(name, shape)
+    values = getattr(contents, expected)
+    if len(values) != count:
+        raise InvalidArgumentError(
+            f"unexpected number of elements {len(values)} for input '{name}', expecting {count}"
+        )
+    if datatype == "BYTES":
+        arr = np.empty(count, dtype=object)
+        arr[:] = list(values)
+    else:
+        from ..shm.dtypes import numpy_dtype
+
+        arr = np.array(values, dtype=numpy_dtype(datatype)) if count else np.empty(0, numpy_dtype(datatype))
+    return arr.reshape(shape)
+
+
+def encode_result(result: InferResult) -> Any:
+    """A ``ModelInferResponse`` from a successful :class:`InferResult`."""
+    resp = service_pb2.ModelInferResponse(
+        model_name=result.model, model_version=str(result.version), id=result.request_id
+    )
+    for key, value in result.parameters.items():
+        _set_param(resp.parameters, key, value)
+    for out in result.outputs:
+        tensor = resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        if out.shm is not None:
+            _set_param(tensor.parameters, "shared_memory_region", out.shm.region)
+            _set_param(tensor.parameters, "shared_memory_offset", out.shm.offset)
+            _set_param(tensor.parameters, "shared_memory_byte_size", out.shm.byte_size)
+            resp.raw_output_contents.append(b"")
+        else:
+            resp.raw_output_contents.append(bytes(out.raw()))
+    return resp
+
+
+class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """``GRPCInferenceService`` over a :class:`DataPlane`."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
+
+    # -- health and metadata -----------------------------------------------------------------
+
+    @_rpc
+    async def ServerLive(self, request: Any, context: Any) -> Any:  # noqa: N802 (gRPC names)
+        """Server liveness."""
+        return service_pb2.ServerLiveResponse(live=self.plane.live())
+
+    @_rpc
+    async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Server readiness."""
+        return service_pb2.ServerReadyResponse(ready=self.plane.ready())
+
+    @_rpc
+    async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Model readiness (false for an unknown model)."""
+        ready = self.plane.model_ready(request.name, parse_version(request.version))
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    @_rpc
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Server name, version and extensions."""
+        meta = self.plane.server_metadata()
+        return service_pb2.ServerMetadataResponse(
+            name=meta.get("name", ""), version=meta.get("version", ""),
+            extensions=list(meta.get("extensions", [])),
+        )
+
+    @_rpc
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """KServe model metadata."""
+        meta = self.plane.model_metadata(request.name, parse_version(request.version))
+        return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
+
+    @_rpc
+    async def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """The model configuration."""
+        config = self.plane.model_config(request.name, parse_version(request.version))
+        msg = json_format.ParseDict(config, model_config_pb2.ModelConfig(), ignore_unknown_fields=True)
+        return service_pb2.ModelConfigResponse(config=msg)
+
+    @_rpc
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Per-model statistics."""
+        stats = await self.plane.statistics(request.name, request.version)
+        return json_format.ParseDict(stats, service_pb2.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # -- repository --------------------------------------------------------------------------
+
+    @_rpc
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """The model repository index."""
+        if request.repository_name:
+            raise UnsupportedError("'repository_name' specification is not supported")
+        resp = service_pb2.RepositoryIndexResponse()
+        for m in await self.plane.repository_index(request.ready):
+            resp.models.add(name=str(m.get("name", "")), version=str(m.get("version", "")),
+                            state=str(m.get("state", "")), reason=str(m.get("reason", "")))
+        return resp
+
+    @_rpc
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Load a model (explicit mode), with optional config override and files."""
+        if request.repository_name:
+            raise UnsupportedError("'repository_name' specification is not supported")
+        config: str | None = None
+        files: dict[str, bytes] = {}
+        for key, param in request.parameters.items():
+            value = _param_value(param)
+            if key == "config" and isinstance(value, str):
+                config = value
+            elif key.startswith("file:") and isinstance(value, bytes):
+                files[key] = value
+            else:
+                raise InvalidArgumentError(f"unexpected parameter '{key}' in load request")
+        await self.plane.load(request.model_name, config, files or None)
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Unload a model (explicit mode)."""
+        if request.repository_name:
+            raise UnsupportedError("'repository_name' specification is not supported")
+        dependents = False
+        if "unload_dependents" in request.parameters:
+            dependents = _param_value(request.parameters["unload_dependents"])
+            if not isinstance(dependents, bool):
+                raise InvalidArgumentError("Unable to parse 'unload_dependents'")
+        await self.plane.unload(request.model_name, dependents)
+        return service_pb2.RepositoryModelUnloadResponse()
+
+    # -- shared memory -----------------------------------------------------------------------
+
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Registered system shared-memory regions."""
+        resp = service_pb2.SystemSharedMemoryStatusResponse()
+        for r in self.plane.shm.status(request.name):
+            resp.regions[str(r["name"])].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"], key=r["key"], offset=r["offset"], byte_size=r["byte_size"]
+                )
+            )
+        return resp
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Register a system shared-memory region."""
+        self.plane.shm.register(request.name, request.key, request.offset, request.byte_size)
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Unregister one region, or all when the name is empty."""
+        self.plane.shm.unregister(request.name)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
+
+    # CUDA shared memory: as a Triton built without GPU support.
+
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """No CUDA regions can exist."""
+        if request.name:
+            raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
+        return service_pb2.CudaSharedMemoryStatusResponse()
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Refused: GPUs are not supported by this frontend."""
+        raise InvalidArgumentError(
+            f"failed to register CUDA shared memory region: '{request.name}', GPUs not supported"
+        )
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Nothing to unregister."""
+        return service_pb2.CudaSharedMemoryUnregisterResponse()
+
+    # -- settings ----------------------------------------------------------------------------
+
+    @_rpc
+    async def TraceSetting(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Tracing is not built in."""
+        raise UnavailableError("the server does not support tracing")
+
+    @_rpc
+    async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """Get or update the dynamic logging settings."""
+        new = {k: _param_value(v) for k, v in request.settings.items()}
+        values = self.plane.log_settings.update(new) if new else self.plane.log_settings.get()
+        resp = service_pb2.LogSettingsResponse()
+        for key, value in values.items():
+            s = resp.settings[key]
+            if isinstance(value, bool):
+                s.bool_param = value
+            elif isinstance(value, int):
+                s.uint32_param = value
+            else:
+                s.string_param = str(value)
+        return resp
+
+    # -- inference ---------------------------------------------------------------------------
+
+    @_rpc
+    async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """One request, one response (default-mode models only)."""
+        req = decode_request(self.plane, request)
+        result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
+        if result.error is not None:
+            raise result.error
+        return encode_result(result)
+
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
+        """Bidirectional stream: any number of requests, each answered as its responses come."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            # Default-mode models answer in request order (as Triton): each request waits for
+            # the previous one's turn before writing.
+            previous: asyncio.Future[None] | None = None
+            try:
+                async for request in request_iterator:
+                    turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    task = asyncio.create_task(self._stream_one(request, queue, previous, turn))
+                    previous = turn
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+                queue.put_nowait(_END)
+            except Exception as exc:
+                queue.put_nowait(exc)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            # The client went away or the server is stopping: cancel what is still running
+            # (DataPlane.stream cancels each request inside the server).
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    async def _stream_one(self, request: Any, queue: asyncio.Queue[Any],
+                          wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
+        decoupled = False
+        try:
+            req = decode_request(self.plane, request)
+            model = self.plane.model(req.model, req.version)
+            decoupled = bool(model.decoupled())
+            if decoupled:
+                turn.set_result(None)
+            async for result in self.plane.stream(req, model):
+                if not decoupled and wait_for is not None:
+                    await wait_for
+                msg = self._stream_message(result, req.enable_empty_final, decoupled)
+                if msg is not None:
+                    queue.put_nowait(msg)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if not decoupled and wait_for is not None:
+                await wait_for
+            err = to_error(exc)
+            log.debug("stream request %r failed: %s", request.id, err.message)
+            queue.put_nowait(service_pb2.ModelStreamInferResponse(
+                error_message=err.message,
+                infer_response=service_pb2.ModelInferResponse(id=request.id),
+            ))
+        finally:
+            if not turn.done():
+                turn.set_result(None)
+
+    @staticmethod
+    def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool) -> Any:
+        if result.error is not None:
+            resp = service_pb2.ModelInferResponse(
+                model_name=result.model, model_version=str(result.version), id=result.request_id
+            )
+            resp.parameters["triton_final_response"].bool_param = result.final
+            return service_pb2.ModelStreamInferResponse(error_message=result.error.message,
+                                                       infer_response=resp)
+        if decoupled and result.final and not result.outputs:
+            # The flags-only final response of a decoupled model: sent only on request.
+            if not enable_empty_final:
+                return None
+        resp = encode_result(result)
+        resp.parameters["triton_final_response"].bool_param = result.final
+        return service_pb2.ModelStreamInferResponse(infer_response=resp)
+
+
+class GRPCFrontend:
+    """The gRPC endpoint of one :class:`DataPlane`.
+
+    Args:
+        plane: the shared data plane.
+        host: address to listen on.
+        port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
+        max_message_size: gRPC send/receive message limit in bytes.
+    """
+
+    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001,
+                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
+        self.plane = plane
+        self.host = host
+        self.port = port
+        self.max_message_size = max_message_size
+        self._server: grpc.aio.Server | None = None
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", self.max_message_size),
+            ("grpc.max_receive_message_length", self.max_message_size),
+            ("grpc.so_reuseport", 0),
+        ])
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCService(self.plane), server)
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise UnavailableError(f"Socket '{address}' already in use: {exc}") from None
+        if port == 0:
+            raise UnavailableError(f"Socket '{address}' already in use")
+        self.port = port
+        await server.start()
+        self._server = server
+        log.info("Started GRPCInferenceService at %s:%d", self.host, self.port)
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, give in-flight RPCs up to ``timeout`` seconds, then cancel them."""
+        if self._server is not None:
+            await self._server.stop(timeout)
+            self._server = None

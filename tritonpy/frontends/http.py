@@ -1,0 +1,538 @@
+"""KServe v2 HTTP/REST frontend with Triton's extensions, on aiohttp.
+
+aiohttp is already a tritonpy dependency, its server parses HTTP in C (llhttp), runs on the same
+asyncio loop as the gRPC frontend, and gives raw access to the body bytes that the binary tensor
+extension needs, without an ASGI layer in between.
+
+Routing copies Triton's URL grammar (``HTTPAPIServer::Handle``) so that unknown paths, wrong
+methods and error bodies (``{"error": "..."}``) look the same to a client.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import socket
+from typing import Any, Awaitable, Callable, Mapping
+
+from aiohttp import web
+
+from ..shm.dtypes import ITEMSIZE
+from .._errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonpyError,
+    UnavailableError,
+    UnsupportedError,
+)
+from .dataplane import (
+    DEFAULT_MAX_INPUT_SIZE,
+    DataPlane,
+    InferRequest,
+    InferResult,
+    RequestedOutput,
+    apply_parameters,
+    array_from_json,
+    array_from_raw,
+    is_uint,
+    json_data,
+    parse_version,
+    shm_ref,
+    to_error,
+)
+
+log = logging.getLogger(__name__)
+
+_MODEL_RE = re.compile(
+    r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+    r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?"
+)
+_HEALTH_RE = re.compile(r"/v2/health/(live|ready)")
+_REPO_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
+_SYSSHM_RE = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
+_CUDASHM_RE = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+
+
+def json_response(obj: Any, status: int = 200) -> web.Response:
+    """A JSON response."""
+    return web.Response(body=_dumps(obj), status=status, content_type="application/json")
+
+
+def error_response(err: BaseException) -> web.Response:
+    """Triton's error body, with the status the error code maps to."""
+    e = to_error(err)
+    return json_response({"error": e.message}, e.http_status)
+
+
+def _method_not_allowed() -> web.Response:
+    return json_response({"error": "Method Not Allowed"}, 405)
+
+
+async def _json_body(request: web.Request, *, required: bool = False) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw:
+        if required:
+            raise InvalidArgumentError("failed to parse the request JSON buffer: the body is empty")
+        return {}
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+    return doc
+
+
+def _dict(value: object, what: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"Unable to parse '{what}'")
+    return value
+
+
+class HTTPFrontend:
+    """The HTTP/REST endpoint of one :class:`DataPlane`.
+
+    Args:
+        plane: the shared data plane.
+        host: address to listen on.
+        port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
+        max_input_size: largest request body accepted, in bytes (``--http-max-input-size``).
+    """
+
+    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8000,
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
+        self.plane = plane
+        self.host = host
+        self.port = port
+        self.max_input_size = max_input_size
+        self._runner: web.AppRunner | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        # Slack for the JSON header around the tensors; the exact limit is checked per request
+        # so the client gets Triton's message instead of aiohttp's bare 413.
+        app = web.Application(client_max_size=self.max_input_size + 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._dispatch)
+        # handler_cancellation: a client that disconnects cancels its handler, and with it the
+        # in-flight inference (DataPlane.stream cancels the server-side request).
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=30.0)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            await self._runner.cleanup()
+            raise UnavailableError(f"Socket '{self.host}:{self.port}' already in use: {exc}") from None
+        self.port = sock.getsockname()[1]
+        site = web.SockSite(self._runner, sock, backlog=1024)
+        await site.start()
+        log.info("Started HTTPService at %s:%d", self.host, self.port)
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop accepting, give in-flight requests up to ``timeout`` seconds, then close."""
+        if self._runner is not None:
+            self._runner._shutdown_timeout = timeout
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- routing -----------------------------------------------------------------------------
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        try:
+            handler = self._route(request, path)
+            if handler is None:
+                log.debug("HTTP error: %s %s - 404", request.method, path)
+                return json_response({"error": "Not Found"}, 404)
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return error_response(self._too_large(request.content_length or 0))
+        except (ConnectionError, web.HTTPException):
+            raise
+        except Exception as exc:  # a bad request must never take the server down
+            if not isinstance(exc, TritonpyError):
+                log.exception("HTTP %s %s failed", request.method, path)
+            return error_response(exc)
+
+    def _route(self, request: web.Request, path: str) -> Handler | None:
+        m = _MODEL_RE.fullmatch(path)
+        if path == "/v2/models/stats":
+            return lambda r: self._stats(r, "", "")
+        if path == "/v2/logging":
+            return self._logging
+        if m is not None:
+            name, version, kind = m.group(1), m.group(2) or "", m.group(3) or ""
+            if kind == "trace/setting" and version:
+                return None
+            return lambda r: self._model(r, name, version, kind)
+        if path == "/v2":
+            return self._server_metadata
+        m = _HEALTH_RE.fullmatch(path)
+        if m is not None:
+            kind = m.group(1)
+            return lambda r: self._health(r, kind)
+        m = _SYSSHM_RE.fullmatch(path)
+        if m is not None:
+            region, action = m.group(1) or "", m.group(2)
+            return lambda r: self._system_shm(r, region, action)
+        m = _CUDASHM_RE.fullmatch(path)
+        if m is not None:
+            region, action = m.group(1) or "", m.group(2)
+            return lambda r: self._cuda_shm(r, region, action)
+        m = _REPO_RE.fullmatch(path)
+        if m is not None:
+            repo, kind, name, action = m.group(1) or "", m.group(2), m.group(3), m.group(4)
+            return lambda r: self._repository(r, repo, kind, name, action)
+        if path == "/v2/trace/setting":
+            return self._trace
+        return None
+
+    # -- server ------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request, kind: str) -> web.StreamResponse:
+        if request.method != "GET":
+            return _method_not_allowed()
+        ok = self.plane.live() if kind == "live" else self.plane.ready()
+        return web.Response(status=200 if ok else 400)
+
+    async def _server_metadata(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "GET":
+            return _method_not_allowed()
+        return json_response(self.plane.server_metadata())
+
+    async def _logging(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "GET":
+            return json_response(self.plane.log_settings.get())
+        if request.method == "POST":
+            return json_response(self.plane.log_settings.update(await _json_body(request)))
+        return _method_not_allowed()
+
+    async def _trace(self, request: web.Request) -> web.StreamResponse:
+        if request.method not in ("GET", "POST"):
+            return _method_not_allowed()
+        raise UnavailableError("the server does not support tracing")
+
+    # -- models ------------------------------------------------------------------------------
+
+    async def _model(self, request: web.Request, name: str, version_str: str, kind: str) -> web.StreamResponse:
+        if kind == "infer":
+            if request.method != "POST":
+                return _method_not_allowed()
+            return await self._infer(request, name, parse_version(version_str))
+        if kind == "trace/setting":
+            return await self._trace(request)
+        if kind in ("generate", "generate_stream"):
+            if request.method != "POST":
+                return _method_not_allowed()
+            raise UnsupportedError(f"the '{kind}' extension is not supported by tritonpy; use /infer")
+        if kind == "stats":
+            return await self._stats(request, name, version_str)
+        if request.method != "GET":
+            return _method_not_allowed()
+        version = parse_version(version_str)
+        if kind == "ready":
+            if self.plane.model_ready(name, version):
+                return web.Response(status=200)
+            return json_response({"error": "Model version not ready"}, 400)
+        if kind == "config":
+            return json_response(self.plane.model_config(name, version))
+        return json_response(self.plane.model_metadata(name, version))
+
+    async def _stats(self, request: web.Request, name: str, version: str) -> web.StreamResponse:
+        if request.method != "GET":
+            return _method_not_allowed()
+        return json_response(await self.plane.statistics(name, version))
+
+    # -- repository --------------------------------------------------------------------------
+
+    async def _repository(self, request: web.Request, repo: str, kind: str, name: str | None,
+                          action: str | None) -> web.StreamResponse:
+        if request.method != "POST":
+            return _method_not_allowed()
+        if repo:
+            raise UnsupportedError("'repository_name' specification is not supported")
+        body = await _json_body(request)
+        if kind == "index":
+            ready = body.get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidArgumentError("Unable to parse 'ready'")
+            return json_response(await self.plane.repository_index(ready))
+        assert name is not None
+        params = _dict(body.get("parameters"), "parameters")
+        if action == "load":
+            config: str | None = None
+            files: dict[str, bytes] = {}
+            for key, value in params.items():
+                if not isinstance(value, str):
+                    raise InvalidArgumentError(f"Unable to parse parameter '{key}': expected a string")
+                if key == "config":
+                    config = value
+                elif key.startswith("file:"):
+                    try:
+                        files[key] = base64.b64decode(value, validate=True)
+                    except (binascii.Error, ValueError):
+                        raise InvalidArgumentError(f"parameter '{key}' is not valid base64") from None
+                else:
+                    raise InvalidArgumentError(f"unexpected parameter '{key}' in load request")
+            await self.plane.load(name, config, files or None)
+        else:
+            dependents = params.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise InvalidArgumentError("Unable to parse 'unload_dependents'")
+            await self.plane.unload(name, dependents)
+        return web.Response(status=200, content_type="application/json")
+
+    # -- shared memory -----------------------------------------------------------------------
+
+    def _shm_method_ok(self, request: web.Request, action: str) -> bool:
+        return request.method == ("GET" if action == "status" else "POST")
+
+    async def _system_shm(self, request: web.Request, region: str, action: str) -> web.StreamResponse:
+        if not self._shm_method_ok(request, action):
+            return _method_not_allowed()
+        shm = self.plane.shm
+        if action == "status":
+            return json_response(shm.status(region))
+        if action == "register":
+            if not region:
+                raise InvalidArgumentError(
+                    "'region name' is necessary to register system shared memory region"
+                )
+            body = await _json_body(request, required=True)
+            if "key" not in body:
+                raise InvalidArgumentError("Shared memory register request has no 'key' field")
+            if "byte_size" not in body:
+                raise InvalidArgumentError("Shared memory register request has no 'byte_size' field")
+            key, offset, size = body["key"], body.get("offset", 0), body["byte_size"]
+            if not isinstance(key, str):
+                raise InvalidArgumentError("Unable to parse 'key'")
+            if not is_uint(offset) or not is_uint(size):
+                raise InvalidArgumentError("Unable to parse 'offset' or 'byte_size'")
+            shm.register(region, key, offset, size)
+        else:
+            shm.unregister(region)
+        return web.Response(status=200, content_type="application/json")
+
+    async def _cuda_shm(self, request: web.Request, region: str, action: str) -> web.StreamResponse:
+        # tritonpy is built without CUDA shared memory, as a Triton built without GPU support:
+        # status lists nothing, unregister has nothing to do, register is refused.
+        if not self._shm_method_ok(request, action):
+            return _method_not_allowed()
+        if action == "status":
+            if region:
+                raise NotFoundError(f"Unable to find cuda shared memory region: '{region}'")
+            return json_response([])
+        if action == "register":
+            if not region:
+                raise InvalidArgumentError(
+                    "'region name' is necessary to register cuda shared memory region"
+                )
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region: '{region}', GPUs not supported"
+            )
+        return web.Response(status=200, content_type="application/json")
+
+    # -- inference ---------------------------------------------------------------------------
+
+    def _too_large(self, size: int) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"request body of {size} bytes exceeds the maximum allowed value of "
+            f"{self.max_input_size} bytes. Use --http-max-input-size to increase the limit."
+        )
+
+    async def _infer(self, request: web.Request, model: str, version: int) -> web.StreamResponse:
+        if request.content_length is not None and request.content_length > self.max_input_size:
+            raise self._too_large(request.content_length)
+        body = await request.read()
+        if len(body) > self.max_input_size:
+            raise self._too_large(len(body))
+        req = self._parse_infer(model, version, body, request.headers.get(_HEADER_LENGTH))
+        result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
+        if result.error is not None:
+            return error_response(result.error)
+        response = self._encode_result(result)
+        if "gzip" in request.headers.get("Accept-Encoding", "") or "deflate" in request.headers.get(
+                "Accept-Encoding", ""):
+            response.enable_compression()
+        return response
+
+    def _parse_infer(self, model: str, version: int, body: bytes, header_length: str | None) -> InferRequest:
+        total = len(body)
+        if header_length is None:
+            hlen = total
+        else:
+            try:
+                hlen = int(header_length)
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"Unable to parse {_HEADER_LENGTH}, got: {header_length}"
+                ) from None
+            if hlen < 0 or hlen > total:
+                raise InvalidArgumentError(
+                    f"inference header size should be in range (0, {total}), got: {header_length}"
+                )
+        if hlen == 0:
+            return self._raw_request(model, version, body)
+        try:
+            header = json.loads(body[:hlen])
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+        if not isinstance(header, dict):
+            raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+        req = InferRequest(model, version)
+        rid = header.get("id", "")
+        if not isinstance(rid, str):
+            raise InvalidArgumentError("Unable to parse 'id'")
+        req.request_id = rid
+        apply_parameters(req, _dict(header.get("parameters"), "parameters"), http=True)
+        inputs = header.get("inputs")
+        if not isinstance(inputs, list):
+            raise InvalidArgumentError("Unable to parse 'inputs'")
+        view = memoryview(body)
+        offset = hlen
+        for inp in inputs:
+            if not isinstance(inp, dict):
+                raise InvalidArgumentError("Unable to parse 'inputs'")
+            name, datatype, shape = inp.get("name"), inp.get("datatype"), inp.get("shape")
+            if not isinstance(name, str):
+                raise InvalidArgumentError("Unable to parse 'name'")
+            if not isinstance(datatype, str):
+                raise InvalidArgumentError("Unable to parse 'datatype'")
+            if not isinstance(shape, list):
+                raise InvalidArgumentError("Unable to parse 'shape'")
+            params = _dict(inp.get("parameters"), "parameters")
+            has = [k for k, present in (("'data'", "data" in inp),
+                                        ("'binary_data_size'", "binary_data_size" in params),
+                                        ("'shared_memory_region'", "shared_memory_region" in params))
+                   if present]
+            if len(has) != 1:
+                raise InvalidArgumentError(
+                    "Input must set only one of the following fields: 'data', 'binary_data_size' "
+                    "in 'parameters', 'shared_memory_region' in 'parameters'. But "
+                    + ("no field is set" if not has else "set " + " ".join(has))
+                )
+            if name in req.inputs:
+                raise InvalidArgumentError(f"input '{name}' appears more than once in the request")
+            if "binary_data_size" in params:
+                size = params["binary_data_size"]
+                if not is_uint(size):
+                    raise InvalidArgumentError("Unable to parse 'binary_data_size'")
+                if offset + size > total:
+                    raise InvalidArgumentError(
+                        f"unexpected size for input '{name}', expecting {offset + size - total} "
+                        f"additional bytes for model '{model}'"
+                    )
+                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size])
+                offset += size
+            elif "data" in inp:
+                req.inputs[name] = array_from_json(name, datatype, shape, inp["data"])
+            else:
+                ref = shm_ref(name, params)
+                assert ref is not None
+                req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref)
+        if offset != total:
+            raise InvalidArgumentError(f"unexpected additional input data for model '{model}'")
+        if "outputs" in header:
+            req.outputs = self._parse_outputs(header["outputs"])
+        return req
+
+    def _parse_outputs(self, outputs: object) -> list[RequestedOutput]:
+        if not isinstance(outputs, list):
+            raise InvalidArgumentError("Unable to parse 'outputs'")
+        result = []
+        for out in outputs:
+            if not isinstance(out, dict) or not isinstance(out.get("name"), str):
+                raise InvalidArgumentError("Unable to parse 'name'")
+            params = _dict(out.get("parameters"), "parameters")
+            binary = params.get("binary_data")
+            if binary is not None and not isinstance(binary, bool):
+                raise InvalidArgumentError("Unable to parse 'binary_data'")
+            ref = shm_ref(out["name"], params)
+            if ref is not None and binary:
+                raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'binary_data'")
+            if params.get("classification"):
+                raise UnsupportedError(
+                    f"output '{out['name']}': the classification extension is not supported by tritonpy"
+                )
+            result.append(RequestedOutput(out["name"], binary, ref))
+        return result
+
+    def _raw_request(self, model: str, version: int, body: bytes) -> InferRequest:
+        """Triton's raw binary request (header length 0): the whole body is the only input."""
+        meta = self.plane.model_metadata(model, version)
+        inputs = meta.get("inputs", [])
+        if len(inputs) != 1:
+            raise InvalidArgumentError(
+                f"raw binary request requires model '{model}' to have exactly 1 input, it has {len(inputs)}"
+            )
+        spec = inputs[0]
+        shape = [int(d) for d in spec["shape"]]
+        itemsize = ITEMSIZE.get(spec["datatype"], 0)
+        unknown = [i for i, d in enumerate(shape) if d < 0]
+        if len(unknown) > 1 or (unknown and itemsize == 0):
+            raise InvalidArgumentError(
+                f"raw binary request for model '{model}' needs an input shape with at most one variable dimension"
+            )
+        if unknown:
+            fixed = itemsize
+            for d in shape:
+                fixed *= d if d >= 0 else 1
+            shape[unknown[0]] = len(body) // fixed if fixed else 0
+        req = InferRequest(model, version, binary_output_default=True)
+        req.inputs[spec["name"]] = array_from_raw(spec["name"], spec["datatype"], shape, body)
+        return req
+
+    # -- responses ---------------------------------------------------------------------------
+
+    def _encode_result(self, result: InferResult) -> web.Response:
+        doc: dict[str, Any] = {}
+        if result.request_id:
+            doc["id"] = result.request_id
+        doc["model_name"] = result.model
+        doc["model_version"] = str(result.version)
+        if result.parameters:
+            doc["parameters"] = result.parameters
+        outputs = []
+        chunks: list[Any] = []
+        for out in result.outputs:
+            entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+            if out.shm is not None:
+                entry["parameters"] = {"shared_memory_region": out.shm.region,
+                                       "shared_memory_offset": out.shm.offset,
+                                       "shared_memory_byte_size": out.shm.byte_size}
+            else:
+                data = None if out.binary else json_data(out)
+                if data is None:
+                    # Binary when asked, and also when JSON cannot carry the values exactly
+                    # (FP16, NaN, bytes that are not UTF-8): the client decodes either form.
+                    raw = out.raw()
+                    entry["parameters"] = {"binary_data_size": len(raw) if not isinstance(raw, memoryview) else raw.nbytes}
+                    chunks.append(raw)
+                else:
+                    entry["data"] = data
+            outputs.append(entry)
+        doc["outputs"] = outputs
+        header = _dumps(doc)
+        if not chunks:
+            return web.Response(body=header, content_type="application/json")
+        body = b"".join([header, *chunks])
+        return web.Response(body=body, content_type="application/octet-stream",
+                            headers={_HEADER_LENGTH: str(len(header))})
+

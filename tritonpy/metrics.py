@@ -1,0 +1,200 @@
+"""Prometheus metrics in Triton's names, served as text on the metrics port (``/metrics``).
+
+On every scrape a collector reads the server's statistics (Triton's per-model counters and
+cumulative durations) and its live shared-memory usage per pool, and the models' own metrics
+(``pb_utils.MetricFamily``) are read from ``server.metrics_registry``.
+
+The text is written in the style of Triton's exporter (prometheus-cpp): a counter's samples are
+named exactly as the family (``nv_inference_count{...}``), without the ``_total`` suffix and the
+``_created`` samples that ``prometheus_client`` adds, so dashboards built for Triton keep working.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import socket
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from ._errors import UnavailableError
+
+if TYPE_CHECKING:
+    from .server import Server
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (family, help, statistics path): counts are plain, "ns" durations are exported in µs.
+_MODEL_FAMILIES = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     ("inference_stats", "success", "count")),
+    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+     ("inference_stats", "fail", "count")),
+    ("nv_inference_count", "Number of inferences performed (a batch of n counts n)",
+     ("inference_count",)),
+    ("nv_inference_exec_count", "Number of model executions performed",
+     ("execution_count",)),
+    ("nv_inference_request_duration_us", "Cumulative end-to-end duration of successful requests, in microseconds",
+     ("inference_stats", "success", "ns")),
+    ("nv_inference_queue_duration_us", "Cumulative time requests waited in the queue, in microseconds",
+     ("inference_stats", "queue", "ns")),
+    ("nv_inference_compute_input_duration_us", "Cumulative time spent preparing inputs, in microseconds",
+     ("inference_stats", "compute_input", "ns")),
+    ("nv_inference_compute_infer_duration_us", "Cumulative time spent executing the model, in microseconds",
+     ("inference_stats", "compute_infer", "ns")),
+    ("nv_inference_compute_output_duration_us", "Cumulative time spent handling outputs, in microseconds",
+     ("inference_stats", "compute_output", "ns")),
+)
+_SHM_FAMILIES = (
+    ("tritonpy_shm_pool_mapped_bytes", "Bytes of shared memory mapped by the pool", "mapped_bytes"),
+    ("tritonpy_shm_pool_used_bytes", "Bytes of shared memory in use by live tensors in the pool", "used_bytes"),
+    ("tritonpy_shm_pool_segments", "Shared-memory segments held by the pool", "segments"),
+)
+
+
+def _lookup(entry: dict[str, Any], path: tuple[str, ...]) -> float:
+    value: Any = entry
+    for key in path:
+        if not isinstance(value, dict):
+            return 0.0
+        value = value.get(key, 0)
+    try:
+        number = float(value)  # proto JSON writes uint64 as strings
+    except (TypeError, ValueError):
+        return 0.0
+    return number / 1000.0 if path[-1] == "ns" else number
+
+
+class TritonStatsCollector:
+    """A ``prometheus_client`` collector of Triton's per-model metrics and tritonpy's shm usage.
+
+    Args:
+        server: the :class:`tritonpy.Server` whose ``statistics()`` and ``shm_usage()`` are read
+            on each scrape.
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metric families (called on every scrape)."""
+        try:
+            stats = self.server.statistics().get("model_stats", [])
+        except Exception:  # a failing scrape must not fail the metrics endpoint
+            log.exception("reading statistics for metrics failed")
+            stats = []
+        for name, doc, path in _MODEL_FAMILIES:
+            family = CounterMetricFamily(name, doc, labels=["model", "version"])
+            for entry in stats:
+                family.add_metric([str(entry.get("name", "")), str(entry.get("version", ""))],
+                                  _lookup(entry, path))
+            yield family
+        try:
+            pools = self.server.shm_usage()
+        except Exception:
+            log.exception("reading shared-memory usage for metrics failed")
+            pools = []
+        for name, doc, key in _SHM_FAMILIES:
+            gauge = GaugeMetricFamily(name, doc, labels=["pool"])
+            for pool in pools:
+                gauge.add_metric([str(pool.get("pool", ""))], float(pool.get(key, 0)))
+            yield gauge
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if value == int(value) and abs(value) < 2**63:
+        return str(int(value))
+    return repr(value)
+
+
+def render(families: Iterable[Metric]) -> str:
+    """Prometheus text exposition (format 0.0.4) of ``families``, in Triton's naming style."""
+    lines: list[str] = []
+    for family in families:
+        kind = family.type if family.type in ("counter", "gauge", "histogram", "summary") else "untyped"
+        lines.append(f"# HELP {family.name} {family.documentation.replace(chr(10), ' ')}")
+        lines.append(f"# TYPE {family.name} {kind}")
+        for sample in family.samples:
+            name = sample.name
+            if name.endswith("_created"):
+                continue
+            if kind == "counter" and name == family.name + "_total":
+                name = family.name
+            labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sample.labels.items())
+            lines.append(f"{name}{{{labels}}} {_number(sample.value)}" if labels
+                         else f"{name} {_number(sample.value)}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def metrics_text(server: Server) -> str:
+    """The full metrics page: Triton's families, shm usage, then the models' custom metrics."""
+    families: list[Metric] = list(TritonStatsCollector(server).collect())
+    registry = getattr(server, "metrics_registry", None)
+    if registry is not None:
+        try:
+            families.extend(registry.collect())
+        except Exception:
+            log.exception("collecting custom metrics failed")
+    return render(families)
+
+
+class MetricsFrontend:
+    """Serves :func:`metrics_text` at ``/metrics`` over HTTP (Triton's ``--metrics-port``).
+
+    Args:
+        server: the server to report on.
+        host: address to listen on.
+        port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
+    """
+
+    def __init__(self, server: Server, host: str = "0.0.0.0", port: int = 8002) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        """Bind and start serving."""
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            await self._runner.cleanup()
+            raise UnavailableError(f"Socket '{self.host}:{self.port}' already in use: {exc}") from None
+        self.port = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        log.info("Started Metrics Service at %s:%d", self.host, self.port)
+
+    async def stop(self, timeout: float = 5.0) -> None:
+        """Stop serving."""
+        if self._runner is not None:
+            self._runner._shutdown_timeout = timeout
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        if request.method != "GET":
+            return web.json_response({"error": "Method Not Allowed"}, status=405)
+        if request.path != "/metrics":
+            return web.Response(status=400, content_type="text/plain", charset="utf-8")
+        # statistics() takes the server's locks: keep it off the event loop.
+        text = await asyncio.to_thread(metrics_text, self.server)
+        return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})
