@@ -65,8 +65,9 @@ class Frontends:
         from ..metrics import MetricsFrontend
 
         if reserved_shm_prefixes is None:
-            config = getattr(server, "backend_config", None) or {}
-            reserved_shm_prefixes = [config.get("shm-region-prefix-name", DEFAULT_SHM_PREFIX)]
+            options = getattr(server, "options", None)
+            reserved_shm_prefixes = [DEFAULT_SHM_PREFIX,
+                                     getattr(options, "shm_region_prefix_name", DEFAULT_SHM_PREFIX)]
         self.server = server
         self.exit_timeout = exit_timeout
         self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes), log_settings)

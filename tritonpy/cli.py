@@ -1,0 +1,168 @@
+"""``tritonpy serve``: a Triton-like server process over KServe v2 HTTP/REST and gRPC.
+
+The flags are Triton's (``--model-repository``, ``--http-port``, ``--backend-config=python,k=v``
+...). With no ``--model-repository`` it serves the bundled ``examples/`` repository. SIGINT or
+SIGTERM stops accepting, drains in-flight requests (``--exit-timeout-secs``), stops the server
+(no stub process or shared-memory segment left) and exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Sequence
+
+log = logging.getLogger("tritonpy.cli")
+
+_LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s"
+
+
+def _bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def _backend_config(text: str) -> tuple[str, str, str]:
+    """``python,key=value`` (or ``key=value``, a global setting) as (backend, key, value)."""
+    backend, _, setting = text.rpartition(",")
+    key, sep, value = setting.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"--backend-config expects <backend>,<key>=<value>, got {text!r}"
+        )
+    return backend, key, value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``tritonpy`` (subcommand ``serve``)."""
+    parser = argparse.ArgumentParser(prog="tritonpy", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("serve", help="serve model repositories over HTTP/REST and gRPC",
+                       description="Serve Triton Python-backend model repositories.")
+    s.add_argument("--model-repository", "--model-store", action="append", default=[],
+                   metavar="DIR", help="model repository directory (repeatable); default: examples/")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--http-address", default="0.0.0.0")
+    s.add_argument("--grpc-address", default="0.0.0.0")
+    s.add_argument("--metrics-address", default=None, help="default: the HTTP address")
+    s.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
+    s.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
+    s.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    s.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
+    s.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                   help="model to load at start in explicit mode (repeatable; '*' for all)")
+    s.add_argument("--backend-config", action="append", default=[], type=_backend_config,
+                   metavar="python,KEY=VALUE", help="python backend option (repeatable)")
+    s.add_argument("--repository-poll-secs", type=float, default=15.0)
+    s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
+    s.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    s.add_argument("--http-max-input-size", type=int, default=None, metavar="BYTES",
+                   help="largest HTTP request body (default 64 MiB)")
+    return parser
+
+
+def default_repository() -> Path:
+    """The bundled ``examples/`` repository next to the package."""
+    path = Path(__file__).resolve().parents[1] / "examples"
+    if not path.is_dir():
+        raise SystemExit(
+            f"error: no --model-repository given and the bundled examples repository "
+            f"({path}) does not exist"
+        )
+    return path
+
+
+async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
+    from . import Server
+    from .frontends import Frontends
+    from .frontends.dataplane import DEFAULT_MAX_INPUT_SIZE, LogSettings
+
+    repos = args.model_repository or [str(default_repository())]
+    backend_config = {key: value for backend, key, value in args.backend_config
+                      if backend in ("", "python")}
+    for backend, key, _ in args.backend_config:
+        if backend not in ("", "python"):
+            log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
+                        backend, key)
+    server = Server(repos, model_control_mode=args.model_control_mode,
+                    load_models=args.load_model, backend_config=backend_config,
+                    log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
+                    poll_interval=args.repository_poll_secs)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    # Loading models can take a while (stub start-up); a signal meanwhile still stops cleanly.
+    start = loop.run_in_executor(None, server.start)
+    waiter = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        await start
+    except BaseException:
+        waiter.cancel()
+        await loop.run_in_executor(None, server.stop)
+        raise
+    frontends = Frontends(
+        server, http_port=args.http_port, grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics, http_address=args.http_address,
+        grpc_address=args.grpc_address,
+        metrics_address=args.metrics_address or args.http_address,
+        max_input_size=args.http_max_input_size or DEFAULT_MAX_INPUT_SIZE,
+        log_settings=LogSettings([handler], verbose=args.log_verbose),
+        exit_timeout=args.exit_timeout_secs,
+    )
+    try:
+        if not stop.is_set():
+            await frontends.start()
+            for model in server.models():
+                log.info("model %s version %s: %s %s", model.get("name"), model.get("version"),
+                         model.get("state"), model.get("reason") or "")
+            for line in frontends.endpoints():
+                log.info("listening: %s", line)
+            await waiter
+            log.info("signal received: stopping (draining for up to %.0f s)", args.exit_timeout_secs)
+    finally:
+        waiter.cancel()
+        await frontends.stop()
+        await loop.run_in_executor(None, server.stop)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    log.info("tritonpy stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tritonpy`` console script and ``python -m tritonpy``."""
+    args = build_parser().parse_args(argv)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m%d %H:%M:%S"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
+    try:
+        return asyncio.run(_serve(args, handler))
+    except KeyboardInterrupt:
+        return 0
+    except Exception as exc:
+        from ._errors import TritonpyError
+
+        if isinstance(exc, TritonpyError):
+            log.error("error: %s", exc)
+            return 1
+        log.exception("tritonpy serve failed")
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
