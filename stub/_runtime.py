@@ -10,6 +10,7 @@ model blocked in ``exec()`` is woken without any other thread's help. Everything
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import inspect
 import itertools
@@ -17,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import traceback
 from typing import Any
 
@@ -28,26 +30,30 @@ from ._pberrors import TritonError, TritonModelException
 from ._pbtensor import Tensor
 
 
-class _Waiter:
-    """A reply slot for one stub->host call, completed by the reader thread."""
+_TAKEOVER_S = 0.02
 
-    __slots__ = ("lock", "body", "stream", "loop", "future", "aqueue")
+
+class _Waiter:
+    """A reply slot for one stub->host call.
+
+    Sync callers poll ``ready()`` while reading the socket themselves, or sleep on ``sig`` while
+    another thread reads and delivers; async callers get their replies on their event loop.
+    """
+
+    __slots__ = ("items", "sig", "loop", "future", "aqueue")
 
     def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
-        self.body: Any = None
-        self.stream: queue.SimpleQueue | None = queue.SimpleQueue() if stream and loop is None else None
+        self.items: collections.deque[Any] = collections.deque()
+        self.sig = threading.Lock()
+        self.sig.acquire()
         self.loop = loop
         self.future: asyncio.Future | None = None
         self.aqueue: asyncio.Queue | None = None
-        self.lock: threading.Lock | None = None
         if loop is not None:
             if stream:
                 self.aqueue = asyncio.Queue()
             else:
                 self.future = loop.create_future()
-        elif not stream:
-            self.lock = threading.Lock()
-            self.lock.acquire()
 
     def deliver(self, body: Any) -> bool:
         """Hand over one reply; returns True when no more replies are expected."""
@@ -58,18 +64,16 @@ class _Waiter:
             else:
                 assert self.aqueue is not None
                 self.loop.call_soon_threadsafe(self.aqueue.put_nowait, body)
-        elif self.stream is not None:
-            self.stream.put(body)
-        else:
-            self.body = body
-            assert self.lock is not None
-            self.lock.release()
+            return final
+        self.items.append(body)
+        try:
+            self.sig.release()
+        except RuntimeError:  # already signalled
+            pass
         return final
 
-    def wait(self) -> Any:
-        assert self.lock is not None
-        self.lock.acquire()
-        return self.body
+    def ready(self) -> bool:
+        return bool(self.items)
 
 
 def _set_result(fut: asyncio.Future, body: Any) -> None:
@@ -95,7 +99,12 @@ class StubRuntime:
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
         self.peer = self.channel.peer
-        self.tasks: queue.SimpleQueue[list | None] = queue.SimpleQueue()
+        self._cv = threading.Condition()
+        self._reading = False
+        self._in_model = 0
+        self._model_since = 0.0
+        self._stopping = False
+        self._pending: collections.deque[list] = collections.deque()
         self._calls: dict[int, _Waiter] = {}
         self._call_ids = itertools.count(1)
         self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
@@ -108,63 +117,133 @@ class StubRuntime:
         self.max_async = 1
         self._local = threading.local()
 
-    # -- process main ---------------------------------------------------------------------------
+    # -- process main: the read role ------------------------------------------------------------
+    # No thread owns the socket. A thread that needs a frame (an idle worker, or a model thread
+    # waiting in exec()) takes the *read role* if nobody holds it, reads one frame and handles
+    # it itself: an EXECUTE runs inline in the thread that read it, a BLS reply is consumed by
+    # the thread that waits for it. So the hot paths cost no thread hand-off (each one costs
+    # tens of microseconds in CPython). An idle worker leaves the role to a busy model thread
+    # for _TAKEOVER_S, then takes it, so pings and cancels are read during long executes.
     def run(self) -> int:
         pb_utils._set_runtime(self)
         self.channel.send(Cmd.HELLO, 0, {"version": PROTOCOL_VERSION, "pid": os.getpid()})
-        reader = threading.Thread(target=self._read_loop, name="stub-reader", daemon=True)
-        reader.start()
-        while True:
-            msg = self.tasks.get()
-            if msg is None:
-                break
-            cmd, call_id, body = msg
-            try:
-                if cmd == Cmd.EXECUTE:
-                    self._on_execute(call_id, body)
-                elif cmd == Cmd.INITIALIZE:
-                    self._reply(call_id, self._initialize(body))
-                elif cmd == Cmd.AUTO_COMPLETE:
-                    self._reply(call_id, self._auto_complete(body))
-                elif cmd == Cmd.IS_READY:
-                    self._reply(call_id, self._is_ready())
-                elif cmd == Cmd.FINALIZE:
-                    self._reply(call_id, self._finalize())
-                    break
-            except Exception:  # a bug here must not kill the instance silently
-                self._reply(call_id, {"ok": False, "error": _error_body(
-                    "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
+        other = threading.Thread(target=self._worker, name="stub-worker", daemon=True)
+        other.start()
+        self._worker()
         self.channel.close()
         self.pool.close()
         return 0
 
-    def _read_loop(self) -> None:
-        ch = self.channel
+    def _worker(self) -> None:
         while True:
-            try:
-                msg = ch.recv()
-            except Exception as exc:  # a malformed frame: report it, keep reading
-                sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
-                continue
+            msg = self._next_task()
             if msg is None:
-                # The host is gone; nothing here can be useful any more.
-                os._exit(0)
-            cmd, call_id, body = msg
-            if cmd == Cmd.REPLY or cmd == Cmd.BLS_RESPONSE:
-                w = self._calls.get(call_id)
-                if w is not None and w.deliver(body):
-                    self._calls.pop(call_id, None)
-            elif cmd == Cmd.PING:
-                self._reply(call_id, {"ok": True})
-            elif cmd == Cmd.CANCEL:
-                for rid in body or ():
-                    req = self._active.get(rid)
-                    if req is not None:
-                        req._cancelled = True
-            elif cmd == Cmd.DROPPED:
-                pass  # the channel already unmapped them
-            else:
-                self.tasks.put(msg)
+                return
+            if self._handle_inline(msg):
+                continue
+            self._run_task(msg)
+
+    def _next_task(self) -> list | None:
+        cv = self._cv
+        with cv:
+            while True:
+                if self._stopping:
+                    return None
+                if self._pending:
+                    return self._pending.popleft()
+                if not self._reading:
+                    if self._in_model == 0 or time.monotonic() - self._model_since > _TAKEOVER_S:
+                        self._reading = True
+                        break
+                    cv.wait(_TAKEOVER_S)
+                else:
+                    cv.wait()
+        return self._read_one()
+
+    def _read_one(self) -> list | None:
+        """Read one frame while holding the read role (released on return)."""
+        try:
+            while True:
+                try:
+                    msg = self.channel.recv()
+                except Exception as exc:  # a malformed frame: report it, keep reading
+                    sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
+                    continue
+                if msg is None:
+                    os._exit(0)  # the host is gone; nothing here can be useful any more
+                return msg
+        finally:
+            with self._cv:
+                self._reading = False
+                self._cv.notify_all()
+
+    def _handle_inline(self, msg: list) -> bool:
+        """Frames handled by whichever thread read them; False for tasks (execute etc.)."""
+        cmd, call_id, body = msg
+        if cmd == Cmd.REPLY or cmd == Cmd.BLS_RESPONSE:
+            w = self._calls.get(call_id)
+            if w is not None and w.deliver(body):
+                self._calls.pop(call_id, None)
+        elif cmd == Cmd.PING:
+            self._reply(call_id, {"ok": True})
+        elif cmd == Cmd.CANCEL:
+            for rid in body or ():
+                req = self._active.get(rid)
+                if req is not None:
+                    req._cancelled = True
+        elif cmd == Cmd.DROPPED:
+            pass  # the channel already unmapped them
+        else:
+            return False
+        return True
+
+    def _run_task(self, msg: list) -> None:
+        cmd, call_id, body = msg
+        cv = self._cv
+        with cv:
+            self._in_model += 1
+            self._model_since = time.monotonic()
+        try:
+            if cmd == Cmd.EXECUTE:
+                self._on_execute(call_id, body)
+            elif cmd == Cmd.INITIALIZE:
+                self._reply(call_id, self._initialize(body))
+            elif cmd == Cmd.AUTO_COMPLETE:
+                self._reply(call_id, self._auto_complete(body))
+            elif cmd == Cmd.IS_READY:
+                self._reply(call_id, self._is_ready())
+            elif cmd == Cmd.FINALIZE:
+                self._reply(call_id, self._finalize())
+                with cv:  # only after the reply is out: the main thread exits on this
+                    self._stopping = True
+                    cv.notify_all()
+        except Exception:  # a bug here must not kill the instance silently
+            self._reply(call_id, {"ok": False, "error": _error_body(
+                "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
+        finally:
+            with cv:
+                self._in_model -= 1
+                cv.notify_all()
+
+    def _await(self, waiter: _Waiter) -> Any:
+        """Wait for the next reply of a sync call, reading the socket ourselves if we can."""
+        cv = self._cv
+        while not waiter.items:
+            with cv:
+                if waiter.items:
+                    break
+                mine = not self._reading
+                if mine:
+                    self._reading = True
+            if not mine:
+                waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
+                continue
+            msg = self._read_one()
+            if msg is not None and not self._handle_inline(msg):
+                with cv:
+                    self._pending.append(msg)
+                    cv.notify_all()
+        return waiter.items.popleft()
 
     def _maintain(self) -> None:
         self.pool.reap()
@@ -448,12 +527,12 @@ class StubRuntime:
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         body = self._bls_body(req, decoupled, sync=True)
         if decoupled:
-            waiter = _Waiter(stream=True)
+            waiter = _Waiter()
             call_id = self._call(Cmd.BLS_INFER, body, waiter)
             return _ResponseIterator(self, call_id, waiter)
         waiter = _Waiter()
         self._call(Cmd.BLS_INFER, body, waiter)
-        return self._to_response(waiter.wait())
+        return self._to_response(self._await(waiter))
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
@@ -481,7 +560,7 @@ class StubRuntime:
             raise TritonModelException("the model loading API cannot be used in finalize()")
         waiter = _Waiter()
         self._call(cmd, {"name": name, **kw}, waiter)
-        body = waiter.wait()
+        body = self._await(waiter)
         if not body.get("ok"):
             raise TritonModelException(str((body.get("error") or {}).get("message", body)))
         return body.get("ready", True)
@@ -500,7 +579,7 @@ class StubRuntime:
     def metric_value(self, family: str, labels: dict) -> float:
         waiter = _Waiter()
         self._call(Cmd.METRIC_VALUE, [family, labels], waiter)
-        return float(waiter.wait().get("value", 0.0))
+        return float(self._await(waiter).get("value", 0.0))
 
 
 class _ResponseIterator:
@@ -518,8 +597,7 @@ class _ResponseIterator:
     def __next__(self) -> pb_utils.InferenceResponse:
         if self._done:
             raise StopIteration
-        assert self._waiter.stream is not None
-        body = self._waiter.stream.get()
+        body = self._rt._await(self._waiter)
         if body.get("final", True):
             self._done = True
             if body.get("empty") and not body.get("error"):
