@@ -114,6 +114,7 @@ class StubProcess:
         self._hello = threading.Event()
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name=f"{name}-reader")
         self._reader.start()
+        threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, pipe: Any, is_err: bool) -> None:
@@ -227,6 +228,28 @@ class StubProcess:
             return True
         except TritonpyError:
             return False
+
+    def _watchdog(self) -> None:
+        """Kill a stub that stops answering for ``stub-timeout-seconds`` (e.g. stuck in C code
+        holding the GIL, or stopped); its death path then fails its requests and restarts it.
+        A stub that is merely busy still answers: any thread of it may take the read role."""
+        timeout = self.options.stub_timeout_seconds
+        if timeout <= 0:
+            return
+        interval = min(max(timeout / 3, 0.05), 5.0)
+        while self.alive and not self._closing:
+            time.sleep(interval)
+            if not self.alive or self._closing:
+                return
+            if time.monotonic() - self._last_seen < interval or not self._hello.is_set():
+                continue
+            if not self.ping(timeout) and self.alive and not self._closing:
+                log.error("[%s] stub did not answer for %.1f s (stub-timeout-seconds); killing it",
+                          self.name, timeout)
+                self.stderr_tail.append(
+                    f"(killed by tritonpy: no answer for {timeout:g} s, stub-timeout-seconds)")
+                self.kill()
+                return
 
     # -- ending -----------------------------------------------------------------------------
     def kill(self) -> None:
