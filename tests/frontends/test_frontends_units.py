@@ -1,0 +1,279 @@
+"""Frontend pieces that need no running server: the shm registry, the wire codecs, the metrics
+text, the logging settings, the CLI parser."""
+from __future__ import annotations
+
+import logging
+import secrets
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from tritonclient.utils import shared_memory as shm_utils
+
+from tritonpy._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
+from tritonpy.cli import build_parser
+from tritonpy.frontends.dataplane import (
+    InferRequest,
+    LogSettings,
+    OutputTensor,
+    apply_parameters,
+    array_from_json,
+    array_from_raw,
+    json_data,
+    parse_version,
+    shm_ref,
+    tensor_bytes,
+    to_error,
+)
+from tritonpy.frontends.sharedmem import SharedMemoryRegistry
+from tritonpy.metrics import metrics_text, render
+from tritonpy.shm.dtypes import serialize_bytes
+
+
+@pytest.fixture
+def client_region():
+    """A client-side system shm object of 64 bytes (destroyed after)."""
+    name = f"tpyc{secrets.token_hex(4)}"
+    handle = shm_utils.create_shared_memory_region(name, "/" + name, 64)
+    try:
+        yield name, handle
+    finally:
+        shm_utils.destroy_shared_memory_region(handle)
+
+
+# -- shared-memory registry ---------------------------------------------------------------------
+
+def test_registry_register_view_status_unregister(client_region) -> None:
+    name, handle = client_region
+    reg = SharedMemoryRegistry(["tritonpy_"])
+    reg.register("r", "/" + name, 16, 32)
+    assert reg.status() == [{"name": "r", "key": "/" + name, "offset": 16, "byte_size": 32}]
+    shm_utils.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+    view = reg.view("r", 0, 8)  # region offset 16 = element 4 of the client's array
+    assert np.frombuffer(view, np.float32).tolist() == [4.0, 5.0]
+    view[:] = np.array([-1, -2], np.float32).tobytes()
+    view.release()
+    got = shm_utils.get_contents_as_numpy(handle, np.float32, [16])
+    assert got[4:6].tolist() == [-1.0, -2.0]
+    with pytest.raises(AlreadyExistsError, match="already in manager"):
+        reg.register("r", "/" + name, 0, 8)
+    with pytest.raises(InvalidArgumentError, match="Invalid offset"):
+        reg.view("r", 32, 1)
+    with pytest.raises(InvalidArgumentError, match="Invalid offset \\+ byte size"):
+        reg.view("r", 8, 25)
+    with pytest.raises(NotFoundError, match="Unable to find shared memory region: 'zz'"):
+        reg.view("zz", 0, 1)
+    reg.unregister("r")
+    reg.unregister("r")  # unknown names are not an error, as in Triton
+    assert reg.status() == []
+    with pytest.raises(NotFoundError):
+        reg.status("r")
+
+
+def test_registry_refuses_bad_windows_and_reserved_keys(client_region) -> None:
+    name, _ = client_region
+    reg = SharedMemoryRegistry(["tpyc"])
+    with pytest.raises(InvalidArgumentError, match="reserved"):
+        reg.register("a", "/" + name, 0, 8)
+    reg = SharedMemoryRegistry([])
+    with pytest.raises(InvalidArgumentError, match="invalid args"):
+        reg.register("a", "/" + name, 60, 8)
+    with pytest.raises(InvalidArgumentError, match="Unable to open"):
+        reg.register("a", f"/{name}nothere", 0, 8)
+    with pytest.raises(InvalidArgumentError, match="invalid key"):
+        reg.register("a", "/../etc/passwd", 0, 8)
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        reg.register("a", "/" + name, -1, 8)
+    assert reg.status() == []
+
+
+def test_registry_unregister_while_in_use_defers_unmap(client_region) -> None:
+    name, _ = client_region
+    reg = SharedMemoryRegistry()
+    reg.register("r", "/" + name, 0, 64)
+    arr = np.frombuffer(reg.view("r", 0, 64), np.uint8)  # a request still holds this view
+    reg.unregister()
+    assert reg.status() == [] and len(reg._deferred) == 1
+    assert int(arr.sum()) >= 0  # still readable: not unmapped under the request
+    del arr
+    reg.close()
+    assert reg._deferred == []
+
+
+# -- codecs -------------------------------------------------------------------------------------
+
+def test_array_from_raw_checks_sizes() -> None:
+    a = np.arange(6, dtype=np.int32)
+    got = array_from_raw("x", "INT32", [2, 3], a.tobytes())
+    assert got.shape == (2, 3) and got.ravel().tolist() == list(range(6))
+    with pytest.raises(InvalidArgumentError, match="unexpected total byte size 20 for input 'x', expecting 24"):
+        array_from_raw("x", "INT32", [2, 3], a.tobytes()[:20])
+    words = np.array([b"a", b"", b"\xff\x00"], dtype=object)
+    assert array_from_raw("s", "BYTES", [3], serialize_bytes(words)).tolist() == words.tolist()
+    with pytest.raises(InvalidArgumentError, match="input 's'"):
+        array_from_raw("s", "BYTES", [4], serialize_bytes(words))
+    with pytest.raises(InvalidArgumentError, match="invalid datatype 'FLOAT'"):
+        array_from_raw("x", "FLOAT", [1], b"1234")
+    with pytest.raises(UnsupportedError, match="BF16"):
+        array_from_raw("x", "BF16", [1], b"12")
+    with pytest.raises(InvalidArgumentError, match="shape"):
+        array_from_raw("x", "INT32", [-1], b"")
+
+
+def test_array_from_json_types_and_shapes() -> None:
+    assert array_from_json("x", "FP32", [2, 2], [[1, 2], [3, 4.5]]).tolist() == [[1, 2], [3, 4.5]]
+    assert array_from_json("x", "FP32", [2, 2], [1, 2, 3, 4]).shape == (2, 2)
+    assert array_from_json("b", "BOOL", [2], [True, False]).dtype == np.bool_
+    assert array_from_json("s", "BYTES", [2], ["hé", ""]).tolist() == ["hé".encode(), b""]
+    assert array_from_json("e", "INT64", [0], []).shape == (0,)
+    for datatype, data, msg in [
+        ("FP32", [1, 2, 3], "Shape does not match"),
+        ("INT32", [1.5], "expected INT32"),
+        ("INT8", [300], "out of range"),
+        ("BOOL", [1], "expected BOOL"),
+        ("BYTES", [1], "must be strings"),
+        ("FP32", [[1], [2, 3]], "Unable to parse 'data'"),
+        ("FP32", "12", "expected a list"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=msg):
+            array_from_json("x", datatype, [2], data)
+
+
+def test_outputs_to_wire() -> None:
+    out = OutputTensor("o", "FP32", (2,), np.array([1.5, 2], np.float32))
+    assert json_data(out) == [1.5, 2.0]
+    assert bytes(tensor_bytes(out.array, "FP32")) == np.array([1.5, 2], np.float32).tobytes()
+    assert json_data(OutputTensor("o", "FP16", (1,), np.ones(1, np.float16))) is None
+    assert json_data(OutputTensor("o", "FP32", (1,), np.array([np.nan], np.float32))) is None
+    text = OutputTensor("o", "BYTES", (2,), np.array([b"ok", b"\xc3\xa9"], dtype=object))
+    assert json_data(text) == ["ok", "é"]
+    assert json_data(OutputTensor("o", "BYTES", (1,), np.array([b"\xff"], dtype=object))) is None
+
+
+def test_request_parameters() -> None:
+    req = InferRequest("m")
+    apply_parameters(req, {"sequence_id": 7, "sequence_start": True, "sequence_end": False,
+                           "priority": 2, "timeout": 100, "binary_data_output": True,
+                           "mine": "x", "n": 3, "flag": False}, http=True)
+    assert (req.correlation_id, req.flags, req.priority, req.timeout) == (7, 1, 2, 100)
+    assert req.binary_output_default and req.parameters == {"mine": "x", "n": 3, "flag": False}
+    with pytest.raises(InvalidArgumentError, match="reserved for Triton"):
+        apply_parameters(InferRequest("m"), {"triton_enable_empty_final_response": True}, http=True)
+    grpc_req = InferRequest("m")
+    apply_parameters(grpc_req, {"triton_enable_empty_final_response": True, "sequence_id": "abc"},
+                     http=False)
+    assert grpc_req.enable_empty_final and grpc_req.correlation_id == "abc"
+    with pytest.raises(InvalidArgumentError, match="Only the following keys"):
+        apply_parameters(InferRequest("m"), {"triton_other": True}, http=False)
+    for bad in ({"sequence_start": 1}, {"priority": -1}, {"x": 1.5}, {"x": [1]}):
+        with pytest.raises(InvalidArgumentError):
+            apply_parameters(InferRequest("m"), bad, http=True)
+
+
+def test_shm_ref_and_version_parsing() -> None:
+    assert shm_ref("t", {}) is None
+    ref = shm_ref("t", {"shared_memory_region": "r", "shared_memory_byte_size": 8})
+    assert ref is not None and (ref.region, ref.offset, ref.byte_size) == ("r", 0, 8)
+    for bad in ({"shared_memory_region": "r"}, {"shared_memory_byte_size": 8},
+                {"shared_memory_region": "r", "shared_memory_byte_size": -1}):
+        with pytest.raises(InvalidArgumentError):
+            shm_ref("t", bad)
+    assert parse_version("") == -1 and parse_version("3") == 3
+    with pytest.raises(InvalidArgumentError, match="integral"):
+        parse_version("x1")
+
+
+def test_to_error_maps_everything() -> None:
+    assert to_error(NotFoundError("n")).http_status == 404
+    assert to_error(ValueError("v")).grpc_code == "INVALID_ARGUMENT"
+    err = to_error(RuntimeError("r"))
+    assert err.http_status == 500 and "RuntimeError: r" in err.message
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+def test_metrics_text_uses_triton_names() -> None:
+    registry = CollectorRegistry()
+    Counter("custom_requests", "custom counter", ["model"], registry=registry).labels("m").inc(2)
+    Histogram("custom_latency", "custom histogram", registry=registry, buckets=(1.0,)).observe(0.5)
+    stats = {"model_stats": [{
+        "name": "m", "version": "1", "inference_count": "5", "execution_count": 4,
+        "inference_stats": {"success": {"count": 5, "ns": 5000}, "fail": {"count": 1, "ns": 10},
+                            "queue": {"count": 5, "ns": 2000}, "compute_input": {"count": 5},
+                            "compute_infer": {"count": 5, "ns": 3000}, "compute_output": {}},
+    }]}
+    server = SimpleNamespace(statistics=lambda: stats, metrics_registry=registry,
+                             shm_usage=lambda: [{"pool": "host", "segments": 2,
+                                                 "mapped_bytes": 1 << 20, "used_bytes": 512}])
+    text = metrics_text(server)  # type: ignore[arg-type]
+    for line in [
+        "# TYPE nv_inference_request_success counter",
+        'nv_inference_request_success{model="m",version="1"} 5',
+        'nv_inference_request_failure{model="m",version="1"} 1',
+        'nv_inference_count{model="m",version="1"} 5',
+        'nv_inference_exec_count{model="m",version="1"} 4',
+        'nv_inference_request_duration_us{model="m",version="1"} 5',
+        'nv_inference_queue_duration_us{model="m",version="1"} 2',
+        'nv_inference_compute_input_duration_us{model="m",version="1"} 0',
+        'nv_inference_compute_infer_duration_us{model="m",version="1"} 3',
+        'nv_inference_compute_output_duration_us{model="m",version="1"} 0',
+        'tritonpy_shm_pool_mapped_bytes{pool="host"} 1048576',
+        'tritonpy_shm_pool_used_bytes{pool="host"} 512',
+        'tritonpy_shm_pool_segments{pool="host"} 2',
+        'custom_requests{model="m"} 2',
+        'custom_latency_bucket{le="1.0"} 1',
+        "custom_latency_count 1",
+    ]:
+        assert line in text.splitlines(), line
+    assert "_created" not in text and "custom_requests_total" not in text
+
+
+def test_metrics_survive_a_failing_server() -> None:
+    def boom() -> dict:
+        raise RuntimeError("down")
+
+    server = SimpleNamespace(statistics=boom, shm_usage=boom, metrics_registry=None)
+    text = metrics_text(server)  # type: ignore[arg-type]
+    assert "# TYPE nv_inference_count counter" in text
+    assert render([]) == ""
+
+
+# -- logging settings, CLI ------------------------------------------------------------------------
+
+def test_log_settings_apply(tmp_path) -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    settings = LogSettings([handler])
+    try:
+        assert settings.get()["log_info"] is True
+        settings.update({"log_info": False, "log_verbose_level": 1, "log_format": "ISO8601",
+                         "log_file": str(tmp_path / "t.log")})
+        record = logging.LogRecord("tritonpy.x", logging.INFO, "", 0, "hi", None, None)
+        assert not handler.filter(record)
+        assert logging.getLogger("tritonpy").level == logging.DEBUG
+        assert settings.get()["log_file"].endswith("t.log")
+        for bad in ({"log_info": "yes"}, {"log_verbose_level": -1}, {"nope": 1}):
+            with pytest.raises(InvalidArgumentError):
+                settings.update(bad)
+        with pytest.raises(Exception, match="log_format"):
+            settings.update({"log_format": "json"})
+    finally:
+        settings.update({"log_info": True, "log_verbose_level": 0, "log_file": "",
+                         "log_format": "default"})
+        settings.close()
+        logging.getLogger("tritonpy").setLevel(logging.NOTSET)
+
+
+def test_cli_parser_accepts_triton_flags() -> None:
+    args = build_parser().parse_args([
+        "serve", "--model-repository", "a", "--model-repository=b", "--http-port", "0",
+        "--allow-grpc", "false", "--model-control-mode", "explicit", "--load-model", "m",
+        "--backend-config=python,shm-region-prefix-name=x_", "--log-verbose", "1",
+        "--exit-timeout-secs", "5",
+    ])
+    assert args.model_repository == ["a", "b"] and args.allow_grpc is False
+    assert args.backend_config == [("python", "shm-region-prefix-name", "x_")]
+    assert args.load_model == ["m"] and args.exit_timeout_secs == 5.0
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--backend-config", "python,novalue"])
