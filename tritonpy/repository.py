@@ -1,0 +1,232 @@
+"""Model repositories on disk: model directories, version directories, change detection.
+
+Layout, as Triton reads it::
+
+    <repository>/<model_name>/config.pbtxt
+    <repository>/<model_name>/<version>/model.py
+
+Nothing here imports model code or starts anything; it only looks at the file system.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+
+from tritonclient.grpc.model_config_pb2 import ModelConfig
+
+from tritonpy._errors import ConfigError, NotFoundError
+from tritonpy.config import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM
+
+__all__ = [
+    "available_versions",
+    "fingerprint",
+    "model_file",
+    "scan_repositories",
+    "select_versions",
+]
+
+logger = logging.getLogger(__name__)
+
+# Triton's reason for a name found in two repositories (MODEL_READY_REASON_DUPLICATE).
+DUPLICATE_REASON = "model appears in two or more repositories"
+
+# Subdirectories of a model directory that Triton never takes for versions.
+_NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs"})
+
+# Written by Python itself when model.py is imported; counting them would make every load
+# look like a change to poll mode and reload the model for ever.
+_IGNORED_DIRS = frozenset({"__pycache__"})
+_IGNORED_SUFFIXES = (".pyc", ".pyo")
+
+
+def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """Find the models in one or more repositories.
+
+    Args:
+        paths: Repository roots. The same root given twice counts once.
+
+    Returns:
+        ``(models, errors)``: model name → model directory, and model name → error message
+        for names that cannot be served (a name in two repositories, which Triton shows as
+        UNAVAILABLE and never loads). A name is in one of the two dicts, never both.
+        Hidden entries (``.name``) and plain files are skipped.
+
+    Raises:
+        NotFoundError: A root does not exist or is not a directory.
+    """
+    found: dict[str, list[str]] = {}
+    seen_roots: set[str] = set()
+    for root in paths:
+        real = os.path.realpath(root)
+        if real in seen_roots:
+            continue
+        seen_roots.add(real)
+        if not os.path.isdir(root):
+            what = "is not a directory" if os.path.exists(root) else "does not exist"
+            raise NotFoundError(f"model repository '{root}' {what}")
+        try:
+            entries = sorted(os.scandir(root), key=lambda e: e.name)
+        except OSError as exc:
+            raise NotFoundError(
+                f"model repository '{root}' cannot be read: {exc.strerror or exc}"
+            ) from None
+        for entry in entries:
+            if entry.name.startswith(".") or not _is_dir(entry):
+                continue
+            found.setdefault(entry.name, []).append(os.path.join(root, entry.name))
+    models: dict[str, str] = {}
+    errors: dict[str, str] = {}
+    for name, dirs in found.items():
+        if len(dirs) == 1:
+            models[name] = dirs[0]
+        else:
+            errors[name] = f"{DUPLICATE_REASON}: " + ", ".join(dirs)
+    return models, errors
+
+
+def _is_dir(entry: os.DirEntry[str]) -> bool:
+    try:
+        return entry.is_dir()  # follows symlinks, as Triton's IsDirectory does
+    except OSError:
+        return False
+
+
+def available_versions(model_dir: str) -> list[int]:
+    """The version numbers present under a model directory, ascending.
+
+    A version is a subdirectory whose name is a decimal number. As in Triton, names with a
+    leading zero (``01``) and the ``warmup``, ``initial_state`` and ``configs`` folders are
+    not versions. Unlike Triton (``std::stoll``), ``1abc`` is not version 1.
+
+    Raises:
+        NotFoundError: ``model_dir`` does not exist.
+    """
+    try:
+        entries = list(os.scandir(model_dir))
+    except FileNotFoundError:
+        raise NotFoundError(f"model directory '{model_dir}' does not exist") from None
+    except NotADirectoryError:
+        raise NotFoundError(f"model directory '{model_dir}' is not a directory") from None
+    versions = []
+    for entry in entries:
+        name = entry.name
+        if name in _NOT_VERSIONS or not name.isascii() or not name.isdigit():
+            continue
+        if len(name) > 1 and name.startswith("0"):
+            logger.warning(
+                "ignore version directory '%s' which contains leading zeros in its directory "
+                "name (model directory '%s')", name, model_dir,
+            )
+            continue
+        if _is_dir(entry):
+            versions.append(int(name))
+    return sorted(versions)
+
+
+def select_versions(cfg: ModelConfig, available: list[int]) -> list[int]:
+    """The versions to load under the configuration's ``version_policy``, ascending.
+
+    ``latest {num_versions: N}`` (the default, N=1) takes the N highest; ``all`` takes every
+    one; ``specific {versions: [...]}`` takes the listed ones that exist. As in Triton, a
+    listed version without a directory is logged and skipped, not fatal.
+
+    Raises:
+        ConfigError: No version is left to load.
+    """
+    name = cfg.name or "<unnamed>"
+    if not available:
+        raise ConfigError(
+            f"model '{name}' has no version directory (a numeric subdirectory such as '1'): "
+            f"at least one version must be available under the version policy of model '{name}'"
+        )
+    present = sorted(set(available))
+    policy = cfg.version_policy
+    choice = policy.WhichOneof("policy_choice") if cfg.HasField("version_policy") else None
+    if choice == "all":
+        chosen = present
+    elif choice == "specific":
+        chosen = []
+        for v in sorted(set(policy.specific.versions)):
+            if v in present:
+                chosen.append(v)
+            else:
+                logger.error(
+                    "version %d is specified for model '%s', but the version directory is not "
+                    "present", v, name,
+                )
+    else:
+        n = policy.latest.num_versions if choice == "latest" else 1
+        chosen = present[-n:] if n > 0 else []
+    if not chosen:
+        raise ConfigError(
+            f"at least one version must be available under the version policy of model "
+            f"'{name}' (version_policy {_policy_text(cfg)}; versions present: "
+            + ", ".join(str(v) for v in present) + ")"
+        )
+    return chosen
+
+
+def _policy_text(cfg: ModelConfig) -> str:
+    policy = cfg.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "specific":
+        listed = ", ".join(str(v) for v in policy.specific.versions)
+        return f"specific {{ versions: [{listed}] }}"
+    if choice == "latest":
+        return f"latest {{ num_versions: {policy.latest.num_versions} }}"
+    return "all { }" if choice == "all" else "latest { num_versions: 1 }"
+
+
+def model_file(cfg: ModelConfig, model_dir: str, version: int) -> str:
+    """The path of a version's model file, ``<model_dir>/<version>/<default_model_filename>``.
+
+    Raises:
+        ConfigError: The model is an ensemble (it has no model file) or the file is missing;
+            the message names the path looked at.
+    """
+    if cfg.platform == ENSEMBLE_PLATFORM:
+        raise ConfigError(f"model '{cfg.name}' is an ensemble and has no model file")
+    filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME
+    path = os.path.join(model_dir, str(version), filename)
+    if not os.path.isfile(path):
+        what = "is not a file" if os.path.lexists(path) else "does not exist"
+        raise ConfigError(
+            f"{path}: model file {what} (model '{cfg.name}', version {version}; set "
+            "'default_model_filename' in config.pbtxt to use another file name)"
+        )
+    return path
+
+
+def fingerprint(model_dir: str) -> str:
+    """A cheap digest of every name, size and mtime below a model directory.
+
+    Poll mode compares two fingerprints: editing, adding, removing or renaming any file or
+    directory (config.pbtxt included) changes it. Python's own bytecode caches
+    (``__pycache__``, ``*.pyc``) are left out, since importing the model writes them.
+
+    Raises:
+        NotFoundError: ``model_dir`` does not exist.
+    """
+    if not os.path.isdir(model_dir):
+        raise NotFoundError(f"model directory '{model_dir}' does not exist")
+    digest = hashlib.blake2b(digest_size=16)
+    for top, dirs, files in os.walk(model_dir):
+        dirs[:] = sorted(d for d in dirs if d not in _IGNORED_DIRS)
+        rel_top = os.path.relpath(top, model_dir)
+        for d in dirs:
+            digest.update(f"D\0{rel_top}/{d}\n".encode("utf-8", "surrogateescape"))
+        for f in sorted(files):
+            if f.endswith(_IGNORED_SUFFIXES):
+                continue
+            try:
+                st = os.stat(os.path.join(top, f))
+            except OSError:
+                # Vanished or a dangling link: still a name worth noticing.
+                size, mtime = -1, -1
+            else:
+                size = st.st_size if stat.S_ISREG(st.st_mode) else -1
+                mtime = st.st_mtime_ns
+            digest.update(f"F\0{rel_top}/{f}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()

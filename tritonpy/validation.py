@@ -1,0 +1,279 @@
+"""Request checks made before a stub sees a request, and KServe v2 model metadata.
+
+The checks and their messages follow Triton core's ``InferenceRequest::Normalize``: requested
+output names, the number of inputs, unknown inputs, the batch dimension, data types, shapes.
+They run once per request, so :class:`RequestValidator` precomputes everything it can from
+the configuration and the success path is a couple of dict look-ups and tuple compares per
+input.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
+
+from tritonpy._errors import InvalidArgumentError
+
+__all__ = [
+    "RequestValidator",
+    "model_metadata",
+    "triton_type_name",
+    "validate_request",
+]
+
+WILDCARD_DIM = -1
+
+# DataType enum value → protocol name ("TYPE_FP32" → "FP32"); TYPE_STRING travels as BYTES.
+_TYPE_NAMES: dict[int, str] = {
+    value: ("BYTES" if name == "TYPE_STRING" else name[len("TYPE_"):])
+    for name, value in DataType.items()
+}
+
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension "
+    "to be prepended to each input shape. If you want to specify the full shape including "
+    "the batch dim in your input dims config, try setting max_batch_size to zero. See the "
+    "model configuration docs for more info on max_batch_size."
+)
+
+
+def triton_type_name(data_type_enum: int) -> str:
+    """The KServe/Triton protocol name of a ``DataType`` value.
+
+    ``TYPE_FP32`` → ``"FP32"``, ``TYPE_STRING`` → ``"BYTES"``; unknown → ``"INVALID"``.
+    """
+    return _TYPE_NAMES.get(int(data_type_enum), "INVALID")
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    # Triton's DimsListToString: no spaces.
+    return "[" + ",".join(str(int(d)) for d in dims) + "]"
+
+
+class _InputSpec(NamedTuple):
+    datatype: str
+    dims: tuple[int, ...]
+    # No wildcard in dims: the shape check is one tuple compare.
+    exact: bool
+
+
+class RequestValidator:
+    """Checks requests against one model configuration; build once per loaded config.
+
+    Args:
+        cfg: The normalised configuration. It must not be modified afterwards.
+        model_name: The name used in error messages.
+    """
+
+    __slots__ = ("model_name", "max_batch_size", "_specs", "_order", "_required", "_outputs")
+
+    def __init__(self, cfg: ModelConfig, model_name: str) -> None:
+        self.model_name = model_name
+        self.max_batch_size = int(cfg.max_batch_size)
+        self._specs: dict[str, _InputSpec] = {}
+        for io in cfg.input:
+            dims = tuple(int(d) for d in io.dims)
+            self._specs[io.name] = _InputSpec(
+                triton_type_name(io.data_type), dims, WILDCARD_DIM not in dims
+            )
+        self._order: tuple[str, ...] = tuple(io.name for io in cfg.input)
+        self._required: tuple[str, ...] = tuple(io.name for io in cfg.input if not io.optional)
+        self._outputs: frozenset[str] = frozenset(io.name for io in cfg.output)
+
+    def validate(
+        self,
+        inputs: Mapping[str, tuple[str, tuple[int, ...]]],
+        requested_outputs: Sequence[str] | None = None,
+        request_id: str = "",
+    ) -> None:
+        """Check one request.
+
+        Args:
+            inputs: Input name → ``(datatype, shape)``, the datatype a protocol name such as
+                ``"FP32"`` or ``"BYTES"``, the shape with the batch dimension when the model
+                batches.
+            requested_outputs: Output names asked for; ``None`` or empty means all.
+            request_id: The request's id, quoted in messages as Triton does.
+
+        Raises:
+            InvalidArgumentError: The first problem found, in Triton's words.
+        """
+        model = self.model_name
+        prefix = f"[request id: {request_id}] " if request_id else ""
+        if requested_outputs:
+            for name in requested_outputs:
+                if name not in self._outputs:
+                    raise InvalidArgumentError(
+                        f"{prefix}unexpected inference output '{name}' for model '{model}'"
+                    )
+        specs = self._specs
+        count = len(inputs)
+        if count > len(specs) or count < len(self._required):
+            raise self._count_error(inputs, prefix)
+        for name in inputs:
+            if name not in specs:
+                raise InvalidArgumentError(
+                    f"{prefix}unexpected inference input '{name}' for model '{model}'"
+                )
+        if count < len(specs) and any(r not in inputs for r in self._required):
+            # Reached when optional inputs stand in for a required one; Triton lets this
+            # through to the backend, we refuse it.
+            raise self._count_error(inputs, prefix)
+
+        max_batch = self.max_batch_size
+        if max_batch > 0:
+            batch: int | None = None
+            for name, (_, shape) in inputs.items():
+                if len(shape) == 0:
+                    raise InvalidArgumentError(
+                        f"{prefix}input '{name}' has no shape but model requires batch "
+                        f"dimension for '{model}'"
+                    )
+                if batch is None:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise InvalidArgumentError(
+                        f"{prefix}input '{name}' batch size does not match other inputs for "
+                        f"'{model}'"
+                    )
+            if batch is not None and not 1 <= batch <= max_batch:
+                raise self._batch_error(batch, inputs, prefix)
+
+        for name, (datatype, shape) in inputs.items():
+            spec = specs[name]
+            if datatype != spec.datatype:
+                raise InvalidArgumentError(
+                    f"{prefix}inference input '{name}' data-type is '{datatype}', but model "
+                    f"'{model}' expects '{spec.datatype}'"
+                )
+            dims = tuple(shape[1:]) if max_batch > 0 else tuple(shape)
+            if spec.exact and dims == spec.dims:
+                continue
+            self._check_shape(name, shape, dims, spec, prefix)
+
+    def _check_shape(
+        self, name: str, shape: Sequence[int], dims: tuple[int, ...], spec: _InputSpec,
+        prefix: str,
+    ) -> None:
+        if any(d < 0 for d in shape):
+            raise InvalidArgumentError(
+                f"{prefix}All input dimensions should be specified for input '{name}' for "
+                f"model '{self.model_name}', got {_dims_text(shape)}"
+            )
+        matches = len(dims) == len(spec.dims) and all(
+            c == WILDCARD_DIM or c == d for c, d in zip(spec.dims, dims, strict=True)
+        )
+        if matches:
+            return
+        expected = (WILDCARD_DIM, *spec.dims) if self.max_batch_size > 0 else spec.dims
+        note = f" {_BATCH_NOTE}" if self.max_batch_size > 0 else ""
+        raise InvalidArgumentError(
+            f"{prefix}unexpected shape for input '{name}' for model '{self.model_name}'. "
+            f"Expected {_dims_text(expected)}, got {_dims_text(shape)}.{note}"
+        )
+
+    def _batch_error(
+        self, batch: int, inputs: Mapping[str, tuple[str, tuple[int, ...]]], prefix: str
+    ) -> InvalidArgumentError:
+        model = self.model_name
+        if batch < 0:
+            name, (_, shape) = next(iter(inputs.items()))
+            return InvalidArgumentError(
+                f"{prefix}All input dimensions should be specified for input '{name}' for "
+                f"model '{model}', got {_dims_text(shape)}"
+            )
+        if batch == 0:
+            # Triton lets an empty batch through to the backend; we refuse it.
+            return InvalidArgumentError(
+                f"{prefix}inference request batch-size must be >= 1 for '{model}'"
+            )
+        return InvalidArgumentError(
+            f"{prefix}inference request batch-size must be <= {self.max_batch_size} for "
+            f"'{model}'"
+        )
+
+    def _count_error(
+        self, inputs: Mapping[str, Any], prefix: str
+    ) -> InvalidArgumentError:
+        missing = [n for n in self._required if n not in inputs]
+        got = "[" + ",".join(f"'{n}'" for n in inputs) + "]"
+        lacking = "[" + ",".join(f"'{n}'" for n in missing) + "]"
+        total, required = len(self._specs), len(self._required)
+        if total == required:
+            head = f"expected {total} inputs"
+        else:
+            head = f"expected number of inputs between {required} and {total}"
+        return InvalidArgumentError(
+            f"{prefix}{head} but got {len(inputs)} inputs for model '{self.model_name}'. "
+            f"Got inputs {got}, but missing required inputs {lacking}. Please provide all "
+            "required inputs."
+        )
+
+
+# Validators by id(cfg); the entry holds cfg itself, so the id cannot be reused while cached.
+_CACHE: dict[int, tuple[ModelConfig, str, RequestValidator]] = {}
+_CACHE_LIMIT = 512
+_CACHE_LOCK = threading.Lock()
+
+
+def validate_request(
+    cfg: ModelConfig,
+    model_name: str,
+    inputs: Mapping[str, tuple[str, tuple[int, ...]]],
+    requested_outputs: Sequence[str] | None,
+    request_id: str = "",
+) -> None:
+    """Check a request against ``cfg``; see :meth:`RequestValidator.validate`.
+
+    The validator for a configuration object is built on first use and cached by identity,
+    so a configuration must not be modified once requests are checked against it.
+
+    Raises:
+        InvalidArgumentError: The request does not fit the model.
+    """
+    entry = _CACHE.get(id(cfg))
+    if entry is None or entry[0] is not cfg or entry[1] != model_name:
+        validator = RequestValidator(cfg, model_name)
+        with _CACHE_LOCK:
+            if len(_CACHE) >= _CACHE_LIMIT:
+                _CACHE.clear()
+            _CACHE[id(cfg)] = (cfg, model_name, validator)
+    else:
+        validator = entry[2]
+    validator.validate(inputs, requested_outputs, request_id)
+
+
+def model_metadata(cfg: ModelConfig, model_name: str, versions: list[int]) -> dict[str, Any]:
+    """KServe v2 model metadata as Triton returns it.
+
+    Args:
+        cfg: The normalised configuration.
+        model_name: The model's name.
+        versions: The versions to list (Triton lists the loaded ones).
+
+    Returns:
+        ``{"name", "versions", "platform", "inputs", "outputs"}``; ``platform`` is the
+        config's platform or else its backend (``"python"``, ``"ensemble"``); each tensor is
+        ``{"name", "datatype", "shape"}`` with ``-1`` prepended when the model batches.
+    """
+    batching = cfg.max_batch_size > 0
+
+    def tensors(ios: Any) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": io.name,
+                "datatype": triton_type_name(io.data_type),
+                "shape": ([WILDCARD_DIM] if batching else []) + [int(d) for d in io.dims],
+            }
+            for io in ios
+        ]
+
+    return {
+        "name": model_name,
+        "versions": [str(v) for v in versions],
+        "platform": cfg.platform or cfg.backend,
+        "inputs": tensors(cfg.input),
+        "outputs": tensors(cfg.output),
+    }
