@@ -40,6 +40,7 @@ __all__ = [
     "numpy_dtype",
     "process_token",
     "serialize_bytes",
+    "socket_pair",
     "sweep_orphans",
     "triton_dtype_of",
 ]

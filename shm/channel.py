@@ -8,6 +8,7 @@ small flusher thread, and every frame read from the peer is validated before use
 """
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 from typing import Any, Callable
@@ -21,6 +22,10 @@ from .messages import Cmd, frame
 from .transport import Peer, TensorTransport
 
 FRAME_LIMIT = 60 * 1024
+# Release ids per RELEASE frame: small enough that a batch never spills into shm (the flusher
+# must not need pool space to give pool space back).
+RELEASE_BATCH = 8192
+logger = logging.getLogger(__name__)
 _KNOWN = frozenset(int(c) for c in Cmd)
 _packb = msgpack.packb
 
@@ -83,15 +88,17 @@ class Channel:
                         self._maintenance()
                     except ChannelClosedError:
                         return
+                    except Exception:  # keep flushing releases whatever maintenance does
+                        logger.exception("%s: maintenance failed", self.name)
                 continue
             if first is None or self.closed:
                 return
             ids = self.peer.take_owed(first)
-            if ids:
-                try:
-                    self.send(Cmd.RELEASE, 0, ids)
-                except ChannelClosedError:
-                    return
+            try:
+                for i in range(0, len(ids), RELEASE_BATCH):
+                    self.send(Cmd.RELEASE, 0, ids[i:i + RELEASE_BATCH])
+            except ChannelClosedError:
+                return
 
     # -- receiving ----------------------------------------------------------------------------
     def recv(self) -> list | None:
@@ -108,26 +115,28 @@ class Channel:
                 self.closed = True
                 return None
             self.frames_received += 1
+            if n == len(self._buf):  # SOCK_SEQPACKET cut a datagram longer than any we send
+                raise ProtocolError(f"{self.name}: frame of {n}+ bytes exceeds the frame limit")
             msg = self._parse(self._view[:n])
+            if msg[0] == Cmd.SPILL:
+                msg = self._unspill(msg[2])
             cmd = msg[0]
             if cmd == Cmd.RELEASE:
                 ids = msg[2]
-                if not isinstance(ids, list):
-                    raise ProtocolError("RELEASE body must be a list of ids")
+                if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
+                    raise ProtocolError(f"{self.name}: RELEASE body must be a list of ids")
                 self.peer.release(ids)
                 continue
-            if cmd == Cmd.SPILL:
-                msg = self._unspill(msg[2])
-            if msg[0] == Cmd.DROPPED and isinstance(msg[2], list):
+            if cmd == Cmd.DROPPED and isinstance(msg[2], list):
                 for name in msg[2]:
                     if isinstance(name, str):
-                        self.transport.segments.forget(name)
+                        self.transport.segments.forget(name, owned=False)
             return msg
 
     def _parse(self, data: Any) -> list:
         try:
-            msg = msgpack.unpackb(data, raw=False, strict_map_key=False,
-                                  max_buffer_size=1 << 40)
+            # unpackb bounds every str/bin/array/map length by the frame's own size.
+            msg = msgpack.unpackb(data, raw=False, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"{self.name}: undecodable frame ({exc})") from None
         if not (isinstance(msg, list) and len(msg) == 3 and isinstance(msg[0], int)

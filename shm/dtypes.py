@@ -64,8 +64,17 @@ def _as_bytes(x: Any) -> bytes:
     return str(x).encode("utf-8")
 
 
+_LEN = struct.Struct("<I").pack
+_MAX_ELEMENT = (1 << 32) - 1
+
+
 def serialize_bytes(arr: np.ndarray) -> bytes:
-    """Encode an array of bytes/str in Triton's length-prefixed layout (C order)."""
+    """Encode an array of bytes/str in Triton's length-prefixed layout (C order).
+
+    Time and memory stay linear in the payload: equal-length elements (the common case) are
+    laid out by numpy in one pass; otherwise many small elements are scattered through a byte
+    mask and large ones joined, never through per-byte index arrays.
+    """
     flat = np.asarray(arr).ravel(order="C")
     if flat.size == 0:
         return b""
@@ -73,21 +82,33 @@ def serialize_bytes(arr: np.ndarray) -> bytes:
         items = flat.tolist()
     else:
         items = [_as_bytes(x) for x in flat.tolist()]
-    lengths = np.fromiter(map(len, items), dtype=np.int64, count=len(items))
-    data = np.frombuffer(b"".join(items), dtype=np.uint8)
     n = len(items)
+    lengths = np.fromiter(map(len, items), dtype=np.int64, count=n)
+    payload = int(lengths.sum())
+    if int(lengths.max()) > _MAX_ELEMENT:
+        raise ValueError("a BYTES element is 4 GiB or larger; Triton's layout cannot hold it")
+    first = int(lengths[0])
+    if first < 1024 and bool(np.all(lengths == first)):
+        out = np.empty((n, first + 4), dtype=np.uint8)
+        out[:, :4] = np.frombuffer(_LEN(first), dtype=np.uint8)
+        if first:
+            out[:, 4:] = np.frombuffer(b"".join(items), dtype=np.uint8).reshape(n, first)
+        return out.tobytes()
+    if payload >= 64 * n:
+        parts: list[bytes] = []
+        extend = parts.extend
+        for x in items:
+            extend((_LEN(len(x)), x))
+        return b"".join(parts)
+    # Many small elements of mixed lengths: write the prefixes by index, the payload by mask.
     starts = np.zeros(n, dtype=np.int64)
-    if n > 1:
-        np.cumsum(lengths[:-1] + 4, out=starts[1:])
-    out = np.empty(int(lengths.sum()) + 4 * n, dtype=np.uint8)
-    le = lengths.astype("<u4").view(np.uint8).reshape(n, 4)
-    for k in range(4):
-        out[starts + k] = le[:, k]
-    if data.size:
-        # Destination of every payload byte: its element's start + 4 + its index inside it.
-        elem_of_byte = np.repeat(np.arange(n), lengths)
-        within = np.arange(data.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        out[starts[elem_of_byte] + 4 + within] = data
+    np.cumsum(lengths[:-1] + 4, out=starts[1:])
+    prefix_at = (starts[:, None] + np.arange(4)).ravel()
+    out = np.empty(payload + 4 * n, dtype=np.uint8)
+    out[prefix_at] = lengths.astype("<u4").view(np.uint8)
+    is_payload = np.ones(out.size, dtype=np.bool_)
+    is_payload[prefix_at] = False
+    out[is_payload] = np.frombuffer(b"".join(items), dtype=np.uint8)
     return out.tobytes()
 
 
@@ -100,7 +121,11 @@ def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = 
     mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else memoryview(buf.view(np.uint8))
     total = len(mv)
     if total == 0:
+        if count:
+            raise ProtocolError(f"BYTES tensor holds 0 elements, expected {count}")
         return np.empty(0, dtype=object)
+    if total < 4:
+        raise ProtocolError("truncated BYTES tensor: a length prefix is cut short")
     (first,) = struct.unpack_from("<I", mv, 0)
     stride = first + 4
     if total % stride == 0 and (count is None or count == total // stride):

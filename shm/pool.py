@@ -48,9 +48,12 @@ class _Arena:
         return -1
 
     def release(self, off: int, n: int) -> None:
+        # Both lists are made before the index is computed: making one may run the cyclic GC,
+        # whose finalizers may free (re-entrantly) into this very list.
+        key, item = [off, 0], [off, n]
         self.used -= n
         free = self.free
-        i = bisect.bisect_left(free, [off, 0])
+        i = bisect.bisect_left(free, key)
         if i > 0 and free[i - 1][0] + free[i - 1][1] == off:
             free[i - 1][1] += n
             if i < len(free) and free[i - 1][0] + free[i - 1][1] == free[i][0]:
@@ -60,7 +63,7 @@ class _Arena:
             free[i][0] = off
             free[i][1] += n
         else:
-            free.insert(i, [off, n])
+            free.insert(i, item)
         if self.used == 0:
             self.idle_since = time.monotonic()
 
@@ -81,10 +84,13 @@ class SegmentMap:
 
     def add(self, seg: Segment) -> None:
         with self._lock:
-            self._by_name[seg.name] = seg
-            i = bisect.bisect_left(self._bases, seg.base)
-            self._bases.insert(i, seg.base)
-            self._segs.insert(i, seg)
+            self._add_locked(seg)
+
+    def _add_locked(self, seg: Segment) -> None:
+        self._by_name[seg.name] = seg
+        i = bisect.bisect_left(self._bases, seg.base)
+        self._bases.insert(i, seg.base)
+        self._segs.insert(i, seg)
 
     def get(self, name: str) -> Segment:
         """The mapping of ``name``, attaching it on first use."""
@@ -92,17 +98,23 @@ class SegmentMap:
         if seg is None:
             with self._lock:
                 seg = self._by_name.get(name)
-            if seg is None:
-                seg = Segment.attach(name, self.directory)
-                self.add(seg)
+                if seg is None:
+                    # Attached under the lock so two threads never map (and index) it twice.
+                    seg = Segment.attach(name, self.directory)
+                    self._add_locked(seg)
         return seg
 
-    def forget(self, name: str) -> None:
-        """Drop a peer's segment (it was unlinked); unmap it now or when its last view dies."""
+    def forget(self, name: str, owned: bool = True) -> None:
+        """Drop a peer's segment (it was unlinked); unmap it now or when its last view dies.
+
+        With ``owned=False`` a segment this process created is left alone: a peer's DROPPED
+        message must never unmap memory our own pool still carves blocks from.
+        """
         with self._lock:
-            seg = self._by_name.pop(name, None)
-            if seg is None:
+            seg = self._by_name.get(name)
+            if seg is None or (seg.owner and not owned):
                 return
+            del self._by_name[name]
             i = self._segs.index(seg)
             del self._segs[i]
             del self._bases[i]
@@ -160,7 +172,9 @@ class Pool:
         self._arenas: list[_Arena] = []
         self._by_name: dict[str, _Arena] = {}
         self._counter = 0
-        self._lock = threading.Lock()
+        # Re-entrant: a block's finalizer (-> free) can run inside any allocation made while
+        # the lock is held, when the cyclic GC happens to collect an array there.
+        self._lock = threading.RLock()
         self._closed = False
         self.peak_bytes = 0
         self.dropped: list[str] = []  # unlinked names not yet told to peers (take_dropped)
@@ -236,7 +250,9 @@ class Pool:
     def _reap_locked(self, force: bool = False) -> list[str]:
         now = time.monotonic()
         gone = []
-        for arena in list(self._arenas[1:] if not force else self._arenas):
+        # The first segment is kept warm, unless it is a big tensor's own segment.
+        keep_first = not force and bool(self._arenas) and not self._arenas[0].dedicated
+        for arena in list(self._arenas[1:] if keep_first else self._arenas):
             if arena.used == 0 and (force or now - arena.idle_since >= self.idle_seconds):
                 self._arenas.remove(arena)
                 del self._by_name[arena.seg.name]

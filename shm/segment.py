@@ -20,7 +20,8 @@ from ._errors import ProtocolError, ShmError, ShmExhaustedError
 
 PAGE = mmap.PAGESIZE
 SHM_DIR = "/dev/shm"
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+# No '/', and no leading '.': a peer must not make us open ".", ".." or a path.
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,199}$")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
@@ -99,11 +100,17 @@ class Segment:
             fd = _open(name, directory, create=False)
         except (posix_ipc.ExistentialError, FileNotFoundError):
             raise ProtocolError(f"shared-memory segment {name} does not exist") from None
+        except (posix_ipc.Error, OSError, ValueError) as exc:
+            # A name from a peer that we may not open (permissions, a directory ...).
+            raise ProtocolError(f"cannot open shared-memory segment {name}: {exc}") from None
         try:
             size = os.fstat(fd).st_size
             if size <= 0:
                 raise ProtocolError(f"shared-memory segment {name} is empty")
-            mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            try:
+                mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
+            except OSError as exc:
+                raise ProtocolError(f"cannot map shared-memory segment {name}: {exc}") from None
         finally:
             os.close(fd)
         return cls(name, size, mm, False, directory)

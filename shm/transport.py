@@ -104,7 +104,8 @@ class TensorTransport:
             block = self.pool.new_array(np.uint8, (len(data),))
             block[:] = np.frombuffer(data, np.uint8)
             self.copies += len(data)
-            return [name, dt, shape, self._handle(block, peer)]
+            seg, off = self.segments.locate(block)  # type: ignore[misc]
+            return [name, dt, shape, [seg.name, off, block.nbytes, peer.export(block)]]
         if arr.nbytes <= self.inline_limit:
             return [name, dt, shape, arr.tobytes()]
         return [name, dt, shape, self._handle(arr, peer)]
@@ -141,6 +142,8 @@ class TensorTransport:
             count *= d
         if count > MAX_ELEMENTS:
             raise ProtocolError(f"tensor {name!r} is too large: {count} elements")
+        if dt not in ITEMSIZE:  # wire names are canonical: no TYPE_ prefix, no STRING
+            raise ProtocolError(f"tensor {name!r}: unknown or unsupported data type {dt!r}")
         npdt = numpy_dtype(dt)
         if isinstance(data, bytes):
             if dt == "BYTES":
@@ -158,7 +161,11 @@ class TensorTransport:
         seg_name, off, nbytes, eid = data
         if not (isinstance(off, int) and isinstance(nbytes, int) and isinstance(eid, int)):
             raise ProtocolError(f"malformed handle for tensor {name!r}")
-        seg = self.segments.get(seg_name)
+        try:
+            seg = self.segments.get(seg_name)
+        except ProtocolError:
+            peer.owe_release(eid)
+            raise
         if off < 0 or nbytes < 0 or off + nbytes > seg.size:
             peer.owe_release(eid)
             raise ProtocolError(

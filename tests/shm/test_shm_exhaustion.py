@@ -1,0 +1,108 @@
+"""A full /dev/shm or a pool cap gives ShmExhaustedError on that allocation, never SIGBUS."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from _helpers import MiB
+
+from tritonpy.shm import Pool, ShmExhaustedError
+
+# Runs inside a private mount namespace whose /dev/shm is an 8 MiB tmpfs.
+_IN_NAMESPACE = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from tritonpy.shm import Pool, ShmExhaustedError
+    MiB = 1 << 20
+    out = {}
+    pool = Pool(prefix=sys.argv[1], default_size=MiB, growth_size=MiB)
+    first = pool.new_array(np.uint8, (4096,))
+    first[:] = 1
+    try:
+        pool.new_array(np.uint8, (16 * MiB,))
+    except ShmExhaustedError as exc:
+        out["big"] = {"asked": exc.asked, "free": exc.free, "msg": str(exc)}
+    blocks = []
+    try:
+        while True:
+            b = pool.new_array(np.uint8, (MiB // 2,))
+            b[:] = 7  # touch every page: a reservation that lied would SIGBUS here
+            blocks.append(b)
+    except ShmExhaustedError as exc:
+        out["fill"] = {"asked": exc.asked, "free": exc.free, "msg": str(exc),
+                       "held": sum(b.nbytes for b in blocks)}
+    smalls = []
+    for i in range(200):  # small blocks still come out of the segments we have
+        s = pool.new_array(np.uint8, (1000,))
+        s[:] = i % 256
+        smalls.append(s)
+    out["smalls_ok"] = all(int(s[0]) == i % 256 for i, s in enumerate(smalls))
+    del blocks, smalls
+    out["after_free"] = pool.new_array(np.uint8, (MiB // 2,)).nbytes
+    pool.close()
+    print(json.dumps(out))
+""")
+
+
+def _namespace_unavailable() -> str | None:
+    if shutil.which("unshare") is None:
+        return "unshare(1) is not installed"
+    probe = subprocess.run(
+        ["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=8m tmpfs /dev/shm"],
+        capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        return f"cannot mount a private /dev/shm here: {probe.stderr.strip() or probe.returncode}"
+    return None
+
+
+@pytest.mark.slow
+def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
+    reason = _namespace_unavailable()
+    if reason:
+        pytest.skip(reason)
+    script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && "
+              'exec "$0" -c "$1" "$2"')
+    proc = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, sys.executable, _IN_NAMESPACE, shm_prefix],
+        capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"rc={proc.returncode} (SIGBUS is -7): {proc.stderr}"
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    big = out["big"]
+    assert big["asked"] == 16 * MiB and 0 < big["free"] <= 8 * MiB
+    assert f"asked for {16 * MiB} bytes" in big["msg"] and f"{big['free']} bytes free" in big["msg"]
+    fill = out["fill"]
+    assert fill["asked"] == MiB and fill["free"] < MiB
+    assert f"{fill['free']} bytes free" in fill["msg"]
+    assert 4 * MiB <= fill["held"] <= 8 * MiB
+    assert out["smalls_ok"] and out["after_free"] == MiB // 2
+
+
+def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
+    pool = Pool(prefix=shm_prefix, default_size=MiB, growth_size=MiB, cap=4 * MiB)
+    try:
+        blocks = [pool.new_array(np.uint8, (MiB,)) for _ in range(4)]
+        with pytest.raises(ShmExhaustedError) as info:
+            pool.new_array(np.uint8, (1,))
+        assert info.value.asked == MiB and info.value.free == 0
+        assert "pool cap" in str(info.value) and f"asked for {MiB} bytes" in str(info.value)
+        with pytest.raises(MemoryError):  # callers that only know builtins catch it too
+            pool.new_array(np.uint8, (8 * MiB,))
+        assert pool.usage()["mapped_bytes"] == 4 * MiB
+
+        del blocks[1:]  # three segments go idle: the cap reaps them for a bigger block
+        big = pool.new_array(np.uint8, (3 * MiB,))
+        assert pool.usage()["mapped_bytes"] == 4 * MiB
+        assert len(pool.take_dropped()) == 3
+        with pytest.raises(ShmExhaustedError) as info:
+            pool.new_array(np.uint8, (2 * MiB,))
+        assert info.value.asked == 2 * MiB and info.value.free == 0
+        del big, blocks
+        small = pool.new_array(np.uint8, (100,))  # and it goes on
+        assert small.nbytes == 100
+    finally:
+        pool.close()
