@@ -14,6 +14,7 @@ import collections
 import importlib.util
 import inspect
 import itertools
+import logging
 import os
 import queue
 import sys
@@ -126,6 +127,9 @@ class StubRuntime:
     # for _TAKEOVER_S, then takes it, so pings and cancels are read during long executes.
     def run(self) -> int:
         pb_utils._set_runtime(self)
+        # Python logging in model.py: a record that finds no handler (the model configured
+        # none) reaches the host log at its own level instead of stderr's WARNING-only default.
+        logging.lastResort = _LogForwarder(self)
         self.channel.send(Cmd.HELLO, 0, {"version": PROTOCOL_VERSION, "pid": os.getpid()})
         other = threading.Thread(target=self._worker, name="stub-worker", daemon=True)
         other.start()
@@ -635,6 +639,27 @@ class _AsyncResponseIterator:
     def cancel(self) -> None:
         if not self._done:
             self._rt.cancel_call(self._call_id)
+
+
+class _LogForwarder(logging.Handler):
+    """Sends Python logging records to the host as LOG frames (installed as lastResort)."""
+
+    def __init__(self, rt: StubRuntime) -> None:
+        super().__init__(logging.NOTSET)
+        self._rt = rt
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = self.format(record)
+            if record.name != "root":
+                msg = f"{record.name}: {msg}"
+            # pb_utils.LogLevel: INFO 0, WARNING 1, ERROR 2, VERBOSE 3
+            n = record.levelno
+            level = (2 if n >= logging.ERROR else 1 if n >= logging.WARNING
+                     else 0 if n >= logging.INFO else 3)
+            self._rt.log(level, msg)
+        except Exception:
+            self.handleError(record)
 
 
 def _error_body(code: str, message: str) -> dict[str, str]:

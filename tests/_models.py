@@ -1,0 +1,140 @@
+"""Model repositories generated into tmp directories, and a server around them for tests.
+
+``write_model(repo, name, model_py, config)`` writes ``<repo>/<name>/config.pbtxt`` and
+``<repo>/<name>/<version>/model.py``; ``serving(repo, prefix)`` is a started
+``tritonpy.Server`` that always uses the given shm prefix and, when it stops, is checked for
+leftovers: no stub process and no segment of the prefix may survive it.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+import psutil
+
+import tritonpy
+
+# One small model body used by many tests: OUT = IN * 2 for FP32 IN (any shape).
+DOUBLE_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", x * 2)], parameters={"instance": self.instance}))
+        return out
+"""
+
+
+def io_config(max_batch_size: int = 0, dims: str = "[ -1 ]", extra: str = "",
+              in_type: str = "TYPE_FP32", out_type: str = "TYPE_FP32") -> str:
+    """A config.pbtxt body with FP32 ``IN`` and ``OUT`` (no name: the directory names it)."""
+    return (f'backend: "python"\nmax_batch_size: {max_batch_size}\n'
+            f'input [ {{ name: "IN", data_type: {in_type}, dims: {dims} }} ]\n'
+            f'output [ {{ name: "OUT", data_type: {out_type}, dims: {dims} }} ]\n{extra}')
+
+
+def write_model(repo: str | os.PathLike[str], name: str, model_py: str = DOUBLE_PY,
+                config: str | None = None, versions: tuple[int, ...] = (1,),
+                files: Mapping[str, str] | None = None,
+                filename: str = "model.py") -> Path:
+    """Write one model; ``config=None`` writes :func:`io_config`, ``""`` writes none at all.
+
+    ``files`` are extra files per version directory (relative name -> text).
+    """
+    mdir = Path(repo) / name
+    mdir.mkdir(parents=True, exist_ok=True)
+    if config is None:
+        config = io_config()
+    if config != "":
+        (mdir / "config.pbtxt").write_text(textwrap.dedent(config))
+    for v in versions:
+        vdir = mdir / str(v)
+        vdir.mkdir(exist_ok=True)
+        (vdir / filename).write_text(textwrap.dedent(model_py))
+        for rel, text in (files or {}).items():
+            p = vdir / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(textwrap.dedent(text))
+    return mdir
+
+
+def new_prefix() -> str:
+    """An shm prefix for a server shared by a module's tests (``tpytm<hex>_``)."""
+    return f"tpytm{secrets.token_hex(4)}_"
+
+
+def segments(prefix: str) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+    except OSError:
+        return []
+
+
+def stub_processes() -> list[psutil.Process]:
+    """Live (non-zombie) stub processes that are children of this test process."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and "tritonpy.stub" in child.cmdline():
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until truthy or ``timeout``; its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def assert_clean(prefix: str, before: set[int] | None = None) -> None:
+    """No stub process (other than the pids in ``before``) and no segment of ``prefix``."""
+    left = wait_for(lambda: not [p for p in stub_processes() if p.pid not in (before or set())],
+                    timeout=5.0)
+    assert left, f"stub processes left: {[p.cmdline() for p in stub_processes()]}"
+    assert wait_for(lambda: not segments(prefix), timeout=2.0), \
+        f"segments left: {segments(prefix)}"
+
+
+@contextlib.contextmanager
+def serving(repo: str | os.PathLike[str], prefix: str, **kwargs: Any) -> Iterator[tritonpy.Server]:
+    """A started server on ``repo`` with shm prefix ``prefix``; checked for leftovers after."""
+    backend = dict(kwargs.pop("backend_config", None) or {})
+    backend["shm-region-prefix-name"] = prefix
+    before = {p.pid for p in stub_processes()}
+    server = tritonpy.Server(os.fspath(repo), backend_config=backend, **kwargs)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+    assert_clean(prefix, before)
+
+
+def infer(model: tritonpy.Model, inputs: Mapping[str, Any], wait: float = 30.0,
+          **kwargs: Any) -> tritonpy.InferenceResponse:
+    """The one response of a default-mode request (waits at most ``wait`` seconds)."""
+    stream = model.infer(inputs, **kwargs)
+    return stream.get(timeout=wait)
+
+
+def fp32(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
