@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tritonpy.shm.dtypes import deserialize_bytes, serialize_bytes
+from tritonpy.shm.dtypes import deserialize_bytes as _deserialize_bytes
+from tritonpy.shm.dtypes import serialize_bytes as _serialize_bytes
 
 from ._pbconfig import ModelConfig
 from ._pberrors import TritonError, TritonModelException
@@ -293,14 +294,14 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
         return ()
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
-    return np.frombuffer(serialize_bytes(input_tensor), dtype=np.uint8)
+    return np.frombuffer(_serialize_bytes(input_tensor), dtype=np.uint8)
 
 
 def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     """A 1-D object array of ``bytes`` from Triton's length-prefixed layout."""
     if isinstance(encoded_tensor, np.ndarray):
         encoded_tensor = encoded_tensor.tobytes()
-    return deserialize_bytes(encoded_tensor)
+    return _deserialize_bytes(encoded_tensor)
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:

@@ -185,6 +185,12 @@ class TritonPythonModel:
     def op_args(self, request, params):
         return pb_utils.InferenceResponse([], parameters={"args": json.dumps(self.args)})
 
+    def op_module(self, request, params):
+        import tritonpy.stub.pb_utils as real
+        return pb_utils.InferenceResponse([], parameters={
+            "same": sys.modules["triton_python_backend_utils"] is real and pb_utils is real,
+            "all": json.dumps(sorted(pb_utils.__all__))})
+
     def op_helper(self, request, params):
         return pb_utils.InferenceResponse([], parameters={"helper": probe_helper.value()})
 
@@ -387,6 +393,14 @@ def test_config_helpers(probe):
     assert p["no_input"] is True and p["no_output"] is True
     assert p["decoupled"] is False and p["decoupled_true"] is True
     assert p["greeting"] == "hello"
+
+
+def test_stub_installs_pb_utils_under_triton_name(probe):
+    from test_pb_utils_exports import EXPECTED
+
+    p = call(probe, "module").parameters
+    assert p["same"] is True
+    assert json.loads(p["all"]) == EXPECTED
 
 
 def test_other_files_in_version_dir_are_importable(probe):
