@@ -1,0 +1,80 @@
+"""BLS round-trip probe used by benchmarks/bls_bench.py.
+
+The timing is taken with ``time.perf_counter`` inside ``execute`` around the whole loop, so
+the figure is the cost of one BLS call (request out, identity's execute, response back) as a
+model sees it, free of the client's HTTP overhead. Only documented ``pb_utils`` calls are
+used so that the same file runs on the real Triton and on tritonpy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+TARGET = "identity"
+IN_FLIGHT = 8  # async mode: calls awaited together by one asyncio.gather
+
+
+def _scalar(request: Any, name: str) -> int:
+    return int(pb_utils.get_input_tensor_by_name(request, name).as_numpy().reshape(-1)[0])
+
+
+def _check(response: Any) -> None:
+    if response.has_error():
+        raise pb_utils.TritonModelException(response.error().message())
+
+
+class TritonPythonModel:
+    """Loop BLS calls to ``identity`` and report mean µs per call."""
+
+    async def execute(self, requests: list[Any]) -> list[Any]:
+        """``async def`` so that MODE 1 may await ``async_exec``; MODE 0 never awaits."""
+        responses = []
+        for request in requests:
+            try:
+                per_call_us = await self._run(
+                    _scalar(request, "SIZE"), _scalar(request, "ITERS"), _scalar(request, "MODE")
+                )
+            except pb_utils.TritonModelException as exc:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))))
+                continue
+            out = pb_utils.Tensor("OUTPUT", np.array([per_call_us], dtype=np.float64))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+        return responses
+
+    async def _run(self, size: int, iters: int, mode: int) -> float:
+        if size < 0 or iters < 1 or mode not in (0, 1):
+            raise pb_utils.TritonModelException(f"bad SIZE={size} ITERS={iters} MODE={mode}")
+        # The tensor is built once: the loop measures transport, not allocation.
+        tensor = pb_utils.Tensor("INPUT0", np.ones(size, dtype=np.uint8))
+
+        def make_request() -> Any:
+            return pb_utils.InferenceRequest(
+                model_name=TARGET, requested_output_names=["OUTPUT0"], inputs=[tensor]
+            )
+
+        # One untimed call checks the output size (done once: reading the output is not
+        # part of what is measured) and warms up the target and both pools.
+        first = make_request().exec()
+        _check(first)
+        got = pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().nbytes
+        if got != size:
+            raise pb_utils.TritonModelException(f"identity returned {got} bytes, sent {size}")
+        del first
+
+        start = time.perf_counter()
+        if mode == 0:
+            for _ in range(iters):
+                _check(make_request().exec())
+        else:
+            done = 0
+            while done < iters:
+                batch = min(IN_FLIGHT, iters - done)
+                for response in await asyncio.gather(*(make_request().async_exec() for _ in range(batch))):
+                    _check(response)
+                done += batch
+        return (time.perf_counter() - start) / iters * 1e6

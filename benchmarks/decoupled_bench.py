@@ -1,0 +1,119 @@
+"""Decoupled streaming through BLS, side by side: real Triton vs tritonpy.
+
+``decoupled_loop`` issues one ``exec(decoupled=True)`` to ``repeat_decoupled`` and drains the
+stream; the rate is timed inside its execute. Two figures per server: responses/s for 1,000
+tiny (16-byte) responses, and MB/s (1 MB = 1e6 bytes) for 1 MiB responses. Each is the median
+of several calls.
+
+Usage: python benchmarks/decoupled_bench.py [--quick] [--only triton|tritonpy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+
+import numpy as np
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from _limits import MIB, print_table
+from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
+
+log = logging.getLogger("decoupled_bench")
+
+TINY = 16
+TINY_COUNT = 1000
+MEASURES = ("tiny responses/s", "1 MiB responses MB/s")
+
+
+def decoupled_loop(client: httpclient.InferenceServerClient, count: int, size: int) -> tuple[float, float]:
+    """One drained stream of ``count`` responses of ``size`` bytes: (responses/s, MB/s)."""
+    inputs = []
+    for name, value in (("COUNT", count), ("SIZE", size)):
+        tensor = httpclient.InferInput(name, [1], "INT64")
+        tensor.set_data_from_numpy(np.array([value], dtype=np.int64))
+        inputs.append(tensor)
+    result = client.infer("decoupled_loop", inputs)
+    return float(result.as_numpy("RESPONSES_PER_S")[0]), float(result.as_numpy("MB_PER_S")[0])
+
+
+def run_server(server: _Server, repeats: int, seconds: float) -> dict[str, float | str]:
+    """Both measures on one server; a failing measure becomes its error text."""
+    results: dict[str, float | str] = {}
+    client = httpclient.InferenceServerClient(server.http_url, network_timeout=600.0)
+    try:
+        try:
+            decoupled_loop(client, 100, TINY)  # warm-up, untimed
+            samples = [decoupled_loop(client, TINY_COUNT, TINY)[0] for _ in range(repeats)]
+            log.info("tiny: %s responses/s", [round(s) for s in samples])
+            results[MEASURES[0]] = statistics.median(samples)
+        except InferenceServerException as exc:
+            results[MEASURES[0]] = str(exc)
+        try:
+            # Size the stream so that one call lasts about ``seconds``.
+            rate = decoupled_loop(client, 16, MIB)[0]
+            count = max(16, int(rate * seconds))
+            samples = [decoupled_loop(client, count, MIB)[1] for _ in range(repeats)]
+            log.info("1 MiB x %d: %s MB/s", count, [round(s) for s in samples])
+            results[MEASURES[1]] = statistics.median(samples)
+        except InferenceServerException as exc:
+            results[MEASURES[1]] = str(exc)
+    finally:
+        client.close()  # an open connection delays the real Triton's shutdown
+    return results
+
+
+def report(results: dict[str, dict[str, float | str]]) -> None:
+    """Print the side-by-side table and any errors under it."""
+    labels = list(results)
+    anchors = [label for label in labels if label != "tritonpy"]
+    header = ["measure", *labels]
+    if "tritonpy" in results:
+        header += [f"speedup vs {a}" for a in anchors]
+    rows, errors = [], []
+    for m in MEASURES:
+        row: list[object] = [m]
+        for label in labels:
+            v = results[label][m]
+            if isinstance(v, float):
+                row.append(f"{v:,.0f}")
+            else:
+                row.append("error")
+                errors.append(f"{label} {m}: {v}")
+        if "tritonpy" in results:
+            mine = results["tritonpy"][m]
+            for a in anchors:
+                t = results[a][m]
+                row.append(f"{mine / t:.2f}×" if isinstance(mine, float) and isinstance(t, float) else "—")
+        rows.append(row)
+    print_table(
+        f"Decoupled stream via BLS exec(decoupled=True): {TINY_COUNT:,} responses of {TINY} B, "
+        "and 1 MiB responses (1 MB = 1e6 B; speedup = tritonpy / anchor)",
+        header,
+        rows,
+    )
+    for line in errors:
+        print(line)
+
+
+def main() -> None:
+    """Parse flags, run every available server, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats, short 1 MiB streams")
+    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    repeats, seconds = (3, 0.1) if args.quick else (5, 0.4)
+    results = run_on_each(server_specs(args.only), BENCH_MODELS, lambda s: run_server(s, repeats, seconds))
+    if results:
+        report(results)
+
+
+if __name__ == "__main__":
+    main()

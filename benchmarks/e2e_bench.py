@@ -1,0 +1,179 @@
+"""End-to-end inference, side by side: real Triton vs tritonpy, over HTTP and gRPC.
+
+``identity_fp32`` with a 4 KiB tensor (1,024 FP32), sent by tritonclient's sync clients: one
+thread and one client per concurrency slot, each sending its next request as soon as the
+last one is answered. Reported: infer/s over the timed window (after a warm-up), and the p50
+and p99 latency of the requests in it. The client runs on the same two CPUs as the server,
+for both servers alike.
+
+Usage: python benchmarks/e2e_bench.py [--quick] [--only triton|tritonpy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from _limits import print_table
+from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
+
+log = logging.getLogger("e2e_bench")
+
+MODEL = "identity_fp32"
+CONCURRENCY = (1, 4, 16)
+PROTOCOLS = ("HTTP", "gRPC")
+
+
+@dataclass
+class Result:
+    """One point: throughput and latency percentiles."""
+
+    infer_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+def _client(protocol: str, server: _Server) -> tuple[Any, list[Any], list[Any]]:
+    """A client with its inputs and requested outputs built once (not part of the timing)."""
+    mod: Any = httpclient if protocol == "HTTP" else grpcclient
+    data = np.random.default_rng(0).random(1024, dtype=np.float32)
+    if protocol == "HTTP":
+        client = httpclient.InferenceServerClient(server.http_url, concurrency=1, network_timeout=60.0)
+    else:
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+    inp = mod.InferInput("INPUT0", [1024], "FP32")
+    inp.set_data_from_numpy(data)  # binary tensor data over HTTP (tritonclient's default)
+    out = mod.InferRequestedOutput("OUTPUT0")
+    return client, [inp], [out]
+
+
+def measure(server: _Server, protocol: str, concurrency: int, warmup: float, duration: float) -> Result:
+    """Run ``concurrency`` closed-loop client threads; time the window after the warm-up."""
+    # The first client answers once, outside the timing, to check the output.
+    client, inputs, outputs = _client(protocol, server)
+    try:
+        if client.infer(MODEL, inputs, outputs=outputs).as_numpy("OUTPUT0").nbytes != 4096:
+            raise RuntimeError(f"{MODEL} returned a wrong-sized output")
+    finally:
+        client.close()
+    # Two rendezvous: every client built, then the window is fixed and all threads go.
+    built, go = threading.Barrier(concurrency + 1), threading.Barrier(concurrency + 1)
+    per_thread: list[list[tuple[float, float]]] = [[] for _ in range(concurrency)]
+    errors: list[BaseException] = []
+    window: list[float] = []
+
+    def worker(i: int) -> None:
+        # Each thread builds its own client: the HTTP client is gevent-based, and a gevent
+        # hub belongs to the thread that created it.
+        try:
+            client, inputs, outputs = _client(protocol, server)
+        except BaseException as exc:
+            errors.append(exc)
+            built.abort()
+            return
+        samples = per_thread[i]
+        try:
+            built.wait()
+            go.wait()
+            stop = window[1]
+            while True:
+                t0 = time.perf_counter()
+                if t0 >= stop:
+                    return
+                client.infer(MODEL, inputs, outputs=outputs)
+                samples.append((t0, time.perf_counter() - t0))
+        except BaseException as exc:  # reported by the main thread after join
+            errors.append(exc)
+        finally:
+            client.close()  # an open connection delays the real Triton's shutdown
+
+    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
+    for t in threads:
+        t.start()
+    try:
+        built.wait()
+        start = time.perf_counter()
+        window.extend([start + warmup, start + warmup + duration])
+        go.wait()
+    except threading.BrokenBarrierError:
+        go.abort()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    # Requests started inside the window; the last few end just after it, which the count
+    # over the window's length absorbs.
+    lat = np.array([d for s in per_thread for (t0, d) in s if window[0] <= t0 < window[1]])
+    return Result(len(lat) / duration, float(np.percentile(lat, 50)) * 1e3, float(np.percentile(lat, 99)) * 1e3)
+
+
+def run_server(server: _Server, warmup: float, duration: float) -> dict[tuple[str, int], Result]:
+    """Every protocol × concurrency point on one server."""
+    results = {}
+    for protocol in PROTOCOLS:
+        for c in CONCURRENCY:
+            results[(protocol, c)] = r = measure(server, protocol, c, warmup, duration)
+            log.info("%s c=%d: %.0f infer/s p50 %.2f ms p99 %.2f ms", protocol, c, r.infer_per_s, r.p50_ms, r.p99_ms)
+    return results
+
+
+def report(results: dict[str, dict[tuple[str, int], Result]]) -> None:
+    """Print the side-by-side table with tritonpy's speedup over each anchor column."""
+    labels = list(results)
+    header = ["protocol", "concurrency"]
+    for label in labels:
+        header += [f"{label} infer/s", f"{label} p50 ms", f"{label} p99 ms"]
+    anchors = [label for label in labels if label != "tritonpy"]
+    if "tritonpy" in results:
+        header += [f"speedup vs {a}" for a in anchors]
+    rows = []
+    for protocol in PROTOCOLS:
+        for c in CONCURRENCY:
+            row: list[object] = [protocol, c]
+            for label in labels:
+                r = results[label][(protocol, c)]
+                row += [f"{r.infer_per_s:,.0f}", f"{r.p50_ms:.2f}", f"{r.p99_ms:.2f}"]
+            if "tritonpy" in results:
+                mine = results["tritonpy"][(protocol, c)].infer_per_s
+                row += [f"{mine / results[a][(protocol, c)].infer_per_s:.2f}×" for a in anchors]
+            rows.append(row)
+    print_table(
+        f"End-to-end {MODEL}, 4 KiB tensor, tritonclient sync clients "
+        "(speedup = tritonpy infer/s / anchor infer/s)",
+        header,
+        rows,
+    )
+
+
+def main() -> None:
+    """Parse flags, run every available server, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="short windows")
+    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser.add_argument("--duration", type=float, help="seconds timed per point")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    args = parser.parse_args()
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    duration = args.duration or (0.8 if args.quick else 3.0)
+    warmup = 0.2 if args.quick else 0.5
+    # shm settings do not matter for 4 KiB tensors: Triton at its defaults only.
+    results = run_on_each(
+        server_specs(args.only, triton_best=False), BENCH_MODELS, lambda s: run_server(s, warmup, duration)
+    )
+    if results:
+        report(results)
+
+
+if __name__ == "__main__":
+    main()
