@@ -1,0 +1,418 @@
+"""tritonpy.testing.ModelRunner: a model's initialize/execute/finalize in this interpreter."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import triton_python_backend_utils as pb_utils
+
+from _models import write_model
+from tritonpy import InternalError, InvalidArgumentError
+from tritonpy.config import config_to_json, load_model_config, normalize_config
+from tritonpy.stub import pb_utils as stub_pb_utils
+from tritonpy.testing import ModelRunner
+
+pytestmark = pytest.mark.timeout(30)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+RECORDER_PY = """
+import json
+import triton_python_backend_utils as pb_utils
+import helper
+
+SEEN = {}
+
+class TritonPythonModel:
+    def initialize(self, args):
+        SEEN["args"] = dict(args)
+        self.cfg = json.loads(args["model_config"])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", x * helper.FACTOR)],
+                parameters={"rid": r.request_id(), "params": r.parameters(),
+                            "requested": json.dumps(r.requested_output_names())}))
+        return out
+
+    def finalize(self):
+        SEEN["finalized"] = True
+"""
+
+
+def _recorder(tmp_path: Path, factor: int = 3, name: str = "rec") -> Path:
+    return write_model(tmp_path, name, RECORDER_PY,
+                       files={"helper.py": f"FACTOR = {factor}\n"})
+
+
+def test_add_sub_example():
+    a = np.arange(4, dtype=np.float32)
+    b = np.ones(4, dtype=np.float32)
+    with ModelRunner(EXAMPLES / "add_sub") as runner:
+        responses = runner.execute([{"INPUT0": a, "INPUT1": b}, {"INPUT0": b, "INPUT1": a}])
+    assert len(responses) == 2
+    assert all(isinstance(r, pb_utils.InferenceResponse) for r in responses)
+    out0 = pb_utils.get_output_tensor_by_name(responses[0], "OUTPUT0").as_numpy()
+    out1 = pb_utils.get_output_tensor_by_name(responses[1], "OUTPUT1").as_numpy()
+    np.testing.assert_array_equal(out0, a + b)
+    np.testing.assert_array_equal(out1, b - a)
+
+
+def test_initialize_args_are_tritons(tmp_path):
+    mdir = _recorder(tmp_path)
+    with ModelRunner(mdir) as runner:
+        args = runner.module.SEEN["args"]
+    cfg, _ = load_model_config(str(mdir))
+    expected_json = config_to_json(normalize_config(cfg, "rec", str(mdir / "config.pbtxt")))
+    assert args == {
+        "model_config": expected_json,
+        "model_instance_kind": "CPU",
+        "model_instance_name": "rec_0_0",
+        "model_instance_device_id": "0",
+        "model_repository": str(mdir),
+        "model_version": "1",
+        "model_name": "rec",
+    }
+    assert runner.config == json.loads(expected_json)
+    assert runner.module.SEEN["finalized"] is True
+
+
+def test_model_file_path_version_and_instance_name(tmp_path):
+    mdir = write_model(tmp_path, "rec", RECORDER_PY, versions=(1, 4),
+                       files={"helper.py": "FACTOR = 2\n"})
+    with ModelRunner(mdir / "4" / "model.py", instance_name="rec_1_3") as runner:
+        assert runner.args["model_version"] == "4"
+        assert runner.args["model_instance_name"] == "rec_1_3"
+        assert runner.args["model_repository"] == str(mdir)
+    with ModelRunner(mdir, version=4) as runner:
+        assert runner.model_file == str(mdir / "4" / "model.py")
+
+
+def test_request_fields_and_requested_outputs(tmp_path):
+    with ModelRunner(_recorder(tmp_path)) as runner:
+        req = runner.request({"IN": np.ones(2, np.float32)}, ["OUT"], request_id="r1",
+                             correlation_id="seq", flags=1, parameters={"k": 1})
+        assert isinstance(req, pb_utils.InferenceRequest)
+        assert (req.request_id(), req.correlation_id(), req.flags()) == ("r1", "seq", 1)
+        assert req.model_name() == "rec"
+        [resp] = runner.execute([req])
+    assert resp.parameters() == json.dumps(
+        {"rid": "r1", "params": json.dumps({"k": 1}), "requested": json.dumps(["OUT"])})
+    np.testing.assert_array_equal(
+        pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy(), [3, 3])
+
+
+def test_config_given_as_dict_or_pbtxt(tmp_path):
+    mdir = write_model(tmp_path, "rec", RECORDER_PY, config="",
+                       files={"helper.py": "FACTOR = 1\n"})
+    pbtxt = ('backend: "python"\ninput [{name: "IN", data_type: TYPE_FP32, dims: [2]}]\n'
+             'output [{name: "OUT", data_type: TYPE_FP32, dims: [2]}]\n')
+    with ModelRunner(mdir, config=pbtxt) as runner:
+        assert runner.config["input"][0]["dims"] == [2]
+        with pytest.raises(InvalidArgumentError, match="unexpected shape for input 'IN'"):
+            runner.execute([{"IN": np.ones(3, np.float32)}])
+    as_dict = {"backend": "python", "max_batch_size": 4,
+               "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+               "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]}]}
+    with ModelRunner(mdir, config=as_dict) as runner:
+        assert runner.config["max_batch_size"] == 4
+        [resp] = runner.execute([{"IN": np.ones((2, 5), np.float32)}])
+        assert pb_utils.get_output_tensor_by_name(resp, "OUT").shape() == [2, 5]
+
+
+def test_auto_complete_config_runs(tmp_path):
+    src = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(8)
+        config.add_input({"name": "X", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "Y", "data_type": "TYPE_INT32", "dims": [1]})
+        config.set_model_transaction_policy({"decoupled": False})
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() + 1)]) for r in requests]
+"""
+    mdir = write_model(tmp_path, "auto", src, config="")
+    with ModelRunner(mdir) as runner:
+        assert runner.config["max_batch_size"] == 8
+        assert [i["name"] for i in runner.config["input"]] == ["X"]
+        assert runner.config["model_transaction_policy"] == {"decoupled": False}
+        [resp] = runner.execute([{"X": np.array([[1], [2]], np.int32)}])
+        assert pb_utils.get_output_tensor_by_name(resp, "Y").as_numpy().tolist() == [[2], [3]]
+
+
+def test_bytes_inputs_arrive_as_bytes():
+    with ModelRunner(EXAMPLES / "string_upper") as runner:
+        [resp] = runner.execute([{"TEXT": np.array(["abc", "héllo"])}])
+    assert pb_utils.get_output_tensor_by_name(resp, "UPPER").as_numpy().tolist() == [
+        b"ABC", "HÉLLO".encode()]
+    assert pb_utils.get_output_tensor_by_name(resp, "LENGTH").as_numpy().tolist() == [3, 6]
+
+
+def test_validation_errors_and_opt_out(tmp_path):
+    mdir = _recorder(tmp_path)
+    with ModelRunner(mdir) as runner:
+        with pytest.raises(InvalidArgumentError, match="unexpected inference input 'NOPE'"):
+            runner.execute([{"NOPE": np.ones(1, np.float32)}])
+        with pytest.raises(InvalidArgumentError, match="expected 1 inputs but got 2 inputs"):
+            runner.execute([{"IN": np.ones(1, np.float32), "NOPE": np.ones(1, np.float32)}])
+        with pytest.raises(InvalidArgumentError, match="data-type is 'INT32'"):
+            runner.execute([{"IN": np.ones(1, np.int32)}])
+        with pytest.raises(InvalidArgumentError, match="unexpected inference output 'X'"):
+            runner.execute([{"IN": np.ones(1, np.float32)}], requested_outputs=["X"])
+        with pytest.raises(TypeError, match="list of requests"):
+            runner.execute({"IN": np.ones(1, np.float32)})
+    with ModelRunner(mdir, validate=False) as runner:
+        [resp] = runner.execute([{"IN": np.ones(1, np.int32)}])
+        assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().dtype == np.int32
+
+
+BAD_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        mode = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()[0]
+        if mode == 0:
+            raise ValueError("model is unhappy")
+        if mode == 1:
+            return "not a list"
+        if mode == 2:
+            return []
+        if mode == 3:
+            return None
+        return [object() for _ in requests]
+"""
+
+
+def test_execute_errors_are_reported_like_a_server(tmp_path):
+    with ModelRunner(write_model(tmp_path, "bad", BAD_PY)) as runner:
+        def run(mode):
+            return runner.execute([{"IN": np.array([mode], np.float32)}])
+
+        with pytest.raises(ValueError, match="model is unhappy"):
+            run(0)
+        with pytest.raises(InternalError, match="Expected a list in the execute return, "
+                                                "found type 'str'"):
+            run(1)
+        with pytest.raises(InternalError, match="InferenceResponse\\(s\\) size is:0"):
+            run(2)
+        with pytest.raises(InternalError, match="returned None, but no response was sent"):
+            run(3)
+        with pytest.raises(InternalError, match="found type 'object'"):
+            run(4)
+
+
+SENDER_PY = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(
+            __import__("json").loads(args["model_config"]))
+
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])
+            if not self.decoupled:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([n], np.float32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                continue
+
+            def stream(sender=sender, n=n):
+                for i in range(n):
+                    sender.send(pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("OUT", np.array([i], np.float32))]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            threading.Thread(target=stream).start()
+        return None
+"""
+
+
+def test_response_sender_default_and_decoupled(tmp_path):
+    default = write_model(tmp_path, "snd", SENDER_PY)
+    with ModelRunner(default) as runner:
+        [r1, r2] = runner.execute([{"IN": np.array([5], np.float32)},
+                                   {"IN": np.array([6], np.float32)}])
+        assert pb_utils.get_output_tensor_by_name(r2, "OUT").as_numpy().tolist() == [6]
+    decoupled = write_model(tmp_path, "dec", SENDER_PY, config=(
+        'backend: "python"\nmodel_transaction_policy { decoupled: true }\n'
+        'input [{name: "IN", data_type: TYPE_FP32, dims: [1]}]\n'
+        'output [{name: "OUT", data_type: TYPE_FP32, dims: [1]}]\n'))
+    with ModelRunner(decoupled) as runner:
+        streams = runner.execute_decoupled([{"IN": np.array([3], np.float32)},
+                                            {"IN": np.array([0], np.float32)}])
+        assert [[pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy()[0] for r in s]
+                for s in streams] == [[0, 1, 2], []]
+        with pytest.raises(InternalError, match="decoupled"):
+            runner.execute([{"IN": np.array([1], np.float32)}])
+
+
+BLS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            bls = pb_utils.InferenceRequest(
+                model_name="add_sub", requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", np.ones(4, np.float32)),
+                        pb_utils.Tensor("INPUT1", np.ones(4, np.float32))])
+            resp = bls.exec()
+            if resp.has_error():
+                raise pb_utils.TritonModelException(resp.error().message())
+            t = pb_utils.get_output_tensor_by_name(resp, "OUTPUT0")
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", t.as_numpy())]))
+        return out
+
+    def finalize(self):
+        pb_utils.load_model("other")
+"""
+
+
+def test_bls_raises_a_clear_error_or_uses_the_handler(tmp_path):
+    mdir = write_model(tmp_path, "bls", BLS_PY, config=(
+        'backend: "python"\ninput [{name: "IN", data_type: TYPE_FP32, dims: [1]}]\n'
+        'output [{name: "OUT", data_type: TYPE_FP32, dims: [4]}]\n'))
+    runner = ModelRunner(mdir)
+    with pytest.raises(pb_utils.TritonModelException, match="bls_handler"):
+        runner.execute([{"IN": np.ones(1, np.float32)}])
+    with pytest.raises(pb_utils.TritonModelException, match="model loading API"):
+        runner.close()  # finalize() calls load_model, which needs a server
+
+    seen = []
+
+    def handler(request, decoupled):
+        seen.append((request.model_name(), request.requested_output_names(), decoupled))
+        a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+        return pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a * 10)])
+
+    runner = ModelRunner(mdir, bls_handler=handler)
+    runner.model.finalize = lambda: None
+    with runner:
+        [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
+    assert seen == [("add_sub", ["OUTPUT0"], False)]
+    assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().tolist() == [10] * 4
+
+
+TELEMETRY_PY = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def initialize(self, args):
+        fam = pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.COUNTER)
+        self.count = fam.Metric({"m": "t"})
+        self.ready = True
+
+    def is_ready(self):
+        return self.ready
+
+    async def execute(self, requests):
+        await asyncio.sleep(0)
+        self.count.increment(len(requests))
+        pb_utils.Logger.log_warn(f"executing {len(requests)}")
+        out = pb_utils.empty_shm_tensor("OUT", [1], np.float32)
+        out.as_numpy()[:] = self.count.value()
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
+
+def test_async_hooks_logger_metrics_and_readiness(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="tritonpy.model.tel")
+    mdir = write_model(tmp_path, "tel", TELEMETRY_PY)
+    with ModelRunner(mdir) as runner:
+        runner.execute([{"IN": np.ones(1, np.float32)}] * 2)
+        [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
+        assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().tolist() == [3.0]
+        assert runner.metrics == {("runner_count", (("m", "t"),)): 3.0}
+        assert runner.is_ready()
+        runner.model.ready = False
+        assert not runner.is_ready()
+    msgs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "tritonpy.model.tel"]
+    assert msgs == [(logging.WARNING, "[tel_0_0] executing 2"),
+                    (logging.WARNING, "[tel_0_0] executing 1")]
+    # closed: pb_utils is back to having no runtime
+    assert stub_pb_utils._runtime is None
+
+
+def test_helper_modules_do_not_leak_between_runners(tmp_path):
+    first = _recorder(tmp_path / "a", factor=3)
+    second = _recorder(tmp_path / "b", factor=5)
+    path_before = list(sys.path)
+    for mdir, factor in ((first, 3), (second, 5)):
+        with ModelRunner(mdir) as runner:
+            [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
+            assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy()[0] == factor
+    assert sys.path == path_before
+    assert "helper" not in sys.modules
+
+
+def test_failures_while_loading_leave_nothing_behind(tmp_path):
+    path_before = list(sys.path)
+    raising = write_model(tmp_path, "boom", """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("initialize failed on purpose")
+    def execute(self, requests):
+        return []
+    def finalize(self):
+        raise AssertionError("finalize must not run after a failed initialize")
+""")
+    with pytest.raises(RuntimeError, match="initialize failed on purpose"):
+        ModelRunner(raising)
+    broken = write_model(tmp_path, "broken", "import not_a_module_anywhere\n")
+    with pytest.raises(ModuleNotFoundError, match="not_a_module_anywhere"):
+        ModelRunner(broken)
+    with pytest.raises(FileNotFoundError, match="model file does not exist"):
+        ModelRunner(broken, version=7)
+    assert sys.path == path_before
+    assert stub_pb_utils._runtime is None
+
+
+def test_plain_interpreter_still_refuses_bls_without_a_runner():
+    req = pb_utils.InferenceRequest(model_name="x", inputs=[], requested_output_names=[])
+    with pytest.raises(pb_utils.TritonModelException, match="ModelRunner"):
+        req.exec()
+
+
+def test_runner_used_from_threads_and_twice(tmp_path):
+    with ModelRunner(_recorder(tmp_path)) as runner:
+        results = []
+
+        def worker(i):
+            [resp] = runner.execute([{"IN": np.array([i], np.float32)}])
+            results.append(pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy()[0])
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sorted(results) == [0, 3, 6, 9]
+    runner.close()  # a second close is a no-op
+    with pytest.raises(InternalError, match="closed"):
+        runner.execute([{"IN": np.ones(1, np.float32)}])
+    assert os.path.isdir(runner.version_dir)

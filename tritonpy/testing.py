@@ -1,0 +1,532 @@
+"""Unit-test a Triton Python model in the current interpreter, without a server.
+
+:class:`ModelRunner` loads ``model.py`` the way a stub does (``triton_python_backend_utils``
+importable, the version directory on ``sys.path``), builds ``initialize``'s ``args`` the way
+Triton does (the configuration read, auto-completed and normalised, then serialised to
+Triton's JSON), and runs ``execute`` on requests you give as dicts of numpy arrays::
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+    from tritonpy.testing import ModelRunner
+
+    def test_add_sub():
+        with ModelRunner("examples/add_sub") as runner:
+            a = np.arange(4, dtype=np.float32)
+            [response] = runner.execute([{"INPUT0": a, "INPUT1": a}])
+            assert not response.has_error()
+            out = pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy()
+            np.testing.assert_array_equal(out, a + a)
+
+What a server would do around ``execute`` is done here too: inputs are checked against the
+configuration (as the host does before a stub sees a request; ``validate=False`` turns that
+off), BYTES inputs reach the model as object arrays of ``bytes``, and a wrong return value
+(type or count) raises the error a server would report. An exception raised by ``execute``
+propagates unchanged, with its traceback. Responses are returned as the model built them: a
+server would also drop the outputs a request did not ask for.
+
+While a runner is open it stands in for the stub's runtime, so ``pb_utils.Logger`` writes to
+the ``tritonpy.model.<name>`` logger, custom metrics keep their values (:attr:`metrics`), and
+the response sender works (default mode, and decoupled models through
+:meth:`ModelRunner.execute_decoupled`). BLS (``InferenceRequest.exec``/``async_exec``) raises a
+clear :class:`~triton_python_backend_utils.TritonModelException` unless you pass
+``bls_handler``, a function that answers BLS requests in the test's place. The model loading
+API (``pb_utils.load_model`` …) always raises: it needs a server.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import logging
+import os
+import sys
+import threading
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from tritonpy._errors import InternalError, InvalidArgumentError
+
+__all__ = ["ModelRunner"]
+
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+_module_ids = itertools.count(1)
+_request_ids = itertools.count(1)
+# Runners stack their runtime onto pb_utils._runtime; the newest open runner gets the logs.
+_install_lock = threading.Lock()
+
+
+def _pb() -> Any:
+    """The pb_utils module, also installed as ``triton_python_backend_utils``."""
+    from tritonpy.stub import pb_utils
+
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    return pb_utils
+
+
+class ModelRunner:
+    """One model instance running in this interpreter: ``initialize`` now, ``finalize`` on close.
+
+    Args:
+        model: A model directory (``<model>/config.pbtxt`` and ``<model>/<version>/model.py``),
+            a version directory, or the model file itself.
+        config: The configuration: ``None`` reads ``config.pbtxt`` next to the version
+            directories (a missing file is an empty configuration, as in Triton), a dict in
+            Triton's JSON form, or ``config.pbtxt`` text. The model's
+            ``auto_complete_config`` then runs on it, as the server runs it.
+        version: The version directory to load when ``model`` is a model directory (and the
+            version ``args`` reports).
+        instance_name: ``args["model_instance_name"]``; ``<model>_0_0`` by default.
+        model_name: The model's name; the configuration's ``name`` or the directory name by
+            default.
+        validate: Check requests against the configuration as the server does.
+        bls_handler: Answers BLS calls: ``handler(request, decoupled)`` returns an
+            ``InferenceResponse`` (or, when ``decoupled`` is True, an iterable of them).
+            Without it BLS raises ``TritonModelException``.
+
+    Raises:
+        ConfigError: The configuration is invalid.
+        FileNotFoundError: There is no model file where one is expected.
+        Exception: Whatever importing ``model.py`` or its ``initialize`` raises, unchanged.
+    """
+
+    def __init__(self, model: str | os.PathLike[str], config: Mapping[str, Any] | str | None = None,
+                 version: int = 1, instance_name: str | None = None, *,
+                 model_name: str | None = None, validate: bool = True,
+                 bls_handler: Callable[[Any, bool], Any] | None = None) -> None:
+        from tritonpy.config import (
+            config_from_dict,
+            config_to_dict,
+            config_to_json,
+            load_model_config,
+            normalize_config,
+            parse_config_text,
+        )
+        from tritonpy.validation import RequestValidator
+
+        pb = _pb()
+        self._closed = True  # until initialize succeeds: close() has nothing to undo
+        model_dir, version_dir, model_file, version = _locate(os.fspath(model), version)
+        cfg_path = os.path.join(model_dir, "config.pbtxt")
+        if config is None:
+            cfg, _ = load_model_config(model_dir)
+        elif isinstance(config, str) and not config.lstrip().startswith("{"):
+            cfg = parse_config_text(config, cfg_path)
+        else:
+            cfg = config_from_dict(config if isinstance(config, str) else dict(config), cfg_path)
+        name = model_name or cfg.name or os.path.basename(model_dir)
+        if model_file is None:
+            filename = cfg.default_model_filename or "model.py"
+            model_file = os.path.join(version_dir, filename)
+        if not os.path.isfile(model_file):
+            raise FileNotFoundError(f"{model_file}: model file does not exist")
+
+        self.name = name
+        self.version = version
+        self.model_file = model_file
+        self.version_dir = version_dir
+        self.instance_name = instance_name or f"{name}_0_0"
+        self.bls_handler = bls_handler
+        self.metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.log = logging.getLogger(f"tritonpy.model.{name}")
+        self._sent: dict[int, list[Any]] = {}
+        self._final: set[int] = set()
+        self._sent_cv = threading.Condition()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._phase = "initialize"
+
+        self._added_path = version_dir not in sys.path
+        if self._added_path:
+            sys.path.insert(0, version_dir)
+        self._modules_before = set(sys.modules)
+        try:
+            self.module = _import_model(model_file)
+            cls = self.module.TritonPythonModel
+            complete = getattr(cls, "auto_complete_config", None)
+            if complete is not None:
+                d = config_to_dict(cfg)
+                d["name"] = d.get("name") or name
+                mc = pb.ModelConfig(d)
+                out = complete(mc)
+                cfg = config_from_dict((out if out is not None else mc).as_dict(), cfg_path)
+            self.model_config_proto = normalize_config(cfg, name, cfg_path, gpu_count=0)
+            self.config_json = config_to_json(self.model_config_proto)
+            #: The normalised configuration as the model sees it (Triton's JSON form).
+            self.config: dict[str, Any] = json.loads(self.config_json)
+            self.decoupled = bool(self.model_config_proto.model_transaction_policy.decoupled)
+            self._validator = RequestValidator(self.model_config_proto, name) if validate else None
+            #: ``initialize``'s argument, exactly as a server builds it.
+            self.args: dict[str, str] = {
+                "model_config": self.config_json,
+                "model_instance_kind": "CPU",
+                "model_instance_name": self.instance_name,
+                "model_instance_device_id": "0",
+                "model_repository": model_dir,
+                "model_version": str(version),
+                "model_name": name,
+            }
+            self.model = cls()
+            if not hasattr(self.model, "execute"):
+                raise AttributeError(f"{model_file}: TritonPythonModel has no execute() method")
+            self._install()
+            self._closed = False
+            if hasattr(self.model, "initialize"):
+                self._run(self.model.initialize(self.args))
+        except BaseException:
+            self.close(finalize=False)
+            raise
+        self._phase = "execute"
+
+    # -- requests -----------------------------------------------------------------------------
+    def request(self, inputs: Mapping[str, Any], requested_outputs: Sequence[str] | None = None,
+                *, request_id: str = "", correlation_id: int | str = 0, flags: int = 0,
+                timeout: int = 0, parameters: Mapping[str, Any] | str | None = None) -> Any:
+        """A ``pb_utils.InferenceRequest`` as ``execute`` would receive it.
+
+        Args:
+            inputs: Input name to array (or anything ``np.asarray`` takes; ``str`` elements
+                arrive as UTF-8 ``bytes``, as they do through a server).
+            requested_outputs: Output names asked for (``None``: all).
+            request_id, correlation_id, flags, timeout, parameters: as a client sends them.
+
+        Raises:
+            InvalidArgumentError: With ``validate``, the request does not fit the model.
+        """
+        from tritonpy.shm.dtypes import deserialize_bytes, serialize_bytes, triton_dtype_of
+
+        pb = _pb()
+        arrays: dict[str, np.ndarray] = {}
+        for n, value in inputs.items():
+            arr = value if isinstance(value, np.ndarray) else np.asarray(value)
+            if arr.dtype.kind in ("O", "S", "U"):
+                # What the model sees through a server: a fresh object array of bytes.
+                arr = deserialize_bytes(serialize_bytes(arr)).reshape(arr.shape)
+            try:
+                triton_dtype_of(arr)
+            except TypeError:
+                raise InvalidArgumentError(
+                    f"input '{n}' has numpy dtype {arr.dtype}, which has no Triton data type"
+                ) from None
+            arrays[n] = arr
+        if isinstance(requested_outputs, str):
+            requested_outputs = [requested_outputs]
+        if self._validator is not None:
+            self._validator.validate(
+                {n: (triton_dtype_of(a), tuple(a.shape)) for n, a in arrays.items()},
+                list(requested_outputs or ()) or None, request_id)
+        req = pb.InferenceRequest(
+            model_name=self.name, requested_output_names=list(requested_outputs or ()),
+            inputs=[pb.Tensor(n, a) for n, a in arrays.items()], request_id=request_id,
+            correlation_id=correlation_id, model_version=self.version, flags=flags,
+            timeout=timeout, parameters=dict(parameters) if isinstance(parameters, Mapping)
+            else parameters)
+        self._adopt(req)
+        return req
+
+    def cancel(self, request: Any) -> None:
+        """Mark a request cancelled: its ``is_cancelled()`` (and its sender's) turns True."""
+        request._cancelled = True
+
+    def execute(self, requests: Iterable[Mapping[str, Any] | Any],
+                requested_outputs: Sequence[str] | None = None) -> list[Any]:
+        """Run ``execute`` on a batch and return one ``pb_utils.InferenceResponse`` per request.
+
+        Args:
+            requests: Each a dict of input arrays (see :meth:`request`) or a
+                ``pb_utils.InferenceRequest`` (from :meth:`request`, or built by hand).
+            requested_outputs: Applied to the requests given as dicts.
+
+        Returns:
+            The responses ``execute`` returned, or, when it returned ``None``, the responses it
+            sent through each request's response sender.
+
+        Raises:
+            InternalError: ``execute`` returned something a server would refuse (the message
+                is the one a client would get).
+            Exception: Whatever ``execute`` raises, unchanged.
+        """
+        if self.decoupled:
+            raise InternalError(
+                f"model '{self.name}' is decoupled: use ModelRunner.execute_decoupled()")
+        reqs = self._requests(requests, requested_outputs)
+        result = self._execute(reqs)
+        if result is None:
+            missing = [r for r in reqs if r._host_id not in self._final]
+            if missing:
+                raise InternalError(
+                    "execute() returned None, but no response was sent for "
+                    f"{len(missing)} of {len(reqs)} request(s) of model '{self.name}'; return "
+                    "a list of InferenceResponse or use the response sender")
+            return [self._take(r)[0] if self._sent.get(r._host_id) else _pb().InferenceResponse()
+                    for r in reqs]
+        if not isinstance(result, (list, tuple)):
+            raise InternalError(
+                f"Expected a list in the execute return, found type '{type(result).__name__}' "
+                f"(model '{self.name}')")
+        if len(result) != len(reqs):
+            raise InternalError(
+                "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{len(reqs)}, and "
+                f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
+        for resp in result:
+            if not isinstance(resp, _pb().InferenceResponse):
+                raise InternalError(
+                    "Expected an InferenceResponse in the execute return, found type "
+                    f"'{type(resp).__name__}'")
+        return list(result)
+
+    def execute_decoupled(self, requests: Iterable[Mapping[str, Any] | Any],
+                          requested_outputs: Sequence[str] | None = None,
+                          timeout: float = 10.0) -> list[list[Any]]:
+        """Run a decoupled model's ``execute`` and collect every request's responses.
+
+        Waits (up to ``timeout`` seconds) until each request's sender was given
+        ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``: responses may come from threads the model
+        started.
+
+        Returns:
+            Per request, the responses sent, in order (a final flag sent without a response
+            adds nothing).
+
+        Raises:
+            InternalError: ``execute`` did not return ``None``.
+            TimeoutError: A request was not finished within ``timeout``.
+        """
+        reqs = self._requests(requests, requested_outputs)
+        result = self._execute(reqs)
+        if result is not None:
+            raise InternalError(
+                f"Python model '{self.name}' is using the decoupled mode and the execute "
+                "function must return None.")
+        with self._sent_cv:
+            done = self._sent_cv.wait_for(
+                lambda: all(r._host_id in self._final for r in reqs), timeout)
+        if not done:
+            open_ = sum(r._host_id not in self._final for r in reqs)
+            raise TimeoutError(f"{open_} request(s) got no TRITONSERVER_RESPONSE_COMPLETE_FINAL "
+                               f"within {timeout} s")
+        return [self._take(r) for r in reqs]
+
+    def is_ready(self) -> bool:
+        """The model's ``is_ready()`` (True when it has none, False when it raises)."""
+        fn = getattr(self.model, "is_ready", None)
+        if fn is None:
+            return True
+        try:
+            return bool(fn())
+        except Exception:
+            return False
+
+    def close(self, finalize: bool = True) -> None:
+        """Call ``finalize`` (once) and undo what loading the model changed in this process."""
+        if not self._closed and finalize:
+            self._phase = "finalize"
+            fn = getattr(self.model, "finalize", None)
+            try:
+                if fn is not None:
+                    self._run(fn())
+            finally:
+                self._teardown()
+        else:
+            self._teardown()
+
+    def __enter__(self) -> ModelRunner:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- internals ----------------------------------------------------------------------------
+    def _teardown(self) -> None:
+        if getattr(self, "_torn_down", False):
+            return
+        self._torn_down = True
+        self._closed = True
+        self._uninstall()
+        if self._loop is not None:
+            loop, self._loop = self._loop, None
+            loop.call_soon_threadsafe(loop.stop)
+            self._loop_thread.join(timeout=5)
+            if not self._loop_thread.is_alive():
+                loop.close()
+        # Modules loaded from the version directory go, so that another model's helper of the
+        # same name is imported afresh.
+        vdir = os.path.join(self.version_dir, "")
+        for mod_name in set(sys.modules) - self._modules_before:
+            f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
+            if f.startswith(vdir):
+                sys.modules.pop(mod_name, None)
+        if self._added_path and self.version_dir in sys.path:
+            sys.path.remove(self.version_dir)
+
+    def _adopt(self, req: Any) -> None:
+        req._host_id = next(_request_ids)
+        req._decoupled_model = self.decoupled
+        req._tritonpy_runner = self
+
+    def _requests(self, requests: Iterable[Any], requested_outputs: Sequence[str] | None) -> list:
+        if self._closed:
+            raise InternalError(f"ModelRunner for '{self.name}' is closed")
+        if isinstance(requests, Mapping):
+            raise TypeError("execute() takes a list of requests: wrap the dict in a list")
+        pb = _pb()
+        out = []
+        for r in requests:
+            if isinstance(r, pb.InferenceRequest):
+                if getattr(r, "_tritonpy_runner", None) is not self:
+                    self._adopt(r)
+                out.append(r)
+            else:
+                out.append(self.request(r, requested_outputs))
+        return out
+
+    def _execute(self, reqs: list) -> Any:
+        with self._sent_cv:
+            for r in reqs:
+                self._sent.pop(r._host_id, None)
+                self._final.discard(r._host_id)
+        return self._run(self.model.execute(reqs))
+
+    def _run(self, result: Any) -> Any:
+        """``result``, or what it resolves to when it is awaitable (async def hooks)."""
+        if not inspect.isawaitable(result):
+            return result
+        if self._loop is None:
+            # One loop in a thread for the runner's life: async state made in initialize stays
+            # usable in execute, and a caller inside its own event loop is not disturbed.
+            loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=loop.run_forever, daemon=True,
+                                                 name=f"{self.name}-runner-loop")
+            self._loop_thread.start()
+            self._loop = loop
+
+        async def wait() -> Any:
+            return await result
+
+        return asyncio.run_coroutine_threadsafe(wait(), self._loop).result()
+
+    def _take(self, req: Any) -> list:
+        with self._sent_cv:
+            self._final.discard(req._host_id)
+            return self._sent.pop(req._host_id, [])
+
+    def _install(self) -> None:
+        pb = _pb()
+        with _install_lock:
+            self._previous_runtime = pb._runtime
+            pb._runtime = _RunnerRuntime(self)
+
+    def _uninstall(self) -> None:
+        pb = _pb()
+        with _install_lock:
+            rt = pb._runtime
+            if isinstance(rt, _RunnerRuntime) and rt.runner is self:
+                pb._runtime = getattr(self, "_previous_runtime", None)
+
+
+def _locate(path: str, version: int) -> tuple[str, str, str | None, int]:
+    """``(model_dir, version_dir, model_file or None, version)`` for what the user named."""
+    path = os.path.abspath(path)
+    if os.path.isfile(path):
+        vdir = os.path.dirname(path)
+        base = os.path.basename(vdir)
+        if base.isdigit():
+            return os.path.dirname(vdir), vdir, path, int(base)
+        return vdir, vdir, path, version
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: no such model directory or file")
+    base = os.path.basename(path)
+    if base.isdigit() and not os.path.isdir(os.path.join(path, str(version))):
+        return os.path.dirname(path), path, None, int(base)
+    return path, os.path.join(path, str(version)), None, version
+
+
+def _import_model(model_file: str) -> Any:
+    import importlib.util
+
+    name = f"_tritonpy_testing_model_{next(_module_ids)}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {model_file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    if not hasattr(module, "TritonPythonModel"):
+        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+    return module
+
+
+class _RunnerRuntime:
+    """What pb_utils calls when it needs a server, answered in-process for one runner."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+
+    def _owner(self, req: Any) -> ModelRunner:
+        return getattr(req, "_tritonpy_runner", None) or self.runner
+
+    def send_response(self, req: Any, resp: Any, final: bool) -> None:
+        r = self._owner(req)
+        with r._sent_cv:
+            if resp is not None:
+                r._sent.setdefault(req._host_id, []).append(resp)
+            if final:
+                r._final.add(req._host_id)
+                r._sent_cv.notify_all()
+
+    def _bls(self, req: Any, decoupled: bool) -> Any:
+        pb = _pb()
+        r = self.runner
+        if r.bls_handler is None:
+            raise pb.TritonModelException(
+                f"BLS request to model '{req.model_name()}' from '{r.name}': "
+                "tritonpy.testing.ModelRunner runs one model without a server; pass "
+                "bls_handler=... to answer BLS calls, or test with tritonpy.Server")
+        if r._phase != "execute":
+            raise pb.TritonModelException(
+                f"BLS requests cannot be made during {r._phase}(); make them in execute()")
+        return r.bls_handler(req, decoupled)
+
+    def bls_exec(self, req: Any, decoupled: bool) -> Any:
+        out = self._bls(req, decoupled)
+        return iter(out) if decoupled else out
+
+    async def bls_async_exec(self, req: Any, decoupled: bool) -> Any:
+        out = self._bls(req, decoupled)
+        if inspect.isawaitable(out):
+            out = await out
+        return iter(out) if decoupled else out
+
+    def model_call(self, what: str, name: str, **kw: Any) -> Any:
+        raise _pb().TritonModelException(
+            f"the model loading API ({what} '{name}') needs a tritonpy server in explicit "
+            "model control mode; ModelRunner runs one model on its own")
+
+    def log(self, level: int, message: str) -> None:
+        r = self.runner
+        r.log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s] %s", r.instance_name, message)
+
+    def metric_family(self, name: str, description: str, kind: int) -> None:
+        pass
+
+    def metric_op(self, family: str, labels: dict, op: str, value: float,
+                  buckets: list | None) -> None:
+        key = (family, tuple(sorted(labels.items())))
+        m = self.runner.metrics
+        if op == "set":
+            m[key] = value
+        elif op in ("increment", "observe"):
+            m[key] = m.get(key, 0.0) + value
+        else:
+            m.setdefault(key, 0.0)
+
+    def metric_value(self, family: str, labels: dict) -> float:
+        return self.runner.metrics.get((family, tuple(sorted(labels.items()))), 0.0)
+
+    def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
