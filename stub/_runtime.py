@@ -32,16 +32,20 @@ from ._pbtensor import Tensor
 
 
 _TAKEOVER_S = 0.02
+_IDLE_POLL_S = 0.05
 
 
 class _Waiter:
     """A reply slot for one stub->host call.
 
     Sync callers poll ``ready()`` while reading the socket themselves, or sleep on ``sig`` while
-    another thread reads and delivers; async callers get their replies on their event loop.
+    another thread reads and delivers; an async single reply completes ``future`` on the
+    caller's event loop. An async decoupled stream keeps its replies in ``items`` too, so that
+    it can be iterated with a plain ``for`` (as Triton's docs do) as well as ``async for``;
+    ``wake`` tells a waiting ``async for`` that an item has arrived.
     """
 
-    __slots__ = ("items", "sig", "loop", "future", "aqueue")
+    __slots__ = ("items", "sig", "loop", "future", "wake")
 
     def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
         self.items: collections.deque[Any] = collections.deque()
@@ -49,28 +53,28 @@ class _Waiter:
         self.sig.acquire()
         self.loop = loop
         self.future: asyncio.Future | None = None
-        self.aqueue: asyncio.Queue | None = None
+        self.wake: asyncio.Event | None = None
         if loop is not None:
             if stream:
-                self.aqueue = asyncio.Queue()
+                self.wake = asyncio.Event()
             else:
                 self.future = loop.create_future()
 
     def deliver(self, body: Any) -> bool:
         """Hand over one reply; returns True when no more replies are expected."""
         final = not isinstance(body, dict) or body.get("final", True)
-        if self.loop is not None:
-            if self.future is not None:
-                self.loop.call_soon_threadsafe(_set_result, self.future, body)
-            else:
-                assert self.aqueue is not None
-                self.loop.call_soon_threadsafe(self.aqueue.put_nowait, body)
+        if self.future is not None:
+            assert self.loop is not None
+            self.loop.call_soon_threadsafe(_set_result, self.future, body)
             return final
         self.items.append(body)
         try:
             self.sig.release()
         except RuntimeError:  # already signalled
             pass
+        if self.wake is not None:
+            assert self.loop is not None
+            self.loop.call_soon_threadsafe(self.wake.set)
         return final
 
     def ready(self) -> bool:
@@ -148,6 +152,8 @@ class StubRuntime:
             self._run_task(msg)
 
     def _next_task(self) -> list | None:
+        # The idle worker polls (a timed wait) rather than being notified after every frame:
+        # a notify per frame would wake it, and make it fight for the GIL, on every request.
         cv = self._cv
         with cv:
             while True:
@@ -161,7 +167,7 @@ class StubRuntime:
                         break
                     cv.wait(_TAKEOVER_S)
                 else:
-                    cv.wait()
+                    cv.wait(_IDLE_POLL_S)
         return self._read_one()
 
     def _read_one(self) -> list | None:
@@ -177,9 +183,7 @@ class StubRuntime:
                     os._exit(0)  # the host is gone; nothing here can be useful any more
                 return msg
         finally:
-            with self._cv:
-                self._reading = False
-                self._cv.notify_all()
+            self._reading = False  # a plain store: nobody sleeps waiting for exactly this
 
     def _handle_inline(self, msg: list) -> bool:
         """Frames handled by whichever thread read them; False for tasks (execute etc.)."""
@@ -227,7 +231,6 @@ class StubRuntime:
         finally:
             with cv:
                 self._in_model -= 1
-                cv.notify_all()
 
     def _await(self, waiter: _Waiter) -> Any:
         """Wait for the next reply of a sync call, reading the socket ourselves if we can."""
@@ -614,12 +617,9 @@ class _ResponseIterator:
             self._rt.cancel_call(self._call_id)
 
 
-class _AsyncResponseIterator:
-    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter) -> None:
-        self._rt = rt
-        self._call_id = call_id
-        self._waiter = waiter
-        self._done = False
+class _AsyncResponseIterator(_ResponseIterator):
+    """What ``await async_exec(decoupled=True)`` returns: iterate it with ``async for``, or
+    with a plain ``for`` as Triton's docs do (that blocks the event loop while it waits)."""
 
     def __aiter__(self) -> _AsyncResponseIterator:
         return self
@@ -627,18 +627,19 @@ class _AsyncResponseIterator:
     async def __anext__(self) -> pb_utils.InferenceResponse:
         if self._done:
             raise StopAsyncIteration
-        assert self._waiter.aqueue is not None
-        body = await self._waiter.aqueue.get()
+        w = self._waiter
+        assert w.wake is not None
+        while not w.items:
+            w.wake.clear()
+            if w.items:
+                break
+            await w.wake.wait()
+        body = w.items.popleft()
         if body.get("final", True):
             self._done = True
             if body.get("empty") and not body.get("error"):
                 return pb_utils.InferenceResponse([])
         return self._rt._to_response(body)
-
-    # Triton's async decoupled iterator is also a plain iterator over received responses.
-    def cancel(self) -> None:
-        if not self._done:
-            self._rt.cancel_call(self._call_id)
 
 
 class _LogForwarder(logging.Handler):
