@@ -7,7 +7,6 @@ instance; with ``dynamic_batching`` several queued requests go to one ``execute`
 """
 from __future__ import annotations
 
-import collections
 import concurrent.futures
 import logging
 import os
@@ -26,6 +25,7 @@ from ._errors import (
     error_from_wire,
 )
 from ._request import HostRequest
+from ._scheduler import make_scheduler
 from ._stats import ModelStats
 from ._stubproc import StubProcess
 
@@ -83,7 +83,6 @@ class ModelRuntime:
         self.dynamic_batching = config.HasField("dynamic_batching") and self.max_batch_size > 0
         self.stats = ModelStats(name, version)
         self.instances: list[Instance] = []
-        self.queue: collections.deque[HostRequest] = collections.deque()
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         from .validation import RequestValidator
@@ -104,6 +103,11 @@ class ModelRuntime:
                     self.instances.append(Instance(self, f"{group.name}_{idx}", kind, dev))
         if not self.instances:
             self.instances.append(Instance(self, f"{name}_0_0", "CPU", 0))
+        # Batch formation (FIFO, dynamic batcher or sequence batcher); ``queue`` is its view
+        # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
+        self.sched = make_scheduler(self)
+        self.queue: Any = self.sched.queue
+        self.successor: ModelRuntime | None = None  # set by a reload that replaced this one
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -175,47 +179,49 @@ class ModelRuntime:
     def submit(self, req: HostRequest) -> None:
         """Queue a validated request; it is dispatched as soon as an instance is free."""
         if self.state != READY:
+            succ = self.successor
+            if succ is not None and self.state == UNLOADING:
+                # Reloaded while this request was on its way: the new version serves it.
+                self._forward(succ, req)
+                return
             req.fail(UnavailableError(
                 f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})"))
             return
         req.on_cancel = self._cancelled
-        if req.timeout_us > 0:
+        sched = self.sched
+        if req.timeout_us > 0 and not sched.owns_timeouts:
             self.server.timers.at(time.monotonic() + req.timeout_us / 1e6,
                                   lambda r=req: self._timed_out(r))
         with self.lock:
-            self.queue.append(req)
-            plans = self._take_locked()
+            err = sched.add(req)
+            plans = self._take_locked() if err is None else None
+        if err is not None:
+            req.fail(err)
+            self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+            return
         if plans:
             self._send_plans(plans)
         elif req.sync and req.caller is not None and not req.done:
             self.server.bls.watch(req)
 
+    def _forward(self, succ: ModelRuntime, req: HostRequest) -> None:
+        try:
+            self.server.validate(succ, req)
+        except TritonpyError as exc:
+            req.fail(exc)
+            return
+        req.model = succ
+        succ.submit(req)
+
     def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
-        plans = []
-        q = self.queue
-        while q:
-            inst = next((i for i in self.instances if i.free()), None)
-            if inst is None:
-                break
-            batch: list[HostRequest] = []
-            size = 0
-            while q:
-                req = q[0]
-                if req.done:
-                    q.popleft()
-                    continue
-                if batch and (not self.dynamic_batching or size + req.batch_size > self.max_batch_size):
-                    break
-                q.popleft()
-                batch.append(req)
-                size += req.batch_size
-                if not self.dynamic_batching:
-                    break
-            if not batch:
-                break
-            inst.running += 1
-            plans.append((inst, batch))
-        return plans
+        return self.sched.take(self.instances)
+
+    def kick(self) -> None:
+        """Form and send whatever batches can go now (a scheduler's timer calls this)."""
+        with self.lock:
+            plans = self._take_locked()
+        if plans:
+            self._send_plans(plans)
 
     def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
         for inst, batch in plans:
@@ -246,7 +252,7 @@ class ModelRuntime:
             })
         exec_id = inst.next_exec_id()
         if not ok:
-            self._finish_execute(inst)
+            self._finish_execute(inst, batch)
             return
         t1 = time.monotonic_ns()
         for req in ok:
@@ -259,9 +265,10 @@ class ModelRuntime:
         except OSError:
             pass
 
-    def _finish_execute(self, inst: Instance) -> None:
+    def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
         with self.lock:
             inst.running -= 1
+            self.sched.finished(inst, batch)
             plans = self._take_locked()
             if not inst.running and not inst.active:
                 self._idle.notify_all()
@@ -348,8 +355,8 @@ class ModelRuntime:
                              t_done - t_sent, t_out - t_done)
         if requeue:
             with self.lock:
-                self.queue.extendleft(reversed(requeue))
-        self._finish_execute(inst)
+                self.sched.requeue(requeue)
+        self._finish_execute(inst, batch)
 
     # -- death and restart ----------------------------------------------------------------------
     def _on_death(self, stub: StubProcess, reason: str) -> None:
@@ -365,6 +372,8 @@ class ModelRuntime:
             calls, inst.bls_calls = inst.bls_calls, {}
             inst.waiting_on.clear()
             inst.running = 0
+            for batch, _, _ in inflight.values():
+                self.sched.finished(inst, batch)
         for req in active.values():
             if not req.done:
                 req.fail(err)

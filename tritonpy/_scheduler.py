@@ -1,0 +1,352 @@
+"""Batch formation for one model: plain FIFO and Triton's dynamic batcher.
+
+A :class:`~tritonpy._model.ModelRuntime` owns one scheduler and calls it under its own lock:
+``add`` queues a validated request (or returns the error that rejects it), ``take`` hands out
+``(instance, batch)`` plans for every free instance, ``requeue`` puts rescheduled requests back
+at the front, ``finished`` is told when a batch has left an instance. ``queue`` is a
+deque-like view of what is waiting (``len``, iteration, ``remove``, ``clear``) for the drain,
+unload and BLS deadlock paths.
+
+The FIFO scheduler is the hot path of every model without ``dynamic_batching`` or
+``sequence_batching``: one deque, no timer and no allocation per request beyond the plan.
+
+The dynamic batcher follows Triton's rules (``dynamic_batch_scheduler.cc``, behaviour only):
+requests are taken in priority-level order (FIFO within a level, requests whose queue timeout
+passed under a DELAY policy after the others of their level); a batch grows up to
+``max_batch_size``; a preferred batch size found on the way is sent at once; otherwise a
+batch that cannot reach the largest preferred size waits for the oldest request's
+``max_queue_delay_microseconds`` (zero: never waits). A timer wakes the batcher exactly when
+the oldest request's delay ends, so no request waits longer than its delay for an instance
+that is free.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ._errors import TritonpyError, UnavailableError
+
+if TYPE_CHECKING:
+    from ._model import Instance, ModelRuntime
+    from ._request import HostRequest
+
+log = logging.getLogger("tritonpy.scheduler")
+
+REQUEST_TIMEOUT = "Request timeout expired"
+QUEUE_FULL = "Exceeds maximum queue size"
+
+
+def _free_instance(instances: list[Instance]) -> Instance | None:
+    for inst in instances:
+        if inst.state == "READY" and inst.running < inst.capacity:
+            return inst
+    return None
+
+
+class FifoScheduler:
+    """One request per ``execute``, in arrival order, to the first free instance."""
+
+    owns_timeouts = False
+
+    def __init__(self, rt: ModelRuntime) -> None:
+        self.rt = rt
+        self.queue: collections.deque[HostRequest] = collections.deque()
+
+    def add(self, req: HostRequest) -> TritonpyError | None:
+        self.queue.append(req)
+        return None
+
+    def take(self, instances: list[Instance]) -> list[tuple[Instance, list[HostRequest]]]:
+        plans = []
+        q = self.queue
+        while q:
+            inst = _free_instance(instances)
+            if inst is None:
+                break
+            req = q.popleft()
+            if req.done:
+                continue
+            inst.running += 1
+            plans.append((inst, [req]))
+        return plans
+
+    def requeue(self, reqs: list[HostRequest]) -> None:
+        self.queue.extendleft(reversed(reqs))
+
+    def finished(self, inst: Instance, batch: list[HostRequest]) -> None:
+        pass
+
+
+class _Level:
+    """One priority level: its queue, its delayed queue and its queue policy."""
+
+    __slots__ = ("queue", "delayed", "reject", "timeout_us", "override", "max_size")
+
+    def __init__(self, policy: Any) -> None:
+        self.queue: collections.deque[HostRequest] = collections.deque()
+        self.delayed: collections.deque[HostRequest] = collections.deque()
+        self.reject = int(policy.timeout_action) == 0  # REJECT; 1 is DELAY
+        self.timeout_us = int(policy.default_timeout_microseconds)
+        self.override = bool(policy.allow_timeout_override)
+        self.max_size = int(policy.max_queue_size)
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self.delayed)
+
+
+class Waker:
+    """Calls ``rt.kick()`` at the earliest deadline asked for (one pending timer at a time,
+    re-armed only for an earlier deadline)."""
+
+    def __init__(self, rt: ModelRuntime) -> None:
+        self.rt = rt
+        self.at: float | None = None
+
+    def arm(self, deadline: float) -> None:
+        """Wake at ``deadline`` (time.monotonic seconds); caller holds the model lock."""
+        if self.at is not None and self.at <= deadline:
+            return
+        self.at = deadline
+        self.rt.server.timers.at(deadline, lambda d=deadline: self._fire(d))
+
+    def _fire(self, deadline: float) -> None:
+        rt = self.rt
+        with rt.lock:
+            if self.at != deadline:
+                return  # superseded by an earlier wake that already ran, or re-armed
+            self.at = None
+        if rt.state in ("READY", "UNLOADING"):
+            rt.kick()
+
+
+class DynamicBatcher:
+    """Triton's dynamic batcher for a model with ``dynamic_batching`` and max_batch_size > 0."""
+
+    owns_timeouts = True
+
+    def __init__(self, rt: ModelRuntime) -> None:
+        db = rt.config.dynamic_batching
+        self.rt = rt
+        self.max_batch = max(1, rt.max_batch_size)
+        self.preferred = frozenset(int(s) for s in db.preferred_batch_size)
+        self.max_preferred = max(self.preferred) if self.preferred else self.max_batch
+        self.delay_ns = int(db.max_queue_delay_microseconds) * 1000
+        n_levels = int(db.priority_levels)
+        self.n_levels = n_levels
+        self.default_level = int(db.default_priority_level) if n_levels else 0
+        if n_levels:
+            self.levels = [
+                _Level(db.priority_queue_policy[lv] if lv in db.priority_queue_policy
+                       else db.default_queue_policy)
+                for lv in range(1, n_levels + 1)
+            ]
+        else:
+            self.levels = [_Level(db.default_queue_policy)]
+        self.n = 0  # entries in every level (done ones included until they are passed)
+        self.waker = Waker(rt)
+        self.preserve = bool(db.preserve_ordering)
+        self._order: collections.deque[list] = collections.deque()
+        self._order_lock = threading.Lock()
+        self.queue = self  # the deque-like view is the batcher itself
+
+    # -- the deque-like view -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __iter__(self) -> Iterator[HostRequest]:
+        for lv in self.levels:
+            yield from lv.queue
+            yield from lv.delayed
+
+    def remove(self, req: HostRequest) -> None:
+        for lv in self.levels:
+            for dq in (lv.queue, lv.delayed):
+                try:
+                    dq.remove(req)
+                except ValueError:
+                    continue
+                self.n -= 1
+                return
+        raise ValueError("request is not queued")
+
+    def clear(self) -> None:
+        for lv in self.levels:
+            lv.queue.clear()
+            lv.delayed.clear()
+        self.n = 0
+
+    # -- queueing ----------------------------------------------------------------------------
+    def _level(self, req: HostRequest) -> _Level:
+        if not self.n_levels:
+            return self.levels[0]
+        p = req.priority
+        if not 0 < p <= self.n_levels:
+            p = self.default_level
+        return self.levels[p - 1]
+
+    def add(self, req: HostRequest) -> TritonpyError | None:
+        lv = self._level(req)
+        if lv.max_size and len(lv) >= lv.max_size:
+            # Requests already answered (cancelled, timed out) still sit in the deques.
+            self._purge(lv)
+            if len(lv) >= lv.max_size:
+                return UnavailableError(QUEUE_FULL)
+        timeout_us = lv.timeout_us
+        if lv.override and req.timeout_us:
+            timeout_us = req.timeout_us
+        if self.preserve:
+            self._delegate(req)
+        lv.queue.append(req)
+        self.n += 1
+        if timeout_us:
+            deadline = req.t_enqueue / 1e9 + timeout_us / 1e6
+            self.rt.server.timers.at(deadline, lambda: self._expired(req))
+        return None
+
+    def _purge(self, lv: _Level) -> None:
+        for attr in ("queue", "delayed"):
+            dq: collections.deque[HostRequest] = getattr(lv, attr)
+            live = collections.deque(r for r in dq if not r.done)
+            self.n -= len(dq) - len(live)
+            setattr(lv, attr, live)
+
+    def _expired(self, req: HostRequest) -> None:
+        """The request's queue timeout passed: reject it, or move it behind its level."""
+        rt = self.rt
+        with rt.lock:
+            if req.done:
+                return
+            lv = self._level(req)
+            try:
+                lv.queue.remove(req)
+            except ValueError:
+                return  # dispatched already, or delayed already
+            if lv.reject:
+                self.n -= 1
+            else:
+                lv.delayed.append(req)
+                return
+        req.fail(UnavailableError(REQUEST_TIMEOUT))
+        rt.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+
+    def requeue(self, reqs: list[HostRequest]) -> None:
+        for req in reversed(reqs):
+            self._level(req).queue.appendleft(req)
+            self.n += 1
+
+    def finished(self, inst: Instance, batch: list[HostRequest]) -> None:
+        pass
+
+    # -- batch formation ---------------------------------------------------------------------
+    def take(self, instances: list[Instance]) -> list[tuple[Instance, list[HostRequest]]]:
+        plans = []
+        while self.n:
+            inst = _free_instance(instances)
+            if inst is None:
+                break
+            batch = self._form()
+            if not batch:
+                break
+            inst.running += 1
+            plans.append((inst, batch))
+        return plans
+
+    def _order_iter(self) -> Iterator[HostRequest]:
+        for lv in self.levels:
+            yield from lv.queue
+            yield from lv.delayed
+
+    def _form(self) -> list[HostRequest] | None:
+        pending: list[HostRequest] = []
+        size = 0
+        best = 0  # number of pending requests making the best batch seen so far
+        send_now = False
+        oldest = 0
+        preferred = self.preferred
+        for req in self._order_iter():
+            if req.done:
+                continue
+            bs = req.batch_size or 1
+            if pending:
+                if best == 0 and size + bs > self.max_preferred:
+                    best = len(pending)
+                if size + bs > self.max_batch:
+                    send_now = True
+                    break
+            pending.append(req)
+            size += bs
+            if not oldest or req.t_enqueue < oldest:
+                oldest = req.t_enqueue
+            if size in preferred:
+                best = len(pending)
+        if not pending:
+            for lv in self.levels:
+                self._purge(lv)
+            return None
+        delay = self.delay_ns
+        exceeded = bool(delay) and time.monotonic_ns() - oldest >= delay
+        if best and not exceeded:
+            chosen = pending[:best]
+        elif send_now or size >= self.max_preferred or exceeded or not delay:
+            chosen = pending
+        else:
+            self.waker.arm((oldest + delay) / 1e9)
+            return None
+        self._pop(len(chosen))
+        return chosen
+
+    def _pop(self, count: int) -> None:
+        """Remove the first ``count`` live requests in order (and the answered ones between)."""
+        for lv in self.levels:
+            for dq in (lv.queue, lv.delayed):
+                while count and dq:
+                    req = dq.popleft()
+                    self.n -= 1
+                    if not req.done:
+                        count -= 1
+                if not count:
+                    return
+
+    # -- preserve_ordering -------------------------------------------------------------------
+    def _delegate(self, req: HostRequest) -> None:
+        """Hold ``req``'s responses until every earlier request has answered in full."""
+        slot: list = [req, req.sink, []]
+        with self._order_lock:
+            self._order.append(slot)
+        order, lock = self._order, self._order_lock
+
+        def sink(r: Any, outputs: Any, error: Any, parameters: Any, final: bool) -> None:
+            with lock:
+                slot[2].append((outputs, error, parameters, final))
+                while order and order[0][2]:
+                    head = order[0]
+                    items, head[2] = head[2], []
+                    for item in items:
+                        head[1](head[0], *item)
+                    if items[-1][3]:
+                        order.popleft()
+                    else:
+                        break
+
+        req.sink = sink
+
+
+def make_scheduler(rt: ModelRuntime) -> Any:
+    """The scheduler a model's configuration asks for."""
+    cfg = rt.config
+    if cfg.HasField("sequence_batching"):
+        from ._sequence import SequenceBatcher
+
+        return SequenceBatcher(rt)
+    if cfg.HasField("dynamic_batching") and rt.max_batch_size > 0:
+        return DynamicBatcher(rt)
+    return FifoScheduler(rt)
+
+
+__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "make_scheduler"]

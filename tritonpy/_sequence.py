@@ -1,0 +1,385 @@
+"""Sequence batching: stateful models whose requests carry a correlation ID and START/END flags.
+
+Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, behaviour only):
+
+* Every instance has a number of sequence slots: ``max(1, max_batch_size)`` with the
+  ``direct`` strategy, ``oldest.max_candidate_sequences`` (when set) with ``oldest``. A
+  sequence is given a free slot at its START (lowest slot index first, so consecutive
+  sequences spread over the instances) and keeps that instance until it ends; sequences that
+  find no free slot wait, with all their requests, in a backlog that takes the next freed slot.
+* A sequence has at most one request executing at a time, so its requests run in order.
+  ``direct`` sends whatever slots are ready (waiting up to ``max_queue_delay_microseconds``
+  for ``minimum_slot_utilization`` when that is set); ``oldest`` batches the ready sequences
+  oldest first, as the dynamic batcher does with ``preferred_batch_size`` and its delay.
+* The slot is freed when the END request has executed, or when the sequence was idle (nothing
+  queued or executing) for ``max_sequence_idle_microseconds``; a later request of a freed
+  sequence without START gets Triton's error.
+* The control inputs the configuration names are added to each request as it is sent:
+  START, END, READY (always true: tritonpy sends no null requests) with their configured
+  false/true values and data type, CORRID with the correlation ID in its configured type.
+  Shapes are ``[1]``, or ``[1, 1]`` for a model with max_batch_size > 0.
+"""
+from __future__ import annotations
+
+import collections
+import heapq
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from ._errors import InvalidArgumentError, TritonpyError
+from ._scheduler import Waker
+
+if TYPE_CHECKING:
+    from ._model import Instance, ModelRuntime
+    from ._request import HostRequest
+
+log = logging.getLogger("tritonpy.sequence")
+
+FLAG_START = 1
+FLAG_END = 2
+# ModelSequenceBatching.Control.Kind values.
+_START, _READY, _END, _CORRID = 0, 1, 2, 3
+_CORRID_DTYPES = {8: np.uint64, 12: np.int64, 6: np.uint32, 10: np.int32, 13: object}
+_INT_TYPE_STRING = 13
+
+
+class _Seq:
+    """One sequence: its slot (once it has one) and its requests not yet sent."""
+
+    __slots__ = ("corrid", "inst", "slot", "pending", "busy", "last", "open")
+
+    def __init__(self, corrid: int | str) -> None:
+        self.corrid = corrid
+        self.inst: Instance | None = None
+        self.slot = -1
+        self.pending: collections.deque[HostRequest] = collections.deque()
+        self.busy = 0  # requests of it executing now (0 or 1)
+        self.last = time.monotonic()
+        self.open = True  # no END seen yet
+
+
+class _Controls:
+    """The control tensors a configuration asks for, built once."""
+
+    def __init__(self, cfg: Any) -> None:
+        shape = (1, 1) if int(cfg.max_batch_size) > 0 else (1,)
+        self.shape = shape
+        self.flags: list[tuple[str, int, np.ndarray, np.ndarray]] = []
+        self.corrid: tuple[str, Any, bool] | None = None
+        for ci in cfg.sequence_batching.control_input:
+            for ctl in ci.control:
+                kind = int(ctl.kind)
+                if kind == _CORRID:
+                    dt = _CORRID_DTYPES.get(int(ctl.data_type), np.uint64)
+                    self.corrid = (ci.name, dt, int(ctl.data_type) == _INT_TYPE_STRING)
+                    continue
+                if len(ctl.int32_false_true):
+                    vals, dt = list(ctl.int32_false_true), np.int32
+                elif len(ctl.fp32_false_true):
+                    vals, dt = list(ctl.fp32_false_true), np.float32
+                else:
+                    vals, dt = list(ctl.bool_false_true), np.bool_
+                false = np.full(shape, vals[0], dtype=dt)
+                true = np.full(shape, vals[1], dtype=dt)
+                self.flags.append((ci.name, kind, false, true))
+        self.names = frozenset([n for n, *_ in self.flags] +
+                               ([self.corrid[0]] if self.corrid else []))
+
+    def tensors(self, req: HostRequest) -> list[tuple[str, np.ndarray]]:
+        out = []
+        flags = req.flags
+        for name, kind, false, true in self.flags:
+            if kind == _START:
+                on = bool(flags & FLAG_START)
+            elif kind == _END:
+                on = bool(flags & FLAG_END)
+            else:
+                on = True  # READY: every request tritonpy sends is a real one
+            out.append((name, true if on else false))
+        if self.corrid is not None:
+            name, dt, is_str = self.corrid
+            cid = req.correlation_id
+            if is_str:
+                arr = np.empty(self.shape, dtype=object)
+                arr.flat[0] = str(cid).encode("utf-8")
+            else:
+                arr = np.full(self.shape, cid, dtype=dt)
+            out.append((name, arr))
+        return out
+
+
+class SequenceBatcher:
+    """The scheduler of a model with ``sequence_batching``."""
+
+    owns_timeouts = False
+
+    def __init__(self, rt: ModelRuntime) -> None:
+        sb = rt.config.sequence_batching
+        self.rt = rt
+        self.name = rt.name
+        self.oldest = sb.HasField("oldest")
+        mbs = max(1, rt.max_batch_size)
+        self.max_batch = mbs
+        if self.oldest:
+            cands = int(sb.oldest.max_candidate_sequences)
+            self.slots = cands if cands > 0 else mbs
+            self.delay_ns = int(sb.oldest.max_queue_delay_microseconds) * 1000
+            self.preferred = frozenset(int(s) for s in sb.oldest.preferred_batch_size)
+            self.max_preferred = max(self.preferred) if self.preferred else mbs
+            self.min_util = 0.0
+        else:
+            self.slots = mbs
+            self.delay_ns = int(sb.direct.max_queue_delay_microseconds) * 1000
+            self.min_util = float(sb.direct.minimum_slot_utilization)
+            self.preferred = frozenset()
+            self.max_preferred = mbs
+        self.idle_s = max(int(sb.max_sequence_idle_microseconds), 1) / 1e6
+        self.controls = _Controls(rt.config)
+        self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
+        self.by_inst: dict[Instance, list[_Seq]] = {}  # sequences holding a slot there
+        self.free: list[tuple[int, int]] = []  # heap of (slot, instance index)
+        self.backlog: collections.deque[_Seq] = collections.deque()
+        self.inflight: dict[int, _Seq] = {}  # request id -> its sequence
+        self.n = 0
+        self.waker = Waker(rt)
+        self._reap_at: float | None = None
+        for idx, inst in enumerate(rt.instances):
+            self.by_inst[inst] = []
+            for slot in range(self.slots):
+                self.free.append((slot, idx))
+        heapq.heapify(self.free)
+        self.queue = self
+
+    # -- the deque-like view -----------------------------------------------------------------
+    def _all(self) -> Iterator[_Seq]:
+        for seqs in self.by_inst.values():
+            yield from seqs
+        yield from self.backlog
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __iter__(self) -> Iterator[HostRequest]:
+        for s in list(self._all()):
+            yield from list(s.pending)
+
+    def remove(self, req: HostRequest) -> None:
+        for s in self._all():
+            try:
+                s.pending.remove(req)
+            except ValueError:
+                continue
+            self.n -= 1
+            return
+        raise ValueError("request is not queued")
+
+    def clear(self) -> None:
+        for s in self._all():
+            s.pending.clear()
+        self.n = 0
+
+    # -- queueing ----------------------------------------------------------------------------
+    def add(self, req: HostRequest) -> TritonpyError | None:
+        cid = req.correlation_id
+        if cid is None or cid == 0 or cid == "" or isinstance(cid, bool):
+            return InvalidArgumentError(
+                f"inference request to model '{self.name}' must specify a non-zero or "
+                "non-empty correlation ID")
+        if req.batch_size > 1:
+            return InvalidArgumentError(
+                f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher")
+        corr = self.controls.corrid
+        if corr is not None and corr[2] != isinstance(cid, str):
+            want = "a string" if corr[2] else "an integer"
+            return InvalidArgumentError(
+                f"inference request to model '{self.name}' has correlation ID {cid!r}, but "
+                f"the model's CONTROL_SEQUENCE_CORRID input '{corr[0]}' needs {want} "
+                "correlation ID")
+        start = bool(req.flags & FLAG_START)
+        seq = self.active.get(cid)
+        if seq is None:
+            if not start:
+                return InvalidArgumentError(
+                    f"inference request for sequence {cid} to model '{self.name}' must "
+                    "specify the START flag on the first request of the sequence")
+            seq = _Seq(cid)
+            self.active[cid] = seq
+            self._assign(seq)
+        elif start:
+            log.warning("sequence %s for model '%s' has a conflict. The previous sequence did "
+                        "not end before this sequence start. Previous sequence will be "
+                        "terminated early.", cid, self.name)
+        seq.pending.append(req)
+        seq.last = time.monotonic()
+        self.n += 1
+        if req.flags & FLAG_END:
+            seq.open = False
+            del self.active[cid]
+        self._arm_reaper(seq.last + self.idle_s)
+        return None
+
+    def _assign(self, seq: _Seq) -> None:
+        while self.free:
+            slot, idx = heapq.heappop(self.free)
+            inst = self.rt.instances[idx]
+            if inst.state == "STOPPED":
+                continue
+            seq.inst, seq.slot = inst, slot
+            self.by_inst[inst].append(seq)
+            return
+        self.backlog.append(seq)
+
+    def _release(self, seq: _Seq) -> None:
+        """Free ``seq``'s slot; the oldest backlogged sequence takes it."""
+        inst = seq.inst
+        if inst is None:
+            return
+        try:
+            self.by_inst[inst].remove(seq)
+        except ValueError:
+            return
+        if seq.open and self.active.get(seq.corrid) is seq:
+            del self.active[seq.corrid]  # ended by the idle timeout
+        seq.open = False
+        while self.backlog:
+            nxt = self.backlog.popleft()
+            if not nxt.open and not nxt.pending:
+                continue  # every request of it was answered while it waited
+            nxt.inst, nxt.slot = inst, seq.slot
+            self.by_inst[inst].append(nxt)
+            return
+        heapq.heappush(self.free, (seq.slot, self.rt.instances.index(inst)))
+
+    def _settle(self, seq: _Seq) -> None:
+        """Drop answered requests at the head; free the slot of an ended, empty sequence."""
+        q = seq.pending
+        while q and q[0].done:
+            req = q.popleft()
+            self.n -= 1
+            if req.flags & FLAG_END and seq.open:
+                seq.open = False
+                if self.active.get(seq.corrid) is seq:
+                    del self.active[seq.corrid]
+        if not seq.open and not q and not seq.busy:
+            self._release(seq)
+
+    def requeue(self, reqs: list[HostRequest]) -> None:
+        for req in reversed(reqs):
+            seq = self.inflight.pop(req.id, None)
+            if seq is None:
+                continue
+            seq.busy -= 1
+            seq.pending.appendleft(req)
+            self.n += 1
+
+    def finished(self, inst: Instance, batch: list[HostRequest]) -> None:
+        now = time.monotonic()
+        for req in batch:
+            seq = self.inflight.pop(req.id, None)
+            if seq is None:
+                continue
+            seq.busy -= 1
+            seq.last = now
+            self._settle(seq)
+        if self.by_inst.get(inst):
+            self._arm_reaper(now + self.idle_s)
+
+    # -- batch formation ---------------------------------------------------------------------
+    def take(self, instances: list[Instance]) -> list[tuple[Instance, list[HostRequest]]]:
+        plans: list[tuple[Instance, list[HostRequest]]] = []
+        if not self.n:
+            return plans
+        for inst in instances:
+            while inst.state == "READY" and inst.running < inst.capacity:
+                batch = self._form(inst)
+                if not batch:
+                    break
+                inst.running += 1
+                plans.append((inst, batch))
+        return plans
+
+    def _form(self, inst: Instance) -> list[HostRequest] | None:
+        seqs = self.by_inst.get(inst)
+        if not seqs:
+            return None
+        ready = []
+        for s in list(seqs):
+            if s.busy:
+                continue
+            self._settle(s)
+            if s.pending:
+                ready.append(s)
+        if not ready:
+            return None
+        ready.sort(key=lambda s: s.pending[0].t_enqueue)
+        chosen = ready[:self.max_batch]
+        if self.delay_ns:
+            oldest = chosen[0].pending[0].t_enqueue
+            if self.oldest:
+                wait = len(chosen) < self.max_preferred and len(chosen) not in self.preferred
+            else:
+                wait = self.min_util > 0 and len(chosen) < self.min_util * self.slots
+            if wait and time.monotonic_ns() - oldest < self.delay_ns:
+                self.waker.arm((oldest + self.delay_ns) / 1e9)
+                return None
+        batch = []
+        names = self.controls.names
+        for s in chosen:
+            req = s.pending.popleft()
+            self.n -= 1
+            s.busy += 1
+            self.inflight[req.id] = s
+            if names:
+                inputs = [x for x in req.inputs if x[0] not in names]
+                inputs.extend(self.controls.tensors(req))
+                req.inputs = inputs
+            batch.append(req)
+        return batch
+
+    # -- idle sequences ----------------------------------------------------------------------
+    def _arm_reaper(self, deadline: float) -> None:
+        if self._reap_at is not None and self._reap_at <= deadline:
+            return
+        self._reap_at = deadline
+        self.rt.server.timers.at(deadline, lambda d=deadline: self._reap(d))
+
+    def _reap(self, deadline: float) -> None:
+        rt = self.rt
+        kick = False
+        with rt.lock:
+            if self._reap_at != deadline:
+                return
+            self._reap_at = None
+            if rt.state not in ("READY", "UNLOADING"):
+                return
+            now = time.monotonic()
+            nxt: float | None = None
+            for seqs in list(self.by_inst.values()):
+                for s in list(seqs):
+                    if s.busy:
+                        continue
+                    self._settle(s)
+                    if s.inst is None or s.pending:
+                        continue
+                    due = s.last + self.idle_s
+                    if due <= now:
+                        log.info("sequence %s of model '%s' idle for more than %g s: ended",
+                                 s.corrid, self.name, self.idle_s)
+                        self._release(s)
+                        kick = True
+                    elif nxt is None or due < nxt:
+                        nxt = due
+            if any(self.by_inst.values()):
+                self._arm_reaper(nxt if nxt is not None else now + self.idle_s)
+        if kick:
+            rt.kick()
+
+
+__all__ = ["FLAG_END", "FLAG_START", "SequenceBatcher"]
