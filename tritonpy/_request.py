@@ -130,7 +130,7 @@ def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,
                    parameters: dict | None, final: bool) -> InferenceResponse:
     return InferenceResponse(
         req.model.name, req.model.version, req.request_id,
-        {n: Tensor(n, a) for n, a in outputs}, error, parameters, final)
+        {n: Tensor(n, a) for n, a in outputs or ()}, error, parameters, final)
 
 
 class ResponseStream:

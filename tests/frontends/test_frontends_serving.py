@@ -1,0 +1,670 @@
+"""The HTTP and gRPC frontends end to end: the real ``tritonclient`` (sync and aio, HTTP and
+gRPC, the gRPC stream, the system shm utilities) against a real ``tritonpy.Server`` with real
+Python-backend models, over loopback on ports the OS picks.
+
+One server serves the whole module (stub start-up is the expensive part); every error test
+checks that the next request still succeeds.
+"""
+from __future__ import annotations
+
+import asyncio
+import http.client as httplib
+import json
+import os
+import queue
+import secrets
+import textwrap
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+from tritonclient.utils import shared_memory as shm_utils
+
+import tritonpy
+from tritonpy.frontends import Frontends
+
+MAX_INPUT = 4 * 1024 * 1024
+
+MODELS: dict[str, tuple[str, str]] = {
+    "identity_fp32": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        """, """
+        import json
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    params = json.loads(r.parameters())
+                    params["echo_id"] = r.request_id()
+                    out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)],
+                                                          parameters=params))
+                return out
+        """),
+    "identity_bytes": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ -1 ] } ]
+        """, """
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                    for r in requests]
+        """),
+    "add_sub": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 16 ] },
+                { name: "INPUT1", data_type: TYPE_FP32, dims: [ 16 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ 16 ] },
+                 { name: "OUTPUT1", data_type: TYPE_FP32, dims: [ 16 ] } ]
+        """, """
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                out = []
+                for r in requests:
+                    a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+                    out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b),
+                                                           pb_utils.Tensor("OUTPUT1", a - b)]))
+                return out
+        """),
+    "repeat": ("""
+        backend: "python"
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN", data_type: TYPE_INT32, dims: [ -1 ] } ]
+        output [ { name: "OUT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+        """, """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for r in requests:
+                    sender = r.get_response_sender()
+                    for v in pb_utils.get_input_tensor_by_name(r, "IN").as_numpy():
+                        sender.send(pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("OUT", np.array([v], np.int32))]))
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+        """),
+    "raiser": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        """, """
+        class TritonPythonModel:
+            def execute(self, requests):
+                raise RuntimeError("boom from execute")
+        """),
+}
+
+
+def write_repository(root: Path, names: Any = None) -> Path:
+    """Write the test models (all, or ``names``) into ``root``."""
+    for name, (config, code) in MODELS.items():
+        if names is not None and name not in names:
+            continue
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(f'name: "{name}"\n' + textwrap.dedent(config))
+        (root / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    return root
+
+
+@dataclass
+class Served:
+    server: tritonpy.Server
+    frontends: Frontends
+    http: str
+    grpc: str
+    metrics: str
+    prefix: str
+
+
+def shm_left(prefix: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    repo = write_repository(tmp_path_factory.mktemp("repo"))
+    prefix = f"tpyt{secrets.token_hex(4)}_"
+    server = tritonpy.Server(str(repo), backend_config={"shm-region-prefix-name": prefix,
+                                                         "shm-default-byte-size": str(1 << 20)})
+    server.start()
+    fe = Frontends(server, http_port=0, grpc_port=0, metrics_port=0, http_address="127.0.0.1",
+                   grpc_address="127.0.0.1", metrics_address="127.0.0.1",
+                   max_input_size=MAX_INPUT, exit_timeout=5.0)
+    try:
+        fe.start_in_thread()
+        yield Served(server, fe, f"127.0.0.1:{fe.http_port}", f"127.0.0.1:{fe.grpc_port}",
+                     f"http://127.0.0.1:{fe.metrics_port}/metrics", prefix)
+    finally:
+        fe.stop_in_thread()
+        server.stop()
+    assert shm_left(prefix) == []
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(served.http)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def grpcc(served: Served) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(served.grpc)
+    yield client
+    client.close()
+
+
+def raw_post(served: Served, path: str, body: bytes, headers: dict[str, str] | None = None,
+             method: str = "POST") -> tuple[int, dict[str, Any]]:
+    """A hand-made HTTP request (for what tritonclient would never send)."""
+    conn = httplib.HTTPConnection(*served.http.split(":"))
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = resp.read()
+        return resp.status, (json.loads(data) if data else {})
+    finally:
+        conn.close()
+
+
+def add_sub_inputs(mod: Any, binary: bool = True) -> tuple[list[Any], np.ndarray, np.ndarray]:
+    a = np.arange(16, dtype=np.float32)
+    b = np.full(16, 2, dtype=np.float32)
+    i0 = mod.InferInput("INPUT0", [16], "FP32")
+    i1 = mod.InferInput("INPUT1", [16], "FP32")
+    if mod is httpclient or mod is httpaio:
+        i0.set_data_from_numpy(a, binary_data=binary)
+        i1.set_data_from_numpy(b, binary_data=binary)
+    else:
+        i0.set_data_from_numpy(a)
+        i1.set_data_from_numpy(b)
+    return [i0, i1], a, b
+
+
+def assert_still_serving(http: httpclient.InferenceServerClient) -> None:
+    inputs, a, b = add_sub_inputs(httpclient)
+    assert np.array_equal(http.infer("add_sub", inputs).as_numpy("OUTPUT0"), a + b)
+
+
+# == HTTP ==========================================================================================
+
+def test_http_health_metadata_config(http: httpclient.InferenceServerClient) -> None:
+    assert http.is_server_live() and http.is_server_ready()
+    meta = http.get_server_metadata()
+    assert meta["name"] == "tritonpy" and "binary_tensor_data" in meta["extensions"]
+    assert http.is_model_ready("add_sub") and http.is_model_ready("add_sub", "1")
+    assert not http.is_model_ready("no_such_model")
+    md = http.get_model_metadata("add_sub", "1")
+    assert md["name"] == "add_sub" and [i["name"] for i in md["inputs"]] == ["INPUT0", "INPUT1"]
+    assert md["inputs"][0]["datatype"] == "FP32" and md["inputs"][0]["shape"] == [16]
+    config = http.get_model_config("repeat")
+    assert config["name"] == "repeat" and config["model_transaction_policy"]["decoupled"] is True
+    index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+    assert index["add_sub"] == "READY" and set(MODELS) <= set(index)
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_http_infer_json_and_binary(http: httpclient.InferenceServerClient, binary: bool) -> None:
+    inputs, a, b = add_sub_inputs(httpclient, binary)
+    outputs = [httpclient.InferRequestedOutput("OUTPUT1", binary_data=binary)]
+    result = http.infer("add_sub", inputs, outputs=outputs, request_id="req-7")
+    assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+    assert result.as_numpy("OUTPUT0") is None  # only what was asked for
+    response = result.get_response()
+    assert response["id"] == "req-7" and response["model_version"] == "1"
+    assert ("binary_data_size" in response["outputs"][0].get("parameters", {})) is binary
+    # No outputs named: all of them, binary (the client asks with binary_data_output).
+    result = http.infer("add_sub", inputs, model_version="1")
+    assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+
+
+def test_http_bytes_tensors(http: httpclient.InferenceServerClient) -> None:
+    words = np.array([b"alpha", b"", "é".encode(), b"\xff\xfe raw"], dtype=object)
+    for binary in (True, False):
+        data = words if binary else words[:3]  # JSON carries text only
+        inp = httpclient.InferInput("INPUT0", [len(data)], "BYTES")
+        inp.set_data_from_numpy(data, binary_data=binary)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary)
+        got = http.infer("identity_bytes", [inp], outputs=[out]).as_numpy("OUTPUT0")
+        # JSON BYTES outputs reach the client as str, as from Triton.
+        assert [x.encode() if isinstance(x, str) else x for x in got.tolist()] == data.tolist()
+    # Bytes that are not UTF-8 cannot travel in JSON: they come back binary instead.
+    inp = httpclient.InferInput("INPUT0", [4], "BYTES")
+    inp.set_data_from_numpy(words, binary_data=True)
+    res = http.infer("identity_bytes", [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    assert res.as_numpy("OUTPUT0").tolist() == words.tolist()
+
+
+def test_http_request_and_response_parameters(http: httpclient.InferenceServerClient) -> None:
+    inp = httpclient.InferInput("INPUT0", [3], "FP32")
+    inp.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+    result = http.infer("identity_fp32", [inp], request_id="p1",
+                        parameters={"temperature": "hot", "k": 3, "flag": True})
+    params = result.get_response()["parameters"]
+    assert params == {"temperature": "hot", "k": 3, "flag": True, "echo_id": "p1"}
+    with pytest.raises(InferenceServerException, match="reserved"):
+        http.infer("identity_fp32", [inp], parameters={"triton_x": 1})
+
+
+def test_http_compression(http: httpclient.InferenceServerClient) -> None:
+    inputs, a, b = add_sub_inputs(httpclient)
+    for algo in ("gzip", "deflate"):
+        res = http.infer("add_sub", inputs, request_compression_algorithm=algo,
+                         response_compression_algorithm=algo)
+        assert np.array_equal(res.as_numpy("OUTPUT1"), a - b)
+
+
+def _shm_regions(tag: str, sizes: dict[str, int]) -> dict[str, Any]:
+    return {n: shm_utils.create_shared_memory_region(f"{tag}_{n}", f"/{tag}_{n}", s)
+            for n, s in sizes.items()}
+
+
+def test_http_system_shared_memory(served: Served, http: httpclient.InferenceServerClient) -> None:
+    tag = f"tpyc{secrets.token_hex(4)}"
+    handles = _shm_regions(tag, {"in": 128, "out": 128})
+    try:
+        a = np.arange(16, dtype=np.float32)
+        b = np.ones(16, dtype=np.float32)
+        shm_utils.set_shared_memory_region(handles["in"], [a, b])
+        http.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 128)
+        http.register_system_shared_memory(f"{tag}_out", f"/{tag}_out", 128)
+        status = {r["name"]: r for r in http.get_system_shared_memory_status()}
+        assert status[f"{tag}_in"]["byte_size"] == 128 and status[f"{tag}_in"]["key"] == f"/{tag}_in"
+        i0 = httpclient.InferInput("INPUT0", [16], "FP32")
+        i0.set_shared_memory(f"{tag}_in", 64)
+        i1 = httpclient.InferInput("INPUT1", [16], "FP32")
+        i1.set_shared_memory(f"{tag}_in", 64, offset=64)
+        o0 = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        o0.set_shared_memory(f"{tag}_out", 64)
+        o1 = httpclient.InferRequestedOutput("OUTPUT1", binary_data=True)
+        o1.set_shared_memory(f"{tag}_out", 64, offset=64)
+        result = http.infer("add_sub", [i0, i1], outputs=[o0, o1])
+        # The data is in the client's region; the response says where and how much.
+        assert "data" not in result.get_output("OUTPUT0")
+        assert result.get_output("OUTPUT1")["parameters"]["shared_memory_byte_size"] == 64
+        got = shm_utils.get_contents_as_numpy(handles["out"], np.float32, [32])
+        assert np.array_equal(got[:16], a + b) and np.array_equal(got[16:], a - b)
+
+        # Errors: unknown region, window past the region, output too small, duplicate, reserved.
+        bad = httpclient.InferInput("INPUT0", [16], "FP32")
+        bad.set_shared_memory("nope", 64)
+        with pytest.raises(InferenceServerException, match="Unable to find shared memory region: 'nope'") as e:
+            http.infer("add_sub", [bad, i1])
+        assert e.value.status() == "404"
+        bad.set_shared_memory(f"{tag}_in", 64, offset=100)
+        with pytest.raises(InferenceServerException, match="Invalid offset \\+ byte size"):
+            http.infer("add_sub", [bad, i1])
+        small = httpclient.InferRequestedOutput("OUTPUT0")
+        small.set_shared_memory(f"{tag}_out", 32)
+        with pytest.raises(InferenceServerException, match="should be at least 64 bytes"):
+            http.infer("add_sub", [i0, i1], outputs=[small])
+        with pytest.raises(InferenceServerException, match="already in manager"):
+            http.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 128)
+        with pytest.raises(InferenceServerException, match="reserved"):
+            http.register_system_shared_memory("mine", f"/{served.prefix}x", 8)
+        with pytest.raises(InferenceServerException, match="invalid args"):
+            http.register_system_shared_memory("big", f"/{tag}_in", 4096)
+        http.unregister_system_shared_memory(f"{tag}_in")
+        assert [r["name"] for r in http.get_system_shared_memory_status()] == [f"{tag}_out"]
+        with pytest.raises(InferenceServerException, match="Unable to find"):
+            http.infer("add_sub", [i0, i1])
+        assert_still_serving(http)
+    finally:
+        http.unregister_system_shared_memory()
+        for h in handles.values():
+            shm_utils.destroy_shared_memory_region(h)
+    assert http.get_system_shared_memory_status() == []
+
+
+def test_http_cuda_shm_trace_generate_are_unsupported(served: Served, http: httpclient.InferenceServerClient) -> None:
+    assert http.get_cuda_shared_memory_status() == []
+    with pytest.raises(InferenceServerException, match="GPUs not supported"):
+        http.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
+    http.unregister_cuda_shared_memory()
+    status, body = raw_post(served, "/v2/trace/setting", b"", method="GET")
+    assert status == 503 and "does not support tracing" in body["error"]
+    status, body = raw_post(served, "/v2/models/add_sub/generate", b"{}")
+    assert status == 400 and "not supported" in body["error"]
+    status, body = raw_post(served, "/v2/repository/other/index", b"")
+    assert status == 400 and "repository_name" in body["error"]
+
+
+def _infer_body(inputs: list[dict[str, Any]], outputs: Any = None) -> bytes:
+    doc: dict[str, Any] = {"inputs": inputs}
+    if outputs is not None:
+        doc["outputs"] = outputs
+    return json.dumps(doc).encode()
+
+
+FP32_4 = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
+
+
+@pytest.mark.parametrize("path, body, headers, status, message", [
+    ("/v2/models/identity_fp32/infer", b"{not json", {}, 400, "failed to parse the request JSON"),
+    ("/v2/models/identity_fp32/infer", b"[1, 2]", {}, 400, "expected a JSON object"),
+    ("/v2/models/identity_fp32/infer", b'{"inputs": 3}', {}, 400, "Unable to parse 'inputs'"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})]),
+     {"Inference-Header-Content-Length": "9999"}, 400, "inference header size should be in range"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})]),
+     {"Inference-Header-Content-Length": "abc"}, 400, "Unable to parse Inference-Header-Content-Length"),
+    ("/v2/models/identity_fp32/infer", b"BINARY", {}, 400, "failed to parse the request JSON"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4)]), {}, 400, "no field is set"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4],
+                                                         parameters={"binary_data_size": 16})]),
+     {}, 400, "But set 'data' 'binary_data_size'"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3])]), {}, 400,
+     "Shape does not match"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=["a", "b", "c", "d"])]), {},
+     400, "expected FP32 values"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, datatype="FLOAT", data=[1, 2, 3, 4])]),
+     {}, 400, "invalid datatype 'FLOAT'"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, datatype="INT32", data=[1, 2, 3, 4])]),
+     {}, 400, "INPUT0"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, name="WRONG", data=[1, 2, 3, 4])]),
+     {}, 400, "WRONG"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])],
+                                                   [{"name": "NOPE"}]), {}, 400, "NOPE"),
+    ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])],
+                                                   [{"name": "OUTPUT0", "parameters": {"classification": 2}}]),
+     {}, 400, "classification"),
+    ("/v2/models/no_such_model/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]), {}, 404,
+     "unknown model"),
+    ("/v2/models/identity_fp32/versions/x/infer", b"{}", {}, 404, "Not Found"),
+    ("/v2/models/repeat/infer", _infer_body([{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}]),
+     {}, 400, "decoupled transaction policy"),
+    ("/v2/models/raiser/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]), {}, 500,
+     "boom from execute"),
+    ("/v2/nothing/here", b"", {}, 404, "Not Found"),
+    ("/v2/health/live", b"", {}, 405, "Method Not Allowed"),
+    ("/v2/models/add_sub/config", b"", {}, 405, "Method Not Allowed"),
+    ("/v2/systemsharedmemory/region/r/register", b'{"byte_size": 8}', {}, 400, "no 'key' field"),
+    ("/v2/repository/index", b'{"ready": "yes"}', {}, 400, "Unable to parse 'ready'"),
+    ("/v2/logging", b'{"log_info": 3}', {}, 400, "Unable to parse 'log_info'"),
+])
+def test_http_bad_requests(served: Served, http: httpclient.InferenceServerClient, path: str,
+                           body: bytes, headers: dict[str, str], status: int, message: str) -> None:
+    got_status, got = raw_post(served, path, body, headers)
+    assert got_status == status, got
+    assert message in got["error"]
+    assert_still_serving(http)
+
+
+def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceServerClient) -> None:
+    header = _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})])
+    hdr = {"Inference-Header-Content-Length": str(len(header))}
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + b"\0" * 8, hdr)
+    assert status == 400 and "expecting 8 additional bytes" in body["error"]
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + b"\0" * 20, hdr)
+    assert status == 400 and "unexpected additional input data" in body["error"]
+    header = _infer_body([dict(FP32_4, parameters={"binary_data_size": 12})])
+    hdr = {"Inference-Header-Content-Length": str(len(header))}
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + b"\0" * 12, hdr)
+    assert status == 400 and "unexpected total byte size 12" in body["error"]
+    # Raw binary request (header length 0): the whole body is the model's only input.
+    raw = np.arange(4, dtype=np.float32).tobytes()
+    conn = http_conn(served)
+    conn.request("POST", "/v2/models/identity_fp32/infer", body=raw,
+                 headers={"Inference-Header-Content-Length": "0"})
+    resp = conn.getresponse()
+    data = resp.read()
+    conn.close()
+    hlen = int(resp.getheader("Inference-Header-Content-Length"))
+    assert resp.status == 200 and data[hlen:] == raw
+    assert_still_serving(http)
+
+
+def http_conn(served: Served) -> httplib.HTTPConnection:
+    host, port = served.http.split(":")
+    return httplib.HTTPConnection(host, int(port))
+
+
+def test_http_oversized_body(served: Served, http: httpclient.InferenceServerClient) -> None:
+    big = np.zeros(MAX_INPUT // 4 + 16, dtype=np.float32)
+    inp = httpclient.InferInput("INPUT0", [big.size], "FP32")
+    inp.set_data_from_numpy(big)
+    with pytest.raises(InferenceServerException, match="--http-max-input-size") as e:
+        http.infer("identity_fp32", [inp])
+    assert e.value.status() == "400"
+    assert_still_serving(http)
+
+
+def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceServerClient) -> None:
+    assert_still_serving(http)
+    stats = http.get_inference_statistics("add_sub")["model_stats"]
+    assert stats[0]["name"] == "add_sub" and int(stats[0]["inference_stats"]["success"]["count"]) >= 1
+    everything = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
+    assert {"add_sub", "identity_fp32"} <= everything
+    with pytest.raises(InferenceServerException, match="not available"):
+        http.get_inference_statistics("no_such_model")
+    text = urllib.request.urlopen(served.metrics).read().decode()
+    for family in ("nv_inference_request_success", "nv_inference_request_failure",
+                   "nv_inference_count", "nv_inference_exec_count",
+                   "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                   "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                   "nv_inference_compute_output_duration_us", "tritonpy_shm_pool_mapped_bytes",
+                   "tritonpy_shm_pool_used_bytes", "tritonpy_shm_pool_segments"):
+        assert f"# TYPE {family} " in text, family
+    assert 'nv_inference_request_success{model="add_sub",version="1"}' in text
+
+
+def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
+    settings = http.get_log_settings()
+    assert settings["log_info"] is True and settings["log_format"] == "default"
+    try:
+        assert http.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
+    finally:
+        http.update_log_settings({"log_verbose_level": 0})
+
+
+def test_http_aio_client(served: Served) -> None:
+    async def run() -> None:
+        client = httpaio.InferenceServerClient(served.http)
+        try:
+            assert await client.is_server_ready()
+            inputs, a, b = add_sub_inputs(httpaio)
+            results = await asyncio.gather(*(client.infer("add_sub", inputs) for _ in range(8)))
+            for r in results:
+                assert np.array_equal(r.as_numpy("OUTPUT0"), a + b)
+        finally:
+            await client.close()
+
+    asyncio.run(run())
+
+
+# == gRPC ==========================================================================================
+
+def test_grpc_health_metadata_config(grpcc: grpcclient.InferenceServerClient) -> None:
+    assert grpcc.is_server_live() and grpcc.is_server_ready()
+    assert grpcc.get_server_metadata().name == "tritonpy"
+    assert grpcc.is_model_ready("add_sub") and not grpcc.is_model_ready("no_such_model")
+    md = grpcc.get_model_metadata("add_sub", as_json=True)
+    assert md["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": ["16"]}
+    config = grpcc.get_model_config("repeat").config
+    assert config.name == "repeat" and config.model_transaction_policy.decoupled
+    names = {m.name for m in grpcc.get_model_repository_index().models}
+    assert set(MODELS) <= names
+
+
+def test_grpc_infer_raw_and_typed(served: Served, grpcc: grpcclient.InferenceServerClient) -> None:
+    inputs, a, b = add_sub_inputs(grpcclient)
+    result = grpcc.infer("add_sub", inputs, request_id="g1",
+                         outputs=[grpcclient.InferRequestedOutput("OUTPUT0")])
+    assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+    assert result.get_response().id == "g1" and [o.name for o in result.get_response().outputs] == ["OUTPUT0"]
+    words = np.array([b"x", b"\xff", b""], dtype=object)
+    inp = grpcclient.InferInput("INPUT0", [3], "BYTES")
+    inp.set_data_from_numpy(words)
+    assert grpcc.infer("identity_bytes", [inp]).as_numpy("OUTPUT0").tolist() == words.tolist()
+    inp = grpcclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([1, 2], np.float32))
+    res = grpcc.infer("identity_fp32", [inp], parameters={"k": 5, "s": "v", "b": False})
+    params = res.get_response().parameters
+    assert params["k"].int64_param == 5 and params["s"].string_param == "v"
+    # Typed contents, which tritonclient never sends: through the raw stub.
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="identity_fp32")
+        t = req.inputs.add(name="INPUT0", datatype="FP32", shape=[3])
+        t.contents.fp32_contents.extend([1.5, 2.5, 3.5])
+        resp = stub.ModelInfer(req)
+        assert np.frombuffer(resp.raw_output_contents[0], np.float32).tolist() == [1.5, 2.5, 3.5]
+        t.contents.int_contents.extend([1, 2, 3])
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        req = service_pb2.ModelInferRequest(model_name="identity_fp32")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[3])
+        with pytest.raises(grpc.RpcError, match="unable to find data for input tensor"):
+            stub.ModelInfer(req)
+
+
+@pytest.mark.parametrize("model, datatype, shape, code, message", [
+    ("no_such_model", "FP32", [2], "StatusCode.NOT_FOUND", "unknown model"),
+    ("identity_fp32", "INT32", [2], "StatusCode.INVALID_ARGUMENT", "INPUT0"),
+    ("add_sub", "FP32", [2], "StatusCode.INVALID_ARGUMENT", "INPUT"),
+    ("repeat", "INT32", [2], "StatusCode.UNIMPLEMENTED", "decoupled transaction policy"),
+    ("raiser", "FP32", [2], "StatusCode.INTERNAL", "boom from execute"),
+])
+def test_grpc_errors(grpcc: grpcclient.InferenceServerClient, model: str, datatype: str,
+                     shape: list[int], code: str, message: str) -> None:
+    name = "IN" if model == "repeat" else "INPUT0"
+    inp = grpcclient.InferInput(name, shape, datatype)
+    inp.set_data_from_numpy(np.zeros(shape, dtype=np.float32 if datatype == "FP32" else np.int32))
+    with pytest.raises(InferenceServerException, match=message) as e:
+        grpcc.infer(model, [inp])
+    assert e.value.status() == code
+    inputs, a, b = add_sub_inputs(grpcclient)
+    assert np.array_equal(grpcc.infer("add_sub", inputs).as_numpy("OUTPUT1"), a - b)
+
+
+def test_grpc_unsupported_and_settings(grpcc: grpcclient.InferenceServerClient) -> None:
+    assert len(grpcc.get_cuda_shared_memory_status().regions) == 0
+    with pytest.raises(InferenceServerException, match="GPUs not supported"):
+        grpcc.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
+    with pytest.raises(InferenceServerException, match="does not support tracing"):
+        grpcc.get_trace_settings()
+    settings = grpcc.get_log_settings(as_json=True)["settings"]
+    assert settings["log_info"]["bool_param"] is True
+    stats = grpcc.get_inference_statistics("add_sub", as_json=True)
+    assert stats["model_stats"][0]["name"] == "add_sub"
+
+
+def test_grpc_stream_decoupled_and_errors(grpcc: grpcclient.InferenceServerClient) -> None:
+    results: queue.Queue[Any] = queue.Queue()
+    grpcc.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        x = grpcclient.InferInput("IN", [3], "INT32")
+        x.set_data_from_numpy(np.array([4, 5, 6], np.int32))
+        grpcc.async_stream_infer("repeat", [x], request_id="d1", enable_empty_final_response=True)
+        got, finals = [], []
+        for _ in range(4):
+            result, error = results.get(timeout=10)
+            assert error is None
+            resp = result.get_response()
+            assert resp.id == "d1"
+            finals.append(resp.parameters["triton_final_response"].bool_param)
+            if resp.outputs:
+                got.append(int(result.as_numpy("OUT")[0]))
+        assert got == [4, 5, 6] and finals == [False, False, False, True]
+        # Without the empty final response, exactly one response per element.
+        grpcc.async_stream_infer("repeat", [x], request_id="d2")
+        assert [int(results.get(timeout=10)[0].as_numpy("OUT")[0]) for _ in range(3)] == [4, 5, 6]
+        # A failing request reports on the stream, which stays open.
+        grpcc.async_stream_infer("no_such_model", [x], request_id="bad")
+        result, error = results.get(timeout=10)
+        assert result is None and "unknown model" in str(error)
+        # Default-mode models work over the stream too, answered in request order.
+        inputs, a, b = add_sub_inputs(grpcclient)
+        for i in range(5):
+            grpcc.async_stream_infer("add_sub", inputs, request_id=f"n{i}")
+        ids = []
+        for _ in range(5):
+            result, error = results.get(timeout=10)
+            assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+            assert result.get_response().parameters["triton_final_response"].bool_param
+            ids.append(result.get_response().id)
+        assert ids == [f"n{i}" for i in range(5)]
+        assert results.empty()
+    finally:
+        grpcc.stop_stream()
+
+
+def test_grpc_system_shared_memory(grpcc: grpcclient.InferenceServerClient) -> None:
+    tag = f"tpyc{secrets.token_hex(4)}"
+    handles = _shm_regions(tag, {"io": 256})
+    try:
+        a = np.arange(16, dtype=np.float32)
+        shm_utils.set_shared_memory_region(handles["io"], [a, a])
+        grpcc.register_system_shared_memory(tag, f"/{tag}_io", 256)
+        assert grpcc.get_system_shared_memory_status(tag).regions[tag].byte_size == 256
+        i0 = grpcclient.InferInput("INPUT0", [16], "FP32")
+        i0.set_shared_memory(tag, 64)
+        i1 = grpcclient.InferInput("INPUT1", [16], "FP32")
+        i1.set_shared_memory(tag, 64, offset=64)
+        out = grpcclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(tag, 64, offset=128)
+        grpcc.infer("add_sub", [i0, i1], outputs=[out])
+        got = shm_utils.get_contents_as_numpy(handles["io"], np.float32, [64])
+        assert np.array_equal(got[32:48], a + a)
+        with pytest.raises(InferenceServerException, match="already in manager") as e:
+            grpcc.register_system_shared_memory(tag, f"/{tag}_io", 256)
+        assert e.value.status() == "StatusCode.ALREADY_EXISTS"
+        with pytest.raises(InferenceServerException, match="Unable to find system shared memory region"):
+            grpcc.get_system_shared_memory_status("nope")
+    finally:
+        grpcc.unregister_system_shared_memory()
+        for h in handles.values():
+            shm_utils.destroy_shared_memory_region(h)
+
+
+def test_grpc_aio_client_and_stream(served: Served) -> None:
+    async def run() -> None:
+        client = grpcaio.InferenceServerClient(served.grpc)
+        try:
+            assert await client.is_server_live()
+            inputs, a, b = add_sub_inputs(grpcaio)
+            results = await asyncio.gather(*(client.infer("add_sub", inputs) for _ in range(8)))
+            assert all(np.array_equal(r.as_numpy("OUTPUT1"), a - b) for r in results)
+            x = grpcaio.InferInput("IN", [2], "INT32")
+            x.set_data_from_numpy(np.array([7, 8], np.int32))
+
+            async def requests() -> Any:
+                # The aio client refuses reserved "triton_" parameters, so no empty final
+                # response comes: the stream carries exactly the two data responses.
+                yield {"model_name": "repeat", "inputs": [x], "request_id": "a1"}
+
+            seen = []
+            async for result, error in client.stream_infer(requests()):
+                assert error is None
+                assert result.get_response().id == "a1"
+                seen.append(int(result.as_numpy("OUT")[0]))
+                if len(seen) == 2:
+                    break
+            assert seen == [7, 8]
+        finally:
+            await client.close()
+
+    asyncio.run(run())

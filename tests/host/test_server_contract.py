@@ -1,0 +1,207 @@
+"""The model contract as a real server keeps it: initialize's args, auto_complete_config,
+default_model_filename and version_policy. One server (model control mode none) serves all.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _models import DOUBLE_PY, fp32, infer, io_config, new_prefix, serving, write_model
+from tritonpy.config import config_to_json, load_model_config, normalize_config
+
+pytestmark = pytest.mark.timeout(60)
+
+ARGS_PY = """
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.args = args
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([], parameters={
+            "args": json.dumps(self.args),
+            "types": json.dumps(sorted({type(k).__name__ + ":" + type(v).__name__
+                                        for k, v in self.args.items()}))})
+            for r in requests]
+"""
+
+AUTO_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(auto_complete_model_config):
+        cfg = auto_complete_model_config
+        cfg.set_max_batch_size(4)
+        cfg.set_dynamic_batching()
+        cfg.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2]})
+        cfg.add_output({"name": "OUT", "data_type": "TYPE_FP32", "dims": [2]})
+        cfg.set_model_transaction_policy({"decoupled": DECOUPLED})
+        return cfg
+
+    def execute(self, requests):
+        if DECOUPLED:
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                sender = r.get_response_sender()
+                for k in (1, 2):
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * k)]))
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return None
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1)])
+            for r in requests]
+"""
+
+VERSION_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.version = args["model_version"]
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([], parameters={"version": self.version})
+                for r in requests]
+"""
+
+VERSION_CONFIG = """
+backend: "python"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ], optional: true } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    write_model(repo, "args_model", ARGS_PY,
+                io_config(extra="instance_group [ { count: 1, kind: KIND_CPU } ]\n"))
+    write_model(repo, "nogroup", ARGS_PY, io_config())
+    write_model(repo, "auto", AUTO_PY.replace("DECOUPLED", "False"), config="")
+    write_model(repo, "auto_dec", AUTO_PY.replace("DECOUPLED", "True"), config="")
+    write_model(repo, "custom_file", DOUBLE_PY, io_config(
+        extra='default_model_filename: "custom.py"\n'), filename="custom.py")
+    write_model(repo, "vlatest", VERSION_PY, VERSION_CONFIG, versions=(1, 2, 3))
+    write_model(repo, "vall", VERSION_PY, VERSION_CONFIG + "version_policy: { all { } }\n",
+                versions=(1, 2, 3))
+    write_model(repo, "vspecific", VERSION_PY,
+                VERSION_CONFIG + "version_policy: { specific { versions: [ 1, 3 ] } }\n",
+                versions=(1, 2, 3))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with serving(repo, new_prefix()) as srv:
+        yield srv
+
+
+def _ok(model, inputs=None, **kw):
+    resp = infer(model, inputs or {}, **kw)
+    assert resp.error is None, resp.error
+    return resp
+
+
+def test_all_models_loaded(server):
+    index = {(m["name"], m["version"]): m["state"] for m in server.models()}
+    assert index == {
+        ("args_model", "1"): "READY", ("nogroup", "1"): "READY", ("auto", "1"): "READY",
+        ("auto_dec", "1"): "READY", ("custom_file", "1"): "READY", ("vlatest", "3"): "READY",
+        ("vall", "1"): "READY", ("vall", "2"): "READY", ("vall", "3"): "READY",
+        ("vspecific", "1"): "READY", ("vspecific", "3"): "READY",
+    }
+
+
+def test_initialize_args_are_exactly_tritons(server, repo):
+    resp = _ok(server.model("args_model"), {"IN": fp32(1)})
+    args = json.loads(resp.parameters["args"])
+    mdir = repo / "args_model"
+    cfg, _ = load_model_config(str(mdir))
+    expected_json = config_to_json(normalize_config(cfg, "args_model", str(mdir / "config.pbtxt")))
+    assert args == {
+        "model_config": expected_json,
+        "model_instance_kind": "CPU",
+        "model_instance_name": "args_model_0_0",
+        "model_instance_device_id": "0",
+        "model_repository": str(mdir),
+        "model_version": "1",
+        "model_name": "args_model",
+    }
+    assert json.loads(resp.parameters["types"]) == ["str:str"]
+    # the same JSON the config endpoint serves
+    assert json.loads(args["model_config"]) == server.model("args_model").config()
+
+
+def test_instance_name_without_instance_group(server):
+    # Triton names the default group after the model itself: one instance, '<model>_0'.
+    args = json.loads(_ok(server.model("nogroup"), {"IN": fp32(1)}).parameters["args"])
+    assert args["model_instance_name"] == "nogroup_0"
+    assert json.loads(args["model_config"])["instance_group"][0]["name"] == "nogroup"
+
+
+def test_auto_complete_fills_a_missing_config(server):
+    model = server.model("auto")
+    cfg = model.config()
+    assert cfg["name"] == "auto"
+    assert cfg["max_batch_size"] == 4
+    assert "dynamic_batching" in cfg
+    assert [(i["name"], i["data_type"], i["dims"]) for i in cfg["input"]] == [
+        ("IN", "TYPE_FP32", [2])]
+    assert [(o["name"], o["data_type"], o["dims"]) for o in cfg["output"]] == [
+        ("OUT", "TYPE_FP32", [2])]
+    assert cfg["model_transaction_policy"] == {"decoupled": False}
+    assert not model.decoupled()
+    resp = _ok(model, {"IN": np.zeros((3, 2), np.float32)})
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), np.ones((3, 2)))
+    with pytest.raises(tritonpy.InvalidArgumentError, match="batch-size must be <= 4"):
+        model.infer({"IN": np.zeros((5, 2), np.float32)})
+
+
+def test_auto_complete_decoupled_policy(server):
+    model = server.model("auto_dec")
+    assert model.config()["model_transaction_policy"] == {"decoupled": True}
+    assert model.decoupled()
+    responses = list(model.infer({"IN": np.ones((1, 2), np.float32)}))
+    data = [r.outputs["OUT"].to_numpy().tolist() for r in responses if r.outputs]
+    assert data == [[[1, 1]], [[2, 2]]]
+    assert responses[-1].final and all(r.error is None for r in responses)
+
+
+def test_default_model_filename(server):
+    model = server.model("custom_file")
+    assert model.config()["default_model_filename"] == "custom.py"
+    resp = _ok(model, {"IN": fp32(2)})
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), fp32(4))
+
+
+def _version(server, name, version=-1):
+    return _ok(server.model(name, version)).parameters["version"]
+
+
+def test_version_policy_latest(server):
+    assert _version(server, "vlatest") == "3"
+    assert _version(server, "vlatest", 3) == "3"
+    for v in (1, 2):
+        with pytest.raises(tritonpy.NotFoundError, match=f"'vlatest' version {v} is not found"):
+            server.model("vlatest", v).infer({})
+
+
+def test_version_policy_all(server):
+    assert [_version(server, "vall", v) for v in (1, 2, 3)] == ["1", "2", "3"]
+    assert _version(server, "vall") == "3"  # no version: the newest
+    assert server.model("vall", 2).ready()
+
+
+def test_version_policy_specific(server):
+    assert [_version(server, "vspecific", v) for v in (1, 3)] == ["1", "3"]
+    with pytest.raises(tritonpy.NotFoundError, match="version 2 is not found"):
+        server.model("vspecific", 2).infer({})
+    assert not server.model("vspecific", 2).ready()
+    assert server.model("vspecific", 1).ready()
