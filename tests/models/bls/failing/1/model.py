@@ -1,0 +1,27 @@
+"""Fails on demand (request parameter 'mode'): 'raise' raises a ValueError, 'model_exception'
+raises TritonModelException, 'error' returns an error response with parameter 'code'
+(a pb_utils.TritonError code) and 'message'; anything else succeeds."""
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            params = json.loads(request.parameters())
+            mode = params.get("mode", "ok")
+            if mode == "raise":
+                raise ValueError("failing model was asked to raise")
+            if mode == "model_exception":
+                raise pb_utils.TritonModelException("failing model raised TritonModelException")
+            if mode == "error":
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    params.get("message", "failing model error"),
+                    int(params.get("code", pb_utils.TritonError.INTERNAL)))))
+                continue
+            in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            responses.append(pb_utils.InferenceResponse(
+                output_tensors=[pb_utils.Tensor("OUTPUT0", in0.as_numpy())]))
+        return responses

@@ -1,0 +1,47 @@
+"""A decoupled model that misuses its response sender on purpose (request parameter 'mode'):
+send_after_final (the exception is kept and reported later), final_twice, return_list (execute
+returns responses), raise; 'report' answers with what the last misuse raised (REPORT, JSON)."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def out(v):
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.last = None
+
+    def execute(self, requests):
+        for request in requests:
+            mode = json.loads(request.parameters()).get("mode", "")
+            sender = request.get_response_sender()
+            if mode == "send_after_final":
+                sender.send(out(1))
+                sender.send(flags=FINAL)
+                try:
+                    sender.send(out(2))
+                    self.last = {"raised": None}
+                except pb_utils.TritonModelException as exc:
+                    self.last = {"raised": "TritonModelException", "message": exc.message()}
+            elif mode == "final_twice":
+                sender.send(out(1), flags=FINAL)
+                try:
+                    sender.send(flags=FINAL)
+                    self.last = {"raised": None}
+                except pb_utils.TritonModelException as exc:
+                    self.last = {"raised": "TritonModelException", "message": exc.message()}
+            elif mode == "return_list":
+                return [out(1) for _ in requests]
+            elif mode == "raise":
+                raise RuntimeError("misuse_decoupled raised on purpose")
+            elif mode == "report":
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+                    "REPORT", np.array([json.dumps(self.last)], dtype=np.object_))]), flags=FINAL)
+        return None

@@ -1,0 +1,51 @@
+"""A default-mode (not decoupled) model and the response sender (request parameter 'mode'):
+sender_ok (one response with COMPLETE_FINAL), sender_split (one response, then a bare final
+flag), two_responses (the second send raises; kept for 'report'), return_none (returns None
+without sending anything), and 'report'."""
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def out(v):
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))])
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.last = None
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            mode = json.loads(request.parameters()).get("mode", "")
+            value = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0])
+            if mode == "sender_ok":
+                request.get_response_sender().send(out(value), flags=FINAL)
+            elif mode == "sender_split":
+                sender = request.get_response_sender()
+                sender.send(out(value))
+                sender.send(flags=FINAL)
+            elif mode == "two_responses":
+                sender = request.get_response_sender()
+                sender.send(out(value))
+                try:
+                    sender.send(out(value + 1))
+                    self.last = {"raised": None}
+                except pb_utils.TritonModelException as exc:
+                    self.last = {"raised": "TritonModelException", "message": exc.message()}
+                sender.send(flags=FINAL)
+            elif mode == "return_none":
+                return None
+            elif mode == "report":
+                responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
+                    "REPORT", np.array([json.dumps(self.last)], dtype=np.object_))]))
+                continue
+            else:
+                responses.append(out(value))
+                continue
+        return responses if responses else None
