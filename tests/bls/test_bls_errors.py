@@ -1,0 +1,233 @@
+"""Every BLS error path, in real stubs: timeouts, parameters of the wrong type, a target that
+raises or answers an error, unknown models and versions, bad inputs, BLS where Triton forbids
+it (initialize) and from threads of the stub — and through all of it the caller's stub keeps
+serving (same process, no restart)."""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _bls_models import (
+    BLS_REPO,
+    DECOUPLED_REPO,
+    drive,
+    fp32,
+    infer_one,
+    new_prefix,
+    serve,
+    text,
+)
+
+MODELS = ["bls_driver", "add_sub", "sleeper", "failing", "versioned", "echo_meta", "square",
+          "bls_in_init", "bls_background", "identity"]
+# pb_utils.TritonError codes
+INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, CANCELLED = 1, 2, 3, 4, 7
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tritonpy.Server]:
+    with serve([BLS_REPO, DECOUPLED_REPO], new_prefix(), model_control_mode="explicit",
+               load_models=MODELS) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def driver_pid(server) -> int:
+    (inst,) = server.runtime("bls_driver").instances
+    return inst.stub.pid
+
+
+def one(report: dict) -> dict:
+    assert report["exception"] is None, report["exception"]
+    (resp,) = report["responses"]
+    return resp
+
+
+def assert_driver_still_serves(server, driver_pid: int) -> None:
+    (inst,) = server.runtime("bls_driver").instances
+    assert inst.stub.pid == driver_pid and inst.state == "READY" and inst.restarts == 0
+    report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
+                               "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(3, 4)}})
+    assert one(report)["outputs"]["OUTPUT0"]["values"] == [4.0, 6.0]
+
+
+# -- timeout -------------------------------------------------------------------------------------
+def test_timeout_answers_with_an_error_and_cancels_the_target(server, driver_pid) -> None:
+    t0 = time.monotonic()
+    report, _ = drive(server, {"model": "sleeper", "outputs": ["SLEPT"], "request_id": "slow-1",
+                               "timeout": 200_000,  # µs
+                               "inputs": {"MS": {"data": [3000], "dtype": "int32"}}})
+    took = time.monotonic() - t0
+    resp = one(report)
+    assert resp["error"] is not None, resp
+    assert "timeout" in resp["error"]["message"].lower()
+    assert took < 2.5, f"the timeout answered after {took:.2f} s"
+    # the target saw the cancellation and stopped early
+    log_report, _ = drive(server, {"model": "sleeper", "outputs": ["LOG"],
+                                   "inputs": {"MS": {"data": [0], "dtype": "int32"}}})
+    log = json.loads(one(log_report)["outputs"]["LOG"]["values"][0])
+    slow = [e for e in log if e["request_id"] == "slow-1"]
+    assert slow and slow[-1]["cancelled"] and slow[-1]["slept_ms"] < 2500, log
+    assert_driver_still_serves(server, driver_pid)
+
+
+def test_timeout_of_a_request_still_queued(server) -> None:
+    # The only sleeper instance is busy with a client request; the BLS call times out in the
+    # queue and never runs.
+    busy = server.model("sleeper").infer({"MS": np.array([800], np.int32)})
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    report, _ = drive(server, {"model": "sleeper", "outputs": ["SLEPT"], "timeout": 100_000,
+                               "request_id": "queued-1",
+                               "inputs": {"MS": {"data": [0], "dtype": "int32"}}})
+    resp = one(report)
+    assert resp["error"] is not None and "timeout" in resp["error"]["message"].lower()
+    assert time.monotonic() - t0 < 0.7
+    assert busy.get(timeout=10).error is None
+
+
+def test_a_generous_timeout_does_not_fire(server) -> None:
+    report, _ = drive(server, {"model": "sleeper", "outputs": ["SLEPT"], "timeout": 5_000_000,
+                               "inputs": {"MS": {"data": [20], "dtype": "int32"}}})
+    resp = one(report)
+    assert resp["error"] is None and resp["outputs"]["SLEPT"]["values"][0] >= 20
+
+
+# -- parameters ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [1.5, [1, 2], {"a": 1}, None])
+def test_parameters_other_than_bool_int_str_are_rejected(server, driver_pid, bad) -> None:
+    report, _ = drive(server, {"model": "echo_meta", "outputs": ["META"],
+                               "parameters": {"ok": 1, "bad": bad},
+                               "inputs": {"INPUT0": fp32(1)}})
+    assert report["exception"] is not None
+    assert "TritonModelException" in report["exception"]
+    assert "bool/int/str" in report["exception"] and "bad" in report["exception"]
+    assert report["responses"] == []  # refused before anything was sent
+    assert_driver_still_serves(server, driver_pid)
+
+
+# -- the target fails ----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode, text_in_message", [
+    ("raise", "failing model was asked to raise"),
+    ("model_exception", "failing model raised TritonModelException"),
+])
+def test_target_that_raises(server, driver_pid, mode, text_in_message) -> None:
+    report, _ = drive(server, {"model": "failing", "outputs": ["OUTPUT0"],
+                               "parameters": {"mode": mode}, "inputs": {"INPUT0": fp32(1)}})
+    resp = one(report)
+    assert resp["error"] is not None
+    assert text_in_message in resp["error"]["message"]
+    assert resp["error"]["code"] == INTERNAL
+    assert resp["outputs"] == {}
+    assert_driver_still_serves(server, driver_pid)
+
+
+@pytest.mark.parametrize("code", [INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, CANCELLED])
+def test_target_error_response_keeps_message_and_code(server, code) -> None:
+    report, _ = drive(server, {"model": "failing", "outputs": ["OUTPUT0"],
+                               "parameters": {"mode": "error", "code": code,
+                                              "message": f"custom error {code}"},
+                               "inputs": {"INPUT0": fp32(1)}})
+    resp = one(report)
+    assert resp["error"] == {"code": code, "message": f"custom error {code}"}
+
+
+def test_target_that_succeeds_after_failures(server) -> None:
+    report, _ = drive(server, {"model": "failing", "outputs": ["OUTPUT0"],
+                               "inputs": {"INPUT0": fp32(7, 8)}})
+    assert one(report)["outputs"]["OUTPUT0"]["values"] == [7.0, 8.0]
+
+
+# -- unknown model / version ---------------------------------------------------------------------
+@pytest.mark.parametrize("spec, needle", [
+    ({"model": "no_such_model"}, "no_such_model"),
+    ({"model": "versioned", "version": 7}, "7"),
+])
+def test_unknown_model_or_version_is_not_found(server, driver_pid, spec, needle) -> None:
+    report, _ = drive(server, {**spec, "outputs": ["VERSION"], "inputs": {"INPUT0": fp32(1)}})
+    resp = one(report)
+    assert resp["error"] is not None
+    assert resp["error"]["code"] == NOT_FOUND
+    assert needle in resp["error"]["message"]
+    assert_driver_still_serves(server, driver_pid)
+
+
+def test_model_in_the_repository_but_not_loaded_is_unavailable(server) -> None:
+    report, _ = drive(server, {"model": "lazy_target", "outputs": ["OUTPUT0"],
+                               "inputs": {"INPUT0": fp32(1)}})
+    resp = one(report)
+    assert resp["error"] is not None and resp["error"]["code"] == UNAVAILABLE
+    assert "lazy_target" in resp["error"]["message"]
+
+
+# -- bad inputs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("inputs, outputs, needle", [
+    ({"WRONG": fp32(1), "INPUT1": fp32(1)}, ["OUTPUT0"], "WRONG"),  # unknown input name
+    ({"INPUT0": fp32(1)}, ["OUTPUT0"], "INPUT1"),  # a required input missing
+    ({"INPUT0": {"data": [1], "dtype": "int32"}, "INPUT1": fp32(1)}, ["OUTPUT0"], "INPUT0"),
+    ({"INPUT0": {"data": [[1.0]], "dtype": "float32"}, "INPUT1": fp32(1)}, ["OUTPUT0"], "INPUT0"),
+    ({"INPUT0": fp32(1), "INPUT1": fp32(1)}, ["NOPE"], "NOPE"),  # unknown requested output
+], ids=["name", "missing", "dtype", "shape", "output"])
+def test_bad_inputs_are_invalid_arg(server, driver_pid, inputs, outputs, needle) -> None:
+    report, _ = drive(server, {"model": "add_sub", "outputs": outputs, "inputs": inputs})
+    resp = one(report)
+    assert resp["error"] is not None, resp
+    assert resp["error"]["code"] == INVALID_ARG, resp["error"]
+    assert needle in resp["error"]["message"]
+    assert_driver_still_serves(server, driver_pid)
+
+
+def test_many_errors_in_a_row_leave_the_caller_healthy(server, driver_pid) -> None:
+    report, _ = drive(server, {"model": "no_such_model", "outputs": ["X"], "repeat": 200,
+                               "inputs": {"INPUT0": fp32(1)}})
+    assert report["calls"] == 200 and report["errors"] == 200
+    assert_driver_still_serves(server, driver_pid)
+
+
+# -- where BLS may run ---------------------------------------------------------------------------
+def test_exec_in_initialize_fails_clearly_and_execute_still_works(server) -> None:
+    report = text(infer_one(server, "bls_in_init", {"INPUT0": np.array([2, 3], np.float32)}),
+                  "REPORT")
+    assert report["raised"] == "TritonModelException"
+    assert "initialize" in report["message"] and "execute" in report["message"]
+    assert report["execute_bls_ok"] is True
+    assert report["execute_bls_out"] == [4.0, 6.0]
+
+
+@pytest.mark.parametrize("mode", ["thread", "thread_decoupled"])
+def test_bls_from_a_thread_during_execute_works(server, mode) -> None:
+    spec = ({"model": "add_sub", "outputs": ["OUTPUT0"],
+             "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(1, 1)}} if mode == "thread" else
+            {"model": "square", "outputs": ["OUT"],
+             "inputs": {"IN": {"data": [2], "dtype": "int32"}}})
+    report, _ = drive(server, {**spec, "mode": mode, "thread_timeout": 10})
+    assert report["thread_hung"] is False
+    assert report["exception"] is None, report["exception"]
+    if mode == "thread":
+        assert [r["outputs"]["OUTPUT0"]["values"] for r in report["responses"]] == [[2.0, 3.0]]
+    else:
+        assert [r["outputs"].get("OUT", {}).get("values") for r in report["responses"]] == \
+            [[2], [2], None]
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_bls_from_a_thread_after_execute_returned_works(server, decoupled) -> None:
+    first = text(infer_one(server, "bls_background", {"INPUT0": np.array([5.0], np.float32)},
+                           parameters={"action": "start", "decoupled": decoupled}), "REPORT")
+    assert first == {"done": False}
+    deadline = time.monotonic() + 10
+    while True:
+        rec = text(infer_one(server, "bls_background", {"INPUT0": np.zeros(1, np.float32)},
+                             parameters={"action": "report"}), "REPORT")
+        if rec["done"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert rec["done"], "the background BLS call never finished (hung)"
+    assert rec["exception"] is None, rec
+    assert rec["output"] == ([[2], [2]] if decoupled else [10.0])
+    assert rec["seconds"] < 5
