@@ -25,6 +25,7 @@ from ._errors import (
     UnavailableError,
     UnsupportedError,
 )
+from ._ensemble import is_ensemble, is_ensemble_dir, load_ensemble
 from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime
 
 log = logging.getLogger("tritonpy.repository")
@@ -101,8 +102,15 @@ class RepositoryManager:
     def _load_many(self, names: list[str]) -> None:
         if not names:
             return
-        with concurrent.futures.ThreadPoolExecutor(min(8, len(names))) as ex:
-            list(ex.map(self._load_quietly, names))
+        # Ensembles after the models they run: they are checked against the loaded configs.
+        ensembles = [n for n in names if is_ensemble_dir(self.entries[n].directory)]
+        plain = [n for n in names if n not in ensembles]
+        if plain:
+            with concurrent.futures.ThreadPoolExecutor(min(8, len(plain))) as ex:
+                list(ex.map(self._load_quietly, plain))
+        for n in ensembles:  # one may already be loaded as a step of another
+            if not self.entries[n].runtimes:
+                self._load_quietly(n)
 
     def _load_quietly(self, name: str) -> None:
         try:
@@ -174,16 +182,18 @@ class RepositoryManager:
                 cfg, exists = config_from_dict(config_override, cfg_path), True
             else:
                 cfg, exists = load_model_config(entry.directory)
-            if cfg.platform == "ensemble" or cfg.HasField("ensemble_scheduling"):
-                raise UnsupportedError(
-                    f"model '{entry.name}': ensembles are not supported yet by tritonpy")
+            ensemble = is_ensemble(cfg)
             if cfg.backend and cfg.backend != "python":
                 raise UnsupportedError(
                     f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
                     "tritonpy runs python backend models")
-            cfg = self._auto_complete(entry, cfg, cfg_path)
+            if not ensemble:
+                cfg = self._auto_complete(entry, cfg, cfg_path)
             cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=0)
             versions = select_versions(cfg, available_versions(entry.directory))
+            if ensemble:  # steps are loaded (explicit mode) and checked first
+                new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
+                versions = []
             cfg_json = config_to_json(cfg)
             for v in versions:
                 rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,

@@ -1,0 +1,689 @@
+"""Ensembles: ``platform: "ensemble"`` models whose ``ensemble_scheduling`` steps run other
+models, with each step's outputs becoming the next steps' inputs.
+
+Loading (:func:`load_ensemble`): the step models are loaded first (explicit mode loads them as
+dependencies, as Triton does), then the ensemble is checked against their completed
+configurations the way Triton's ``ValidateEnsembleConfig`` does — every step input mapped once,
+no mapping to or from a tensor the step model lacks, data types and shapes consistent across
+every use of an ensemble tensor, batch sizes compatible, no step fed by two different decoupled
+streams — and the ensemble is decoupled when any of its steps is.
+
+Running (:class:`EnsembleRuntime` / ``_Context``): a request is a small data-flow machine.
+Each ensemble tensor holds one value per *iteration* (a decoupled step produces a new
+iteration with each response); a step starts, as its own :class:`HostRequest` through the step
+model's scheduler, as soon as every one of its inputs has a value for the same iteration, so
+independent branches run concurrently. Step outputs are the arrays the host decoded from the
+step's stub — views of that stub's shared memory — and they are handed to the next step as they
+are, so the transport forwards their handles instead of copying. Steps the requested outputs do
+not need are pruned. The first error fails the request with ``in ensemble '<name>', <the
+step's message>``; the other in-flight steps are then cancelled rather than waited for (Triton
+waits for them).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+from ._errors import (
+    InvalidArgumentError,
+    TritonpyError,
+    UnavailableError,
+)
+from ._model import LOADING, READY, UNAVAILABLE, UNLOADING
+from ._request import HostRequest
+from ._stats import ModelStats
+
+if TYPE_CHECKING:
+    from ._repo_manager import ModelEntry, RepositoryManager
+
+log = logging.getLogger("tritonpy.ensemble")
+
+ENSEMBLE_PLATFORM = "ensemble"
+_WILDCARD = -1
+
+# Ensembles being loaded by this thread, outermost first (circular dependency detection).
+_loading = threading.local()
+
+
+def is_ensemble(cfg: Any) -> bool:
+    """Whether a parsed ``ModelConfig`` describes an ensemble."""
+    return cfg.platform == ENSEMBLE_PLATFORM or cfg.HasField("ensemble_scheduling")
+
+
+def is_ensemble_dir(model_dir: str) -> bool:
+    """A cheap look at ``config.pbtxt``: does it declare an ensemble? (False when unreadable.)"""
+    from .config import load_model_config
+
+    try:
+        cfg, _ = load_model_config(model_dir)
+    except (TritonpyError, OSError):
+        return False
+    return is_ensemble(cfg)
+
+
+# ---------------------------------------------------------------------------- dependencies
+
+
+def ensure_step_loaded(repo: RepositoryManager, ensemble: str, name: str) -> None:
+    """Make sure step model ``name`` of ``ensemble`` is loaded, loading it if that is allowed.
+
+    Explicit mode loads a missing step model as a dependency (as Triton does); in the other
+    modes every model was already tried at start-up, so a step model without a loaded version
+    fails the ensemble with that model's reason. An ensemble met again while it is itself being
+    loaded is a circular dependency.
+    """
+    stack: list[str] = getattr(_loading, "stack", [])
+    if name in stack:
+        cycle = stack[stack.index(name):]
+        raise InvalidArgumentError(
+            f"circular dependency between ensembles: {name} -> ... -> {cycle[-1]} -> {name}")
+    entry: ModelEntry | None = repo.entries.get(name)
+    if entry is None:
+        raise InvalidArgumentError(
+            f"ensemble {ensemble} contains models that are not available or ambiguous: {name}")
+    with entry.lock:  # waits for a load of that model already under way
+        if entry.runtimes:
+            return
+        never_tried = entry.reason == "unloaded"
+        if repo.server.model_control_mode != "explicit" and not never_tried:
+            raise InvalidArgumentError(
+                f"ensemble '{ensemble}' depends on '{name}' which has no loaded version. "
+                f"Model '{name}' loading failed with error: {entry.reason}")
+        try:
+            repo._load_entry(entry, None)
+        except TritonpyError as exc:
+            raise InvalidArgumentError(
+                f"ensemble '{ensemble}' depends on '{name}' which has no loaded version. "
+                f"Model '{name}' loading failed with error: {exc.message}") from None
+
+
+class _LoadingGuard:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> None:
+        stack = getattr(_loading, "stack", None)
+        if stack is None:
+            stack = _loading.stack = []
+        stack.append(self.name)
+
+    def __exit__(self, *exc: Any) -> None:
+        _loading.stack.pop()
+
+
+# ---------------------------------------------------------------------------- validation
+
+
+class _Node:
+    """One ensemble tensor in the load-time graph: where its type/shape was inferred from."""
+
+    __slots__ = ("source", "dtype", "dims", "full_dims", "decoupled", "label", "visited",
+                 "prev", "next", "sibling")
+
+    def __init__(self, source: str, batching: bool = False, dtype: int = 0,
+                 dims: Sequence[int] = ()) -> None:
+        self.source = source
+        self.dtype = dtype
+        self.dims = tuple(int(d) for d in dims)
+        self.full_dims = ((_WILDCARD,) if batching else ()) + self.dims
+        self.decoupled = False
+        self.label = 0
+        self.visited = False
+        self.prev: list[_Node] = []
+        self.next: list[_Node] = []
+        self.sibling: _Node | None = None
+
+
+def _dims_match(a: Sequence[int], b: Sequence[int]) -> bool:
+    return len(a) == len(b) and all(x == y or x == _WILDCARD or y == _WILDCARD
+                                    for x, y in zip(a, b))
+
+
+def _dims_text(dims: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+def _consistent(known: _Node, new: _Node, where: str) -> None:
+    from .validation import triton_type_name
+
+    if known.dtype != new.dtype:
+        raise InvalidArgumentError(
+            f"{where}inconsistent data type: TYPE_{triton_type_name(known.dtype)} is inferred "
+            f"from model {known.source} while TYPE_{triton_type_name(new.dtype)} is inferred "
+            f"from model {new.source}")
+    # A tensor may pass between a batching and a non-batching model when the full shapes
+    # agree ([-1, d...] against a batching model's [d...]).
+    if not _dims_match(known.dims, new.dims) and not _dims_match(known.full_dims, new.full_dims):
+        raise InvalidArgumentError(
+            f"{where}inconsistent shape: {_dims_text(known.full_dims)} is inferred from model "
+            f"{known.source} while {_dims_text(new.full_dims)} is inferred from model "
+            f"{new.source}")
+
+
+def validate_ensemble(cfg: Any, step_configs: Sequence[Any]) -> bool:
+    """Check an ensemble against its step models' configurations; whether it is decoupled.
+
+    Args:
+        cfg: The ensemble's normalised configuration (its own structure is already checked
+            by ``normalize_config``).
+        step_configs: The configuration of each step's model, in step order.
+
+    Raises:
+        InvalidArgumentError: In Triton's words, naming the ensemble, tensor and model.
+    """
+    ens = cfg.name
+    batching = cfg.max_batch_size > 0
+    nodes: dict[str, _Node] = {}
+    for io in cfg.input:
+        dims = io.reshape.shape if io.HasField("reshape") else io.dims
+        nodes[io.name] = _Node(ens, batching, io.data_type, dims)
+    sink = _Node(ens)
+    for io in cfg.output:
+        dims = io.reshape.shape if io.HasField("reshape") else io.dims
+        node = nodes.setdefault(io.name, _Node(ens, batching, io.data_type, dims))
+        sink.prev.append(node)
+        node.next.append(sink)
+
+    for step, mcfg in zip(cfg.ensemble_scheduling.step, step_configs):
+        model = step.model_name
+        if mcfg.max_batch_size != 0 and mcfg.max_batch_size < cfg.max_batch_size:
+            raise InvalidArgumentError(
+                f"ensemble {ens} allows maximum batch size {cfg.max_batch_size}, but it "
+                f"contains model {model} which only allows maximum batch size to be "
+                f"{mcfg.max_batch_size}")
+        step_batching = mcfg.max_batch_size > 0
+        where = f"in ensemble {ens}, "
+        inputs = {io.name: io for io in mcfg.input}
+        for model_input, tensor in step.input_map.items():
+            if model_input not in inputs:
+                raise InvalidArgumentError(
+                    f"{where}ensemble tensor {tensor} is mapping to non-existing input "
+                    f"{model_input} in model {model}")
+        for name, io in inputs.items():
+            if name not in step.input_map:
+                if io.optional:
+                    continue
+                raise InvalidArgumentError(
+                    f"{where}input {name} in model {model} is not mapped to any ensemble "
+                    "tensors")
+            tensor = step.input_map[name]
+            new = _Node(model, step_batching, io.data_type, io.dims)
+            if tensor in nodes:
+                _consistent(nodes[tensor], new, f"{where}ensemble tensor {tensor}: ")
+            else:
+                nodes[tensor] = new
+        outputs = {io.name: io for io in mcfg.output}
+        sibling = _Node(model)
+        for model_output, tensor in step.output_map.items():
+            io = outputs.get(model_output)
+            if io is None:
+                raise InvalidArgumentError(
+                    f"{where}ensemble tensor {tensor} is mapped from non-existing output "
+                    f"{model_output} in model {model}")
+            new = _Node(model, step_batching, io.data_type, io.dims)
+            if tensor in nodes:
+                _consistent(nodes[tensor], new, f"{where}ensemble tensor {tensor}: ")
+            else:
+                nodes[tensor] = new
+            nodes[tensor].sibling = sibling
+        decoupled = bool(mcfg.model_transaction_policy.decoupled)
+        for tensor in step.output_map.values():
+            node = nodes[tensor]
+            node.decoupled = decoupled
+            for source in step.input_map.values():
+                node.prev.append(nodes[source])
+                nodes[source].next.append(node)
+
+    # Label each tensor with the decoupled stream it comes from (0: the request itself); a
+    # step fed from two different streams could never line its inputs up.
+    labels = 0
+    frontier = []
+    for io in cfg.input:
+        nodes[io.name].visited = True
+        frontier.append(nodes[io.name])
+    while frontier:
+        current = frontier.pop(0)
+        for node in current.next:
+            if node.visited or not all(p.visited for p in node.prev):
+                continue
+            label = node.prev[0].label
+            if any(p.label != label for p in node.prev):
+                raise InvalidArgumentError(
+                    f"in ensemble {ens}, step of model '{node.source}' receives inputs "
+                    "originated from different decoupled models")
+            sib = node.sibling
+            if sib is not None and sib.visited:
+                node.label = sib.label
+            else:
+                if node.decoupled:
+                    labels += 1
+                    node.label = labels
+                else:
+                    node.label = label
+                if sib is not None:
+                    sib.label = node.label
+                    sib.visited = True
+            node.visited = True
+            frontier.append(node)
+    return labels != 0
+
+
+# ---------------------------------------------------------------------------- runtime
+
+
+class _Step:
+    __slots__ = ("index", "model", "version", "inputs", "outputs", "requested")
+
+    def __init__(self, index: int, step: Any) -> None:
+        self.index = index
+        self.model = step.model_name
+        self.version = int(step.model_version)
+        self.inputs = tuple(step.input_map.items())  # (model input, ensemble tensor)
+        self.outputs = dict(step.output_map.items())  # model output -> ensemble tensor
+        self.requested = list(self.outputs)
+
+
+class _Plan:
+    """What a request asking for ``requested`` runs: steps, consumers and use counts."""
+
+    __slots__ = ("requested", "consumers", "uses", "steps")
+
+    def __init__(self, steps: Sequence[_Step], requested: Sequence[str]) -> None:
+        self.requested = tuple(requested)
+        needed = set(requested)
+        chosen: set[int] = set()
+        changed = True
+        while changed:  # backward from the requested outputs
+            changed = False
+            for st in steps:
+                if st.index not in chosen and needed.intersection(st.outputs.values()):
+                    chosen.add(st.index)
+                    needed.update(t for _, t in st.inputs)
+                    changed = True
+        self.steps = chosen
+        self.consumers: dict[str, list[_Step]] = {}
+        for st in steps:
+            if st.index in chosen:
+                for t in dict.fromkeys(t for _, t in st.inputs):
+                    self.consumers.setdefault(t, []).append(st)
+        self.uses = {t: len(c) for t, c in self.consumers.items()}
+        for t in self.requested:
+            self.uses[t] = self.uses.get(t, 0) + 1
+
+
+class EnsembleRuntime:
+    """One version of an ensemble, loaded: a :class:`ModelRuntime` look-alike without stubs."""
+
+    is_ensemble = True
+
+    def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
+                 model_dir: str) -> None:
+        from .validation import RequestValidator
+
+        self.server = server
+        self.name = name
+        self.version = version
+        self.config = config
+        self.config_json = config_json
+        self.model_dir = model_dir
+        self.model_file = ""
+        self.state = LOADING
+        self.reason = ""
+        self.decoupled = bool(config.model_transaction_policy.decoupled)
+        self.max_batch_size = int(config.max_batch_size)
+        self.dynamic_batching = False
+        self.stats = ModelStats(name, version)
+        self.instances: list[Any] = []  # no stubs of its own
+        self.queue: list[HostRequest] = []  # never queues: steps queue at their models
+        self.successor: Any = None
+        self.validator = RequestValidator(config, name)
+        self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
+        self._active: set[_Context] = set()
+        self.steps = [_Step(i, s) for i, s in enumerate(config.ensemble_scheduling.step)]
+        self.outputs = tuple(io.name for io in config.output)
+        self.optional_inputs = tuple(io.name for io in config.input if io.optional)
+        self._plans: dict[tuple[str, ...], _Plan] = {}
+        self._full_plan = self._plan(self.outputs)
+
+    def _plan(self, requested: Sequence[str]) -> _Plan:
+        key = tuple(requested)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = _Plan(self.steps, key)
+        return plan
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def load(self) -> None:
+        self.state = READY
+
+    def step_runtime(self, step: _Step) -> Any:
+        """The loaded runtime a step runs on now (a reloaded step model is picked up)."""
+        try:
+            return self.server.repo.runtime(step.model, step.version)
+        except TritonpyError:
+            entry = self.server.repo.entries.get(step.model)
+            if entry is not None and entry.runtimes and step.version >= 0:
+                raise UnavailableError(
+                    f"ensemble '{self.name}' depends on '{step.model}' whose required version "
+                    f"{step.version} is not loaded.") from None
+            raise UnavailableError(
+                f"ensemble '{self.name}' depends on '{step.model}' which has no loaded "
+                "version") from None
+
+    def ready(self) -> bool:
+        if self.state != READY:
+            return False
+        for step in self.steps:
+            try:
+                if not self.step_runtime(step).ready():
+                    return False
+            except TritonpyError:
+                return False
+        return True
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self._active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._idle.wait(min(left, 0.1))
+
+    def unload(self, timeout: float = 30.0) -> None:
+        """Stop taking requests and let the running ones finish (bounded by ``timeout``)."""
+        if self.state == READY:
+            self.state = UNLOADING
+            self.drain(timeout)
+        self.state = UNAVAILABLE
+        with self.lock:
+            left = list(self._active)
+        for ctx in left:
+            ctx.request.cancel(f"ensemble '{self.name}' was unloaded")
+
+    # -- requests -----------------------------------------------------------------------------
+    def submit(self, req: HostRequest) -> None:
+        """Run a validated request through the steps; responses go to ``req``'s sink."""
+        if self.state != READY:
+            req.fail(UnavailableError(
+                f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})"))
+            return
+        plan = self._plan(req.requested) if req.requested else self._full_plan
+        ctx = _Context(self, req, plan)
+        with self.lock:
+            self._active.add(ctx)
+        ctx.start()
+
+    def _finished(self, ctx: _Context, ok: bool) -> None:
+        now = time.monotonic_ns()
+        self.stats.request_done(ok, now - ctx.request.t_enqueue)
+        if ok:
+            self.stats.execution(ctx.request.batch_size, [0], 0, ctx.compute_ns, 0)
+        with self.lock:
+            self._active.discard(ctx)
+            if not self._active:
+                self._idle.notify_all()
+
+    def pending_steps(self, req: HostRequest) -> list[HostRequest]:
+        """The step requests in flight for ensemble request ``req`` (deadlock detection)."""
+        with self.lock:
+            ctx = next((c for c in self._active if c.request is req), None)
+        if ctx is None:
+            return []
+        with ctx.lock:
+            return list(ctx.pending)
+
+
+def _in_ensemble(name: str, err: TritonpyError) -> TritonpyError:
+    return type(err)(f"in ensemble '{name}', {err.message}", err.code)
+
+
+class _Context:
+    """The state of one ensemble request (see the module docstring)."""
+
+    __slots__ = ("ens", "request", "plan", "values", "iterations", "uses_left", "launched",
+                 "pending", "inflight", "error", "held", "finished", "lock", "compute_ns")
+
+    def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
+        self.ens = ens
+        self.request = req
+        self.plan = plan
+        self.values: dict[str, dict[int, Any]] = {}
+        self.iterations: dict[str, int] = {}
+        self.uses_left: dict[tuple[str, int], int] = {}
+        self.launched: set[tuple[int, int]] = set()
+        self.pending: set[HostRequest] = set()
+        self.inflight = 0
+        self.error: TritonpyError | None = None
+        self.held: list | None = None
+        self.finished = False
+        self.lock = threading.Lock()
+        self.compute_ns = 0
+
+    # -- tensor book-keeping (under self.lock) --------------------------------------------------
+    def _add(self, tensor: str, value: Any) -> tuple[str, int] | None:
+        it = self.iterations.get(tensor, 0)
+        self.iterations[tensor] = it + 1
+        uses = self.plan.uses.get(tensor, 0)
+        if not uses:
+            return None  # nobody in this request's plan reads it
+        self.values.setdefault(tensor, {})[it] = value
+        self.uses_left[(tensor, it)] = uses
+        return (tensor, it)
+
+    def _use(self, tensor: str, it: int) -> Any:
+        values = self.values[tensor]
+        value = values[it]
+        key = (tensor, it)
+        left = self.uses_left[key] - 1
+        if left:
+            self.uses_left[key] = left
+        else:  # last reader: drop our reference so the step's shm block can be released
+            del self.uses_left[key]
+            del values[it]
+        return value
+
+    def _next_steps(self, updated: Iterable[tuple[str, int]]) -> list[HostRequest]:
+        out: list[HostRequest] = []
+        values = self.values
+        for tensor, it in updated:
+            for step in self.plan.consumers.get(tensor, ()):
+                key = (step.index, it)
+                if key in self.launched:
+                    continue
+                if all(it in values.get(t, ()) for _, t in step.inputs):
+                    self.launched.add(key)
+                    out.append(self._make_step(step, it))
+        return out
+
+    def _make_step(self, step: _Step, it: int) -> HostRequest:
+        ens, parent = self.ens, self.request
+        inputs = []
+        for model_input, tensor in step.inputs:
+            value = self._use(tensor, it)
+            if value is not None:  # None: an optional input nobody provided
+                inputs.append((model_input, value))
+        rt = ens.step_runtime(step)
+        sreq = HostRequest(
+            rt, inputs, step.requested, functools.partial(self._on_step, step),
+            request_id=parent.request_id, correlation_id=parent.correlation_id,
+            flags=parent.flags, timeout_us=parent.timeout_us, priority=parent.priority,
+            parameters=parent.parameters)
+        # A BLS caller blocked on the ensemble is blocked on its steps too.
+        sreq.caller = parent.caller
+        sreq.sync = parent.sync
+        ens.server.validate(rt, sreq)
+        return sreq
+
+    def _outputs_ready(self, updated: Iterable[tuple[str, int]]) -> list | None:
+        requested = self.plan.requested
+        values = self.values
+        for tensor, it in updated:
+            if tensor not in requested:
+                continue
+            if all(it in values.get(t, ()) for t in requested):
+                out = []
+                for t in requested:
+                    value = self._use(t, it)
+                    if value is not None:
+                        out.append((t, value))
+                return out
+        return None
+
+    # -- transitions ------------------------------------------------------------------------------
+    def start(self) -> None:
+        req = self.request
+        req.on_cancel = self._cancelled
+        with self.lock:
+            updated = [u for u in (self._add(n, a) for n, a in req.inputs) if u is not None]
+            given = {n for n, _ in req.inputs}
+            for name in self.ens.optional_inputs:
+                if name not in given:
+                    u = self._add(name, None)
+                    if u is not None:
+                        updated.append(u)
+            launches = self._advance(updated)
+        self._launch(launches)
+
+    def _advance(self, updated: list[tuple[str, int]]) -> list[HostRequest]:
+        """Start what ``updated`` makes ready, answer what it completes (under self.lock)."""
+        launches: list[HostRequest] = []
+        outs = None
+        if self.error is None and updated:
+            try:
+                launches = self._next_steps(updated)
+            except TritonpyError as exc:
+                self.error = _in_ensemble(self.ens.name, exc)
+                launches = []
+            else:
+                self.inflight += len(launches)
+                self.pending.update(launches)
+                outs = self._outputs_ready(updated)
+        self._emit(outs)
+        return launches
+
+    def _emit(self, outs: list | None) -> None:
+        if self.finished:
+            return
+        req = self.request
+        final = self.inflight == 0
+        if self.error is not None:
+            if final:
+                self.finished = True
+                req.respond([], self.error, None, True)
+                self.ens._finished(self, False)
+            return
+        if outs is not None:
+            if self.ens.decoupled:
+                req.respond(outs, None, None, final)
+                self.held = outs  # remembers that a response went out
+            elif final:
+                req.respond(outs, None, None, True)
+            else:
+                self.held = outs
+            if final:
+                self.finished = True
+                self.ens._finished(self, True)
+            return
+        if not final:
+            return
+        self.finished = True
+        if self.ens.decoupled:
+            req.respond(None, None, None, True)  # a decoupled ensemble may answer nothing
+        elif self.held is not None:
+            req.respond(self.held, None, None, True)
+        else:
+            self.error = InvalidArgumentError(
+                f"in ensemble '{self.ens.name}', unexpected deadlock, at least one output is "
+                "not set while no more ensemble steps can be made")
+            req.respond([], self.error, None, True)
+            self.ens._finished(self, False)
+            return
+        self.ens._finished(self, True)
+
+    def _on_step(self, step: _Step, sreq: HostRequest, outputs: Any,
+                 error: TritonpyError | None, parameters: dict | None, final: bool) -> None:
+        cancel: list[HostRequest] = []
+        launches: list[HostRequest] = []
+        with self.lock:
+            if final:
+                self.inflight -= 1
+                self.pending.discard(sreq)
+                self.compute_ns += time.monotonic_ns() - sreq.t_enqueue
+            if error is not None:
+                if self.error is None:
+                    self.error = _in_ensemble(self.ens.name, error)
+                    cancel = list(self.pending)
+                self._emit(None)
+            elif outputs is not None and self.error is None:
+                got = dict(outputs)
+                updated = []
+                for model_output, tensor in step.outputs.items():
+                    # A missing output still counts as produced (as Triton): it may feed an
+                    # optional input of the next step.
+                    u = self._add(tensor, got.get(model_output))
+                    if u is not None:
+                        updated.append(u)
+                launches = self._advance(updated)
+            else:
+                self._emit(None)
+        for r in cancel:  # the request failed: what else runs for it is wasted work
+            r.cancel(f"another step of ensemble '{self.ens.name}' failed")
+        self._launch(launches)
+
+    def _launch(self, launches: list[HostRequest]) -> None:
+        for sreq in launches:
+            sreq.model.submit(sreq)
+
+    def _cancelled(self, req: HostRequest) -> None:
+        with self.lock:
+            pending = list(self.pending)
+        for r in pending:
+            r.cancel("the ensemble request was cancelled")
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
+                  versions: Sequence[int]) -> dict[int, EnsembleRuntime]:
+    """Runtimes for the ensemble's versions, after loading and checking its step models.
+
+    Args:
+        repo: The repository manager (to find and, in explicit mode, load step models).
+        entry: The ensemble's repository entry (its lock is held by the caller).
+        cfg: The ensemble's normalised configuration.
+        versions: The versions selected by its version policy.
+    """
+    from .config import config_to_json
+
+    name = entry.name
+    with _LoadingGuard(name):
+        for step in cfg.ensemble_scheduling.step:
+            ensure_step_loaded(repo, name, step.model_name)
+    configs = []
+    for step in cfg.ensemble_scheduling.step:
+        try:
+            rt = repo.runtime(step.model_name, int(step.model_version))
+        except TritonpyError:
+            raise InvalidArgumentError(
+                f"ensemble '{name}' depends on '{step.model_name}' whose required version "
+                f"{step.model_version} is not loaded.") from None
+        configs.append(rt.config)
+    decoupled = validate_ensemble(cfg, configs)
+    if decoupled:
+        cfg.model_transaction_policy.decoupled = True
+    cfg_json = config_to_json(cfg)
+    out = {}
+    for v in versions:
+        rt = EnsembleRuntime(repo.server, name, v, cfg, cfg_json, entry.directory)
+        rt.load()
+        out[v] = rt
+    log.info("ensemble '%s': %d step(s) over %s%s", name, len(cfg.ensemble_scheduling.step),
+             sorted({s.model_name for s in cfg.ensemble_scheduling.step}),
+             " (decoupled)" if decoupled else "")
+    return out
