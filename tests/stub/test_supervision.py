@@ -1,0 +1,259 @@
+"""Stub supervision with real stubs: death, hangs, restarts, and a host that goes away.
+
+A stub that dies mid-request (SIGKILL, a segfault, ``os._exit``) fails every request it was
+executing with the exit code or signal and its last stderr lines, is restarted with back-off
+while the model reports not ready, and serves again; requests queued meanwhile are served by
+the new stub. A stub that stops answering (stuck in C code holding the GIL) is killed after
+``stub-timeout-seconds``; one that is merely busy in ``execute`` is left alone. A host process
+that ends in any way leaves no stub behind, and the next start sweeps its segments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+import tritonpy
+from _models import assert_clean, infer, io_config, segments, serving, stub_processes, wait_for
+from _models import write_model
+
+pytestmark = pytest.mark.timeout(60)
+
+# Batches of exactly 4 reach execute together: the preferred size is sent as soon as it is
+# queued, and a smaller batch waits (here at most 0.2 s) for more requests.
+CRASHY_CONFIG = io_config(
+    max_batch_size=8,
+    extra="dynamic_batching { preferred_batch_size: [ 4 ] "
+          "max_queue_delay_microseconds: 200000 }\n"
+          "instance_group [ { count: 1, kind: KIND_CPU } ]\n")
+
+CRASHY_PY = '''
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+
+    def execute(self, requests):
+        params = json.loads(requests[0].parameters())
+        mode = params["mode"]
+        if mode != "ok":
+            gate = params.get("gate")
+            if gate:
+                open(gate + ".in", "w").close()  # the batch is executing
+                deadline = time.monotonic() + 20
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            sys.stderr.write(f"crashy {self.instance}: about to {mode}, "
+                             f"batch of {len(requests)}\\n")
+            sys.stderr.flush()
+            time.sleep(0.05)  # let the host read the line before the process goes
+        if mode == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif mode == "segfault":
+            ctypes.string_at(0)
+        elif mode == "sigsegv":
+            # Sent to the process, the signal may be taken by another thread while this one
+            # runs on: wait for it here, as a request caught mid-way would.
+            os.kill(os.getpid(), signal.SIGSEGV)
+            time.sleep(20)
+        elif mode == "exit3":
+            os._exit(3)
+        elif mode == "hang":
+            # Blocks in C while holding the GIL (PyDLL does not release it): no thread of this
+            # process can run, so nothing answers the host's pings.
+            ctypes.PyDLL(None).sleep(30)
+        elif mode == "busy":
+            time.sleep(float(params["seconds"]))  # releases the GIL: the stub still answers
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", x * 2)],
+                parameters={"pid": os.getpid(), "instance": self.instance,
+                            "batch": len(requests)}))
+        return out
+'''
+
+X = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    path = tmp_path / "repo"
+    write_model(path, "crashy", CRASHY_PY, CRASHY_CONFIG)
+    return path
+
+
+def ok(model: tritonpy.Model) -> dict:
+    resp = infer(model, {"IN": X}, parameters={"mode": "ok"})
+    assert resp.error is None, resp.error
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X * 2)
+    return resp.parameters
+
+
+DEATHS = {
+    "sigkill": "killed by signal SIGKILL",
+    "segfault": "killed by signal SIGSEGV",
+    "sigsegv": "killed by signal SIGSEGV",
+    "exit3": "exited with code 3",
+}
+
+
+@pytest.mark.parametrize("how", sorted(DEATHS))
+def test_dead_stub_fails_its_batch_and_is_restarted(repo, tmp_path, shm_prefix, how):
+    # stub-timeout-seconds is far away: the death must be noticed from the process itself.
+    backend = {"stub-timeout-seconds": "120", "restart-backoff-seconds": "0.5"}
+    with serving(repo, shm_prefix, backend_config=backend) as srv:
+        model = srv.model("crashy")
+        first = ok(model)
+        gate = tmp_path / "gate"
+        doomed = [model.infer({"IN": X + i}, parameters={"mode": how, "gate": str(gate)})
+                  for i in range(4)]
+        assert wait_for(lambda: Path(str(gate) + ".in").exists(), timeout=15)
+        # Queued behind the doomed batch: it must survive the death and be served later.
+        queued = model.infer({"IN": X}, parameters={"mode": "ok"})
+        gate.touch()
+        responses = [s.get(timeout=15) for s in doomed]
+        assert not model.ready() and not srv.ready()  # restarting (back-off 0.5 s)
+        for resp in responses:
+            err = resp.error
+            assert isinstance(err, tritonpy.UnavailableError), resp
+            assert err.code.value == "UNAVAILABLE"
+            msg = err.message
+            assert f"stub process 'crashy_0_0' (pid {first['pid']}) {DEATHS[how]}" in msg
+            assert "last stderr lines:" in msg
+            assert f"crashy crashy_0_0: about to {how}, batch of 4" in msg
+        assert not psutil.pid_exists(first["pid"]) or \
+            psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE
+        # Back to ready; the queued request and new ones are served by a new process.
+        assert wait_for(model.ready, timeout=20), srv.models()
+        later = queued.get(timeout=20)
+        assert later.error is None, later.error
+        assert later.parameters["pid"] != first["pid"]
+        again = ok(model)
+        assert again["pid"] == later.parameters["pid"]
+        assert again["instance"] == "crashy_0_0"
+        assert [p.pid for p in stub_processes()] == [again["pid"]]
+
+
+def test_hung_stub_is_killed_after_stub_timeout_and_restarted(repo, shm_prefix):
+    backend = {"stub-timeout-seconds": "1", "restart-backoff-seconds": "0.1"}
+    with serving(repo, shm_prefix, backend_config=backend) as srv:
+        model = srv.model("crashy")
+        first = ok(model)
+        t0 = time.monotonic()
+        resp = infer(model, {"IN": X}, wait=20, parameters={"mode": "hang"})
+        waited = time.monotonic() - t0
+        err = resp.error
+        assert isinstance(err, tritonpy.UnavailableError), resp
+        assert f"(pid {first['pid']}) killed by signal SIGKILL" in err.message
+        assert "no answer for 1 s, stub-timeout-seconds" in err.message
+        assert "about to hang, batch of 1" in err.message
+        assert waited < 25  # the model itself would have slept 30 s
+        assert wait_for(model.ready, timeout=20)
+        again = ok(model)
+        assert again["pid"] != first["pid"]
+
+
+def test_busy_stub_is_not_killed_by_the_watchdog(repo, shm_prefix):
+    # execute sleeps for several stub-timeout-seconds; the stub keeps answering pings.
+    backend = {"stub-timeout-seconds": "0.6"}
+    with serving(repo, shm_prefix, backend_config=backend) as srv:
+        model = srv.model("crashy")
+        first = ok(model)
+        resp = infer(model, {"IN": X}, wait=20, parameters={"mode": "busy", "seconds": 2.0})
+        assert resp.error is None, resp.error
+        assert resp.parameters["pid"] == first["pid"]
+        assert model.ready()
+
+
+# -- the host goes away -------------------------------------------------------------------------
+HOST_PY = textwrap.dedent('''
+    import json, os, signal, sys, time
+    import numpy as np
+    import tritonpy
+
+    repo, prefix, how = sys.argv[1:4]
+    srv = tritonpy.Server(repo, backend_config={"shm-region-prefix-name": prefix})
+    srv.start()
+    # A large tensor each way, so that both the host and the stub have segments mapped.
+    x = np.ones((1, 1 << 18), np.float32)
+    r = srv.model("crashy").infer({"IN": x}, parameters={"mode": "ok"}).get(timeout=30)
+    assert r.error is None, r.error
+    print(json.dumps({"stub": r.parameters["pid"]}), flush=True)
+    if how == "return":
+        sys.exit(0)  # no stop(): the interpreter just ends
+    if how == "raise":
+        raise RuntimeError("the host's own code failed")
+    time.sleep(60)  # the test kills us
+''')
+
+
+def _owners(prefix: str) -> set[int]:
+    """Creator pids of the prefix's segments (names end in ``<pid>x<hex>_<n>``)."""
+    return {int(n[len(prefix):].split("x", 1)[0]) for n in segments(prefix)}
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("how", ["sigkill", "sigterm", "return", "raise"])
+def test_host_that_exits_leaves_no_stub_and_its_segments_are_swept(repo, tmp_path, shm_prefix,
+                                                                   how):
+    script = tmp_path / "host.py"
+    script.write_text(HOST_PY)
+    host = subprocess.Popen([sys.executable, str(script), str(repo), shm_prefix, how],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    stub = None
+    try:
+        line = host.stdout.readline()
+        assert line, f"host failed: {host.stderr.read()[-2000:]}"
+        stub = json.loads(line)["stub"]
+        assert not _gone(stub)
+        assert stub in _owners(shm_prefix)
+        if how == "sigkill":
+            host.kill()
+        elif how == "sigterm":
+            host.send_signal(signal.SIGTERM)
+        code = host.wait(timeout=20)
+        expected = {"sigkill": -signal.SIGKILL, "sigterm": -signal.SIGTERM, "return": 0,
+                    "raise": 1}[how]
+        assert code == expected, host.stderr.read()[-2000:]
+        assert wait_for(lambda: _gone(stub), timeout=10), f"stub {stub} outlived its host"
+        # A later start with the same prefix removes whatever the dead processes left.
+        with serving(repo, shm_prefix) as srv:
+            ok(srv.model("crashy"))
+            assert not _owners(shm_prefix) & {host.pid, stub}
+        assert not segments(shm_prefix)
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait(timeout=10)
+        if stub is not None and not _gone(stub):
+            os.kill(stub, signal.SIGKILL)
+        host.stdout.close()
+        host.stderr.close()
+    assert_clean(shm_prefix)
