@@ -1,0 +1,135 @@
+"""A model whose ``execute`` misbehaves on a batch: every request of it gets a clear error.
+
+The dynamic batcher hands batches of exactly 4 requests to one ``execute`` call; the first
+request's ``mode`` parameter picks the misbehaviour. After each bad batch the same stub process
+serves a good batch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _models import io_config, new_prefix, serving, write_model
+
+pytestmark = pytest.mark.timeout(60)
+
+CONFIG = io_config(
+    max_batch_size=8,
+    extra="dynamic_batching { preferred_batch_size: [ 4 ] "
+          "max_queue_delay_microseconds: 5000000 }\n"
+          "instance_group [ { count: 1, kind: KIND_CPU } ]\n")
+
+MODEL_PY = '''
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        mode = json.loads(requests[0].parameters())["mode"]
+        if mode == "raise":
+            raise ValueError(f"boom in a batch of {len(requests)}")
+        responses = [
+            pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)],
+                parameters={"pid": os.getpid(), "batch": len(requests)})
+            for r in requests]
+        if mode == "ok":
+            return responses
+        if mode == "single":
+            return responses[0]
+        if mode == "dict":
+            return {"OUT": responses}
+        if mode == "too_few":
+            return responses[:-1]
+        if mode == "too_many":
+            return responses + responses[:1]
+        if mode == "none":
+            return None
+        if mode == "bad_item":
+            responses[1] = "not a response"
+            return responses
+        raise AssertionError(mode)
+'''
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    write_model(repo, "batchy", MODEL_PY, CONFIG)
+    with serving(repo, new_prefix()) as srv:
+        yield srv.model("batchy")
+
+
+def batch(model: tritonpy.Model, mode: str) -> list[tritonpy.InferenceResponse]:
+    """Four requests that reach execute together; their responses in order."""
+    streams = [model.infer({"IN": np.full((1, 3), i, np.float32)}, parameters={"mode": mode})
+               for i in range(4)]
+    return [s.get(timeout=20) for s in streams]
+
+
+def good_batch(model: tritonpy.Model) -> int:
+    resps = batch(model, "ok")
+    for i, r in enumerate(resps):
+        assert r.error is None, r.error
+        assert r.parameters["batch"] == 4
+        np.testing.assert_array_equal(r.outputs["OUT"].to_numpy(), np.full((1, 3), 2 * i))
+    pids = {r.parameters["pid"] for r in resps}
+    assert len(pids) == 1
+    return pids.pop()
+
+
+BAD = {
+    "raise": ["Failed to process the request(s) for model 'batchy_0_0'", "Traceback",
+              "ValueError: boom in a batch of 4"],
+    "single": ["Expected a list in the execute return, found type 'InferenceResponse'"],
+    "dict": ["Expected a list in the execute return, found type 'dict'"],
+    "too_few": ["Number of InferenceResponse objects do not match the number of "
+                "InferenceRequest objects. InferenceRequest(s) size is:4, and "
+                "InferenceResponse(s) size is:3"],
+    "too_many": ["InferenceRequest(s) size is:4, and InferenceResponse(s) size is:5"],
+    "none": ["execute() returned None, but no response was sent for 4 of 4 request(s)"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(BAD))
+def test_every_request_of_the_batch_gets_the_error_and_the_stub_keeps_serving(model, mode):
+    pid = good_batch(model)
+    resps = batch(model, mode)
+    for r in resps:
+        assert isinstance(r.error, tritonpy.InternalError), r
+        assert r.outputs == {}
+        for fragment in BAD[mode]:
+            assert fragment in r.error.message, r.error.message
+    assert good_batch(model) == pid
+    assert model.ready()
+
+
+def test_a_wrong_item_fails_only_its_own_request(model):
+    pid = good_batch(model)
+    resps = batch(model, "bad_item")
+    err = resps[1].error
+    assert isinstance(err, tritonpy.InternalError)
+    assert "Expected an InferenceResponse in the execute return, found type 'str'" in err.message
+    for i in (0, 2, 3):
+        assert resps[i].error is None, resps[i].error
+        np.testing.assert_array_equal(resps[i].outputs["OUT"].to_numpy(),
+                                      np.full((1, 3), 2 * i))
+    assert good_batch(model) == pid
+
+
+def test_failures_are_counted_in_statistics(model):
+    server = model.server
+
+    def counts() -> tuple[int, int]:
+        stats = server.statistics("batchy")["model_stats"][0]["inference_stats"]
+        return int(stats["success"]["count"]), int(stats["fail"]["count"])
+
+    ok0, fail0 = counts()
+    batch(model, "raise")
+    good_batch(model)
+    ok1, fail1 = counts()
+    assert (ok1 - ok0, fail1 - fail0) == (4, 4)
