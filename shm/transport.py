@@ -24,6 +24,7 @@ from .pool import Pool, SegmentMap
 INLINE_LIMIT = 64 * 1024
 MAX_DIMS = 64
 MAX_ELEMENTS = 1 << 40
+_NUMPY_DTYPES = {name: numpy_dtype(name) for name in ITEMSIZE}
 
 WireTensor = list  # [name, triton_dtype, shape, data: bytes | [segment, offset, nbytes, export_id]]
 
@@ -128,23 +129,24 @@ class TensorTransport:
     # -- receiving ----------------------------------------------------------------------------
     def decode(self, wire: Any, peer: Peer) -> tuple[str, np.ndarray]:
         """(name, array) from a wire tensor; validates every field before touching memory."""
-        if not isinstance(wire, list) or len(wire) != 4:
+        # Exact type checks (msgpack yields exact types) keep this hot path cheap.
+        if type(wire) is not list or len(wire) != 4:
             raise ProtocolError(f"malformed tensor: {type(wire).__name__} of wrong length")
         name, dt, shape, data = wire
-        if not isinstance(name, str) or not isinstance(dt, str):
+        if type(name) is not str or type(dt) is not str:
             raise ProtocolError("malformed tensor: name and dtype must be strings")
-        if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(
-            isinstance(d, int) and 0 <= d < MAX_ELEMENTS for d in shape
-        ):
+        if type(shape) is not list or len(shape) > MAX_DIMS:
             raise ProtocolError(f"malformed tensor {name!r}: bad shape {shape!r}")
         count = 1
         for d in shape:
+            if type(d) is not int or not 0 <= d < MAX_ELEMENTS:
+                raise ProtocolError(f"malformed tensor {name!r}: bad shape {shape!r}")
             count *= d
         if count > MAX_ELEMENTS:
             raise ProtocolError(f"tensor {name!r} is too large: {count} elements")
-        if dt not in ITEMSIZE:  # wire names are canonical: no TYPE_ prefix, no STRING
+        npdt = _NUMPY_DTYPES.get(dt)  # wire names are canonical: no TYPE_ prefix, no STRING
+        if npdt is None:
             raise ProtocolError(f"tensor {name!r}: unknown or unsupported data type {dt!r}")
-        npdt = numpy_dtype(dt)
         if isinstance(data, bytes):
             if dt == "BYTES":
                 arr = deserialize_bytes(data, count).reshape(shape)

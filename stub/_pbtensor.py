@@ -78,6 +78,16 @@ class Tensor:
         self._arr = arr
         self._dtype = code
 
+    @classmethod
+    def _wrap(cls, name: str, arr: np.ndarray) -> Tensor:
+        """A tensor over an array the runtime decoded (its dtype is known good): no checks."""
+        t = cls.__new__(cls)
+        t._name = name
+        t._arr = arr
+        code = _NUMPY_TO_CODE.get(arr.dtype)
+        t._dtype = code if code is not None else 13  # object arrays: BYTES
+        return t
+
     def name(self) -> str:
         return self._name
 

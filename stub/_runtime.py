@@ -104,15 +104,18 @@ class StubRuntime:
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
         self.peer = self.channel.peer
-        self._cv = threading.Condition()
+        # A plain lock (not the default RLock): taken a few times per request.
+        self._cv = threading.Condition(threading.Lock())
         self._reading = False
         self._in_model = 0
-        self._model_since = 0.0
+        self._model_touch = 0.0  # when a model thread last started a task or got a reply
+        self._sync_waiting = 0  # threads inside _await(): they read the socket themselves
         self._stopping = False
         self._pending: collections.deque[list] = collections.deque()
         self._calls: dict[int, _Waiter] = {}
         self._call_ids = itertools.count(1)
         self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
+        self._early_cancel: set[int] = set()  # CANCELs that came before their request
         self.model: Any = None
         self.model_config: dict = {}
         self.decoupled = False
@@ -127,8 +130,10 @@ class StubRuntime:
     # waiting in exec()) takes the *read role* if nobody holds it, reads one frame and handles
     # it itself: an EXECUTE runs inline in the thread that read it, a BLS reply is consumed by
     # the thread that waits for it. So the hot paths cost no thread hand-off (each one costs
-    # tens of microseconds in CPython). An idle worker leaves the role to a busy model thread
-    # for _TAKEOVER_S, then takes it, so pings and cancels are read during long executes.
+    # tens of microseconds in CPython). An idle worker leaves the role to model threads while
+    # one of them waits for a reply, or has had one within _TAKEOVER_S (a loop of BLS calls
+    # must not have its replies handed over by the worker); past that it takes the role, so
+    # pings and cancels are read during long executes, and async calls' replies are read.
     def run(self) -> int:
         pb_utils._set_runtime(self)
         # Python logging in model.py: a record that finds no handler (the model configured
@@ -161,13 +166,15 @@ class StubRuntime:
                     return None
                 if self._pending:
                     return self._pending.popleft()
-                if not self._reading:
-                    if self._in_model == 0 or time.monotonic() - self._model_since > _TAKEOVER_S:
-                        self._reading = True
-                        break
-                    cv.wait(_TAKEOVER_S)
-                else:
+                if self._reading:
                     cv.wait(_IDLE_POLL_S)
+                elif not self._sync_waiting and (
+                        self._in_model == 0
+                        or time.monotonic() - self._model_touch > _TAKEOVER_S):
+                    self._reading = True
+                    break
+                else:
+                    cv.wait(_TAKEOVER_S)
         return self._read_one()
 
     def _read_one(self) -> list | None:
@@ -199,6 +206,12 @@ class StubRuntime:
                 req = self._active.get(rid)
                 if req is not None:
                     req._cancelled = True
+                else:
+                    # Its EXECUTE may have been read by another thread that has not made the
+                    # request yet: _make_requests applies the flag (bounded: stale ids expire).
+                    if len(self._early_cancel) > 1024:
+                        self._early_cancel.clear()
+                    self._early_cancel.add(rid)
         elif cmd == Cmd.DROPPED:
             pass  # the channel already unmapped them
         else:
@@ -210,7 +223,7 @@ class StubRuntime:
         cv = self._cv
         with cv:
             self._in_model += 1
-            self._model_since = time.monotonic()
+            self._model_touch = time.monotonic()
         try:
             if cmd == Cmd.EXECUTE:
                 self._on_execute(call_id, body)
@@ -235,21 +248,30 @@ class StubRuntime:
     def _await(self, waiter: _Waiter) -> Any:
         """Wait for the next reply of a sync call, reading the socket ourselves if we can."""
         cv = self._cv
-        while not waiter.items:
-            with cv:
-                if waiter.items:
-                    break
-                mine = not self._reading
-                if mine:
-                    self._reading = True
-            if not mine:
-                waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
-                continue
-            msg = self._read_one()
-            if msg is not None and not self._handle_inline(msg):
+        with cv:
+            self._sync_waiting += 1
+        try:
+            while not waiter.items:
                 with cv:
-                    self._pending.append(msg)
-                    cv.notify_all()
+                    if waiter.items:
+                        break
+                    mine = not self._reading
+                    if mine:
+                        self._reading = True
+                if not mine:
+                    waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
+                    continue
+                msg = self._read_one()
+                if msg is not None and not self._handle_inline(msg):
+                    with cv:
+                        self._pending.append(msg)
+                        cv.notify_all()
+        finally:
+            with cv:
+                self._sync_waiting -= 1
+                self._model_touch = time.monotonic()
+                if not self._sync_waiting and self._calls:
+                    cv.notify()  # other calls still wait for replies: the worker reads now
         return waiter.items.popleft()
 
     def _maintain(self) -> None:
@@ -345,23 +367,17 @@ class StubRuntime:
     def _make_requests(self, body: dict) -> list[pb_utils.InferenceRequest]:
         out = []
         decode = self.transport.decode
+        peer = self.peer
+        wrap = Tensor._wrap
+        received = pb_utils.InferenceRequest._received
         for rb in body["requests"]:
-            inputs = [Tensor(n, a) for n, a in (decode(w, self.peer) for w in rb["inputs"])]
-            req = pb_utils.InferenceRequest(
-                model_name=rb.get("model", ""),
-                requested_output_names=rb.get("outputs") or [],
-                inputs=inputs,
-                request_id=rb.get("request_id", ""),
-                correlation_id=rb.get("correlation_id", 0),
-                model_version=rb.get("version", -1),
-                flags=rb.get("flags", 0),
-                timeout=rb.get("timeout", 0),
-                parameters=rb.get("parameters") or {},
-            )
-            req._host_id = rb["id"]
-            req._decoupled_model = self.decoupled
+            inputs = [wrap(*decode(w, peer)) for w in rb["inputs"]]
+            req = received(rb.get("model", ""), inputs, rb, self.decoupled)
             out.append(req)
             self._active[req._host_id] = req
+            if self._early_cancel and req._host_id in self._early_cancel:
+                self._early_cancel.discard(req._host_id)
+                req._cancelled = True
         return out
 
     def _on_execute(self, call_id: int, body: dict) -> None:
@@ -405,7 +421,13 @@ class StubRuntime:
                       if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
         if reschedule:
             body["reschedule"] = reschedule
+        keep = self.decoupled and "error" not in body
         for r in requests:
+            # A decoupled request stays cancellable (is_cancelled() sees CANCEL) until its
+            # sender sends the final flag, which may happen in a thread after execute returned.
+            if keep and r._host_id not in reschedule and (r._sender is None
+                                                          or not r._sender._closed):
+                continue
             self._active.pop(r._host_id, None)
         self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
 
@@ -474,6 +496,8 @@ class StubRuntime:
 
     def send_response(self, req: pb_utils.InferenceRequest,
                       resp: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if final:
+            self._active.pop(req._host_id, None)
         self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
 
     def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> Any:
@@ -529,6 +553,9 @@ class StubRuntime:
         except Exception:
             self._calls.pop(call_id, None)
             raise
+        if waiter.loop is not None and not self._reading:
+            with self._cv:  # an async caller cannot read: make sure an idle worker does
+                self._cv.notify()
         return call_id
 
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
@@ -553,8 +580,8 @@ class StubRuntime:
 
     def _to_response(self, body: dict) -> pb_utils.InferenceResponse:
         err = body.get("error")
-        outputs = [Tensor(n, a) for n, a in
-                   (self.transport.decode(w, self.peer) for w in body.get("outputs") or ())]
+        decode, peer, wrap = self.transport.decode, self.peer, Tensor._wrap
+        outputs = [wrap(*decode(w, peer)) for w in body.get("outputs") or ()]
         return pb_utils.InferenceResponse(
             outputs, TritonError._from_wire(err) if err else None, body.get("parameters") or {})
 

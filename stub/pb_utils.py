@@ -72,6 +72,10 @@ class Trace:
         return self.trace_context
 
 
+_DEFAULT_MEMORY = PreferredMemory()
+_NO_TRACE = Trace()
+
+
 def _check_parameters(parameters: Any) -> dict[str, Any]:
     if parameters is None:
         return {}
@@ -125,6 +129,29 @@ class InferenceRequest:
         self._sender: ResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._decoupled_model = False
+
+    @classmethod
+    def _received(cls, model_name: str, inputs: list[Tensor], rb: dict,
+                  decoupled: bool) -> InferenceRequest:
+        """A request as execute() receives it, from the host's already validated fields."""
+        r = cls.__new__(cls)
+        r._model_name = model_name
+        r._requested_output_names = rb.get("outputs") or []
+        r._inputs = inputs
+        r._request_id = rb.get("request_id", "")
+        r._correlation_id = rb.get("correlation_id", 0)
+        r._model_version = rb.get("version", -1)
+        r._flags = rb.get("flags", 0)
+        r._timeout = rb.get("timeout", 0)
+        r._preferred_memory = _DEFAULT_MEMORY
+        r._trace = _NO_TRACE
+        r._parameters = rb.get("parameters") or {}
+        r._host_id = rb["id"]
+        r._cancelled = False
+        r._sender = None
+        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        r._decoupled_model = decoupled
+        return r
 
     # accessors, as Triton's
     def inputs(self) -> list[Tensor]:
@@ -243,6 +270,11 @@ class ResponseSender:
         if not self._request._decoupled_model and response is not None and self._sent >= 1:
             raise TritonModelException(
                 "Unable to send response. Non-decoupled model cannot send more than one response."
+            )
+        if not self._request._decoupled_model and response is None and self._sent == 0:
+            raise TritonModelException(
+                "Unable to send response. Non-decoupled model cannot send complete final before "
+                "sending a response."
             )
         if final:
             self._closed = True

@@ -85,6 +85,7 @@ class ModelRuntime:
         self.instances: list[Instance] = []
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
+        self._draining = 0  # threads in drain(): only then is _idle worth notifying
         from .validation import RequestValidator
 
         self.validator = RequestValidator(config, name)
@@ -108,6 +109,8 @@ class ModelRuntime:
         self.sched = make_scheduler(self)
         self.queue: Any = self.sched.queue
         self.successor: ModelRuntime | None = None  # set by a reload that replaced this one
+        # Default mode: a response sent without the final flag, until the flag comes.
+        self._held: dict[int, tuple] = {}
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -180,7 +183,7 @@ class ModelRuntime:
         """Queue a validated request; it is dispatched as soon as an instance is free."""
         if self.state != READY:
             succ = self.successor
-            if succ is not None and self.state == UNLOADING:
+            if succ is not None:
                 # Reloaded while this request was on its way: the new version serves it.
                 self._forward(succ, req)
                 return
@@ -193,8 +196,13 @@ class ModelRuntime:
             self.server.timers.at(time.monotonic() + req.timeout_us / 1e6,
                                   lambda r=req: self._timed_out(r))
         with self.lock:
-            err = sched.add(req)
-            plans = self._take_locked() if err is None else None
+            # Unloaded since the check above: nothing would ever run it from this queue.
+            late = self.state == UNAVAILABLE
+            err = None if late else sched.add(req)
+            plans = self._take_locked() if err is None and not late else None
+        if late:
+            self.submit(req)  # forwarded to the successor, or failed
+            return
         if err is not None:
             req.fail(err)
             self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
@@ -270,7 +278,7 @@ class ModelRuntime:
             inst.running -= 1
             self.sched.finished(inst, batch)
             plans = self._take_locked()
-            if not inst.running and not inst.active:
+            if self._draining and not inst.running and not inst.active:
                 self._idle.notify_all()
         self._send_plans(plans)
 
@@ -312,7 +320,17 @@ class ModelRuntime:
         except Exception as exc:
             outputs, error = [], InternalError(f"bad response from '{inst.name}': {exc}")
         final = bool(body.get("final", True))
-        req.respond(outputs, error, body.get("parameters"), final)
+        params = body.get("parameters")
+        if not self.decoupled:
+            # A default-mode model may answer through its response sender: the response, then
+            # the final flag on its own. The caller gets exactly one response, so hold it.
+            if not final:
+                self._held[req.id] = (outputs, error, params)
+                return
+            held = self._held.pop(req.id, None) if self._held else None
+            if held is not None and outputs is None and error is None:
+                outputs, error, params = held
+        req.respond(outputs, error, params, final)
         if final:
             inst.active.pop(req.id, None)
             self.stats.request_done(error is None, time.monotonic_ns() - req.t_enqueue)
@@ -322,7 +340,7 @@ class ModelRuntime:
         if req is None:
             return  # cancelled or timed out earlier: drop it
         self._deliver(inst, stub, req, body)
-        if not inst.active and not inst.running:
+        if self._draining and not inst.active and not inst.running:
             with self.lock:
                 self._idle.notify_all()
 
@@ -341,11 +359,16 @@ class ModelRuntime:
         err = body.get("error")
         if err:
             error = error_from_wire(err)
+            told = False
             for req in batch:
                 if not req.done and req.id not in resched:
                     inst.active.pop(req.id, None)
+                    self._held.pop(req.id, None)
                     req.fail(error)
                     self.stats.request_done(False, t_done - req.t_enqueue)
+                    told = True
+            if not told:  # e.g. a decoupled execute returned responses after its final flag
+                log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
         requeue = [r for r in batch if r.id in resched and not r.done]
         for r in requeue:
             inst.active.pop(r.id, None)
@@ -375,6 +398,7 @@ class ModelRuntime:
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
         for req in active.values():
+            self._held.pop(req.id, None)
             if not req.done:
                 req.fail(err)
                 self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
@@ -419,12 +443,16 @@ class ModelRuntime:
         """Wait until nothing is queued or in flight (bounded by ``timeout``)."""
         deadline = time.monotonic() + timeout
         with self.lock:
-            while self.queue or any(i.running or i.active for i in self.instances
-                                    if i.state in ("READY", "RESTARTING")):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._idle.wait(min(left, 0.1))
+            self._draining += 1
+            try:
+                while self.queue or any(i.running or i.active for i in self.instances
+                                        if i.state in ("READY", "RESTARTING")):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._idle.wait(min(left, 0.1))
+            finally:
+                self._draining -= 1
 
     def unload(self, timeout: float = 30.0) -> None:
         """Stop taking requests, finish what is in flight, finalize every instance."""
@@ -435,8 +463,12 @@ class ModelRuntime:
         with self.lock:
             leftover = list(self.queue)
             self.queue.clear()
+        succ = self.successor
         for req in leftover:
-            req.fail(UnavailableError(f"model '{self.name}' was unloaded"))
+            if succ is not None and not req.done:
+                self._forward(succ, req)
+            else:
+                req.fail(UnavailableError(f"model '{self.name}' was unloaded"))
         for inst in self.instances:
             inst.state = "STOPPED"
             if inst.stub is not None:

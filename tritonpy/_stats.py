@@ -42,8 +42,10 @@ class ModelStats:
                             ("compute_output", output_ns)):
                 self.stats[key][0] += n
                 self.stats[key][1] += ns * n
-            b = self.batch.setdefault(batch_size, {k: [0, 0] for k in (
-                "compute_input", "compute_infer", "compute_output")})
+            b = self.batch.get(batch_size)
+            if b is None:
+                b = self.batch[batch_size] = {k: [0, 0] for k in (
+                    "compute_input", "compute_infer", "compute_output")}
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
                             ("compute_output", output_ns)):
                 b[key][0] += 1

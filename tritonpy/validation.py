@@ -67,7 +67,8 @@ class RequestValidator:
         model_name: The name used in error messages.
     """
 
-    __slots__ = ("model_name", "max_batch_size", "_specs", "_order", "_required", "_outputs")
+    __slots__ = ("model_name", "max_batch_size", "_specs", "_order", "_required", "_outputs",
+                 "known_good")
 
     def __init__(self, cfg: ModelConfig, model_name: str) -> None:
         self.model_name = model_name
@@ -81,6 +82,9 @@ class RequestValidator:
         self._order: tuple[str, ...] = tuple(io.name for io in cfg.input)
         self._required: tuple[str, ...] = tuple(io.name for io in cfg.input if not io.optional)
         self._outputs: frozenset[str] = frozenset(io.name for io in cfg.output)
+        # Signatures (names, numpy dtypes, shapes, requested outputs) already found valid:
+        # a dict lookup instead of a full check for the requests a client sends over and over.
+        self.known_good: dict[Any, bool] = {}
 
     def validate(
         self,
