@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -18,7 +19,7 @@ import pytest
 import tritonpy
 from tritonpy import TritonpyError
 
-from _models import infer, new_prefix, serving, write_model
+from _models import infer, new_prefix, serving, wait_for, write_model
 
 PLUS1 = """
 import triton_python_backend_utils as pb_utils
@@ -110,6 +111,51 @@ class TritonPythonModel:
         return None
 """
 
+# BLS along the ``route`` request parameter: calls the first model named there, passing the
+# rest of the route on.
+BLS_ROUTE = """
+import json
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            params = json.loads(r.parameters())
+            first, _, rest = params["route"].partition(",")
+            params["route"] = rest
+            resp = pb_utils.InferenceRequest(
+                model_name=first, requested_output_names=["OUT"],
+                inputs=[pb_utils.get_input_tensor_by_name(r, "IN")],
+                parameters=params).exec()
+            if resp.has_error():
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    "BLS call failed: " + resp.error().message())))
+            else:
+                out.append(pb_utils.InferenceResponse(
+                    [pb_utils.get_output_tensor_by_name(resp, "OUT")]))
+        return out
+"""
+
+# Announces itself with a file, then holds its instance until the test creates "release".
+HOLD = """
+import json, os, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            d = json.loads(r.parameters())["hold_dir"]
+            open(os.path.join(d, "holding"), "w").close()
+            deadline = time.monotonic() + 20
+            while not os.path.exists(os.path.join(d, "release")) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return out
+"""
+
 FP32_IO = """
 backend: "python"
 input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
@@ -157,6 +203,8 @@ FAILING = ensemble_config([
     step("fail", {"IN": "t1"}, {"OUT": "t2"}),
     step("scale2", {"IN": "t2"}, {"OUT": "OUT"}),
 ])
+SELF_LOOP = ensemble_config([step("bls_to_ensemble", {"IN": "IN"}, {"OUT": "OUT"})])
+HELD = ensemble_config([step("hold", {"IN": "IN"}, {"OUT": "OUT"})])
 STREAM = ensemble_config([
     step("repeat", {"IN": "IN"}, {"OUT": "t1"}),
     step("scale2", {"IN": "t1"}, {"OUT": "OUT"}),
@@ -165,7 +213,9 @@ STREAM = ensemble_config([
 
 def write_repo(repo: Path) -> Path:
     for name, body in (("plus1", PLUS1), ("scale2", SCALE2), ("left", BARRIER),
-                       ("right", BARRIER), ("fail", FAIL)):
+                       ("right", BARRIER), ("fail", FAIL),
+                       ("bls_to_ensemble", BLS_ROUTE), ("bls_outer", BLS_ROUTE),
+                       ("hold", HOLD)):
         write_model(repo, name, body, FP32_IO)
     write_model(repo, "join", JOIN, FP32_IO.replace(
         'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]',
@@ -174,7 +224,8 @@ def write_repo(repo: Path) -> Path:
     write_model(repo, "repeat", REPEAT,
                 FP32_IO + "model_transaction_policy { decoupled: true }\n")
     for name, cfg in (("chain3", CHAIN3), ("diamond", DIAMOND), ("pair", PAIR),
-                      ("failing", FAILING), ("stream", STREAM)):
+                      ("failing", FAILING), ("stream", STREAM), ("self_loop", SELF_LOOP),
+                      ("held", HELD)):
         write_ensemble(repo, name, cfg)
     return repo
 
@@ -317,6 +368,41 @@ def test_ensemble_over_real_tritonclient_http(server: tritonpy.Server) -> None:
             client.close()
     finally:
         fe.stop_in_thread()
+
+
+def test_bls_calls_an_ensemble_and_a_circular_wait_through_one_is_an_error(
+        server: tritonpy.Server) -> None:
+    caller = server.model("bls_to_ensemble")
+    ok = infer(caller, {"IN": np.array([1], np.float32)}, parameters={"route": "chain3"})
+    assert ok.error is None, ok.error
+    np.testing.assert_array_equal(ok.outputs["OUT"].to_numpy(), [5])
+    # bls_to_ensemble (one instance) -> self_loop -> bls_to_ensemble: the step can never
+    # run. The real Triton hangs here; tritonpy answers with the cycle.
+    loop = infer(caller, {"IN": np.array([1], np.float32)}, parameters={"route": "self_loop,self_loop"})
+    assert loop.error is not None
+    assert "BLS call failed: in ensemble 'self_loop', BLS deadlock" in loop.error.message
+    again = infer(caller, {"IN": np.array([2], np.float32)}, parameters={"route": "chain3"})
+    np.testing.assert_array_equal(again.outputs["OUT"].to_numpy(), [7])
+
+
+def test_a_bls_wait_on_a_slow_but_progressing_ensemble_is_not_a_deadlock(
+        server: tritonpy.Server, tmp_path: Path) -> None:
+    x = {"IN": np.array([4], np.float32)}
+    # First bls_to_ensemble's only instance blocks on the ensemble "held", whose step holds
+    # its instance until released; then bls_outer calls bls_to_ensemble, which must queue.
+    first = server.model("bls_to_ensemble").infer(
+        x, parameters={"route": "held", "hold_dir": str(tmp_path)})
+    assert wait_for(lambda: (tmp_path / "holding").exists(), timeout=20)
+    second = server.model("bls_outer").infer(
+        x, parameters={"route": "bls_to_ensemble,held", "hold_dir": str(tmp_path)})
+    # Give the deadlock detector its first check and a re-check while the step is held; the
+    # wait it sees goes through the ensemble to a step that runs, so it is no cycle.
+    time.sleep(0.6)
+    (tmp_path / "release").touch()
+    for stream in (first, second):
+        resp = stream.get(timeout=30)
+        assert resp.error is None, resp.error
+        np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), [4])
 
 
 # --------------------------------------------------------------------- configs and control
