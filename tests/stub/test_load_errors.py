@@ -1,0 +1,128 @@
+"""Models that fail to load: the traceback reaches the caller of ``load`` and the model's
+status, no process is left behind, and the other models keep serving.
+"""
+from __future__ import annotations
+
+import pytest
+
+import tritonpy
+from _models import DOUBLE_PY, fp32, infer, new_prefix, serving, stub_processes, write_model
+
+pytestmark = pytest.mark.timeout(60)
+
+SYNTAX_PY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests)
+        return []
+'''
+
+IMPORT_PY = '''
+import triton_python_backend_utils as pb_utils
+import tritonpy_test_no_such_module
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+'''
+
+NOCLASS_PY = '''
+class SomethingElse:
+    pass
+'''
+
+# Two instances: the first initializes, the second refuses; neither process may remain.
+INIT_RAISES_PY = '''
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_instance_name"].endswith("_1"):
+            raise RuntimeError("initialize refused by " + args["model_instance_name"])
+
+    def execute(self, requests):
+        return []
+'''
+
+INIT_EXITS_PY = '''
+import os
+import sys
+
+class TritonPythonModel:
+    def initialize(self, args):
+        sys.stderr.write("initexit: giving up\\n")
+        sys.stderr.flush()
+        os._exit(7)
+
+    def execute(self, requests):
+        return []
+'''
+
+TWO = ('backend: "python"\nmax_batch_size: 0\n'
+       'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+       'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+       'instance_group [ { count: 2, kind: KIND_CPU } ]\n')
+
+BAD = {
+    "syntax": (SYNTAX_PY, None, ["Traceback", "model.py\", line 5", "SyntaxError"]),
+    "importerr": (IMPORT_PY, None, [
+        "Traceback", "model.py\", line 3",
+        "ModuleNotFoundError: No module named 'tritonpy_test_no_such_module'"]),
+    "noclass": (NOCLASS_PY, None, ["defines no class TritonPythonModel"]),
+    "initraises": (INIT_RAISES_PY, TWO, [
+        "Traceback", "in initialize", "RuntimeError: initialize refused by initraises_0_1"]),
+    "initexit": (INIT_EXITS_PY, None, [
+        "stub process 'initexit_0' (pid ", "exited with code 7", "initexit: giving up"]),
+}
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    path = tmp_path_factory.mktemp("repo")
+    write_model(path, "good", DOUBLE_PY)
+    for name, (py, config, _) in BAD.items():
+        write_model(path, name, py, config)
+    return path
+
+
+@pytest.fixture(scope="module")
+def explicit(repo):
+    with serving(repo, new_prefix(), model_control_mode="explicit",
+                 load_models=["good"]) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_failed_load_reports_the_traceback_and_leaves_no_process(explicit, name):
+    before = sorted(p.pid for p in stub_processes())
+    assert len(before) == 1  # the good model's stub
+    with pytest.raises(tritonpy.TritonpyError) as info:
+        explicit.load(name)
+    message = info.value.message
+    assert f"failed to load '{name}'" in message
+    for fragment in BAD[name][2]:
+        assert fragment in message, message
+    status = {m["name"]: m for m in explicit.models()}[name]
+    assert status["state"] == "UNAVAILABLE"
+    for fragment in BAD[name][2]:
+        assert fragment in status["reason"]
+    assert not explicit.model(name).ready()
+    with pytest.raises(tritonpy.UnavailableError, match="not ready"):
+        explicit.model(name).infer({"IN": fp32(1)})
+    assert sorted(p.pid for p in stub_processes()) == before
+    # the other model is untouched
+    assert infer(explicit.model("good"), {"IN": fp32(1, 2)}).outputs["OUT"].to_numpy().tolist() \
+        == [2, 4]
+
+
+def test_server_start_loads_the_good_models_and_reports_the_bad(repo):
+    with serving(repo, new_prefix()) as srv:
+        status = {m["name"]: m for m in srv.models()}
+        assert status["good"]["state"] == "READY"
+        for name, (_, _, fragments) in BAD.items():
+            assert status[name]["state"] == "UNAVAILABLE"
+            for fragment in fragments:
+                assert fragment in status[name]["reason"]
+        assert srv.model("good").ready()
+        assert len(stub_processes()) == 1
