@@ -649,6 +649,36 @@ class _Context:
 # ---------------------------------------------------------------------------- loading
 
 
+def step_models_to_unload(repo: RepositoryManager, name: str) -> list[str]:
+    """The models that unloading ensemble ``name`` with ``unload_dependents`` also unloads.
+
+    Its step models (and theirs, for nested ensembles), except those that another loaded
+    ensemble still runs. Empty for a model that is not a loaded ensemble.
+    """
+    def steps_of(model: str) -> set[str]:
+        entry = repo.entries.get(model)
+        rts = list(entry.runtimes.values()) if entry is not None else []
+        return {st.model for rt in rts if getattr(rt, "is_ensemble", False) for st in rt.steps}
+
+    closure: set[str] = set()
+    todo = list(steps_of(name))
+    while todo:
+        model = todo.pop()
+        if model not in closure and model != name:
+            closure.add(model)
+            todo.extend(steps_of(model))
+    kept: set[str] = set()  # everything the other ensembles run, directly or nested
+    todo = [s for other in repo.entries if other != name and other not in closure
+            for s in steps_of(other)]
+    while todo:
+        model = todo.pop()
+        if model not in kept:
+            kept.add(model)
+            todo.extend(steps_of(model))
+    return sorted(closure - kept)
+
+
+
 def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
                   versions: Sequence[int]) -> dict[int, EnsembleRuntime]:
     """Runtimes for the ensemble's versions, after loading and checking its step models.

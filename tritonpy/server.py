@@ -176,7 +176,14 @@ class Server:
         self.repo.load(name, config=config, files=files, api=True)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload a model (explicit mode); with ``unload_dependents`` an ensemble's step
+        models go too, unless another loaded ensemble still runs them."""
+        from ._ensemble import step_models_to_unload
+
+        steps = step_models_to_unload(self.repo, name) if unload_dependents else []
         self.repo.unload(name, api=True)
+        for step in steps:
+            self.repo.unload(step, api=True)
 
     def runtime(self, name: str, version: int = -1) -> ModelRuntime:
         """The loaded runtime of a model version (-1: the newest loaded)."""

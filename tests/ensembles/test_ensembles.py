@@ -469,6 +469,8 @@ def test_explicit_mode_loads_steps_and_an_unloaded_step_makes_the_ensemble_unrea
         assert model.ready()
         np.testing.assert_array_equal(
             infer(model, {"IN": np.array([2], np.float32)}).outputs["OUT"].to_numpy(), [7])
+        srv.unload("chain3", unload_dependents=True)  # its steps go with it
+        assert all(m["state"] != "READY" for m in srv.models())
 
 
 def test_cancelling_an_ensemble_request_answers_cancelled(server: tritonpy.Server,
