@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import queue
 import threading
@@ -143,6 +144,11 @@ class ResponseStream:
 
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
+        if final:
+            # request <-> stream is a reference cycle (req.sink is our bound method): break it
+            # so that the request's inputs (maybe shm blocks) go as soon as the caller lets go,
+            # not whenever the cyclic GC runs.
+            self.request = None
         self._q.put(_make_response(req, outputs, error, parameters, final))
 
     def __iter__(self) -> ResponseStream:
@@ -166,11 +172,16 @@ class ResponseStream:
 
 
 class AsyncResponseStream:
-    """Async iterator of a request's responses, fed from the host's threads."""
+    """Async iterator of a request's responses, fed from the host's threads.
+
+    A deque and at most one pending future (not an ``asyncio.Queue``): a response that is
+    already there is returned without suspending, and each delivery costs one loop callback.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._q: asyncio.Queue[InferenceResponse] = asyncio.Queue()
+        self._items: collections.deque[InferenceResponse] = collections.deque()
+        self._waiter: asyncio.Future | None = None
         self._finished = False
         self.request: HostRequest | None = None
 
@@ -178,9 +189,15 @@ class AsyncResponseStream:
              parameters: dict | None, final: bool) -> None:
         resp = _make_response(req, outputs, error, parameters, final)
         try:
-            self._loop.call_soon_threadsafe(self._q.put_nowait, resp)
+            self._loop.call_soon_threadsafe(self._push, resp)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+    def _push(self, resp: InferenceResponse) -> None:
+        self._items.append(resp)
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def __aiter__(self) -> AsyncResponseStream:
         return self
@@ -188,11 +205,17 @@ class AsyncResponseStream:
     async def __anext__(self) -> InferenceResponse:
         if self._finished:
             raise StopAsyncIteration
-        try:
-            resp = await self._q.get()
-        except asyncio.CancelledError:
-            self.cancel()
-            raise
+        items = self._items
+        while not items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            except asyncio.CancelledError:
+                self.cancel()
+                raise
+            finally:
+                self._waiter = None
+        resp = items.popleft()
         if resp.final:
             self._finished = True
         return resp
