@@ -137,6 +137,7 @@ class SequenceBatcher:
             self.preferred = frozenset()
             self.max_preferred = mbs
         self.idle_s = max(int(sb.max_sequence_idle_microseconds), 1) / 1e6
+        self.iterative = bool(sb.iterative_sequence)
         self.controls = _Controls(rt.config)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
         self.by_inst: dict[Instance, list[_Seq]] = {}  # sequences holding a slot there
@@ -188,6 +189,8 @@ class SequenceBatcher:
     def add(self, req: HostRequest) -> TritonpyError | None:
         cid = req.correlation_id
         if cid is None or cid == 0 or cid == "" or isinstance(cid, bool):
+            if self.iterative and req.batch_size <= 1:
+                return self._add_alone(req)
             return InvalidArgumentError(
                 f"inference request to model '{self.name}' must specify a non-zero or "
                 "non-empty correlation ID")
@@ -222,6 +225,17 @@ class SequenceBatcher:
         if req.flags & FLAG_END:
             seq.open = False
             del self.active[cid]
+        self._arm_reaper(seq.last + self.idle_s)
+        return None
+
+    def _add_alone(self, req: HostRequest) -> None:
+        """An iterative-sequence request without a correlation ID: as in Triton, a sequence
+        of its own, which ends when the request is released without RESCHEDULE."""
+        seq = _Seq(f"<request {req.id}>")  # never in ``active``: nothing else can join it
+        seq.open = False
+        self._assign(seq)
+        seq.pending.append(req)
+        self.n += 1
         self._arm_reaper(seq.last + self.idle_s)
         return None
 

@@ -3,6 +3,7 @@ poll         send one response, then poll request.is_cancelled() until it turns 
 poll_thread  the same from a thread, after execute has returned
 stream       send a response every 2 ms until cancelled (10 s max)
 gate         wait for the file named by parameter 'path' to exist, then answer
+check        record is_cancelled() of request and sender, then answer
 report       answer REPORT (JSON): what each request saw, and every request id executed."""
 import json
 import os
@@ -62,6 +63,10 @@ class TritonPythonModel:
                 while not os.path.exists(params["path"]) and time.monotonic() < deadline:
                     time.sleep(0.002)
                 sender.send(out(1), flags=FINAL)
+            elif mode == "check":
+                self.seen[rid] = {"cancelled": request.is_cancelled(),
+                                  "sender_cancelled": sender.is_cancelled()}
+                sender.send(out(2), flags=FINAL)
             elif mode == "report":
                 for t in self.threads:
                     t.join(timeout=10)

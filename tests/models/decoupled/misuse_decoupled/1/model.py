@@ -1,6 +1,7 @@
 """A decoupled model that misuses its response sender on purpose (request parameter 'mode'):
 send_after_final (the exception is kept and reported later), final_twice, return_list (execute
-returns responses), raise; 'report' answers with what the last misuse raised (REPORT, JSON)."""
+returns responses), send_then_return (the stream is complete, then execute returns responses),
+raise; 'report' answers with what the last misuse raised (REPORT, JSON)."""
 import json
 
 import numpy as np
@@ -39,6 +40,9 @@ class TritonPythonModel:
                     self.last = {"raised": "TritonModelException", "message": exc.message()}
             elif mode == "return_list":
                 return [out(1) for _ in requests]
+            elif mode == "send_then_return":
+                sender.send(out(1), flags=FINAL)
+                return [out(2) for _ in requests]
             elif mode == "raise":
                 raise RuntimeError("misuse_decoupled raised on purpose")
             elif mode == "report":

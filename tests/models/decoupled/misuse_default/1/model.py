@@ -1,6 +1,7 @@
 """A default-mode (not decoupled) model and the response sender (request parameter 'mode'):
 sender_ok (one response with COMPLETE_FINAL), sender_split (one response, then a bare final
-flag), two_responses (the second send raises; kept for 'report'), return_none (returns None
+flag), two_responses (the second send raises; kept for 'report'), final_only (a bare
+final flag first: raises; kept for 'report'), return_none (returns None
 without sending anything), and 'report'."""
 import json
 
@@ -39,6 +40,15 @@ class TritonPythonModel:
                 except pb_utils.TritonModelException as exc:
                     self.last = {"raised": "TritonModelException", "message": exc.message()}
                 sender.send(flags=FINAL)
+            elif mode == "final_only":
+                # A bare final flag before any response: refused in default mode; the model
+                # then answers the usual way.
+                try:
+                    request.get_response_sender().send(flags=FINAL)
+                    self.last = {"raised": None}
+                except pb_utils.TritonModelException as exc:
+                    self.last = {"raised": "TritonModelException", "message": exc.message()}
+                responses.append(out(value))
             elif mode == "return_none":
                 return None
             elif mode == "report":

@@ -1,0 +1,73 @@
+"""Request rescheduling: ``request.set_release_flags(TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)``
+puts the request back for another ``execute``, with ``sequence_batching { iterative_sequence:
+true }`` as Triton's docs require.
+
+* ``iterative`` (decoupled) sends COUNT = how many times this request has been executed, on
+  every execute, and reschedules until COUNT reaches N; then closes the stream.
+* ``iterative_default`` (default mode) appends ``None`` for a rescheduled request, as the docs
+  say, and answers once, on the N-th execute, with COUNT = N.
+
+As in Triton, an iterative-sequence request needs no correlation ID (each such request is a
+sequence of its own); one with a correlation ID and START/END works too.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _bls_models import DECOUPLED_REPO, collect, new_prefix, serve
+
+WAIT_S = 15.0
+START_END = 3  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tritonpy.Server]:
+    with serve(DECOUPLED_REPO, new_prefix(), model_control_mode="explicit",
+               load_models=["iterative", "iterative_default"]) as srv:
+        yield srv
+
+
+def counts(responses: list) -> list[int]:
+    for r in responses:
+        assert r.error is None, r.error
+    return [int(r.outputs["COUNT"].to_numpy()[0]) for r in responses if r.outputs]
+
+
+def infer(server, model: str, n: int, rid: str, **kwargs):
+    return server.model(model).infer({"N": np.array([n], np.int32)}, request_id=rid, **kwargs)
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_decoupled_request_is_executed_again_until_released(server, n):
+    responses = collect(infer(server, "iterative", n, f"dec-{n}"), WAIT_S)
+    assert counts(responses) == list(range(1, n + 1))
+    assert [r.final for r in responses] == [False] * n + [True]
+
+
+def test_decoupled_with_correlation_id_and_flags(server):
+    responses = collect(infer(server, "iterative", 3, "dec-corr", correlation_id=77,
+                              flags=START_END), WAIT_S)
+    assert counts(responses) == [1, 2, 3]
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_default_mode_rescheduled_request_answers_once(server, n):
+    responses = collect(infer(server, "iterative_default", n, f"def-{n}"), WAIT_S)
+    assert len(responses) == 1 and responses[0].final
+    assert counts(responses) == [n]  # executed n times, answered on the last
+
+
+def test_concurrent_iterative_requests_each_complete(server):
+    streams = {rid: infer(server, "iterative", n, rid) for rid, n in
+               (("a", 3), ("b", 2), ("c", 4))}
+    defaults = {rid: infer(server, "iterative_default", n, rid) for rid, n in
+                (("x", 2), ("y", 5))}
+    assert counts(collect(streams["a"], WAIT_S)) == [1, 2, 3]
+    assert counts(collect(streams["b"], WAIT_S)) == [1, 2]
+    assert counts(collect(streams["c"], WAIT_S)) == [1, 2, 3, 4]
+    assert counts(collect(defaults["x"], WAIT_S)) == [2]
+    assert counts(collect(defaults["y"], WAIT_S)) == [5]
