@@ -372,6 +372,12 @@ class ModelRuntime:
         requeue = [r for r in batch if r.id in resched and not r.done]
         for r in requeue:
             inst.active.pop(r.id, None)
+        if resched or self.decoupled:
+            for r in batch:
+                # Answered already (cancelled, timed out) and its execute is over: nothing
+                # more is delivered for it; a rescheduled one will send no final flag at all.
+                if r.done:
+                    inst.active.pop(r.id, None)
         t_out = time.monotonic_ns()
         self.stats.execution(sum(r.batch_size for r in batch),
                              [r.t_start - r.t_enqueue for r in batch], input_ns,

@@ -12,6 +12,8 @@ sequence of its own); one with a correlation ID and START/END works too.
 """
 from __future__ import annotations
 
+import queue
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -71,3 +73,28 @@ def test_concurrent_iterative_requests_each_complete(server):
     assert counts(collect(streams["c"], WAIT_S)) == [1, 2, 3, 4]
     assert counts(collect(defaults["x"], WAIT_S)) == [2]
     assert counts(collect(defaults["y"], WAIT_S)) == [5]
+
+
+def test_cancelled_between_executes_is_not_rescheduled_again(server):
+    # A request that would reschedule itself a million times is cancelled after 3 executes.
+    # It must leave the instance: the model has one sequence slot, so a request behind it
+    # only completes if the cancelled one is not put back again.
+    endless = infer(server, "iterative", 1_000_000, "endless")
+    for i in range(1, 4):
+        try:
+            resp = endless.get(timeout=WAIT_S)
+        except queue.Empty:
+            raise AssertionError(f"response {i} did not come") from None
+        assert counts([resp]) and not resp.final
+    endless.cancel()
+    last = None
+    while last is None or not last.final:  # responses already on their way, then CANCELLED
+        last = endless.get(timeout=WAIT_S)
+    assert last.error is not None and last.error.code.value == "CANCELLED"
+    assert counts(collect(infer(server, "iterative", 2, "after-endless"), WAIT_S)) == [1, 2]
+    # And the host holds nothing for it any more (an unload would otherwise wait for it).
+    (inst,) = server.runtime("iterative").instances
+    deadline = time.monotonic() + WAIT_S
+    while inst.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not inst.active, inst.active
