@@ -1,0 +1,288 @@
+"""Dynamic batching with real stubs: batches actually formed (seen in execute and in the
+statistics), max_batch_size, preferred_batch_size, max_queue_delay_microseconds, request
+timeouts, priority levels and the queue policy (REJECT / DELAY, max_queue_size).
+
+Batches are made deterministic with a gate: a first request holds the only instance in
+execute while the test queues the others, then the gate opens and the batches that form are
+read back from what the model saw (its execute count, batch length, rows, positions).
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import numpy as np
+import pytest
+from _models import infer, io_config, new_prefix, serving, write_model
+from _sched_models import BATCH_PY, Gate, params
+
+from tritonpy import InferenceResponse
+
+pytestmark = pytest.mark.timeout(90)
+
+ONE = 'instance_group [ { count: 1, kind: KIND_CPU } ]\n'
+
+
+def _cfg(max_batch_size: int, dynamic: str) -> str:
+    return io_config(max_batch_size, dims="[ 1 ]",
+                     extra=f"dynamic_batching {{ {dynamic} }}\n{ONE}")
+
+
+MODELS = {
+    "db_basic": _cfg(8, ""),
+    "db_cap": _cfg(4, ""),
+    "db_rows": _cfg(8, ""),
+    "db_pref": _cfg(8, "preferred_batch_size: [ 2, 4 ] max_queue_delay_microseconds: 300000"),
+    "db_hold": _cfg(3, "max_queue_delay_microseconds: 30000000"),
+    "db_delay": _cfg(8, "max_queue_delay_microseconds: 200000"),
+    "db_nodelay": _cfg(8, ""),
+    "db_prio": _cfg(8, "priority_levels: 2 default_priority_level: 2"),
+    "db_reject": _cfg(8, "default_queue_policy { timeout_action: REJECT "
+                         "default_timeout_microseconds: 100000 }"),
+    "db_override": _cfg(8, "default_queue_policy { allow_timeout_override: true }"),
+    "db_delayed": _cfg(8, "default_queue_policy { timeout_action: DELAY "
+                          "allow_timeout_override: true }"),
+    "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
+    "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
+                            "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
+    "no_db": io_config(8, dims="[ 1 ]", extra=ONE),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    for name, cfg in MODELS.items():
+        write_model(repo, name, BATCH_PY, cfg)
+    with serving(repo, new_prefix()) as srv:
+        yield srv
+
+
+@pytest.fixture
+def gate(tmp_path):
+    with Gate(tmp_path) as g:
+        yield g
+
+
+def _row(v: float) -> np.ndarray:
+    return np.array([[v]], dtype=np.float32)
+
+
+def _hold(model, gate, rows: int = 1):
+    """Send a request that keeps the model's only instance busy until the gate opens."""
+    held = np.full((rows, 1), -1, dtype=np.float32)
+    return model.infer({"IN": held}, parameters={"gate": gate.path})
+
+
+def _all(streams, timeout=30.0) -> list[InferenceResponse]:
+    return [s.get(timeout=timeout) for s in streams]
+
+
+def _value(resp: InferenceResponse) -> float:
+    assert resp.error is None, resp.error
+    return float(resp.outputs["OUT"].to_numpy().reshape(-1)[0])
+
+
+def test_queued_requests_reach_execute_as_one_batch(server, gate):
+    model = server.model("db_basic")
+    held = _hold(model, gate)
+    streams = [model.infer({"IN": _row(i)}) for i in range(5)]
+    gate.open()
+    first = params(held.get(timeout=30))
+    assert (first["exec"], first["batch"]) == (1, 1)
+    resps = _all(streams)
+    assert [_value(r) for r in resps] == [0, 1, 2, 3, 4]
+    seen = [params(r) for r in resps]
+    assert {(p["exec"], p["batch"], p["rows"]) for p in seen} == {(2, 5, 5)}
+    assert [p["pos"] for p in seen] == [0, 1, 2, 3, 4]  # arrival order within the batch
+    stats = server.statistics("db_basic")["model_stats"][0]
+    assert stats["inference_count"] == 6
+    assert stats["execution_count"] == 2
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [1, 5]
+    assert [b["compute_infer"]["count"] for b in stats["batch_stats"]] == [1, 1]
+    assert stats["inference_stats"]["success"]["count"] == 6
+
+
+def test_batches_never_exceed_max_batch_size(server, gate):
+    model = server.model("db_cap")
+    held = _hold(model, gate)
+    streams = [model.infer({"IN": _row(i)}) for i in range(11)]
+    gate.open()
+    held.get(timeout=30)
+    seen = [params(r) for r in _all(streams)]
+    # FIFO: the first four, the next four, the last three.
+    assert [(p["exec"], p["batch"], p["pos"]) for p in seen] == (
+        [(2, 4, i) for i in range(4)] + [(3, 4, i) for i in range(4)]
+        + [(4, 3, i) for i in range(3)])
+    sizes = {b["batch_size"]: b["compute_infer"]["count"]
+             for b in server.statistics("db_cap")["model_stats"][0]["batch_stats"]}
+    assert sizes == {1: 1, 4: 2, 3: 1}
+
+
+def test_batch_size_counts_rows_of_batched_requests(server, gate):
+    model = server.model("db_rows")
+    held = _hold(model, gate)
+    three = np.arange(3, dtype=np.float32).reshape(3, 1)
+    streams = [model.infer({"IN": three}) for _ in range(3)]
+    gate.open()
+    held.get(timeout=30)
+    resps = _all(streams)
+    for r in resps:
+        np.testing.assert_array_equal(r.outputs["OUT"].to_numpy(), three)
+    seen = [params(r) for r in resps]
+    # 3 + 3 rows fit in max_batch_size 8; a third request of 3 rows would make 9.
+    assert [(p["exec"], p["batch"], p["rows"]) for p in seen] == [(2, 2, 6), (2, 2, 6), (3, 1, 3)]
+    sizes = [b["batch_size"] for b in server.statistics("db_rows")["model_stats"][0]["batch_stats"]]
+    assert sizes == [1, 3, 6]
+
+
+def test_preferred_batch_size_is_sent_at_once_and_the_rest_after_its_delay(server, gate):
+    model = server.model("db_pref")
+    held = _hold(model, gate, rows=2)  # a preferred size by itself: sent at once, alone
+    streams = [model.infer({"IN": _row(i)}) for i in range(5)]
+    gate.open()
+    first = params(held.get(timeout=30))
+    assert (first["exec"], first["batch"], first["rows"]) == (1, 1, 2)
+    seen = [params(r) for r in _all(streams)]
+    # Five queued, preferred [2, 4]: the largest preferred batch that fits goes first; the one
+    # left over cannot make a preferred size and goes alone once its queue delay has passed.
+    assert [(p["exec"], p["batch"]) for p in seen] == [(2, 4)] * 4 + [(3, 1)]
+    stats = server.statistics("db_pref")["model_stats"][0]
+    assert [b["batch_size"] for b in stats["batch_stats"]] == [1, 2, 4]
+
+
+def test_queue_delay_holds_a_batch_open_until_it_is_full(server):
+    # max_queue_delay 30 s, max_batch_size 3: the first request waits for company instead of
+    # running alone, and the batch goes as soon as it is full (long before the delay ends).
+    model = server.model("db_hold")
+    streams = [model.infer({"IN": _row(i)}) for i in range(3)]
+    seen = [params(r) for r in _all(streams, timeout=20)]
+    assert [(p["exec"], p["batch"], p["pos"]) for p in seen] == [(1, 3, 0), (1, 3, 1), (1, 3, 2)]
+
+
+def test_a_lone_request_waits_its_delay_and_no_longer_needs_company(server):
+    model = server.model("db_delay")
+    resp = infer(model, {"IN": _row(7)}, wait=20)
+    assert _value(resp) == 7
+    assert (params(resp)["exec"], params(resp)["batch"]) == (1, 1)
+    queue = server.statistics("db_delay")["model_stats"][0]["inference_stats"]["queue"]
+    assert queue["count"] == 1
+    assert queue["ns"] >= 200_000_000  # it did wait for others, for its full delay
+
+
+def test_without_delay_a_free_instance_takes_a_request_at_once(server):
+    model = server.model("db_nodelay")
+    streams = [model.infer({"IN": _row(i)}) for i in range(2)]
+    first = params(streams[0].get(timeout=20))
+    assert (first["exec"], first["batch"]) == (1, 1)  # dispatched on arrival, alone
+    _all(streams[1:])
+
+
+def test_without_dynamic_batching_each_request_runs_alone(server, gate):
+    model = server.model("no_db")
+    held = _hold(model, gate)
+    streams = [model.infer({"IN": _row(i)}) for i in range(3)]
+    gate.open()
+    held.get(timeout=30)
+    seen = [params(r) for r in _all(streams)]
+    assert [(p["exec"], p["batch"]) for p in seen] == [(2, 1), (3, 1), (4, 1)]
+
+
+def test_priority_levels_order_the_batch(server, gate):
+    model = server.model("db_prio")
+    held = _hold(model, gate)
+    low = [model.infer({"IN": _row(i)}) for i in range(2)]  # default level 2
+    explicit_low = model.infer({"IN": _row(2)}, priority=2)
+    high = model.infer({"IN": _row(10)}, priority=1)
+    gate.open()
+    held.get(timeout=30)
+    pos = {_value(r): params(r)["pos"] for r in _all(low + [explicit_low, high])}
+    assert pos == {10: 0, 0: 1, 1: 2, 2: 3}
+
+
+def test_default_timeout_rejects_requests_still_queued(server, gate):
+    model = server.model("db_reject")
+    held = _hold(model, gate)
+    streams = [model.infer({"IN": _row(i)}) for i in range(2)]
+    try:
+        rejected = _all(streams, timeout=20)  # 100 ms default timeout, instance held
+    finally:
+        gate.open()
+    for r in rejected:
+        assert r.error is not None and r.error.code.name == "UNAVAILABLE"
+        assert r.error.message == "Request timeout expired"
+    assert params(held.get(timeout=30))["batch"] == 1  # the executing request is not affected
+    assert _value(infer(model, {"IN": _row(5)})) == 5  # and the model serves on
+    stats = server.statistics("db_reject")["model_stats"][0]["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (2, 2)
+
+
+def test_request_timeout_overrides_the_default_when_allowed(server, gate):
+    model = server.model("db_override")
+    held = _hold(model, gate)
+    timed = model.infer({"IN": _row(1)}, timeout=50_000)
+    patient = model.infer({"IN": _row(2)})
+    try:
+        r = timed.get(timeout=20)
+    finally:
+        gate.open()
+    assert r.error is not None and r.error.message == "Request timeout expired"
+    held.get(timeout=30)
+    assert _value(patient.get(timeout=30)) == 2
+
+
+def test_delay_policy_moves_timed_out_requests_behind_the_others(server, gate):
+    model = server.model("db_delayed")
+    held = _hold(model, gate)
+    late = model.infer({"IN": _row(1)}, timeout=1_000)  # 1 ms, then DELAY: not rejected
+    time.sleep(0.5)  # its timeout passes while the instance is held
+    others = [model.infer({"IN": _row(v)}) for v in (2, 3)]
+    gate.open()
+    held.get(timeout=30)
+    resps = _all([late] + others)
+    pos = {_value(r): params(r)["pos"] for r in resps}
+    assert {params(r)["exec"] for r in resps} == {2}
+    assert pos == {2: 0, 3: 1, 1: 2}
+
+
+def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
+    model = server.model("db_full")
+    held = _hold(model, gate)
+    queued = [model.infer({"IN": _row(i)}) for i in range(2)]
+    over = model.infer({"IN": _row(9)}).get(timeout=10)
+    assert over.error is not None and over.error.code.name == "UNAVAILABLE"
+    assert over.error.message == "Exceeds maximum queue size"
+    gate.open()
+    held.get(timeout=30)
+    assert [_value(r) for r in _all(queued)] == [0, 1]
+    assert _value(infer(model, {"IN": _row(3)})) == 3  # room again once the queue drained
+    stats = server.statistics("db_full")["model_stats"][0]["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (4, 1)
+
+
+def test_queue_size_is_per_priority_level(server, gate):
+    model = server.model("db_levelfull")
+    held = _hold(model, gate)
+    low = model.infer({"IN": _row(1)}, priority=2)
+    over = model.infer({"IN": _row(2)}, priority=2).get(timeout=10)
+    assert over.error is not None and over.error.message == "Exceeds maximum queue size"
+    high = [model.infer({"IN": _row(v)}, priority=1) for v in (3, 4)]  # level 1: no limit
+    gate.open()
+    held.get(timeout=30)
+    assert [_value(r) for r in _all([low] + high)] == [1, 3, 4]
+
+
+def test_requests_from_many_threads_are_all_answered_in_batches(server):
+    model = server.model("db_basic")
+    before = server.statistics("db_basic")["model_stats"][0]["inference_count"]
+
+    def one(i: int) -> float:
+        return _value(infer(model, {"IN": _row(i)}))
+
+    with concurrent.futures.ThreadPoolExecutor(16) as ex:
+        got = list(ex.map(one, range(200)))
+    assert got == list(range(200))
+    stats = server.statistics("db_basic")["model_stats"][0]
+    assert stats["inference_count"] - before == 200
+    assert all(b["batch_size"] <= 8 for b in stats["batch_stats"])
+
