@@ -198,7 +198,9 @@ class DynamicBatcher:
             if len(lv) >= lv.max_size:
                 return UnavailableError(QUEUE_FULL)
         timeout_us = lv.timeout_us
-        if lv.override and req.timeout_us:
+        if lv.override and req.timeout_us and (not timeout_us or req.timeout_us < timeout_us):
+            # A request may shorten the default timeout, never lengthen it (as Triton); with
+            # no default it sets its own, so a request is never queued past its timeout.
             timeout_us = req.timeout_us
         if self.preserve:
             self._delegate(req)

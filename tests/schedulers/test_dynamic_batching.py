@@ -40,6 +40,8 @@ MODELS = {
     "db_reject": _cfg(8, "default_queue_policy { timeout_action: REJECT "
                          "default_timeout_microseconds: 100000 }"),
     "db_override": _cfg(8, "default_queue_policy { allow_timeout_override: true }"),
+    "db_capped": _cfg(8, "default_queue_policy { timeout_action: REJECT allow_timeout_override: "
+                         "true default_timeout_microseconds: 100000 }"),
     "db_delayed": _cfg(8, "default_queue_policy { timeout_action: DELAY "
                           "allow_timeout_override: true }"),
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
@@ -229,6 +231,18 @@ def test_request_timeout_overrides_the_default_when_allowed(server, gate):
     assert r.error is not None and r.error.message == "Request timeout expired"
     held.get(timeout=30)
     assert _value(patient.get(timeout=30)) == 2
+
+
+def test_request_timeout_cannot_lengthen_the_default(server, gate):
+    model = server.model("db_capped")
+    held = _hold(model, gate)
+    longer = model.infer({"IN": _row(1)}, timeout=60_000_000)  # 60 s asked, 100 ms allowed
+    try:
+        r = longer.get(timeout=20)
+    finally:
+        gate.open()
+    assert r.error is not None and r.error.message == "Request timeout expired"
+    held.get(timeout=30)
 
 
 def test_delay_policy_moves_timed_out_requests_behind_the_others(server, gate):
