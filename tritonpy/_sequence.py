@@ -332,7 +332,11 @@ class SequenceBatcher:
                 ready.append(s)
         if not ready:
             return None
-        ready.sort(key=lambda s: s.pending[0].t_enqueue)
+        if self.oldest:
+            ready.sort(key=lambda s: s.pending[0].t_enqueue)
+        else:
+            # direct: a sequence's slot is its place in the batch, as Triton's batch index.
+            ready.sort(key=lambda s: s.slot)
         chosen = ready[:self.max_batch]
         if self.delay_ns:
             oldest = chosen[0].pending[0].t_enqueue

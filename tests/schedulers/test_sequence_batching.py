@@ -1,0 +1,203 @@
+"""Sequence batching with real stubs: correlation IDs (int and string), START/END flags, the
+control inputs a model receives, the direct and oldest strategies, idle sequences ended, Triton's
+errors for requests outside a sequence, and stateful models driven from BLS.
+"""
+from __future__ import annotations
+
+import json
+import queue
+
+import numpy as np
+import pytest
+from _models import io_config, new_prefix, serving, write_model
+from _sched_models import ALL_CONTROLS, SEQ_BLS_PY, SEQ_PY, Gate, controls, params, seq_config
+
+pytestmark = pytest.mark.timeout(90)
+
+START, END = 1, 2
+
+MODELS = {
+    "seq_int": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", "TYPE_UINT64")),
+    "seq_str": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", "TYPE_STRING"),
+                          max_batch_size=2),
+    "seq_any": seq_config(),
+    "seq_two": seq_config(instances=2),
+    "seq_direct": seq_config(max_batch_size=2),
+    "seq_oldest": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4),
+    "seq_idle": seq_config(idle_us=300_000),
+    "seq_bls": io_config(),
+}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    for name, cfg in MODELS.items():
+        write_model(repo, name, SEQ_BLS_PY if name == "seq_bls" else SEQ_PY, cfg)
+    with serving(repo, new_prefix()) as srv:
+        yield srv
+
+
+@pytest.fixture
+def gate(tmp_path):
+    with Gate(tmp_path) as g:
+        yield g
+
+
+def _x(v: float, batched: bool = False) -> np.ndarray:
+    return np.array([[v]] if batched else [v], dtype=np.float32)
+
+
+def _send(server, model, v, cid, flags=0, batched=False, **kw):
+    return server.model(model).infer({"IN": _x(v, batched)}, correlation_id=cid, flags=flags,
+                                     **kw)
+
+
+def _run(server, model, v, cid, flags=0, batched=False, **kw):
+    return _send(server, model, v, cid, flags, batched, **kw).get(timeout=30)
+
+
+def _sum(resp) -> float:
+    assert resp.error is None, resp.error
+    return float(resp.outputs["OUT"].to_numpy().reshape(-1)[0])
+
+
+def test_int_sequence_runs_in_order_with_its_controls(server):
+    first = _run(server, "seq_int", 1, 42, START)
+    mid = _run(server, "seq_int", 2, 42)
+    last = _run(server, "seq_int", 3, 42, END)
+    assert [_sum(r) for r in (first, mid, last)] == [1, 3, 6]
+    assert [params(r)["flags"] for r in (first, mid, last)] == [START, 0, END]
+    assert json.loads(params(first)["cid"]) == 42
+    assert controls(first) == {"START": [1, "int32", [1]], "END": [0.0, "float32", [1]],
+                               "READY": [True, "bool", [1]], "CORRID": [42, "uint64", [1]]}
+    assert controls(mid)["START"][0] == 0 and controls(mid)["END"][0] == 0.0
+    assert controls(last)["START"][0] == 0 and controls(last)["END"][0] == 1.0
+    both = _run(server, "seq_int", 5, 43, START | END)  # a sequence of one request
+    assert _sum(both) == 5
+    assert (controls(both)["START"][0], controls(both)["END"][0]) == (1, 1.0)
+
+
+def test_string_correlation_ids_keep_sequences_apart(server):
+    a1 = _run(server, "seq_str", 1, "alpha", START, batched=True)
+    b1 = _run(server, "seq_str", 10, "beta", START, batched=True)
+    a2 = _run(server, "seq_str", 2, "alpha", batched=True)
+    b2 = _run(server, "seq_str", 20, "beta", END, batched=True)
+    a3 = _run(server, "seq_str", 3, "alpha", END, batched=True)
+    assert [_sum(r) for r in (a1, a2, a3)] == [1, 3, 6]
+    assert [_sum(r) for r in (b1, b2)] == [10, 30]
+    assert json.loads(params(a2)["cid"]) == "alpha"
+    # A string CORRID control and, with max_batch_size > 0, controls of shape [1, 1].
+    assert controls(b1)["CORRID"] == ["beta", "object", [1, 1]]
+    assert controls(b1)["START"] == [1, "int32", [1, 1]]
+
+
+def test_request_without_correlation_id_gets_tritons_error(server):
+    resp = server.model("seq_int").infer({"IN": _x(1)}, flags=START).get(timeout=10)
+    assert resp.error is not None and resp.error.code.name == "INVALID_ARG"
+    assert resp.error.message == ("inference request to model 'seq_int' must specify a non-zero "
+                                  "or non-empty correlation ID")
+    resp = _run(server, "seq_str", 1, "", START, batched=True)
+    assert resp.error is not None and "non-empty correlation ID" in resp.error.message
+
+
+def test_request_for_unknown_or_ended_sequence_gets_tritons_error(server):
+    resp = _run(server, "seq_int", 1, 77)
+    assert resp.error is not None and resp.error.code.name == "INVALID_ARG"
+    assert resp.error.message == ("inference request for sequence 77 to model 'seq_int' must "
+                                  "specify the START flag on the first request of the sequence")
+    assert _sum(_run(server, "seq_int", 1, 78, START | END)) == 1
+    ended = _run(server, "seq_int", 1, 78)  # its sequence has ended
+    assert ended.error is not None and "sequence 78 to model 'seq_int'" in ended.error.message
+    resp = _run(server, "seq_str", 1, "ghost", batched=True)
+    assert resp.error is not None and resp.error.message == (
+        "inference request for sequence ghost to model 'seq_str' must specify the START flag "
+        "on the first request of the sequence")
+
+
+def test_batched_request_is_refused_by_the_sequence_batcher(server):
+    resp = server.model("seq_str").infer({"IN": np.ones((2, 1), np.float32)},
+                                         correlation_id="x", flags=START).get(timeout=10)
+    assert resp.error is not None and resp.error.message == (
+        "inference request to model 'seq_str' must specify batch-size 1 due to requirements of "
+        "sequence batcher")
+
+
+def test_direct_sequences_stay_on_one_instance_and_wait_for_a_free_slot(server):
+    a = [_run(server, "seq_two", 1, 1, START)]
+    b = [_run(server, "seq_two", 10, 2, START)]
+    for i in range(3):
+        a.append(_run(server, "seq_two", 1, 1))
+        b.append(_run(server, "seq_two", 10, 2))
+    inst_a = {params(r)["instance"] for r in a}
+    inst_b = {params(r)["instance"] for r in b}
+    assert len(inst_a) == 1 and len(inst_b) == 1 and inst_a != inst_b
+    assert [_sum(r) for r in a] == [1, 2, 3, 4]
+    # Both instances hold a sequence (one slot each): a third one waits for a slot.
+    c = _send(server, "seq_two", 100, 3, START)
+    with pytest.raises(queue.Empty):
+        c.get(timeout=0.3)
+    assert _sum(_run(server, "seq_two", 1, 1, END)) == 5
+    c_first = c.get(timeout=30)
+    assert _sum(c_first) == 100
+    assert {params(c_first)["instance"]} == inst_a  # it took the slot sequence 1 freed
+    assert _sum(_run(server, "seq_two", 1, 3, END)) == 101
+    assert _sum(_run(server, "seq_two", 10, 2, END)) == 50
+
+
+def test_direct_batches_one_request_per_slot_in_slot_order(server, gate):
+    held = _send(server, "seq_direct", 1, 11, START, batched=True,
+                 parameters={"gate": gate.path})
+    other = _send(server, "seq_direct", 5, 12, START, batched=True)  # slot 1
+    again = _send(server, "seq_direct", 2, 11, batched=True)  # slot 0, queued after
+    more = _send(server, "seq_direct", 3, 11, END, batched=True)
+    gate.open()
+    assert (params(held.get(timeout=30))["batch"]) == 1
+    r_other, r_again, r_more = (s.get(timeout=30) for s in (other, again, more))
+    assert [_sum(r) for r in (r_again, r_more, r_other)] == [3, 6, 5]
+    # One request of each sequence per execute, placed by slot (sequence 11 has slot 0).
+    assert (params(r_again)["exec"], params(r_again)["pos"]) == (2, 0)
+    assert (params(r_other)["exec"], params(r_other)["pos"]) == (2, 1)
+    assert (params(r_more)["exec"], params(r_more)["batch"]) == (3, 1)
+    assert _sum(_run(server, "seq_direct", 5, 12, END, batched=True)) == 10
+
+
+def test_oldest_batches_the_ready_sequences_together(server, gate):
+    held = _send(server, "seq_oldest", 1, 21, START, batched=True,
+                 parameters={"gate": gate.path})
+    streams = [_send(server, "seq_oldest", 10 * k, 21 + k, START, batched=True)
+               for k in (1, 2, 3)]
+    tail = _send(server, "seq_oldest", 2, 21, END, batched=True)
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    resps = [s.get(timeout=30) for s in streams + [tail]]
+    assert [_sum(r) for r in resps] == [10, 20, 30, 3]
+    # The four sequences share one execute, oldest request first.
+    assert [(params(r)["exec"], params(r)["batch"], params(r)["pos"]) for r in resps] == [
+        (2, 4, 0), (2, 4, 1), (2, 4, 2), (2, 4, 3)]
+    for k in (1, 2, 3):
+        assert _sum(_run(server, "seq_oldest", 1, 21 + k, END, batched=True)) == 10 * k + 1
+
+
+def test_idle_sequence_is_ended_and_its_slot_reused(server):
+    assert _sum(_run(server, "seq_idle", 1, 31, START)) == 1
+    # The only slot is taken: sequence 32 waits until 31 has been idle for 300 ms.
+    waiting = _send(server, "seq_idle", 7, 32, START)
+    assert _sum(waiting.get(timeout=30)) == 7
+    late = _run(server, "seq_idle", 1, 31)
+    assert late.error is not None and late.error.message == (
+        "inference request for sequence 31 to model 'seq_idle' must specify the START flag on "
+        "the first request of the sequence")
+    assert _sum(_run(server, "seq_idle", 1, 32, END)) == 8
+
+
+@pytest.mark.parametrize("cid,target", [(55, "seq_int"), ("bls-seq", "seq_any")])
+def test_bls_drives_a_stateful_model(server, cid, target):
+    resp = server.model("seq_bls").infer(
+        {"IN": np.array([1, 2, 3, 4], np.float32)},
+        parameters={"cid": cid, "target": target}).get(timeout=30)
+    assert resp.error is None, resp.error
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), [1, 3, 6, 10])
+    # The BLS sequence ended with its last request: the ID is free again.
+    late = _run(server, target, 1, cid)
+    assert late.error is not None and "must specify the START flag" in late.error.message
