@@ -209,6 +209,8 @@ class RepositoryManager:
                 entry.reason = exc.message
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
+        for v, rt in old.items():  # what still reaches an old version goes to its replacement
+            rt.successor = new.get(v) or (new[max(new)] if new else None)
         entry.runtimes = new
         entry.state = READY
         entry.reason = ""

@@ -1,0 +1,253 @@
+"""Model control with real stubs: none loads everything, explicit loads what it is asked, poll
+rescans and loads / reloads / unloads; a reload serves the old version until the new one is
+ready and loses no request; an unload finishes in-flight requests first.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _models import fp32, infer, io_config, serving, wait_for, write_model
+from _sched_models import Gate, params
+
+from tritonpy import NotFoundError, UnavailableError
+
+pytestmark = pytest.mark.timeout(90)
+
+# OUT = IN; the response names the model's TAG. initialize waits for GATE when one is set and
+# touches STARTED first, so a test knows that a new version is initializing right now.
+TAGGED_PY = """
+import json, os, time
+from pathlib import Path
+import triton_python_backend_utils as pb_utils
+
+TAG = {tag!r}
+GATE = {gate!r}
+STARTED = {started!r}
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if STARTED:
+            Path(STARTED).touch()
+        if GATE:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(GATE) and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    def execute(self, requests):
+        for r in requests:
+            gate = json.loads(r.parameters()).get("gate")
+            if gate:
+                deadline = time.monotonic() + 60
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())],
+            parameters={{"tag": TAG}}) for r in requests]
+"""
+
+
+def tagged(tag: str, gate: str = "", started: str = "") -> str:
+    return TAGGED_PY.format(tag=tag, gate=gate, started=started)
+
+
+def _tag(model) -> str:
+    return params(infer(model, {"IN": fp32(1)}))["tag"]
+
+
+def _states(server) -> dict[str, str]:
+    return {m["name"]: m["state"] for m in server.models()}
+
+
+def _rewrite(path: Path, text: str) -> None:
+    """Replace a file so that poll mode sees a change even within one mtime tick."""
+    old = path.stat()
+    path.write_text(text)
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns + 1_000_000_000))
+
+
+
+def test_none_mode_loads_every_model(tmp_path, shm_prefix):
+    for name in ("a", "b"):
+        write_model(tmp_path, name, tagged(name))
+    with serving(tmp_path, shm_prefix) as server:
+        assert _states(server) == {"a": "READY", "b": "READY"}
+        assert (_tag(server.model("a")), _tag(server.model("b"))) == ("a", "b")
+        with pytest.raises(UnavailableError):
+            server.load("a")  # the API is explicit mode's
+
+
+def test_explicit_mode_loads_only_what_is_asked(tmp_path, shm_prefix):
+    for name in ("a", "b"):
+        write_model(tmp_path, name, tagged(name))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["a"]) as server:
+        assert _states(server) == {"a": "READY", "b": "UNAVAILABLE"}
+        with pytest.raises(UnavailableError):
+            server.model("b").infer({"IN": fp32(1)})
+        write_model(tmp_path, "c", tagged("c"))  # appears later: known once asked for
+        server.load("b")
+        server.load("c")
+        assert _states(server) == {"a": "READY", "b": "READY", "c": "READY"}
+        assert _tag(server.model("c")) == "c"
+        server.unload("a")
+        assert _states(server)["a"] == "UNAVAILABLE"
+        with pytest.raises(UnavailableError):
+            server.model("a").infer({"IN": fp32(1)})
+        with pytest.raises(NotFoundError):
+            server.load("nope")
+
+
+def test_reload_serves_the_old_version_until_the_new_one_is_ready(tmp_path, shm_prefix):
+    mdir = write_model(tmp_path, "m", tagged("old"), io_config(
+        extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"))  # one held, one free
+    gate, started = Gate(tmp_path, "init_gate"), tmp_path / "started"
+    held_gate = Gate(tmp_path, "exec_gate")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["m"]) as server, gate, held_gate:
+        model = server.model("m")
+        held = model.infer({"IN": fp32(7)}, parameters={"gate": held_gate.path})
+        (mdir / "1" / "model.py").write_text(tagged("new", gate.path, str(started)))
+        errors: list[BaseException] = []
+
+        def reload() -> None:
+            try:
+                server.load("m")
+            except BaseException as exc:  # noqa: BLE001 - reported by the test below
+                errors.append(exc)
+
+        loader = threading.Thread(target=reload)
+        loader.start()
+        try:
+            assert wait_for(started.exists, timeout=30), "the new version never initialized"
+            # The new version is initializing: the old one answers meanwhile.
+            assert [_tag(model) for _ in range(3)] == ["old"] * 3
+            assert _states(server) == {"m": "READY"}
+        finally:
+            gate.open()
+        # The swap waits for nothing new, but the old version finishes its in-flight request.
+        assert wait_for(lambda: _tag(model) == "new", timeout=30)
+        held_gate.open()
+        resp = held.get(timeout=30)
+        assert params(resp)["tag"] == "old" and resp.outputs["OUT"].to_numpy()[0] == 7
+        loader.join(30)
+        assert not loader.is_alive() and not errors
+        assert _tag(model) == "new"
+
+
+def test_reload_hands_queued_requests_the_old_version_never_ran_to_the_new_one(
+        tmp_path, shm_prefix):
+    mdir = write_model(tmp_path, "m", tagged("old"))  # one instance
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit", load_models=["m"],
+                 exit_timeout=0.5) as server, Gate(tmp_path) as gate:
+        model = server.model("m")
+        held = model.infer({"IN": fp32(1)}, parameters={"gate": gate.path})
+        queued = model.infer({"IN": fp32(2)})  # behind the held one, on the old version
+        (mdir / "1" / "model.py").write_text(tagged("new"))
+        server.load("m")  # the old version drains for 0.5 s only: its request is still held
+        resp = queued.get(timeout=30)
+        assert resp.error is None, resp.error
+        assert params(resp)["tag"] == "new" and resp.outputs["OUT"].to_numpy()[0] == 2
+        stuck = held.get(timeout=30)  # stopped with the old instance: answered, not hung
+        assert stuck.error is not None and stuck.error.code.name == "UNAVAILABLE"
+
+
+def test_unload_finishes_in_flight_requests_first(tmp_path, shm_prefix):
+    write_model(tmp_path, "m", tagged("m"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["m"]) as server, Gate(tmp_path) as gate:
+        model = server.model("m")
+        held = model.infer({"IN": fp32(5)}, parameters={"gate": gate.path})
+        unloader = threading.Thread(target=server.unload, args=("m",))
+        unloader.start()
+        try:
+            assert wait_for(lambda: _states(server)["m"] == "UNLOADING", timeout=10)
+            with pytest.raises(UnavailableError):  # nothing new is taken meanwhile
+                model.infer({"IN": fp32(1)})
+            assert unloader.is_alive()  # still waiting for the in-flight request
+        finally:
+            gate.open()
+        resp = held.get(timeout=30)
+        assert resp.error is None and resp.outputs["OUT"].to_numpy()[0] == 5
+        unloader.join(30)
+        assert not unloader.is_alive()
+        assert _states(server)["m"] == "UNAVAILABLE"
+
+
+def test_poll_mode_loads_reloads_and_unloads(tmp_path, shm_prefix):
+    a = write_model(tmp_path, "a", tagged("a1"))
+    with serving(tmp_path, shm_prefix, model_control_mode="poll",
+                 poll_interval=0.1) as server:
+        assert _states(server) == {"a": "READY"}
+        write_model(tmp_path, "b", tagged("b1"))  # a new model directory
+        assert wait_for(lambda: _states(server).get("b") == "READY", timeout=30)
+        assert _tag(server.model("b")) == "b1"
+        _rewrite(a / "1" / "model.py", tagged("a2"))  # a file change
+        assert wait_for(lambda: _tag(server.model("a")) == "a2", timeout=30)
+        _rewrite(a / "config.pbtxt", io_config(4, dims="[ 1 ]"))  # a config change
+        assert wait_for(lambda: server.model("a").config()["max_batch_size"] == 4, timeout=30)
+        resp = infer(server.model("a"), {"IN": np.ones((3, 1), np.float32)})
+        assert params(resp)["tag"] == "a2" and resp.outputs["OUT"].to_numpy().shape == (3, 1)
+        _rewrite(a / "1" / "model.py", "this is not python\n")  # a broken change
+        time.sleep(1.0)  # several polls: the failed reload leaves the old version serving
+        assert _states(server)["a"] == "READY"
+        assert params(infer(server.model("a"), {"IN": np.ones((1, 1), np.float32)}))["tag"] == "a2"
+        shutil.rmtree(tmp_path / "b")  # a removed model directory
+        assert wait_for(lambda: "b" not in _states(server), timeout=30)
+        with pytest.raises(NotFoundError):
+            server.model("b")
+
+
+def test_poll_reload_while_requests_flow_loses_no_request(tmp_path, shm_prefix):
+    mdir = write_model(tmp_path, "m", tagged("old"), io_config(
+        extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"))
+    stop = threading.Event()
+    seen: list[list[str]] = [[] for _ in range(4)]
+    failures: list[str] = []
+
+    def client(k: int, model) -> None:
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                resp = infer(model, {"IN": fp32(i)}, wait=30)
+            except Exception as exc:  # noqa: BLE001 - every failure is reported below
+                failures.append(f"client {k} request {i}: raised {exc!r}")
+                continue
+            if resp.error is not None:
+                failures.append(f"client {k} request {i}: {resp.error!r}")
+            elif resp.outputs["OUT"].to_numpy()[0] != i:
+                failures.append(f"client {k} request {i}: wrong output")
+            else:
+                seen[k].append(resp.parameters["tag"])
+
+    with serving(tmp_path, shm_prefix, model_control_mode="poll",
+                 poll_interval=0.1) as server:
+        model = server.model("m")
+        threads = [threading.Thread(target=client, args=(k, model)) for k in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            assert wait_for(lambda: all(len(s) >= 5 for s in seen), timeout=30)
+            # The new version takes a while to initialize; requests keep flowing meanwhile.
+            _rewrite(mdir / "1" / "model.py",
+                     tagged("new").replace("    def initialize(self, args):\n",
+                                           "    def initialize(self, args):\n"
+                                           "        time.sleep(0.5)\n"))
+            assert wait_for(lambda: all(s and s[-1] == "new" for s in seen), timeout=30)
+            counts = [len(s) for s in seen]
+            assert wait_for(lambda: all(len(s) >= c + 5 for s, c in zip(seen, counts)),
+                            timeout=30)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+    assert not failures, failures[:5]
+    for s in seen:
+        first_new = s.index("new")
+        assert "old" in s[:first_new] and set(s[first_new:]) == {"new"}
