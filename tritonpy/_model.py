@@ -379,8 +379,13 @@ class ModelRuntime:
                 if r.done:
                     inst.active.pop(r.id, None)
         t_out = time.monotonic_ns()
+        # Queue and compute times count the requests that succeeded, as Triton's do.
+        good = [] if err else [r for r in batch if r.id not in resched] if resched else batch
+        bad = [rb.get("id") for rb in body.get("responses") or () if rb.get("error")]
+        if bad:
+            good = [r for r in good if r.id not in bad]
         self.stats.execution(sum(r.batch_size for r in batch),
-                             [r.t_start - r.t_enqueue for r in batch], input_ns,
+                             [r.t_start - r.t_enqueue for r in good], input_ns,
                              t_done - t_sent, t_out - t_done)
         if requeue:
             with self.lock:
