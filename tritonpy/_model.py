@@ -456,8 +456,11 @@ class ModelRuntime:
         with self.lock:
             self._draining += 1
             try:
-                while self.queue or any(i.running or i.active for i in self.instances
-                                        if i.state in ("READY", "RESTARTING")):
+                # Queued requests count only while a live instance can still take them: a
+                # stub that died during the drain is not restarted, so they would wait it out.
+                while (self.queue and any(i.state == "READY" for i in self.instances)) or any(
+                        i.running or i.active for i in self.instances
+                        if i.state in ("READY", "RESTARTING")):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break

@@ -257,3 +257,33 @@ def test_host_that_exits_leaves_no_stub_and_its_segments_are_swept(repo, tmp_pat
         host.stdout.close()
         host.stderr.close()
     assert_clean(shm_prefix)
+
+
+def test_stub_dying_while_the_server_stops_does_not_hold_stop(repo, tmp_path, shm_prefix):
+    # exit_timeout is long; a request still queued when the last stub dies during the drain
+    # can never be served, so it fails at once and stop() returns without waiting it out.
+    import threading
+
+    with serving(repo, shm_prefix, exit_timeout=40) as srv:
+        model = srv.model("crashy")
+        ok(model)
+        gate = tmp_path / "gate"
+        doomed = [model.infer({"IN": X}, parameters={"mode": "sigkill", "gate": str(gate)})
+                  for _ in range(4)]
+        assert wait_for(lambda: Path(str(gate) + ".in").exists(), timeout=15)
+        queued = model.infer({"IN": X}, parameters={"mode": "ok"})
+        stopper = threading.Thread(target=srv.stop, name="test-stop")
+        stopper.start()
+        try:
+            assert wait_for(lambda: not model.ready(), timeout=10)  # draining now
+            gate.touch()
+            stopper.join(timeout=20)
+            assert not stopper.is_alive(), "stop() waited for a request no stub can serve"
+        finally:
+            gate.touch()
+            stopper.join(timeout=30)
+        for s in doomed:
+            assert "killed by signal SIGKILL" in s.get(timeout=5).error.message
+        err = queued.get(timeout=5).error
+        assert isinstance(err, tritonpy.UnavailableError)
+        assert "unloaded" in err.message
