@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 import tritonpy
+from tritonpy.shm import sweep_orphans
 from _models import assert_clean, infer, io_config, segments, serving, stub_processes, wait_for
 from _models import write_model
 
@@ -199,11 +200,12 @@ HOST_PY = textwrap.dedent('''
     r = srv.model("crashy").infer({"IN": x}, parameters={"mode": "ok"}).get(timeout=30)
     assert r.error is None, r.error
     print(json.dumps({"stub": r.parameters["pid"]}), flush=True)
+    sys.stdin.readline()  # the test has looked at us; now end (or be killed meanwhile)
     if how == "return":
         sys.exit(0)  # no stop(): the interpreter just ends
     if how == "raise":
         raise RuntimeError("the host's own code failed")
-    time.sleep(60)  # the test kills us
+    time.sleep(60)
 ''')
 
 
@@ -225,7 +227,8 @@ def test_host_that_exits_leaves_no_stub_and_its_segments_are_swept(repo, tmp_pat
     script = tmp_path / "host.py"
     script.write_text(HOST_PY)
     host = subprocess.Popen([sys.executable, str(script), str(repo), shm_prefix, how],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     stub = None
     try:
@@ -238,6 +241,9 @@ def test_host_that_exits_leaves_no_stub_and_its_segments_are_swept(repo, tmp_pat
             host.kill()
         elif how == "sigterm":
             host.send_signal(signal.SIGTERM)
+        else:
+            host.stdin.write("go\n")
+            host.stdin.flush()
         code = host.wait(timeout=20)
         expected = {"sigkill": -signal.SIGKILL, "sigterm": -signal.SIGTERM, "return": 0,
                     "raise": 1}[how]
@@ -254,8 +260,12 @@ def test_host_that_exits_leaves_no_stub_and_its_segments_are_swept(repo, tmp_pat
             host.wait(timeout=10)
         if stub is not None and not _gone(stub):
             os.kill(stub, signal.SIGKILL)
-        host.stdout.close()
-        host.stderr.close()
+        for pipe in (host.stdin, host.stdout, host.stderr):
+            try:
+                pipe.close()
+            except BrokenPipeError:
+                pass
+        sweep_orphans(shm_prefix)  # on failure too: the fixture then judges only real leaks
     assert_clean(shm_prefix)
 
 
