@@ -9,6 +9,7 @@ read back from what the model saw (its execute count, batch length, rows, positi
 from __future__ import annotations
 
 import concurrent.futures
+import queue
 import time
 
 import numpy as np
@@ -47,6 +48,9 @@ MODELS = {
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
     "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
                             "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
+    "db_cancel": _cfg(8, ""),
+    "db_ordered": io_config(8, dims="[ 1 ]", extra="dynamic_batching { preserve_ordering: true }\n"
+                            "instance_group [ { count: 2, kind: KIND_CPU } ]\n"),
     "no_db": io_config(8, dims="[ 1 ]", extra=ONE),
 }
 
@@ -300,3 +304,29 @@ def test_requests_from_many_threads_are_all_answered_in_batches(server):
     assert stats["inference_count"] - before == 200
     assert all(b["batch_size"] <= 8 for b in stats["batch_stats"])
 
+
+def test_a_cancelled_queued_request_leaves_the_batch(server, gate):
+    model = server.model("db_cancel")
+    held = _hold(model, gate)
+    streams = [model.infer({"IN": _row(i)}) for i in range(3)]
+    streams[1].cancel()
+    cancelled = streams[1].get(timeout=10)
+    assert cancelled.error is not None and cancelled.error.code.name == "CANCELLED"
+    gate.open()
+    held.get(timeout=30)
+    seen = [params(streams[i].get(timeout=30)) for i in (0, 2)]
+    assert [(p["exec"], p["batch"], p["pos"]) for p in seen] == [(2, 2, 0), (2, 2, 1)]
+
+
+def test_preserve_ordering_holds_a_later_response_until_earlier_ones(server, gate):
+    model = server.model("db_ordered")
+    first = _hold(model, gate)  # on one instance, held
+    second = model.infer({"IN": _row(2)})  # on the other instance, done at once
+    try:
+        with pytest.raises(queue.Empty):
+            second.get(timeout=0.5)  # answered by the model, but held back
+    finally:
+        gate.open()
+    a, b = first.get(timeout=30), second.get(timeout=30)
+    assert params(a)["instance"] != params(b)["instance"]  # they really ran side by side
+    assert _value(b) == 2

@@ -24,6 +24,8 @@ MODELS = {
     "seq_two": seq_config(instances=2),
     "seq_direct": seq_config(max_batch_size=2),
     "seq_oldest": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4),
+    "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
+                                  "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
     "seq_idle": seq_config(idle_us=300_000),
     "seq_bls": io_config(),
 }
@@ -177,6 +179,18 @@ def test_oldest_batches_the_ready_sequences_together(server, gate):
         (2, 4, 0), (2, 4, 1), (2, 4, 2), (2, 4, 3)]
     for k in (1, 2, 3):
         assert _sum(_run(server, "seq_oldest", 1, 21 + k, END, batched=True)) == 10 * k + 1
+
+
+def test_oldest_waits_its_queue_delay_for_a_preferred_batch(server):
+    # A lone sequence request waits (30 s delay, preferred size 2) for a second sequence, and
+    # the pair goes at once when it arrives.
+    a = _send(server, "seq_oldest_pref", 1, 41, START, batched=True)
+    b = _send(server, "seq_oldest_pref", 2, 42, START, batched=True)
+    ra, rb = a.get(timeout=20), b.get(timeout=20)
+    assert (_sum(ra), _sum(rb)) == (1, 2)
+    assert [(params(r)["exec"], params(r)["batch"]) for r in (ra, rb)] == [(1, 2), (1, 2)]
+    ends = [_send(server, "seq_oldest_pref", 1, cid, END, batched=True) for cid in (41, 42)]
+    assert [_sum(e.get(timeout=20)) for e in ends] == [2, 3]
 
 
 def test_idle_sequence_is_ended_and_its_slot_reused(server):
