@@ -7,10 +7,12 @@ iterables of responses, and the repository, statistics and metrics views the fro
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -36,6 +38,19 @@ from ._stubproc import StubProcess
 log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+# Servers started and not stopped: a program that exits without stop() still leaves no stub
+# and no segment behind (a SIGKILLed one relies on PDEATHSIG and the next start's sweep).
+_LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
+
+
+@atexit.register
+def _abandon_live_servers() -> None:
+    for srv in list(_LIVE):
+        try:
+            srv._abandon()
+        except Exception:  # best effort at interpreter exit
+            log.exception("cleanup at exit failed")
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
               "parameters", "statistics", "logging"]
@@ -108,6 +123,7 @@ class Server:
         self._started = True
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()
+        _LIVE.add(self)
         self.repo.start_up(wait_until_ready)
         return self
 
@@ -116,8 +132,26 @@ class Server:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        _LIVE.discard(self)
         self.repo.shut_down(self.exit_timeout)
         self.timers.stop()
+        self.pool.close()
+        self.segments.close()
+        sweep_orphans(self.options.shm_region_prefix_name,
+                      self.options.shm_fallback_directory or None)
+        self._started = False
+
+    def _abandon(self) -> None:
+        """At interpreter exit without stop(): kill the stubs (no finalize), free the segments."""
+        if not self._started or self._stopping:
+            return
+        self._stopping = True
+        for rt in self.repo.runtimes():
+            for inst in rt.instances:
+                stub = inst.stub
+                if stub is not None and stub.proc.poll() is None:
+                    stub.proc.kill()
+                    stub.proc.wait()
         self.pool.close()
         self.segments.close()
         sweep_orphans(self.options.shm_region_prefix_name,
