@@ -55,6 +55,10 @@ class Channel:
         self.closed = False
         self.frames_sent = 0
         self.frames_received = 0
+        # RELEASE frames among those (batched lifetime traffic, not requests): tests subtract
+        # them to count the messages of a request.
+        self.release_frames_sent = 0
+        self.release_frames_received = 0
         self._maintenance = maintenance
         self._local = threading.local()
         self._flusher = threading.Thread(target=self._flush_releases, name=f"{name}-release",
@@ -105,6 +109,7 @@ class Channel:
             ids = self.peer.take_owed(first)
             try:
                 for i in range(0, len(ids), RELEASE_BATCH):
+                    self.release_frames_sent += 1
                     self.send(Cmd.RELEASE, 0, ids[i:i + RELEASE_BATCH])
             except ChannelClosedError:
                 return
@@ -134,6 +139,7 @@ class Channel:
                 ids = msg[2]
                 if not (isinstance(ids, list) and all(type(i) is int for i in ids)):
                     raise ProtocolError(f"{self.name}: RELEASE body must be a list of ids")
+                self.release_frames_received += 1
                 self.peer.release(ids)
                 continue
             if cmd == _DROPPED and isinstance(msg[2], list):

@@ -1,8 +1,10 @@
 """A BLS chain link: request parameter 'hops' ("a,b,c") names the models still to call. This
 model calls the first hop (sync exec) with the rest, and answers DEPTH = its DEPTH + 1 and PATH
-= the instances on the way; a failed hop's error is returned with its code unchanged. The same
-file serves chain1 (one instance), chain2 (two) and chain_b (one)."""
+= the instances on the way; a failed hop's error is returned with its code unchanged. Parameter
+'delay_ms' (first hop only) sleeps before calling, so that two callers can be busy at once. The
+same file serves chain1 (one instance), chain2 (two) and chain_b (one)."""
 import json
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -15,7 +17,9 @@ class TritonPythonModel:
     def execute(self, requests):
         responses = []
         for request in requests:
-            hops = [h for h in json.loads(request.parameters()).get("hops", "").split(",") if h]
+            params = json.loads(request.parameters())
+            hops = [h for h in params.get("hops", "").split(",") if h]
+            time.sleep(int(params.get("delay_ms", 0)) / 1000)
             in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
             if not hops:
                 depth, path = 0, [self.instance]
