@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from typing import Any
 
 from tritonpy.shm import Cmd, ShmExhaustedError
@@ -193,8 +194,11 @@ class ModelRuntime:
         req.on_cancel = self._cancelled
         sched = self.sched
         if req.timeout_us > 0 and not sched.owns_timeouts:
+            # By weak reference: a finished request (and its inputs) must not wait for its
+            # deadline to be freed; one that is queued or executing is held elsewhere.
+            wr = weakref.ref(req)
             self.server.timers.at(time.monotonic() + req.timeout_us / 1e6,
-                                  lambda r=req: self._timed_out(r))
+                                  lambda: self._timed_out(wr()))
         with self.lock:
             # Unloaded since the check above: nothing would ever run it from this queue.
             late = self.state == UNAVAILABLE
@@ -290,8 +294,8 @@ class ModelRuntime:
             except Exception:
                 pass
 
-    def _timed_out(self, req: HostRequest) -> None:
-        if not req.done:
+    def _timed_out(self, req: HostRequest | None) -> None:
+        if req is not None and not req.done:
             req.cancelled = True
             self._cancelled(req)
             req.fail(UnavailableError("Request timeout expired"))

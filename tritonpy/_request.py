@@ -188,6 +188,8 @@ class AsyncResponseStream:
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         resp = _make_response(req, outputs, error, parameters, final)
+        if final:
+            self.request = None  # break the request <-> stream cycle, as ResponseStream does
         try:
             self._loop.call_soon_threadsafe(self._push, resp)
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -263,6 +265,9 @@ class Timers:
                 import logging
 
                 logging.getLogger("tritonpy").exception("timer callback failed")
+            # Drop it now: waiting with it bound would keep its request (and the request's
+            # input tensors, maybe shm blocks) alive until the next timer fires.
+            del fn
 
     def stop(self) -> None:
         with self._cv:
