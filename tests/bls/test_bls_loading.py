@@ -1,0 +1,132 @@
+"""The model loading API from a model (``pb_utils.load_model / unload_model / is_model_ready``)
+in real stubs: explicit model-control mode loads, reloads with a config override, loads a
+model made only of the given files, unloads; initialize may use it (Triton's doc example);
+other modes refuse load/unload with a clear error.
+
+Each test works on a private copy of a few models of tests/models/bls, so loading and
+unloading never disturbs another test.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _bls_models import BLS_REPO, infer_one, new_prefix, serve, text
+
+COPY = ["loader", "lazy_target", "load_in_init", "add_sub"]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("loading_repo")
+    for name in COPY:
+        shutil.copytree(os.path.join(BLS_REPO, name), root / name)
+    return str(root)
+
+
+@pytest.fixture
+def explicit(repo) -> Iterator[tritonpy.Server]:
+    with serve(repo, new_prefix(), model_control_mode="explicit",
+               load_models=["loader"]) as srv:
+        yield srv
+
+
+def act(server, action: str, model: str = "lazy_target", data=(1.0, 2.0), **params) -> dict:
+    resp = infer_one(server, "loader", {"INPUT0": np.array(data, np.float32)},
+                     parameters={"action": action, "model": model, **params})
+    return text(resp, "REPORT")
+
+
+def test_load_infer_unload_in_explicit_mode(explicit) -> None:
+    assert act(explicit, "ready") == {"action": "ready", "model": "lazy_target", "error": None,
+                                      "error_type": None, "ready": False}
+    before = act(explicit, "infer")
+    assert before["infer_error"] is not None and "lazy_target" in before["infer_error"]
+
+    loaded = act(explicit, "load")
+    assert loaded["error"] is None and loaded["ready"] is True
+    assert explicit.model("lazy_target").ready()
+    assert act(explicit, "ready", version="1")["ready"] is True
+    assert act(explicit, "ready", version="9")["ready"] is False
+    served = act(explicit, "infer", data=(1.0, -2.0))
+    assert served["infer_error"] is None and served["output"] == [3.0, -6.0]
+
+    unloaded = act(explicit, "unload", unload_dependents=True)
+    assert unloaded["error"] is None and unloaded["ready"] is False
+    assert not explicit.model("lazy_target").ready()
+    after = act(explicit, "infer")
+    assert after["infer_error"] is not None
+
+
+def test_load_with_a_config_override(explicit) -> None:
+    config = json.dumps({
+        "name": "lazy_target", "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
+    })
+    assert act(explicit, "load", config=config)["ready"] is True
+    assert len(explicit.runtime("lazy_target").instances) == 2
+    assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]
+
+
+def test_load_a_model_made_of_files(explicit) -> None:
+    config = json.dumps({
+        "name": "from_files", "backend": "python",
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })
+    source = (
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor('OUTPUT0',\n"
+        "            pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy() + 100)])\n"
+        "            for r in requests]\n")
+    report = act(explicit, "load", model="from_files", config=config,
+                 files=json.dumps({"file:1/model.py": source}))
+    assert report["error"] is None and report["ready"] is True
+    assert act(explicit, "infer", model="from_files", data=(1.0,))["output"] == [101.0]
+
+
+def test_load_failures_raise_with_the_reason(explicit) -> None:
+    unknown = act(explicit, "load", model="no_such_model")
+    assert unknown["error_type"] == "TritonModelException"
+    assert "no_such_model" in unknown["error"]
+    bad = act(explicit, "load", config='{"name": "lazy_target", "not_a_field": 1}')
+    assert bad["error_type"] == "TritonModelException"
+    assert "not_a_field" in bad["error"]
+    files_without_config = act(explicit, "load", model="x",
+                               files=json.dumps({"file:1/model.py": "pass"}))
+    assert files_without_config["error_type"] == "TritonModelException"
+    assert "config" in files_without_config["error"]
+    # the loader keeps serving
+    assert act(explicit, "ready")["error"] is None
+
+
+def test_load_model_in_initialize(explicit) -> None:
+    assert act(explicit, "ready")["ready"] is False
+    explicit.load("load_in_init")
+    assert explicit.model("lazy_target").ready()
+    resp = infer_one(explicit, "load_in_init", {"INPUT0": np.array([4.0], np.float32)})
+    assert resp.error is None
+    assert resp.outputs["OUTPUT0"].to_numpy().tolist() == [12.0]
+
+
+@pytest.mark.parametrize("mode", ["none", "poll"])
+def test_load_and_unload_need_explicit_mode(repo, mode: str) -> None:
+    with serve(repo, new_prefix(), model_control_mode=mode) as srv:
+        assert srv.model("add_sub").ready()
+        for action, model in (("load", "lazy_target"), ("unload", "add_sub")):
+            report = act(srv, action, model=model)
+            assert report["error_type"] == "TritonModelException", report
+            assert "explicit" in report["error"]
+        # nothing changed, and is_model_ready works in any mode
+        assert act(srv, "ready", model="add_sub")["ready"] is True
+        assert srv.model("add_sub").ready()
