@@ -9,6 +9,7 @@ slow part, and these tests only read.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -19,16 +20,18 @@ from _bls_models import (
     BLS_REPO,
     DECOUPLED_REPO,
     bytes_tensor,
+    collect,
     drive,
+    fp32,
     infer_one,
     new_prefix,
     serve,
-    text,
 )
 
 MODELS = ["add_sub", "bls_sync", "bls_async", "square", "bls_decoupled_sync",
           "bls_decoupled_async", "pipeline", "pp_pre", "pp_post", "stateful", "bls_driver",
-          "echo_meta", "versioned", "stream_n"]
+          "echo_meta", "versioned", "stream_n", "cancel_poll", "bls_fanout",
+          "add_sub_batched"]
 START = 1
 END = 2
 
@@ -97,6 +100,27 @@ def test_decoupled_stream_via_driver_reports_each_response(server) -> None:
     values = [r["outputs"].get("OUT", {}).get("values") for r in report["responses"]]
     assert values == [[0], [1], [2], None]  # the last one carries no tensors
     assert all(r["error"] is None for r in report["responses"])
+
+
+def test_decoupled_iterator_cancel_reaches_the_target(server) -> None:
+    t0 = time.monotonic()
+    report, _ = drive(server, {"model": "cancel_poll", "mode": "decoupled_cancel",
+                               "outputs": ["OUT"], "request_id": "bls-cancel-1",
+                               "parameters": {"mode": "poll"},
+                               "inputs": {"IN": {"data": [0], "dtype": "int32"}}})
+    assert time.monotonic() - t0 < 5, "cancel() did not end the stream promptly"
+    assert report["exception"] is None, report["exception"]
+    first, *rest = report["responses"]
+    assert first["error"] is None and first["outputs"]["OUT"]["values"] == [0]
+    # the iterator ends after cancel(): at most one more, final, response (CANCELLED)
+    assert len(rest) <= 1
+    if rest:
+        assert rest[0]["error"] is not None and rest[0]["error"]["code"] == 7
+    # the target saw is_cancelled() turn True
+    stream = server.model("cancel_poll").infer({"IN": np.array([0], np.int32)},
+                                               parameters={"mode": "report"})
+    seen = json.loads(collect(stream)[0].outputs["REPORT"].to_numpy()[0])["seen"]
+    assert seen["bls-cancel-1"]["cancelled"] is True, seen
 
 
 def test_decoupled_target_without_decoupled_true_is_an_error_not_a_hang(server) -> None:
@@ -222,3 +246,30 @@ def test_bls_result_is_also_correct_for_a_large_tensor(server) -> None:
         "MODEL_NAME": bytes_tensor("add_sub"), "INPUT0": data, "INPUT1": data}))
     np.testing.assert_array_equal(out["OUTPUT0"], data * 2)
     np.testing.assert_array_equal(out["OUTPUT1"], np.zeros_like(data))
+
+
+def test_async_bls_calls_are_batched_by_the_targets_dynamic_batcher(server) -> None:
+    def counts() -> tuple[int, int]:
+        (stats,) = server.statistics("add_sub_batched")["model_stats"]
+        return int(stats["inference_count"]), int(stats["execution_count"])
+
+    inf0, exe0 = counts()
+    out = outputs(infer_one(server, "bls_fanout", {"INPUT0": np.array([10.0], np.float32)},
+                            parameters={"calls": 8}))
+    assert out["OUTPUT0"].tolist() == [11.0 + i for i in range(8)]
+    inf1, exe1 = counts()
+    assert inf1 - inf0 == 8
+    # eight requests in flight at once, a 100 ms queue delay, max batch 8: batched like a
+    # client's requests would be (fewer executes than requests)
+    assert 1 <= exe1 - exe0 < 8, (exe1 - exe0)
+
+
+@pytest.mark.parametrize("kind", [0, 1])  # TRITONSERVER_MEMORY_CPU, _CPU_PINNED
+def test_preferred_memory_cpu_is_accepted_and_honoured(server, kind: int) -> None:
+    report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
+                               "preferred_memory": [kind, 0],
+                               "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(1, 1)}})
+    assert report["exception"] is None, report["exception"]
+    (resp,) = report["responses"]
+    assert resp["error"] is None
+    assert resp["outputs"]["OUTPUT0"]["values"] == [2.0, 3.0]

@@ -3,9 +3,10 @@ it; REPORT (JSON) says what came back, field by field, as the caller's stub saw 
 
 SPEC keys: model, version, inputs {name: {data, dtype}}, data_as (send the DATA input under
 this name, as received: a zero-copy forward), outputs, request_id, correlation_id, flags,
-timeout, parameters, mode (sync | decoupled | decoupled_cancel | thread | thread_decoupled),
-repeat (sync calls in a row; only the last response is described), return_output (attach that
-output tensor of the last response as OUTPUT0, as received).
+timeout, parameters, preferred_memory ([kind, device id]), mode (sync | decoupled |
+decoupled_cancel | thread | thread_decoupled), repeat (sync calls in a row; only the last
+response is described), return_output (attach that output tensor of the last response as
+OUTPUT0, as received).
 """
 import json
 import threading
@@ -62,6 +63,8 @@ class TritonPythonModel:
                 kwargs[key] = spec[key]
         if "version" in spec:
             kwargs["model_version"] = spec["version"]
+        if "preferred_memory" in spec:
+            kwargs["preferred_memory"] = pb_utils.PreferredMemory(*spec["preferred_memory"])
         return pb_utils.InferenceRequest(**kwargs)
 
     def run(self, spec, data, report):
