@@ -1,7 +1,9 @@
 """Fails on demand (request parameter 'mode'): 'raise' raises a ValueError, 'model_exception'
 raises TritonModelException, 'error' returns an error response with parameter 'code'
-(a pb_utils.TritonError code) and 'message'; anything else succeeds."""
+(a pb_utils.TritonError code) and 'message', 'exit' ends the stub process with exit code 3;
+anything else succeeds."""
 import json
+import os
 
 import triton_python_backend_utils as pb_utils
 
@@ -12,6 +14,8 @@ class TritonPythonModel:
         for request in requests:
             params = json.loads(request.parameters())
             mode = params.get("mode", "ok")
+            if mode == "exit":
+                os._exit(3)
             if mode == "raise":
                 raise ValueError("failing model was asked to raise")
             if mode == "model_exception":
