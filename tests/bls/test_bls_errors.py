@@ -5,6 +5,7 @@ serving (same process, no restart)."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 
@@ -254,3 +255,16 @@ def test_target_stub_dying_mid_call(server, driver_pid) -> None:
             break
         time.sleep(0.1)
     assert resp["error"] is None and resp["outputs"]["OUTPUT0"]["values"] == [5.0], resp
+
+
+def test_exec_in_finalize_fails_clearly(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="tritonpy.model.bls_in_init")
+    with serve(BLS_REPO, new_prefix(), model_control_mode="explicit",
+               load_models=["bls_in_init", "add_sub"]) as srv:
+        srv.unload("bls_in_init")
+        deadline = time.monotonic() + 10
+        while "finalize BLS" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+    lines = [r.getMessage() for r in caplog.records if "finalize BLS" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    assert "TritonModelException" in lines[0] and "finalize" in lines[0], lines[0]

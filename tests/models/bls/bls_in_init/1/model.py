@@ -1,5 +1,6 @@
 """Tries a BLS exec() in initialize (not allowed) and keeps what happened; execute reports it
-(REPORT, JSON) and shows that BLS in execute still works."""
+(REPORT, JSON) and shows that BLS in execute still works. finalize tries again and logs the
+outcome ("finalize BLS: <exception type>: <message>")."""
 import json
 
 import numpy as np
@@ -35,3 +36,15 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("REPORT", np.array([json.dumps(report)], dtype=np.object_))]))
         return responses
+
+    def finalize(self):
+        request = pb_utils.InferenceRequest(
+            model_name="add_sub", requested_output_names=["OUTPUT0"],
+            inputs=[pb_utils.Tensor("INPUT0", np.ones(2, np.float32)),
+                    pb_utils.Tensor("INPUT1", np.ones(2, np.float32))])
+        try:
+            request.exec()
+            outcome = "no exception"
+        except Exception as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        pb_utils.Logger.log_info(f"finalize BLS: {outcome}")
