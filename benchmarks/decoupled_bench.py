@@ -5,6 +5,9 @@ stream; the rate is timed inside its execute. Two figures per server: responses/
 tiny (16-byte) responses, and MB/s (1 MB = 1e6 bytes) for 1 MiB responses. Each is the median
 of several calls.
 
+A last table gives the same two measures through tritonpy's in-process API (``model.infer``
+iterating the stream in this process), beside the anchor's BLS figures.
+
 Usage: python benchmarks/decoupled_bench.py [--quick] [--only triton|tritonpy]
 """
 
@@ -12,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
+import time
 
 import numpy as np
 import tritonclient.http as httpclient
@@ -65,6 +70,41 @@ def run_server(server: _Server, repeats: int, seconds: float) -> dict[str, float
     return results
 
 
+def inprocess_stream(model: object, count: int, size: int) -> tuple[float, float]:
+    """One drained stream through tritonpy's in-process API: (responses/s, MB/s)."""
+    inputs = {"COUNT": np.array([count], np.int64), "SIZE": np.array([size], np.int64)}
+    received = 0
+    start = time.perf_counter()
+    for response in model.infer(inputs):  # type: ignore[attr-defined]
+        if response.error is not None:
+            raise RuntimeError(str(response.error))
+        if response.outputs:
+            received += 1
+    elapsed = time.perf_counter() - start
+    if received != count:
+        raise RuntimeError(f"repeat_decoupled sent {received} responses, expected {count}")
+    return received / elapsed, received * size / elapsed / 1e6
+
+
+def run_inprocess(repeats: int, seconds: float) -> dict[str, float | str]:
+    """Both measures through ``tritonpy.Server(...).model("repeat_decoupled").infer()``: no
+    HTTP and no BLS caller, the stream goes straight from the stub to this process."""
+    import tritonpy
+
+    prefix = f"tpbench_{os.getpid()}_ip_"
+    with tritonpy.Server(BENCH_MODELS, model_control_mode="explicit",
+                         load_models=["repeat_decoupled"],
+                         backend_config={"shm-region-prefix-name": prefix}) as server:
+        model = server.model("repeat_decoupled")
+        inprocess_stream(model, 100, TINY)  # warm-up, untimed
+        tiny = statistics.median(inprocess_stream(model, TINY_COUNT, TINY)[0]
+                                 for _ in range(repeats))
+        rate = inprocess_stream(model, 16, MIB)[0]
+        count = max(16, int(rate * seconds))
+        big = statistics.median(inprocess_stream(model, count, MIB)[1] for _ in range(repeats))
+    return {MEASURES[0]: tiny, MEASURES[1]: big}
+
+
 def report(results: dict[str, dict[str, float | str]]) -> None:
     """Print the side-by-side table and any errors under it."""
     labels = list(results)
@@ -113,6 +153,17 @@ def main() -> None:
     results = run_on_each(server_specs(args.only), BENCH_MODELS, lambda s: run_server(s, repeats, seconds))
     if results:
         report(results)
+    if args.only != "triton":
+        mine = run_inprocess(repeats, seconds)
+        rows = [[m, f"{mine[m]:,.0f}"] + [
+            f"{mine[m] / results[a][m]:.2f}×" if isinstance(results[a][m], float) else "—"
+            for a in results if a != "tritonpy"] for m in MEASURES]
+        print_table(
+            "Decoupled stream through tritonpy's in-process API (model.infer, no BLS caller); "
+            "ratio = in-process / the anchor's BLS figure above",
+            ["measure", "tritonpy in-process", *[f"vs {a}" for a in results if a != "tritonpy"]],
+            rows,
+        )
 
 
 if __name__ == "__main__":
