@@ -23,6 +23,11 @@ def main() -> int:
     fd = int(sys.argv[1])
     options = json.loads(sys.argv[2])
     _die_with_parent(int(options.get("host_pid", os.getppid())))
+    # As Triton's stub: a Ctrl-C (SIGINT to the whole process group) or a group SIGTERM is for
+    # the host, which drains in-flight requests and then finalizes and stops every stub; a stub
+    # that died of it would fail the very requests the host is draining.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=fd)
     from ._runtime import StubRuntime
 
