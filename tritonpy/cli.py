@@ -134,7 +134,11 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             log.info("signal received: stopping (draining for up to %.0f s)", args.exit_timeout_secs)
     finally:
         waiter.cancel()
+        began = loop.time()
         await frontends.stop()
+        # --exit-timeout-secs bounds the whole drain, as in Triton: what the frontends spent
+        # waiting for their in-flight requests is not granted a second time to the models.
+        server.exit_timeout = max(1.0, args.exit_timeout_secs - (loop.time() - began))
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -149,7 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m%d %H:%M:%S"))
     root = logging.getLogger()
     root.addHandler(handler)
-    root.setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
+    root.setLevel(logging.INFO)
+    # Verbose means tritonpy's own records (as Triton's --log-verbose), not the debug chatter
+    # of every library underneath (grpc, asyncio).
+    logging.getLogger("tritonpy").setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
     try:
         return asyncio.run(_serve(args, handler))
     except KeyboardInterrupt:

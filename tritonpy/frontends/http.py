@@ -9,6 +9,7 @@ methods and error bodies (``{"error": "..."}``) look the same to a client.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -118,6 +119,7 @@ class HTTPFrontend:
         self.port = port
         self.max_input_size = max_input_size
         self._runner: web.AppRunner | None = None
+        self._inflight: set[asyncio.Task[Any]] = set()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -147,15 +149,27 @@ class HTTPFrontend:
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, give in-flight requests up to ``timeout`` seconds, then close."""
-        if self._runner is not None:
-            self._runner._shutdown_timeout = timeout
-            await self._runner.cleanup()
-            self._runner = None
+        if self._runner is None:
+            return
+        self._runner._shutdown_timeout = timeout
+        cleanup = asyncio.ensure_future(self._runner.cleanup())
+        done, _ = await asyncio.wait({cleanup}, timeout=timeout)
+        if not done:
+            # Past the timeout aiohttp only fails the request body and waits as long again for
+            # a handler that is not reading it; cancel the handlers instead, which cancels
+            # their inferences, so the whole drain stays within ``timeout``.
+            for task in list(self._inflight):
+                task.cancel()
+        await cleanup
+        self._runner = None
 
     # -- routing -----------------------------------------------------------------------------
 
     async def _dispatch(self, request: web.Request) -> web.StreamResponse:
         path = request.path
+        task = asyncio.current_task()
+        if task is not None:
+            self._inflight.add(task)
         try:
             handler = self._route(request, path)
             if handler is None:
@@ -170,6 +184,8 @@ class HTTPFrontend:
             if not isinstance(exc, TritonpyError):
                 log.exception("HTTP %s %s failed", request.method, path)
             return error_response(exc)
+        finally:
+            self._inflight.discard(task)  # type: ignore[arg-type]
 
     def _route(self, request: web.Request, path: str) -> Handler | None:
         m = _MODEL_RE.fullmatch(path)
