@@ -1,0 +1,335 @@
+"""``tritonpy serve`` as a real subprocess, driven by the real ``tritonclient`` over loopback.
+
+Each test starts ``python -m tritonpy serve`` in its own session (so a Ctrl-C can be sent to
+its whole process group, as a terminal does), with this test's shm prefix, and checks what a
+user sees: the flags take effect, a signal drains the in-flight request, the models'
+``finalize`` runs, and nothing is left in ``/dev/shm`` or the process table. Every server is
+killed (its process group) in ``finally``, whatever happened.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+START_TIMEOUT = 60.0
+
+SLOW_CONFIG = """
+name: "slow"
+backend: "python"
+input [ { name: "SECONDS", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]
+instance_group [ { kind: KIND_CPU, count: %d } ]
+parameters { key: "MARK_DIR" value: { string_value: "%s" } }
+"""
+
+# Sleeps for SECONDS, leaving "started-<request id>" when it begins; finalize appends to
+# "finalized" (one line per instance), so the test sees the model was shut down properly.
+SLOW_MODEL = """
+import json, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.dir = cfg["parameters"]["MARK_DIR"]["string_value"]
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            s = pb_utils.get_input_tensor_by_name(r, "SECONDS").as_numpy()
+            open(os.path.join(self.dir, "started-" + r.request_id()), "w").close()
+            time.sleep(float(s[0]))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", s * 2)]))
+        return out
+
+    def finalize(self):
+        with open(os.path.join(self.dir, "finalized"), "a") as f:
+            f.write(f"{os.getpid()}\\n")
+"""
+
+IDENT_CONFIG = """
+name: "ident"
+backend: "python"
+input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+IDENT_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests]
+"""
+
+
+def write_model(repo: Path, name: str, config: str, code: str) -> None:
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+    (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct ports the OS just handed out (held together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def segments(prefix: str) -> list[str]:
+    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+class Serve:
+    """A ``tritonpy serve`` subprocess; its output goes to a log file the test can read."""
+
+    def __init__(self, args: list[str], prefix: str, workdir: Path) -> None:
+        self.log_path = workdir / f"serve-{prefix}.log"
+        self._log = open(self.log_path, "wb")
+        cmd = [sys.executable, "-m", "tritonpy", "serve", "--http-address", "127.0.0.1",
+               "--grpc-address", "127.0.0.1",
+               f"--backend-config=python,shm-region-prefix-name={prefix}", *args]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, cwd=workdir,
+                                     start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def endpoints(self) -> dict[str, str]:
+        """The ``listening:`` lines the server logs, once all three are there."""
+        def found() -> dict[str, str] | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"tritonpy serve exited with {self.proc.returncode}:\n{self.log()}")
+            got = dict(re.findall(r"listening: (HTTP|gRPC|metrics) (\S+)", self.log()))
+            return got if len(got) == 3 else None
+        return wait_for(found, START_TIMEOUT, "tritonpy serve to listen")
+
+    def stubs(self) -> list[psutil.Process]:
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(10)
+        else:
+            # The server is gone; reap anything of its group still around (a leaked stub).
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+
+
+@pytest.fixture
+def serve(tmp_path: Path, shm_prefix: str) -> Iterator[Callable[..., Serve]]:
+    started: list[Serve] = []
+
+    def start(*args: str) -> Serve:
+        s = Serve(list(args), shm_prefix, tmp_path)
+        started.append(s)
+        return s
+
+    try:
+        yield start
+    finally:
+        for s in started:
+            s.close()
+
+
+def slow_infer(url: str, seconds: float, request_id: str) -> Any:
+    """One request to ``slow`` on a client of its own (the sync HTTP client is per thread)."""
+    inp = httpclient.InferInput("SECONDS", [1], "FP32")
+    inp.set_data_from_numpy(np.array([seconds], np.float32))
+    client = httpclient.InferenceServerClient(url, network_timeout=90)
+    try:
+        return client.infer("slow", [inp], request_id=request_id)
+    finally:
+        client.close()
+
+
+def in_background(fn: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a thread; the list gets its result or the exception it raised."""
+    box: list[Any] = []
+
+    def run() -> None:
+        try:
+            box.append(fn())
+        except BaseException as exc:  # handed to the test, which asserts on it
+            box.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, box
+
+
+def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve], tmp_path: Path,
+                                                      shm_prefix: str) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo_a, repo_b = tmp_path / "repo_a", tmp_path / "repo_b"
+    write_model(repo_a, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    write_model(repo_b, "ident", IDENT_CONFIG, IDENT_MODEL)
+    http_port, grpc_port, metrics_port = free_ports(3)
+    default_size = 3 * 1024 * 1024
+    server = serve("--model-repository", str(repo_a), "--model-repository", str(repo_b),
+                   "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                   "--metrics-port", str(metrics_port), "--model-control-mode", "explicit",
+                   "--load-model", "slow", f"--backend-config=python,shm-default-byte-size={default_size}",
+                   "--log-verbose", "1", "--exit-timeout-secs", "20")
+    assert server.endpoints() == {"HTTP": f"127.0.0.1:{http_port}", "gRPC": f"127.0.0.1:{grpc_port}",
+                                  "metrics": f"127.0.0.1:{metrics_port}"}
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        # Explicit mode: only --load-model is loaded; both repositories are indexed.
+        assert http.is_server_ready() and http.is_model_ready("slow")
+        assert not http.is_model_ready("ident")
+        index = {m["name"]: m.get("state", "") for m in http.get_model_repository_index()}
+        assert index["slow"] == "READY" and "ident" in index and index["ident"] != "READY"
+        grpcc.load_model("ident")  # from the second repository, over the gRPC port
+        inp = grpcclient.InferInput("INPUT0", [3], "FP32")
+        inp.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+        assert grpcc.infer("ident", [inp]).as_numpy("OUTPUT0").tolist() == [1, 2, 3]
+
+        # --backend-config=python,shm-default-byte-size: the segments have that size.
+        segs = segments(shm_prefix)
+        assert segs and {os.path.getsize(f"/dev/shm/{n}") for n in segs} == {default_size}
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+        assert f'tritonpy_shm_pool_mapped_bytes{{pool="host"}} {default_size}' in metrics
+        assert 'nv_inference_request_success{model="ident",version="1"} 1' in metrics
+
+        # --log-verbose 1: the verbose level is reported and debug records reach the log.
+        assert http.get_log_settings()["log_verbose_level"] == 1
+        with pytest.raises(InferenceServerException):
+            http.get_model_metadata("no_such_model")
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/nothing/here", timeout=10)
+        assert e.value.code == 404
+        e.value.close()
+        wait_for(lambda: "HTTP error: GET /v2/nothing/here - 404" in server.log(), 10,
+                 "the debug record of the 404")
+
+        # SIGTERM with a request in flight: it completes, then the server stops cleanly.
+        stubs = server.stubs()
+        assert len(stubs) >= 2  # one per loaded model
+        t, box = in_background(lambda: slow_infer(f"127.0.0.1:{http_port}", 1.5, "drain"))
+        wait_for(lambda: (marks / "started-drain").exists(), 20, "the slow request to start")
+        server.proc.send_signal(signal.SIGTERM)
+        t.join(30)
+        assert box and not isinstance(box[0], BaseException), box
+        assert box[0].as_numpy("OUT").tolist() == [3.0]
+        assert server.wait(30) == 0
+    finally:
+        http.close()
+        grpcc.close()
+    log = server.log()
+    assert "signal received: stopping" in log and "tritonpy stopped" in log
+    assert (marks / "finalized").read_text().count("\n") == 1  # the slow model's one instance
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
+def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """Ctrl-C reaches the whole process group (stubs too), as from a terminal: the short
+    request still completes; the one that would outlast --exit-timeout-secs is cut off."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG % (2, marks), SLOW_MODEL)
+    server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0", "--exit-timeout-secs", "4")
+    url = server.endpoints()["HTTP"]
+    t_short, short_box = in_background(lambda: slow_infer(url, 1.5, "short"))
+    t_long, long_box = in_background(lambda: slow_infer(url, 60, "long"))
+    wait_for(lambda: (marks / "started-short").exists() and (marks / "started-long").exists(),
+             20, "both requests to start")
+    stubs = server.stubs()
+    t0 = time.monotonic()
+    os.killpg(server.proc.pid, signal.SIGINT)
+    assert server.wait(30) == 0
+    elapsed = time.monotonic() - t0
+    t_short.join(10)
+    t_long.join(10)
+    assert short_box and not isinstance(short_box[0], BaseException), short_box
+    assert short_box[0].as_numpy("OUT").tolist() == [3.0]
+    # The long request did not finish: the server gave up on it after the exit timeout.
+    assert long_box and isinstance(long_box[0], BaseException), long_box
+    assert elapsed < 10, f"stopping took {elapsed:.1f} s with --exit-timeout-secs 4"
+    # The instance that finished its request was finalized (the stuck one was killed).
+    assert (marks / "finalized").read_text().count("\n") >= 1
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
+def test_serve_without_arguments_serves_the_bundled_examples(
+        serve: Callable[..., Serve], shm_prefix: str) -> None:
+    # No --model-repository (and a working directory that has no examples/ of its own).
+    server = serve("--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
+    ends = server.endpoints()
+    http = httpclient.InferenceServerClient(ends["HTTP"])
+    grpcc = grpcclient.InferenceServerClient(ends["gRPC"])
+    try:
+        names = {m["name"] for m in http.get_model_repository_index() if m.get("state") == "READY"}
+        examples = Path(__file__).resolve().parents[2] / "examples"
+        assert names == {p.name for p in examples.iterdir() if (p / "config.pbtxt").exists()}
+        a, b = np.arange(4, dtype=np.float32), np.ones(4, dtype=np.float32)
+        inputs = [grpcclient.InferInput("INPUT0", [4], "FP32"), grpcclient.InferInput("INPUT1", [4], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = grpcc.infer("add_sub", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == (a + b).tolist()
+        assert result.as_numpy("OUTPUT1").tolist() == (a - b).tolist()
+    finally:
+        http.close()
+        grpcc.close()
+    stubs = server.stubs()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.wait(30) == 0
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
