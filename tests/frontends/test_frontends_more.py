@@ -1,0 +1,555 @@
+"""More of the frontends with the real ``tritonclient`` over loopback, on a server in explicit
+model-control mode: repository load (config override, files) and unload over HTTP and gRPC, BLS
+models over the wire, clients that go away cancel their request inside the model, the error
+codes Triton gives for what ``test_frontends_serving`` does not cover, and the metrics values
+(Triton's per-model counters, a model's custom metrics).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import secrets
+import socket
+import textwrap
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as grpcaio
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+import tritonpy
+from tritonpy.frontends import Frontends
+
+IDENT = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """, """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+    """)
+
+PAIR = ("""
+    backend: "python"
+    input [ { name: "A", data_type: TYPE_FP32, dims: [ 4 ] },
+            { name: "B", data_type: TYPE_INT32, dims: [ 4 ] } ]
+    output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ] } ]
+    """, """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())]) for r in requests]
+    """)
+
+# Calls another model (the request parameter "target", default "ident") and doubles its output.
+BLS_SYNC = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """, """
+    import json
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                target = json.loads(r.parameters()).get("target", "ident")
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                resp = pb_utils.InferenceRequest(
+                    model_name=target, requested_output_names=["OUTPUT0"],
+                    inputs=[pb_utils.Tensor("INPUT0", x)]).exec()
+                if resp.has_error():
+                    raise pb_utils.TritonModelException("BLS call failed: " + resp.error().message())
+                y = pb_utils.get_output_tensor_by_name(resp, "OUTPUT0").as_numpy()
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y * 2)]))
+            return out
+    """)
+
+# async execute: two concurrent BLS calls (ident and bls_sync) summed.
+BLS_ASYNC = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """, """
+    import asyncio
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                calls = [pb_utils.InferenceRequest(model_name=m, requested_output_names=["OUTPUT0"],
+                                                   inputs=[pb_utils.Tensor("INPUT0", x)]).async_exec()
+                         for m in ("ident", "bls_sync")]
+                got = await asyncio.gather(*calls)
+                total = sum(pb_utils.get_output_tensor_by_name(g, "OUTPUT0").as_numpy() for g in got)
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", total)]))
+            return out
+    """)
+
+# Polls request.is_cancelled() for up to 20 s; leaves started-<id> and, when cancelled,
+# cancelled-<id> in the directory of its "DIR" parameter.
+CANCEL_WATCH = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    instance_group [ { kind: KIND_CPU, count: 3 } ]
+    parameters { key: "DIR" value: { string_value: "%(dir)s" } }
+    """, """
+    import json, os, time
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            self.dir = json.loads(args["model_config"])["parameters"]["DIR"]["string_value"]
+
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                rid = r.request_id()
+                open(os.path.join(self.dir, "started-" + rid), "w").close()
+                deadline = time.monotonic() + 20
+                resp = None
+                while time.monotonic() < deadline:
+                    if r.is_cancelled():
+                        open(os.path.join(self.dir, "cancelled-" + rid), "w").close()
+                        resp = pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                            "request cancelled", pb_utils.TritonError.CANCELLED))
+                        break
+                    time.sleep(0.02)
+                if resp is None:
+                    x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    resp = pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)])
+                out.append(resp)
+            return out
+    """)
+
+# Custom metrics: a counter of elements seen and a gauge of the last request's size; a
+# negative first element makes execute raise (a failed request).
+METRIC_MODEL = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """, """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            items = pb_utils.MetricFamily(name="tpy_test_items", description="elements seen",
+                                          kind=pb_utils.MetricFamily.COUNTER)
+            size = pb_utils.MetricFamily(name="tpy_test_last_size", description="last size",
+                                         kind=pb_utils.MetricFamily.GAUGE)
+            self.items = items.Metric(labels={"model": "metric_model", "kind": "items"})
+            self.size = size.Metric(labels={"model": "metric_model"})
+
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                if x.size and x[0] < 0:
+                    raise pb_utils.TritonModelException("negative input")
+                self.items.increment(x.size)
+                self.size.set(x.size)
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+            return out
+    """)
+
+# Not loaded at start: answers with its config parameter WHO (to see which config it got).
+LAZY = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "WHO", data_type: TYPE_STRING, dims: [ 1 ] } ]
+    parameters { key: "WHO" value: { string_value: "disk" } }
+    """, """
+    import json
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            cfg = json.loads(args["model_config"])
+            self.who = cfg["parameters"]["WHO"]["string_value"]
+
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "WHO", np.array([self.who.encode()], dtype=object))]) for r in requests]
+    """)
+
+LOADED = ["ident", "pair", "bls_sync", "bls_async", "cancel_watch", "metric_model"]
+
+
+def lazy_config(who: str) -> str:
+    return json.dumps({
+        "backend": "python",
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "WHO", "data_type": "TYPE_STRING", "dims": [1]}],
+        "parameters": {"WHO": {"string_value": who}},
+    })
+
+
+@dataclass
+class Served:
+    server: tritonpy.Server
+    http: str
+    grpc: str
+    metrics: str
+    marks: Path
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = tmp_path_factory.mktemp("more")
+    repo, marks = root / "repo", root / "marks"
+    marks.mkdir()
+    models = {"ident": IDENT, "pair": PAIR, "bls_sync": BLS_SYNC, "bls_async": BLS_ASYNC,
+              "cancel_watch": CANCEL_WATCH, "metric_model": METRIC_MODEL, "lazy": LAZY}
+    for name, (config, code) in models.items():
+        (repo / name / "1").mkdir(parents=True)
+        text = textwrap.dedent(config)
+        if "%(dir)s" in text:
+            text = text % {"dir": marks}
+        (repo / name / "config.pbtxt").write_text(f'name: "{name}"\n' + text)
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    prefix = f"tpyt{secrets.token_hex(4)}_"
+    server = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=LOADED,
+                             backend_config={"shm-region-prefix-name": prefix}, exit_timeout=5.0)
+    server.start()
+    fe = Frontends(server, http_port=0, grpc_port=0, metrics_port=0, http_address="127.0.0.1",
+                   grpc_address="127.0.0.1", metrics_address="127.0.0.1", exit_timeout=5.0)
+    try:
+        fe.start_in_thread()
+        yield Served(server, f"127.0.0.1:{fe.http_port}", f"127.0.0.1:{fe.grpc_port}",
+                     f"http://127.0.0.1:{fe.metrics_port}/metrics", marks)
+    finally:
+        fe.stop_in_thread()
+        server.stop()
+    assert [n for n in os.listdir("/dev/shm") if n.startswith(prefix)] == []
+
+
+@pytest.fixture
+def http(served: Served) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(served.http, network_timeout=60)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def grpcc(served: Served) -> Iterator[grpcclient.InferenceServerClient]:
+    client = grpcclient.InferenceServerClient(served.grpc)
+    yield client
+    client.close()
+
+
+def fp32_input(mod: Any, values: list[float], name: str = "INPUT0") -> Any:
+    inp = mod.InferInput(name, [len(values)], "FP32")
+    inp.set_data_from_numpy(np.array(values, np.float32))
+    return inp
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def who(client: Any, mod: Any) -> str:
+    got = client.infer("lazy", [fp32_input(mod, [1.0])]).as_numpy("WHO")[0]
+    return got.decode() if isinstance(got, bytes) else str(got)
+
+
+# == repository: index, load (config override, files), unload ====================================
+
+def test_repository_load_unload_over_http(served: Served, http: httpclient.InferenceServerClient) -> None:
+    index = {m["name"]: m for m in http.get_model_repository_index()}
+    assert index["ident"]["state"] == "READY" and index["lazy"].get("state") != "READY"
+    assert not http.is_model_ready("lazy")
+    try:
+        http.load_model("lazy")
+        assert http.is_model_ready("lazy") and who(http, httpclient) == "disk"
+        # A config override replaces the config on disk for this load.
+        http.load_model("lazy", config=lazy_config("override"))
+        assert who(http, httpclient) == "override"
+        assert http.get_model_config("lazy")["parameters"]["WHO"]["string_value"] == "override"
+        # A load without one goes back to the repository's config.
+        http.load_model("lazy")
+        assert who(http, httpclient) == "disk"
+        http.unload_model("lazy")
+        assert not http.is_model_ready("lazy")
+        entry = {m["name"]: m for m in http.get_model_repository_index()}["lazy"]
+        assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
+        with pytest.raises(InferenceServerException) as e:
+            who(http, httpclient)
+        assert e.value.status() == "503" and "lazy" in e.value.message()
+    finally:
+        http.unload_model("lazy")
+
+
+def test_repository_load_with_files_over_http_and_grpc(http: httpclient.InferenceServerClient,
+                                                       grpcc: grpcclient.InferenceServerClient) -> None:
+    """Triton's files override: ``file:<path>`` parameters hold the model directory's files
+    (base64 in HTTP JSON, bytes in gRPC); a config override must come with them."""
+    code = textwrap.dedent(LAZY[1]).replace("self.who = ", "self.who = 'files:' + ")
+    try:
+        http.load_model("from_files", config=lazy_config("http"),
+                        files={"file:1/model.py": code.encode()})
+        assert http.is_model_ready("from_files")
+        got = http.infer("from_files", [fp32_input(httpclient, [1.0])]).as_numpy("WHO")[0]
+        assert got == b"files:http"
+        grpcc.load_model("from_files", config=lazy_config("grpc"),
+                         files={"file:1/model.py": code.encode()})
+        got = grpcc.infer("from_files", [fp32_input(grpcclient, [1.0])]).as_numpy("WHO")[0]
+        assert got == b"files:grpc"
+        with pytest.raises(InferenceServerException, match="config"):
+            http.load_model("from_files", files={"file:1/model.py": code.encode()})
+        grpcc.unload_model("from_files")
+        assert not grpcc.is_model_ready("from_files")
+    finally:
+        http.unload_model("from_files")
+
+
+def test_repository_load_unload_over_grpc(served: Served, grpcc: grpcclient.InferenceServerClient) -> None:
+    index = {m.name: m for m in grpcc.get_model_repository_index().models}
+    assert index["bls_sync"].state == "READY" and "lazy" in index
+    try:
+        grpcc.load_model("lazy", config=lazy_config("grpc override"))
+        assert grpcc.is_model_ready("lazy") and who(grpcc, grpcclient) == "grpc override"
+        config = grpcc.get_model_config("lazy").config
+        assert config.parameters["WHO"].string_value == "grpc override"
+        grpcc.unload_model("lazy")
+        assert not grpcc.is_model_ready("lazy")
+        ready = {m.name for m in grpcc.get_model_repository_index().models if m.state == "READY"}
+        assert "lazy" not in ready and "ident" in ready
+        with pytest.raises(InferenceServerException) as e:
+            who(grpcc, grpcclient)
+        assert e.value.status() == "StatusCode.UNAVAILABLE"
+    finally:
+        grpcc.unload_model("lazy")
+
+
+def test_repository_load_errors(http: httpclient.InferenceServerClient,
+                                grpcc: grpcclient.InferenceServerClient) -> None:
+    # Triton: INTERNAL "failed to load '<name>', failed to poll from model repository".
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'no_such_model', failed to poll from model repository") as e:
+        http.load_model("no_such_model")
+    assert e.value.status() == "500"
+    with pytest.raises(InferenceServerException,
+                       match="failed to load 'no_such_model', failed to poll from model repository") as e:
+        grpcc.load_model("no_such_model")
+    assert e.value.status() == "StatusCode.INTERNAL"
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("lazy", config="{not json")
+    assert e.value.status() == "400"
+    assert not http.is_model_ready("lazy")
+    assert http.infer("ident", [fp32_input(httpclient, [1.0])]).as_numpy("OUTPUT0").tolist() == [1.0]
+
+
+# == BLS over the wire ============================================================================
+
+def test_bls_models_over_http_and_grpc(served: Served, http: httpclient.InferenceServerClient,
+                                       grpcc: grpcclient.InferenceServerClient) -> None:
+    x = [1.0, 2.0, 3.0]
+    assert http.infer("bls_sync", [fp32_input(httpclient, x)]).as_numpy("OUTPUT0").tolist() == [2, 4, 6]
+    assert grpcc.infer("bls_sync", [fp32_input(grpcclient, x)]).as_numpy("OUTPUT0").tolist() == [2, 4, 6]
+    # async execute with two concurrent BLS calls, one of them itself a BLS model: x + 2x.
+    assert http.infer("bls_async", [fp32_input(httpclient, x)]).as_numpy("OUTPUT0").tolist() == [3, 6, 9]
+
+    async def many() -> list[list[float]]:
+        client = grpcaio.InferenceServerClient(served.grpc)
+        try:
+            results = await asyncio.gather(*(client.infer("bls_async", [fp32_input(grpcaio, [float(i)])])
+                                             for i in range(8)))
+            return [r.as_numpy("OUTPUT0").tolist() for r in results]
+        finally:
+            await client.close()
+
+    assert asyncio.run(many()) == [[3.0 * i] for i in range(8)]
+    # A BLS call the model cannot make: the model's error reaches the client.
+    with pytest.raises(InferenceServerException, match="BLS call failed.*no_such_model") as e:
+        http.infer("bls_sync", [fp32_input(httpclient, x)], parameters={"target": "no_such_model"})
+    assert e.value.status() == "500"
+    with pytest.raises(InferenceServerException, match="BLS call failed.*lazy") as e:
+        grpcc.infer("bls_sync", [fp32_input(grpcclient, x)], parameters={"target": "lazy"})
+    assert e.value.status() == "StatusCode.INTERNAL"
+    assert http.infer("bls_sync", [fp32_input(httpclient, x)]).as_numpy("OUTPUT0").tolist() == [2, 4, 6]
+
+
+# == a client that goes away cancels its request ==================================================
+
+def _marks(served: Served, rid: str) -> tuple[Path, Path]:
+    return served.marks / f"started-{rid}", served.marks / f"cancelled-{rid}"
+
+
+def test_http_disconnect_cancels_the_request(served: Served, http: httpclient.InferenceServerClient) -> None:
+    rid = f"h{secrets.token_hex(3)}"
+    started, cancelled = _marks(served, rid)
+    body = json.dumps({"id": rid, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1],
+                                              "data": [1.0]}]}).encode()
+    host, port = served.http.split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        sock.sendall(b"POST /v2/models/cancel_watch/infer HTTP/1.1\r\nHost: x\r\n"
+                     b"Content-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        wait_for(started.exists, 10, "the model to start the request")
+        assert not cancelled.exists()
+    finally:
+        sock.close()
+    wait_for(cancelled.exists, 10, "the model to see the cancellation")
+    assert http.infer("ident", [fp32_input(httpclient, [5.0])]).as_numpy("OUTPUT0").tolist() == [5.0]
+
+
+def test_grpc_cancelled_future_and_stream_cancel_the_request(
+        served: Served, grpcc: grpcclient.InferenceServerClient) -> None:
+    rid = f"f{secrets.token_hex(3)}"
+    started, cancelled = _marks(served, rid)
+    results: queue.Queue[Any] = queue.Queue()
+    ctx = grpcc.async_infer("cancel_watch", [fp32_input(grpcclient, [1.0])],
+                            callback=lambda result, error: results.put((result, error)), request_id=rid)
+    wait_for(started.exists, 10, "the model to start the request")
+    assert not cancelled.exists()
+    ctx.cancel()
+    result, error = results.get(timeout=10)
+    assert result is None and "CANCELLED" in str(error.status())
+    wait_for(cancelled.exists, 10, "the model to see the cancelled future")
+
+    rid = f"s{secrets.token_hex(3)}"
+    started, cancelled = _marks(served, rid)
+    grpcc.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        grpcc.async_stream_infer("cancel_watch", [fp32_input(grpcclient, [1.0])], request_id=rid)
+        wait_for(started.exists, 10, "the model to start the streamed request")
+        assert not cancelled.exists()
+    finally:
+        grpcc.stop_stream(cancel_requests=True)
+    wait_for(cancelled.exists, 10, "the model to see the stream's cancellation")
+    assert grpcc.infer("ident", [fp32_input(grpcclient, [6.0])]).as_numpy("OUTPUT0").tolist() == [6.0]
+
+
+# == errors not covered by test_frontends_serving =================================================
+
+def test_http_wrong_shapes_and_missing_inputs(http: httpclient.InferenceServerClient) -> None:
+    a = httpclient.InferInput("A", [2], "FP32")
+    a.set_data_from_numpy(np.zeros(2, np.float32))
+    b = httpclient.InferInput("B", [4], "INT32")
+    b.set_data_from_numpy(np.zeros(4, np.int32))
+    with pytest.raises(InferenceServerException, match="unexpected shape for input 'A'") as e:
+        http.infer("pair", [a, b])
+    assert e.value.status() == "400"
+    a4 = httpclient.InferInput("A", [4], "FP32")
+    a4.set_data_from_numpy(np.zeros(4, np.float32))
+    with pytest.raises(InferenceServerException, match="missing required input.*B") as e:
+        http.infer("pair", [a4])
+    assert e.value.status() == "400"
+    b_fp = httpclient.InferInput("B", [4], "FP32")
+    b_fp.set_data_from_numpy(np.zeros(4, np.float32))
+    with pytest.raises(InferenceServerException, match="B") as e:
+        http.infer("pair", [a4, b_fp])
+    assert e.value.status() == "400"
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("pair", [a4, b], model_version="7")
+    assert e.value.status() == "404" and "pair" in e.value.message()
+    assert http.infer("pair", [a4, b]).as_numpy("OUT").tolist() == [0, 0, 0, 0]
+
+
+def test_grpc_wrong_names_shapes_and_framing(served: Served, grpcc: grpcclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException, match="WRONG") as e:
+        grpcc.infer("ident", [fp32_input(grpcclient, [1.0], name="WRONG")])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    a = grpcclient.InferInput("A", [4], "FP32")
+    a.set_data_from_numpy(np.zeros(4, np.float32))
+    with pytest.raises(InferenceServerException, match="missing required input.*B") as e:
+        grpcc.infer("pair", [a])
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    with pytest.raises(InferenceServerException) as e:
+        grpcc.infer("ident", [fp32_input(grpcclient, [1.0])], model_version="7")
+    assert e.value.status() == "StatusCode.NOT_FOUND"
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="ident")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[4])
+        req.raw_input_contents.append(b"\0" * 12)  # 3 floats for a shape of 4
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unexpected total byte size 12" in err.value.details()
+        req.raw_input_contents.append(b"\0" * 16)  # more raw contents than inputs
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        req = service_pb2.ModelInferRequest(model_name="ident")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        req.raw_input_contents.append(b"\0" * 4)
+        assert np.frombuffer(stub.ModelInfer(req).raw_output_contents[0], np.float32).tolist() == [0.0]
+
+
+# == metrics =====================================================================================
+
+def _samples(served: Served) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = urllib.request.urlopen(served.metrics, timeout=10).read().decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def test_metrics_values_and_custom_metrics(served: Served, http: httpclient.InferenceServerClient,
+                                           grpcc: grpcclient.InferenceServerClient) -> None:
+    http.infer("metric_model", [fp32_input(httpclient, [1.0, 2.0, 3.0])])
+    grpcc.infer("metric_model", [fp32_input(grpcclient, [1.0] * 5)])
+    with pytest.raises(InferenceServerException, match="negative input"):
+        http.infer("metric_model", [fp32_input(httpclient, [-1.0])])
+    samples = _samples(served)
+    model = frozenset({("model", "metric_model"), ("version", "1")})
+
+    def value(name: str) -> float:
+        # prometheus_client's parser names a counter's samples with "_total".
+        got = samples.get((name, model), samples.get((name + "_total", model)))
+        assert got is not None, name
+        return got
+
+    assert value("nv_inference_request_success") == 2
+    assert value("nv_inference_request_failure") == 1
+    # As Triton's python backend, which reports batch statistics before it looks at the
+    # execute's error: the failed execution counts as an inference and an execution too.
+    assert value("nv_inference_count") == 3
+    assert value("nv_inference_exec_count") == 3
+    assert value("nv_inference_request_duration_us") >= value("nv_inference_compute_infer_duration_us") > 0
+    for name in ("nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
+                 "nv_inference_compute_output_duration_us"):
+        assert value(name) >= 0
+    # The model's own metrics, with its labels.
+    items = frozenset({("model", "metric_model"), ("kind", "items")})
+    assert samples.get(("tpy_test_items", items), samples.get(("tpy_test_items_total", items))) == 8
+    assert samples[("tpy_test_last_size", frozenset({("model", "metric_model")}))] == 5
+    # Shared-memory usage of the host pool.
+    host = frozenset({("pool", "host")})
+    assert samples[("tritonpy_shm_pool_mapped_bytes", host)] > 0
+    assert samples[("tritonpy_shm_pool_segments", host)] >= 1
+    assert 0 <= samples[("tritonpy_shm_pool_used_bytes", host)] <= samples[("tritonpy_shm_pool_mapped_bytes", host)]
