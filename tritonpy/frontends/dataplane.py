@@ -22,6 +22,7 @@ import numpy as np
 from .._errors import (
     InternalError,
     InvalidArgumentError,
+    NotFoundError,
     TritonpyError,
     UnavailableError,
     UnsupportedError,
@@ -482,7 +483,11 @@ class DataPlane:
 
     async def load(self, name: str, config: str | None, files: Mapping[str, bytes] | None) -> None:
         """Load (or reload) a model in explicit mode."""
-        await asyncio.to_thread(self.server.load, name, config, dict(files) if files else None)
+        try:
+            await asyncio.to_thread(self.server.load, name, config, dict(files) if files else None)
+        except NotFoundError:
+            # Triton's words and code for a model that is in no repository.
+            raise InternalError(f"failed to load '{name}', failed to poll from model repository") from None
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload a model in explicit mode."""
