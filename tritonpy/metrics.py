@@ -101,7 +101,8 @@ class TritonStatsCollector:
         for name, doc, key in _SHM_FAMILIES:
             gauge = GaugeMetricFamily(name, doc, labels=["pool"])
             for pool in pools:
-                gauge.add_metric([str(pool.get("pool", ""))], float(pool.get(key, 0)))
+                if key in pool:  # a stub's pool has no used_bytes (only the stub knows)
+                    gauge.add_metric([str(pool.get("pool", ""))], float(pool[key]))
             yield gauge
 
 

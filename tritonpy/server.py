@@ -237,8 +237,39 @@ class Server:
         return {"model_stats": stats}
 
     def shm_usage(self) -> list[dict]:
-        """Usage of the host pool (stub pools are reported by their segments' sizes)."""
+        """Usage of the host pool, and of each stub's pool by its segments' sizes.
+
+        A stub pool is named after its instance; what a stub has in use right now is known
+        only inside the stub, so its entries carry ``segments`` and ``mapped_bytes`` only.
+        """
         out = [{"pool": "host", **self.pool.usage()}] if self.pool is not None else []
+        if self.pool is None:
+            return out
+        # Stub segments are named "<prefix><stub pid>x<token>_<n>" (shm.process_token).
+        owners: dict[str, str] = {}
+        for rt in self.repo.runtimes():
+            for inst in rt.instances:
+                stub = getattr(inst, "stub", None)
+                if stub is not None:
+                    owners[f"{self.options.shm_region_prefix_name}{stub.pid}x"] = inst.name
+        directory = self.options.shm_fallback_directory or "/dev/shm"
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            names = []
+        pools = {inst: {"segments": 0, "mapped_bytes": 0} for inst in owners.values()}
+        for name in names:
+            owner = next((inst for start, inst in owners.items() if name.startswith(start)), None)
+            if owner is None:
+                continue
+            try:
+                size = os.stat(os.path.join(directory, name)).st_size
+            except OSError:  # unlinked meanwhile
+                continue
+            pool = pools[owner]
+            pool["segments"] += 1
+            pool["mapped_bytes"] += size
+        out.extend({"pool": inst, **usage} for inst, usage in sorted(pools.items()))
         return out
 
     def execution_env(self, rt: ModelRuntime) -> str | None:
