@@ -548,7 +548,14 @@ def test_metrics_values_and_custom_metrics(served: Served, http: httpclient.Infe
     items = frozenset({("model", "metric_model"), ("kind", "items")})
     assert samples.get(("tpy_test_items", items), samples.get(("tpy_test_items_total", items))) == 8
     assert samples[("tpy_test_last_size", frozenset({("model", "metric_model")}))] == 5
-    # Shared-memory usage of the host pool.
+    # Shared-memory usage per pool: each stub instance's pool by its segments...
+    stub_pools = {dict(labels)["pool"]: v for (name, labels), v in samples.items()
+                  if name == "tritonpy_shm_pool_mapped_bytes" and ("pool", "host") not in labels}
+    # (a stub maps segments only when it needs them: small tensors travel inline)...
+    assert len([p for p in stub_pools if p.startswith("metric_model")]) == 1
+    assert len([p for p in stub_pools if p.startswith("cancel_watch")]) == 3  # count: 3
+    assert all(v >= 0 for v in stub_pools.values())
+    # ... and the host pool, with what is in use.
     host = frozenset({("pool", "host")})
     assert samples[("tritonpy_shm_pool_mapped_bytes", host)] > 0
     assert samples[("tritonpy_shm_pool_segments", host)] >= 1

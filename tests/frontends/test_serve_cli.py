@@ -241,6 +241,11 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
         assert segs and {os.path.getsize(f"/dev/shm/{n}") for n in segs} == {default_size}
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
         assert f'tritonpy_shm_pool_mapped_bytes{{pool="host"}} {default_size}' in metrics
+        # Per pool (the host's and each stub instance's): together, every segment of the prefix.
+        mapped = [float(v) for v in re.findall(r'^tritonpy_shm_pool_mapped_bytes\{pool="[^"]+"\} (\S+)$',
+                                               metrics, re.M)]
+        assert len(mapped) == 3  # host, slow_0_0, ident_0_0
+        assert sum(mapped) == len(segs) * default_size
         assert 'nv_inference_request_success{model="ident",version="1"} 1' in metrics
 
         # --log-verbose 1: the verbose level is reported and debug records reach the log.
