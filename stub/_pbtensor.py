@@ -38,6 +38,9 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
     """ModelConfig DataType value for a numpy dtype or type (bytes_ is TYPE_STRING)."""
+    code = _NUMPY_TO_CODE.get(data_type) if isinstance(data_type, np.dtype) else None
+    if code is not None:
+        return code
     try:
         dt = np.dtype(data_type)
     except TypeError:

@@ -104,8 +104,10 @@ class StubRuntime:
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
         self.peer = self.channel.peer
-        # A plain lock (not the default RLock): taken a few times per request.
-        self._cv = threading.Condition(threading.Lock())
+        # A plain lock (not the default RLock), taken a few times per request: ``with
+        # self._mu`` (C level) where nobody is woken, the condition only to wait or notify.
+        self._mu = threading.Lock()
+        self._cv = threading.Condition(self._mu)
         self._reading = False
         self._in_model = 0
         self._model_touch = 0.0  # when a model thread last started a task or got a reply
@@ -221,7 +223,7 @@ class StubRuntime:
     def _run_task(self, msg: list) -> None:
         cmd, call_id, body = msg
         cv = self._cv
-        with cv:
+        with self._mu:
             self._in_model += 1
             self._model_touch = time.monotonic()
         try:
@@ -242,17 +244,17 @@ class StubRuntime:
             self._reply(call_id, {"ok": False, "error": _error_body(
                 "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
         finally:
-            with cv:
+            with self._mu:
                 self._in_model -= 1
 
     def _await(self, waiter: _Waiter) -> Any:
         """Wait for the next reply of a sync call, reading the socket ourselves if we can."""
         cv = self._cv
-        with cv:
+        with self._mu:
             self._sync_waiting += 1
         try:
             while not waiter.items:
-                with cv:
+                with self._mu:
                     if waiter.items:
                         break
                     mine = not self._reading
