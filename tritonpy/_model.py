@@ -150,7 +150,9 @@ class ModelRuntime:
         env = {}
         if inst.kind == "GPU":
             # Each GPU instance sees only its own device (SPEC §8).
-            env["CUDA_VISIBLE_DEVICES"] = str(inst.device_id)
+            from ._gpus import device_for_stub
+
+            env["CUDA_VISIBLE_DEVICES"] = device_for_stub(inst.device_id)
         stub = StubProcess(inst.name, self.name, srv.transport, srv.options,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
                            python=self._python())

@@ -54,6 +54,7 @@ class RepositoryManager:
         self.entries: dict[str, ModelEntry] = {}
         self.scan_errors: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._gpu_count: int | None = None
         self._poller: threading.Thread | None = None
         self._env_cache: dict[str, str] = {}
 
@@ -189,7 +190,7 @@ class RepositoryManager:
                     "tritonpy runs python backend models")
             if not ensemble:
                 cfg = self._auto_complete(entry, cfg, cfg_path)
-            cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=0)
+            cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=self.gpu_count())
             versions = select_versions(cfg, available_versions(entry.directory))
             if ensemble:  # steps are loaded (explicit mode) and checked first
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
@@ -314,6 +315,14 @@ class RepositoryManager:
             raise NotFoundError(
                 f"Request for unknown model: '{name}' version {version} is not found")
         return rt
+
+    def gpu_count(self) -> int:
+        """GPUs for KIND_GPU instances, counted once (see ``tritonpy._gpus``)."""
+        if self._gpu_count is None:
+            from ._gpus import visible_gpu_count
+
+            self._gpu_count = visible_gpu_count()
+        return self._gpu_count
 
     def runtimes(self, include_unloaded: bool = False) -> list[ModelRuntime]:
         out = []

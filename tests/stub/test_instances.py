@@ -50,6 +50,7 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", x * 2)],
                 parameters={"pid": os.getpid(), "peers": json.dumps(sorted(os.listdir(d))),
+                            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
                             **self.args}))
         return out
 '''
@@ -107,8 +108,10 @@ def test_instance_names_and_kinds_across_groups(tmp_path, shm_prefix):
         assert len({p["pid"] for p in got}) == 3
 
 
-def test_gpu_instances_are_refused_on_a_host_without_gpus(tmp_path, shm_prefix):
-    # This host has no GPU: a KIND_GPU group fails that model's load, clearly; others load.
+def test_gpu_instances_are_refused_on_a_host_without_gpus(tmp_path, shm_prefix, monkeypatch):
+    # A host with no GPU (forced, so that the test means the same on a GPU machine): a
+    # KIND_GPU group fails that model's load, clearly; others load.
+    monkeypatch.setenv("TRITONPY_GPU_COUNT", "0")
     repo = tmp_path / "repo"
     write_model(repo, "gpu", BARRIER_PY,
                 io_config(extra="instance_group [ { count: 1, kind: KIND_GPU } ]\n"))
@@ -120,6 +123,23 @@ def test_gpu_instances_are_refused_on_a_host_without_gpus(tmp_path, shm_prefix):
         assert "instance group gpu_0 of model gpu has kind KIND_GPU but no GPUs are available" \
             in status["gpu"]["reason"]
         assert len(stub_processes()) == 1
+
+
+def test_gpu_instances_each_see_only_their_own_device(tmp_path, shm_prefix, monkeypatch):
+    # No GPU can exist on this machine: TRITONPY_GPU_COUNT stands in for the count nvidia-smi
+    # would report (the one thing mocked). The rest is real: one stub per device, each started
+    # with CUDA_VISIBLE_DEVICES naming only its own device, mapped through the host's list.
+    monkeypatch.setenv("TRITONPY_GPU_COUNT", "2")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,7")
+    repo = tmp_path / "repo"
+    write_model(repo, "g", BARRIER_PY, io_config(
+        extra="instance_group [ { count: 1, kind: KIND_GPU, gpus: [ 0, 1 ] } ]\n"))
+    with serving(repo, shm_prefix) as srv:
+        got = run_barrier(srv.model("g"), 2, tmp_path / "barrier")
+    assert sorted((p["model_instance_name"], p["model_instance_kind"],
+                   p["model_instance_device_id"], p["cvd"]) for p in got) == [
+        ("g_0_0", "GPU", "0", "5"), ("g_0_1", "GPU", "1", "7")]
+    assert len({p["pid"] for p in got}) == 2
 
 
 def _instances(groups: str, gpu_count: int) -> list[tuple[str, str, int, dict]]:
