@@ -76,9 +76,12 @@ def test_concurrency_is_bounded_per_instance(server, model):
     bound = BOUND[model]
     # bound + 1 requests that each wait (up to 2 s) for bound + 1 of them inside at once:
     # only `bound` fit, so those give up; the last one enters after, and finds the group full.
+    # (The barrier counts arrivals: once the first gives up, the last one gets in and also
+    # releases those still waiting, so on a loaded machine only the first is sure to fail.)
     reports = barrier_reports(server, model, f"bounded-{bound}", bound + 1, bound + 1, 2)
-    assert [r["reached"] for r in reports] == [False] * bound + [True], reports
-    assert max(r["peak"] for r in reports) == bound
+    assert reports[0]["reached"] is False, reports  # the bound was full: nobody more got in
+    assert reports[-1]["reached"] is True, reports  # ... until a slot freed
+    assert max(r["peak"] for r in reports) == bound, reports
 
 
 def test_sync_and_async_bls_inside_async_execute(server):
