@@ -210,8 +210,8 @@ class ModelRuntime:
             self.submit(req)  # forwarded to the successor, or failed
             return
         if err is not None:
-            req.fail(err)
             self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+            req.fail(err)
             return
         if plans:
             self._send_plans(plans)
@@ -336,10 +336,10 @@ class ModelRuntime:
             held = self._held.pop(req.id, None) if self._held else None
             if held is not None and outputs is None and error is None:
                 outputs, error, params = held
-        req.respond(outputs, error, params, final)
-        if final:
+        if final:  # counted before the caller can see the response (and read statistics)
             inst.active.pop(req.id, None)
             self.stats.request_done(error is None, time.monotonic_ns() - req.t_enqueue)
+        req.respond(outputs, error, params, final)
 
     def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
         req = inst.active.get(body.get("id", -1))
@@ -370,8 +370,8 @@ class ModelRuntime:
                 if not req.done and req.id not in resched:
                     inst.active.pop(req.id, None)
                     self._held.pop(req.id, None)
-                    req.fail(error)
                     self.stats.request_done(False, t_done - req.t_enqueue)
+                    req.fail(error)
                     told = True
             if not told:  # e.g. a decoupled execute returned responses after its final flag
                 log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
@@ -417,8 +417,8 @@ class ModelRuntime:
         for req in active.values():
             self._held.pop(req.id, None)
             if not req.done:
-                req.fail(err)
                 self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+                req.fail(err)
         for req in calls.values():  # BLS calls the dead stub made: nobody waits for them now
             req.cancel("the calling stub died")
         if inst.state == "RESTARTING":

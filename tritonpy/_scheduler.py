@@ -234,8 +234,8 @@ class DynamicBatcher:
             else:
                 lv.delayed.append(req)
                 return
-        req.fail(UnavailableError(REQUEST_TIMEOUT))
         rt.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+        req.fail(UnavailableError(REQUEST_TIMEOUT))
 
     def requeue(self, reqs: list[HostRequest]) -> None:
         for req in reversed(reqs):
