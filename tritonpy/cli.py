@@ -158,7 +158,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # of every library underneath (grpc, asyncio).
     logging.getLogger("tritonpy").setLevel(logging.DEBUG if args.log_verbose > 0 else logging.INFO)
     try:
-        return asyncio.run(_serve(args, handler))
+        from .frontends import run_loop
+
+        return run_loop(_serve(args, handler))
     except KeyboardInterrupt:
         return 0
     except Exception as exc:
