@@ -28,8 +28,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +36,7 @@ from typing import Any
 import numpy as np
 import tritonclient.grpc as grpcclient
 
+import _load
 from _limits import print_table
 from _servers import ServerSpec, TritonpyServer, _Server, run_on_each, server_specs
 
@@ -60,54 +59,8 @@ class Result:
 
 def closed_loop(make_call: Callable[[], tuple[Callable[[], None], Callable[[], None]]],
                 concurrency: int, warmup: float, duration: float) -> tuple[float, float]:
-    """Run ``concurrency`` threads, each calling its own ``call`` back to back.
-
-    ``make_call`` runs in each thread and returns ``(call, close)``. Returns (infer/s, p50 ms)
-    over the window that follows the warm-up.
-    """
-    built, go = threading.Barrier(concurrency + 1), threading.Barrier(concurrency + 1)
-    samples: list[list[tuple[float, float]]] = [[] for _ in range(concurrency)]
-    errors: list[BaseException] = []
-    window: list[float] = []
-
-    def worker(i: int) -> None:
-        try:
-            call, close = make_call()
-        except BaseException as exc:
-            errors.append(exc)
-            built.abort()
-            return
-        try:
-            built.wait()
-            go.wait()
-            stop = window[1]
-            mine = samples[i]
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop:
-                    return
-                call()
-                mine.append((t0, time.perf_counter() - t0))
-        except BaseException as exc:  # reported by the main thread after join
-            errors.append(exc)
-        finally:
-            close()
-
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    try:
-        built.wait()
-        start = time.perf_counter()
-        window.extend([start + warmup, start + warmup + duration])
-        go.wait()
-    except threading.BrokenBarrierError:
-        go.abort()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    lat = np.array([d for s in samples for (t0, d) in s if window[0] <= t0 < window[1]])
+    """(infer/s, p50 ms) of a closed loop (see ``_load.closed_loop``)."""
+    lat = _load.closed_loop(make_call, concurrency, warmup, duration)
     return len(lat) / duration, float(np.percentile(lat, 50)) * 1e3
 
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +20,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
+from _load import closed_loop
 from _limits import print_table
 from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
 
@@ -64,54 +63,12 @@ def measure(server: _Server, protocol: str, concurrency: int, warmup: float, dur
             raise RuntimeError(f"{MODEL} returned a wrong-sized output")
     finally:
         client.close()
-    # Two rendezvous: every client built, then the window is fixed and all threads go.
-    built, go = threading.Barrier(concurrency + 1), threading.Barrier(concurrency + 1)
-    per_thread: list[list[tuple[float, float]]] = [[] for _ in range(concurrency)]
-    errors: list[BaseException] = []
-    window: list[float] = []
 
-    def worker(i: int) -> None:
-        # Each thread builds its own client: the HTTP client is gevent-based, and a gevent
-        # hub belongs to the thread that created it.
-        try:
-            client, inputs, outputs = _client(protocol, server)
-        except BaseException as exc:
-            errors.append(exc)
-            built.abort()
-            return
-        samples = per_thread[i]
-        try:
-            built.wait()
-            go.wait()
-            stop = window[1]
-            while True:
-                t0 = time.perf_counter()
-                if t0 >= stop:
-                    return
-                client.infer(MODEL, inputs, outputs=outputs)
-                samples.append((t0, time.perf_counter() - t0))
-        except BaseException as exc:  # reported by the main thread after join
-            errors.append(exc)
-        finally:
-            client.close()  # an open connection delays the real Triton's shutdown
+    def make_call() -> tuple[Any, Any]:
+        client, inputs, outputs = _client(protocol, server)
+        return (lambda: client.infer(MODEL, inputs, outputs=outputs)), client.close
 
-    threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    try:
-        built.wait()
-        start = time.perf_counter()
-        window.extend([start + warmup, start + warmup + duration])
-        go.wait()
-    except threading.BrokenBarrierError:
-        go.abort()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    # Requests started inside the window; the last few end just after it, which the count
-    # over the window's length absorbs.
-    lat = np.array([d for s in per_thread for (t0, d) in s if window[0] <= t0 < window[1]])
+    lat = closed_loop(make_call, concurrency, warmup, duration)
     return Result(len(lat) / duration, float(np.percentile(lat, 50)) * 1e3, float(np.percentile(lat, 99)) * 1e3)
 
 

@@ -16,7 +16,7 @@ import json
 import logging
 import re
 import socket
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
