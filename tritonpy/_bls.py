@@ -154,7 +154,7 @@ class BlsRouter:
             # waits, and none of the requests it waits on can make progress.
             if id(inst) in seen:
                 return True  # a cycle: assume stuck (greatest fixed point)
-            if inst.state not in ("READY",) or inst.running < inst.capacity:
+            if inst.state != "READY" or inst.running < inst.capacity:
                 return False
             waits = [r for r in list(inst.waiting_on) if not r.done]
             if len(waits) < inst.capacity:

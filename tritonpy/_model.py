@@ -178,8 +178,7 @@ class ModelRuntime:
         self._send_plans(plans)
 
     def _python(self) -> str | None:
-        env_path = self.server.execution_env(self)
-        return env_path
+        return self.server.execution_env(self)
 
     # -- scheduling ----------------------------------------------------------------------------
     def submit(self, req: HostRequest) -> None:
@@ -274,10 +273,8 @@ class ModelRuntime:
         inst.inflight[exec_id] = (ok, t1, t1 - t0)
         try:
             stub.send(Cmd.EXECUTE, exec_id, {"requests": bodies})
-        except TritonpyError:
+        except (TritonpyError, OSError):
             pass  # the stub is dying: its death path fails this batch
-        except OSError:
-            pass
 
     def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
         with self.lock:
@@ -358,9 +355,13 @@ class ModelRuntime:
         t_done = time.monotonic_ns()
         by_id = {r.id: r for r in batch}
         resched = set(body.get("reschedule") or ())
+        bad: set[int] = set()  # requests whose response is an error (not timed as successes)
         for rb in body.get("responses") or ():
-            req = by_id.get(rb.get("id"))
-            if req is not None and req.id not in resched:
+            rid = rb.get("id")
+            if rb.get("error"):
+                bad.add(rid)
+            req = by_id.get(rid)
+            if req is not None and rid not in resched:
                 self._deliver(inst, stub, req, rb)
         err = body.get("error")
         if err:
@@ -386,10 +387,12 @@ class ModelRuntime:
                     inst.active.pop(r.id, None)
         t_out = time.monotonic_ns()
         # Queue and compute times count the requests that succeeded, as Triton's do.
-        good = [] if err else [r for r in batch if r.id not in resched] if resched else batch
-        bad = [rb.get("id") for rb in body.get("responses") or () if rb.get("error")]
-        if bad:
-            good = [r for r in good if r.id not in bad]
+        if err:
+            good = []
+        elif resched or bad:
+            good = [r for r in batch if r.id not in resched and r.id not in bad]
+        else:
+            good = batch
         self.stats.execution(sum(r.batch_size for r in batch),
                              [r.t_start - r.t_enqueue for r in good], input_ns,
                              t_done - t_sent, t_out - t_done)

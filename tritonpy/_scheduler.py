@@ -41,7 +41,7 @@ QUEUE_FULL = "Exceeds maximum queue size"
 
 def _free_instance(instances: list[Instance]) -> Instance | None:
     for inst in instances:
-        if inst.state == "READY" and inst.running < inst.capacity:
+        if inst.free():
             return inst
     return None
 

@@ -311,7 +311,7 @@ class SequenceBatcher:
         if not self.n:
             return plans
         for inst in instances:
-            while inst.state == "READY" and inst.running < inst.capacity:
+            while inst.free():
                 batch = self._form(inst)
                 if not batch:
                     break
