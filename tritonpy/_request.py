@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import itertools
+import logging
 import queue
 import threading
 import time
@@ -231,12 +233,8 @@ class Timers:
     """Request deadlines: one thread, a heap, and a condition (cheap when there are none)."""
 
     def __init__(self) -> None:
-        import heapq
-
         self._heap: list[tuple[float, int, Callable[[], None]]] = []
-        self._push = heapq.heappush
-        self._pop = heapq.heappop
-        self._cv = threading.Condition()
+        self._cv = threading.Condition(threading.Lock())
         self._seq = itertools.count()
         self._stop = False
         self._thread: threading.Thread | None = None
@@ -247,8 +245,10 @@ class Timers:
                 self._thread = threading.Thread(target=self._run, name="tritonpy-timers",
                                                 daemon=True)
                 self._thread.start()
-            self._push(self._heap, (deadline, next(self._seq), fn))
-            self._cv.notify()
+            entry = (deadline, next(self._seq), fn)
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:  # a later deadline than the head wakes nobody
+                self._cv.notify()
 
     def _run(self) -> None:
         while True:
@@ -258,12 +258,10 @@ class Timers:
                     self._cv.wait(wait)
                 if self._stop:
                     return
-                _, _, fn = self._pop(self._heap)
+                _, _, fn = heapq.heappop(self._heap)
             try:
                 fn()
             except Exception:  # a timer callback must not kill the timer thread
-                import logging
-
                 logging.getLogger("tritonpy").exception("timer callback failed")
             # Drop it now: waiting with it bound would keep its request (and the request's
             # input tensors, maybe shm blocks) alive until the next timer fires.
