@@ -277,3 +277,13 @@ def test_cli_parser_accepts_triton_flags() -> None:
     assert args.load_model == ["m"] and args.exit_timeout_secs == 5.0
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--backend-config", "python,novalue"])
+
+
+@pytest.mark.parametrize("arr", [np.zeros((0, 3), np.float32), np.zeros((2, 0), np.int64),
+                                 np.arange(6, dtype=np.float16).reshape(2, 3).T,
+                                 np.array([True, False])])
+def test_tensor_bytes_of_any_shape_is_the_flat_layout(arr: np.ndarray) -> None:
+    # Empty multi-dimensional outputs (a zero in the shape) and non-contiguous ones too.
+    data = tensor_bytes(arr, "FP32")
+    assert len(data) == arr.nbytes
+    assert bytes(data) == arr.tobytes()

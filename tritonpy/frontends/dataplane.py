@@ -303,7 +303,8 @@ def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
     """The bytes of an output in Triton's layout; a zero-copy view for fixed-size types."""
     if datatype == "BYTES":
         return serialize_bytes(arr)
-    return memoryview(np.ascontiguousarray(arr)).cast("B")
+    # A flat uint8 view, not memoryview.cast: that refuses shapes with a zero, e.g. (0, 3).
+    return memoryview(np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
 
 
 def json_data(out: OutputTensor) -> list[Any] | None:
@@ -529,6 +530,8 @@ class DataPlane:
                     break
         if result is None:
             raise InternalError(f"model '{req.model}' returned no response")
+        if result.error is not None:
+            raise result.error
         return result
 
     async def stream(self, req: InferRequest, model: Model | None = None) -> AsyncIterator[InferResult]:
@@ -560,11 +563,7 @@ class DataPlane:
                 yield self._result(req, resp)
                 if finished:
                     break
-        except asyncio.CancelledError:
-            if not finished:
-                responses.cancel()
-            raise
-        except GeneratorExit:
+        except (asyncio.CancelledError, GeneratorExit):
             if not finished:
                 responses.cancel()
             raise
@@ -605,7 +604,7 @@ class DataPlane:
 
     def _write_shm(self, out: OutputTensor, ref: ShmRef) -> None:
         data = out.raw()
-        n = len(data) if not isinstance(data, memoryview) else data.nbytes
+        n = len(data)
         if n > ref.byte_size:
             raise InternalError(
                 f"shared memory size specified with the request for output '{out.name}' "

@@ -21,7 +21,13 @@ import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from .._errors import InvalidArgumentError, NotFoundError, UnavailableError, UnsupportedError
+from .._errors import (
+    InvalidArgumentError,
+    NotFoundError,
+    TritonpyError,
+    UnavailableError,
+    UnsupportedError,
+)
 from .dataplane import (
     DataPlane,
     InferRequest,
@@ -67,7 +73,7 @@ def _rpc(fn: F) -> F:
             raise
         except Exception as exc:  # never let a bad request take the server down
             err = to_error(exc)
-            if not isinstance(exc, type(err)):
+            if not isinstance(exc, TritonpyError):
                 log.exception("gRPC %s failed", fn.__name__)
             await context.abort(getattr(grpc.StatusCode, err.grpc_code), err.message)
 
@@ -366,8 +372,6 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         """One request, one response (default-mode models only)."""
         req = decode_request(self.plane, request)
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
-        if result.error is not None:
-            raise result.error
         return encode_result(result)
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802

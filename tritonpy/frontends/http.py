@@ -381,11 +381,9 @@ class HTTPFrontend:
             raise self._too_large(len(body))
         req = self._parse_infer(model, version, body, request.headers.get(_HEADER_LENGTH))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
-        if result.error is not None:
-            return error_response(result.error)
         response = self._encode_result(result)
-        if "gzip" in request.headers.get("Accept-Encoding", "") or "deflate" in request.headers.get(
-                "Accept-Encoding", ""):
+        accept = request.headers.get("Accept-Encoding", "")
+        if "gzip" in accept or "deflate" in accept:
             response.enable_compression()
         return response
 
@@ -539,7 +537,7 @@ class HTTPFrontend:
                     # Binary when asked, and also when JSON cannot carry the values exactly
                     # (FP16, NaN, bytes that are not UTF-8): the client decodes either form.
                     raw = out.raw()
-                    entry["parameters"] = {"binary_data_size": len(raw) if not isinstance(raw, memoryview) else raw.nbytes}
+                    entry["parameters"] = {"binary_data_size": len(raw)}
                     chunks.append(raw)
                 else:
                     entry["data"] = data
