@@ -12,7 +12,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from typing import Any
 
 from tritonpy.shm import Cmd, ShmExhaustedError
@@ -195,11 +194,8 @@ class ModelRuntime:
         req.on_cancel = self._cancelled
         sched = self.sched
         if req.timeout_us > 0 and not sched.owns_timeouts:
-            # By weak reference: a finished request (and its inputs) must not wait for its
-            # deadline to be freed; one that is queued or executing is held elsewhere.
-            wr = weakref.ref(req)
-            self.server.timers.at(time.monotonic() + req.timeout_us / 1e6,
-                                  lambda: self._timed_out(wr()))
+            self.server.timers.at_request(time.monotonic() + req.timeout_us / 1e6, req,
+                                          self._timed_out)
         with self.lock:
             # Unloaded since the check above: nothing would ever run it from this queue.
             late = self.state == UNAVAILABLE
@@ -293,8 +289,8 @@ class ModelRuntime:
             except Exception:
                 pass
 
-    def _timed_out(self, req: HostRequest | None) -> None:
-        if req is not None and not req.done:
+    def _timed_out(self, req: HostRequest) -> None:
+        if not req.done:
             req.cancelled = True
             self._cancelled(req)
             req.fail(UnavailableError("Request timeout expired"))

@@ -9,6 +9,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -249,6 +250,20 @@ class Timers:
             heapq.heappush(self._heap, entry)
             if self._heap[0] is entry:  # a later deadline than the head wakes nobody
                 self._cv.notify()
+
+    def at_request(self, deadline: float, req: HostRequest,
+                   fn: Callable[[HostRequest], None]) -> None:
+        """``fn(req)`` at ``deadline`` if ``req`` is still alive then. Held by weak reference:
+        a finished request (and its inputs, maybe shm blocks) is freed without waiting for
+        its deadline; one that is queued or executing is held elsewhere."""
+        ref = weakref.ref(req)
+
+        def fire() -> None:
+            r = ref()
+            if r is not None:
+                fn(r)
+
+        self.at(deadline, fire)
 
     def _run(self) -> None:
         while True:

@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ._errors import TritonpyError, UnavailableError
 
@@ -98,11 +98,12 @@ class _Level:
 
 
 class Waker:
-    """Calls ``rt.kick()`` at the earliest deadline asked for (one pending timer at a time,
-    re-armed only for an earlier deadline)."""
+    """Calls ``fire`` (``rt.kick`` unless given) at the earliest deadline asked for, while the
+    model serves (one pending timer at a time, re-armed only for an earlier deadline)."""
 
-    def __init__(self, rt: ModelRuntime) -> None:
+    def __init__(self, rt: ModelRuntime, fire: Callable[[], None] | None = None) -> None:
         self.rt = rt
+        self.fire = fire if fire is not None else rt.kick
         self.at: float | None = None
 
     def arm(self, deadline: float) -> None:
@@ -119,7 +120,7 @@ class Waker:
                 return  # superseded by an earlier wake that already ran, or re-armed
             self.at = None
         if rt.state in ("READY", "UNLOADING"):
-            rt.kick()
+            self.fire()
 
 
 class DynamicBatcher:
@@ -208,7 +209,7 @@ class DynamicBatcher:
         self.n += 1
         if timeout_us:
             deadline = req.t_enqueue / 1e9 + timeout_us / 1e6
-            self.rt.server.timers.at(deadline, lambda: self._expired(req))
+            self.rt.server.timers.at_request(deadline, req, self._expired)
         return None
 
     def _purge(self, lv: _Level) -> None:
@@ -259,11 +260,6 @@ class DynamicBatcher:
             plans.append((inst, batch))
         return plans
 
-    def _order_iter(self) -> Iterator[HostRequest]:
-        for lv in self.levels:
-            yield from lv.queue
-            yield from lv.delayed
-
     def _form(self) -> list[HostRequest] | None:
         pending: list[HostRequest] = []
         size = 0
@@ -271,7 +267,7 @@ class DynamicBatcher:
         send_now = False
         oldest = 0
         preferred = self.preferred
-        for req in self._order_iter():
+        for req in self:
             if req.done:
                 continue
             bs = req.batch_size or 1

@@ -146,7 +146,7 @@ class SequenceBatcher:
         self.inflight: dict[int, _Seq] = {}  # request id -> its sequence
         self.n = 0
         self.waker = Waker(rt)
-        self._reap_at: float | None = None
+        self.reaper = Waker(rt, self._reap)  # ends sequences idle past their limit
         for idx, inst in enumerate(rt.instances):
             self.by_inst[inst] = []
             for slot in range(self.slots):
@@ -363,18 +363,12 @@ class SequenceBatcher:
 
     # -- idle sequences ----------------------------------------------------------------------
     def _arm_reaper(self, deadline: float) -> None:
-        if self._reap_at is not None and self._reap_at <= deadline:
-            return
-        self._reap_at = deadline
-        self.rt.server.timers.at(deadline, lambda d=deadline: self._reap(d))
+        self.reaper.arm(deadline)  # the caller holds the model lock
 
-    def _reap(self, deadline: float) -> None:
+    def _reap(self) -> None:
         rt = self.rt
         kick = False
         with rt.lock:
-            if self._reap_at != deadline:
-                return
-            self._reap_at = None
             if rt.state not in ("READY", "UNLOADING"):
                 return
             now = time.monotonic()
