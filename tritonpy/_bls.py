@@ -10,7 +10,6 @@ its caller instead of hanging.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -147,7 +146,6 @@ class BlsRouter:
         """The chain of instances that makes ``req`` unservable, or None if it can progress."""
         on_path: list[str] = []
         seen: set[int] = set()
-        lock = threading.Lock()
 
         def inst_stuck(inst: Instance) -> bool:
             # An instance is stuck iff it is busy, all of its capacity is blocked in sync BLS
@@ -180,7 +178,6 @@ class BlsRouter:
                 return False
             return all(inst_stuck(i) for i in model.instances if i.state != "STOPPED")
 
-        with lock:
-            if req_stuck(req):
-                return [f"{req.model.name}"] + on_path
+        if req_stuck(req):
+            return [f"{req.model.name}"] + on_path
         return None

@@ -329,12 +329,9 @@ class EnsembleRuntime:
         self.config = config
         self.config_json = config_json
         self.model_dir = model_dir
-        self.model_file = ""
         self.state = LOADING
-        self.reason = ""
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)
-        self.dynamic_batching = False
         self.stats = ModelStats(name, version)
         self.instances: list[Any] = []  # no stubs of its own
         self.queue: list[HostRequest] = []  # never queues: steps queue at their models

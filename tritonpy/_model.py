@@ -36,6 +36,20 @@ _KINDS = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
 DEFAULT_MAX_ASYNC = 8
 
 
+def initialize_args(config_json: str, kind: str, instance_name: str, device_id: int,
+                    model_dir: str, version: int, model_name: str) -> dict[str, str]:
+    """The ``args`` of ``initialize(args)``: exactly Triton's keys, all strings."""
+    return {
+        "model_config": config_json,
+        "model_instance_kind": kind,
+        "model_instance_name": instance_name,
+        "model_instance_device_id": str(device_id),
+        "model_repository": model_dir,
+        "model_version": str(version),
+        "model_name": model_name,
+    }
+
+
 class Instance:
     """One model instance: a stub process and what it is executing."""
 
@@ -77,10 +91,8 @@ class ModelRuntime:
         self.model_dir = model_dir
         self.model_file = model_file
         self.state = LOADING
-        self.reason = ""
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)
-        self.dynamic_batching = config.HasField("dynamic_batching") and self.max_batch_size > 0
         self.stats = ModelStats(name, version)
         self.instances: list[Instance] = []
         self.lock = threading.Lock()
@@ -121,7 +133,6 @@ class ModelRuntime:
         failed = [e for e in errors if e is not None]
         if failed:
             self.state = UNAVAILABLE
-            self.reason = str(failed[0])
             for inst in self.instances:
                 inst.state = "STOPPED"
                 if inst.stub is not None:
@@ -134,15 +145,8 @@ class ModelRuntime:
         self.state = READY
 
     def _initialize_args(self, inst: Instance) -> dict[str, str]:
-        return {
-            "model_config": self.config_json,
-            "model_instance_kind": inst.kind,
-            "model_instance_name": inst.name,
-            "model_instance_device_id": str(inst.device_id),
-            "model_repository": self.model_dir,
-            "model_version": str(self.version),
-            "model_name": self.name,
-        }
+        return initialize_args(self.config_json, inst.kind, inst.name, inst.device_id,
+                               self.model_dir, self.version, self.name)
 
     def _start_instance(self, inst: Instance) -> None:
         srv = self.server

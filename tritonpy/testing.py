@@ -47,6 +47,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from tritonpy._errors import InternalError, InvalidArgumentError
+from tritonpy._model import initialize_args
 
 __all__ = ["ModelRunner"]
 
@@ -157,15 +158,8 @@ class ModelRunner:
             self.decoupled = bool(self.model_config_proto.model_transaction_policy.decoupled)
             self._validator = RequestValidator(self.model_config_proto, name) if validate else None
             #: ``initialize``'s argument, exactly as a server builds it.
-            self.args: dict[str, str] = {
-                "model_config": self.config_json,
-                "model_instance_kind": "CPU",
-                "model_instance_name": self.instance_name,
-                "model_instance_device_id": "0",
-                "model_repository": model_dir,
-                "model_version": str(version),
-                "model_name": name,
-            }
+            self.args: dict[str, str] = initialize_args(
+                self.config_json, "CPU", self.instance_name, 0, model_dir, version, name)
             self.model = cls()
             if not hasattr(self.model, "execute"):
                 raise AttributeError(f"{model_file}: TritonPythonModel has no execute() method")
