@@ -19,6 +19,7 @@ import time
 from typing import Any, Mapping
 
 from ._errors import (
+    ConfigError,
     InvalidArgumentError,
     NotFoundError,
     TritonpyError,
@@ -231,8 +232,10 @@ class RepositoryManager:
         versions = available_versions(entry.directory)
         if not versions:
             return cfg
-        fname = cfg.default_model_filename or "model.py"
-        path = os.path.join(entry.directory, str(versions[-1]), fname)
+        try:
+            path = model_file(cfg, entry.directory, versions[-1])
+        except ConfigError:
+            return cfg  # the load reports the missing file later, with its path
         try:
             with open(path, encoding="utf-8", errors="replace") as fh:
                 if "auto_complete_config" not in fh.read():
@@ -240,9 +243,7 @@ class RepositoryManager:
         except OSError:
             return cfg  # model_file() reports the missing file later with its path
         d = config_to_dict(cfg)
-        d.setdefault("name", entry.name)
-        if not d.get("name"):
-            d["name"] = entry.name
+        d["name"] = d.get("name") or entry.name
         stub = StubProcess(f"{entry.name}_autocomplete", entry.name, self.server.transport,
                            self.server.options, on_frame=lambda s, m: None,
                            on_death=lambda s, r: None)
@@ -253,7 +254,6 @@ class RepositoryManager:
             }, timeout=60)
         finally:
             stub.stop(finalize=False, timeout=2)
-        _ = model_file
         return config_from_dict(reply["config"], cfg_path)
 
     def unload(self, name: str, api: bool = False) -> None:
