@@ -89,8 +89,8 @@ class ResponseBody(TypedDict, total=False):
 class BlsBody(TypedDict, total=False):
     request: RequestBody
     decoupled: bool
-    sync: bool  # the caller blocks (used by the host's BLS deadlock detection)
-    caller_request: int  # the execute request inside which this call was made (0 if none)
+    exec: int  # the caller's execute that waits for it: its first request id (0: none);
+    # the host's BLS deadlock detection groups an instance's waits by it
 
 
 class InitializeBody(TypedDict):

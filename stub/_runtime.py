@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import importlib.util
 import inspect
 import itertools
@@ -31,6 +32,9 @@ from ._pbtensor import Tensor
 
 
 _TAKEOVER_S = 0.02
+# The execute a BLS call is made from: the host id of its first request (0 outside execute).
+# A context variable, so that it follows an async execute into the tasks it awaits.
+_EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
 _IDLE_POLL_S = 0.05
 
 
@@ -124,7 +128,6 @@ class StubRuntime:
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
         self.max_async = 1
-        self._local = threading.local()
 
     # -- process main: the read role ------------------------------------------------------------
     # No thread owns the socket. A thread that needs a frame (an idle worker, or a model thread
@@ -392,19 +395,20 @@ class StubRuntime:
             asyncio.run_coroutine_threadsafe(self._execute_async(call_id, requests),
                                              self._async_loop)
             return
-        self._local.current = requests
+        token = _EXECUTE.set(requests[0]._host_id if requests else 0)
         try:
             result = self.model.execute(requests)
             err = None
         except Exception as exc:
             result, err = None, exc
         finally:
-            self._local.current = None
+            _EXECUTE.reset(token)
         self._complete(call_id, requests, result, err)
 
     async def _execute_async(self, call_id: int, requests: list) -> None:
         assert self._async_sem is not None
         async with self._async_sem:
+            _EXECUTE.set(requests[0]._host_id if requests else 0)  # this task's own context
             try:
                 result = await self.model.execute(requests)
                 err = None
@@ -519,7 +523,7 @@ class StubRuntime:
         self._async_loop = loop
 
     # -- calls to the host: BLS, model loading, metrics ---------------------------------------
-    def _bls_body(self, req: pb_utils.InferenceRequest, decoupled: bool, sync: bool) -> dict:
+    def _bls_body(self, req: pb_utils.InferenceRequest, decoupled: bool) -> dict:
         if self.phase != "ready":
             raise TritonModelException(
                 f"BLS requests cannot be made during {self.phase}(); make them in execute()"
@@ -527,7 +531,6 @@ class StubRuntime:
         if not req._model_name:
             raise TritonModelException("BLS InferenceRequest needs a model_name")
         encode = self.transport.encode
-        current = getattr(self._local, "current", None)
         return {
             "request": {
                 "model": req._model_name,
@@ -543,7 +546,7 @@ class StubRuntime:
                                      req._preferred_memory.preferred_device_id],
             },
             "decoupled": decoupled,
-            "sync": sync and current is not None,
+            "exec": _EXECUTE.get(),
         }
 
     def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
@@ -560,7 +563,7 @@ class StubRuntime:
         return call_id
 
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
-        body = self._bls_body(req, decoupled, sync=True)
+        body = self._bls_body(req, decoupled)
         if decoupled:
             waiter = _Waiter()
             call_id = self._call(Cmd.BLS_INFER, body, waiter)
@@ -571,7 +574,7 @@ class StubRuntime:
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
-        body = self._bls_body(req, decoupled, sync=False)
+        body = self._bls_body(req, decoupled)
         waiter = _Waiter(stream=decoupled, loop=loop)
         call_id = self._call(Cmd.BLS_INFER, body, waiter)
         if decoupled:

@@ -1,7 +1,8 @@
 """BLS routing: a stub's InferenceRequest is validated and scheduled like a client's, and its
 responses go back to that stub. Also the deadlock detector the real Triton lacks.
 
-A deadlock is a set of sync BLS waits that can never finish: a request queued at a model whose
+A deadlock is a set of BLS waits (``exec()``, or ``await async_exec()`` inside an ``async def
+execute``) that can never finish: a request queued at a model whose
 every instance is blocked waiting, directly or through other such requests, on that very
 request's progress (a model calling itself with every instance busy, or A <-> B both busy).
 The newest request of such a cycle is answered with an error naming the cycle, which unblocks
@@ -101,14 +102,17 @@ class BlsRouter:
             timeout_us=int(rb.get("timeout", 0)), parameters=params,
         )
         req.caller = inst
-        req.sync = bool(body.get("sync"))
+        # Waits count only while the execute that made the call runs (a task an async execute
+        # left behind may still call after its execute has returned).
+        key = body.get("exec")
+        req.caller_exec = key if type(key) is int and key in inst.active else 0
         try:
             srv.validate(target, req)
         except TritonpyError as exc:
             reply_error(exc)
             return
         inst.bls_calls[call_id] = req
-        if req.sync:
+        if req.caller_exec:
             inst.waiting_on.add(req)
         target.submit(req)
 
@@ -119,7 +123,7 @@ class BlsRouter:
 
     # -- deadlock detection ------------------------------------------------------------------
     def watch(self, req: HostRequest) -> None:
-        """Check a queued sync BLS request for a deadlock shortly, and again while it waits."""
+        """Check a queued BLS request that an execute waits on for a deadlock shortly, and again while it waits."""
         self.server.timers.at(time.monotonic() + _FIRST_CHECK_S, lambda: self._check(req))
 
     def _check(self, req: HostRequest) -> None:
@@ -148,18 +152,23 @@ class BlsRouter:
         seen: set[int] = set()
 
         def inst_stuck(inst: Instance) -> bool:
-            # An instance is stuck iff it is busy, all of its capacity is blocked in sync BLS
-            # waits, and none of the requests it waits on can make progress.
+            # An instance is stuck iff it is busy and every execute it runs waits on BLS calls
+            # none of which can make progress. A sync execute waits on one call at a time; an
+            # async one may await several (asyncio.gather), and is blocked only while all of
+            # those it still waits for are stuck.
             if id(inst) in seen:
                 return True  # a cycle: assume stuck (greatest fixed point)
             if inst.state != "READY" or inst.running < inst.capacity:
                 return False
-            waits = [r for r in list(inst.waiting_on) if not r.done]
-            if len(waits) < inst.capacity:
+            by_exec: dict[int, list[HostRequest]] = {}
+            for r in list(inst.waiting_on):
+                if not r.done:
+                    by_exec.setdefault(r.caller_exec, []).append(r)
+            if len(by_exec) < inst.capacity:  # an execute that waits on no BLS call
                 return False
             seen.add(id(inst))
             on_path.append(inst.name)
-            stuck = all(req_stuck(r) for r in waits)
+            stuck = all(req_stuck(r) for waits in by_exec.values() for r in waits)
             if not stuck:
                 on_path.pop()
                 seen.discard(id(inst))

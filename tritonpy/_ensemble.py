@@ -512,7 +512,7 @@ class _Context:
             parameters=parent.parameters)
         # A BLS caller blocked on the ensemble is blocked on its steps too.
         sreq.caller = parent.caller
-        sreq.sync = parent.sync
+        sreq.caller_exec = parent.caller_exec
         ens.server.validate(rt, sreq)
         return sreq
 

@@ -214,7 +214,7 @@ class ModelRuntime:
             return
         if plans:
             self._send_plans(plans)
-        elif req.sync and req.caller is not None and not req.done:
+        elif req.caller_exec and req.caller is not None and not req.done:
             self.server.bls.watch(req)
 
     def _forward(self, succ: ModelRuntime, req: HostRequest) -> None:
@@ -314,6 +314,14 @@ class ModelRuntime:
         return self.server.transport.decode_many(wires or [], stub.channel.peer)
 
     def _deliver(self, inst: Instance, stub: StubProcess, req: HostRequest, body: dict) -> None:
+        answer = self._answer(inst, stub, req, body)
+        if answer is not None:
+            req.respond(*answer)
+
+    def _answer(self, inst: Instance, stub: StubProcess, req: HostRequest,
+                body: dict) -> tuple | None:
+        """``req.respond`` arguments for a response frame (None: held until its final flag);
+        a final one is counted in the statistics here, before the caller can see it."""
         err = body.get("error")
         error = error_from_wire(err) if err else None
         try:
@@ -329,14 +337,14 @@ class ModelRuntime:
             # the final flag on its own. The caller gets exactly one response, so hold it.
             if not final:
                 self._held[req.id] = (outputs, error, params)
-                return
+                return None
             held = self._held.pop(req.id, None) if self._held else None
             if held is not None and outputs is None and error is None:
                 outputs, error, params = held
-        if final:  # counted before the caller can see the response (and read statistics)
+        if final:
             inst.active.pop(req.id, None)
             self.stats.request_done(error is None, time.monotonic_ns() - req.t_enqueue)
-        req.respond(outputs, error, params, final)
+        return outputs, error, params, final
 
     def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
         req = inst.active.get(body.get("id", -1))
@@ -356,26 +364,28 @@ class ModelRuntime:
         by_id = {r.id: r for r in batch}
         resched = set(body.get("reschedule") or ())
         bad: set[int] = set()  # requests whose response is an error (not timed as successes)
+        # Every statistic is counted before any caller sees its response: a caller that reads
+        # the statistics right after its answer finds its execution in them.
+        answers = []
         for rb in body.get("responses") or ():
             rid = rb.get("id")
             if rb.get("error"):
                 bad.add(rid)
             req = by_id.get(rid)
             if req is not None and rid not in resched:
-                self._deliver(inst, stub, req, rb)
+                answer = self._answer(inst, stub, req, rb)
+                if answer is not None:
+                    answers.append((req, answer))
         err = body.get("error")
+        failed = []
         if err:
             error = error_from_wire(err)
-            told = False
             for req in batch:
                 if not req.done and req.id not in resched:
                     inst.active.pop(req.id, None)
                     self._held.pop(req.id, None)
                     self.stats.request_done(False, t_done - req.t_enqueue)
-                    req.fail(error)
-                    told = True
-            if not told:  # e.g. a decoupled execute returned responses after its final flag
-                log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
+                    failed.append(req)
         requeue = [r for r in batch if r.id in resched and not r.done]
         for r in requeue:
             inst.active.pop(r.id, None)
@@ -396,9 +406,20 @@ class ModelRuntime:
         self.stats.execution(sum(r.batch_size for r in batch),
                              [r.t_start - r.t_enqueue for r in good], input_ns,
                              t_done - t_sent, t_out - t_done)
+        for req, answer in answers:
+            req.respond(*answer)
+        if err:
+            for req in failed:
+                req.fail(error)
+            if not failed:  # e.g. a decoupled execute returned responses after its final flag
+                log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
         if requeue:
             with self.lock:
                 self.sched.requeue(requeue)
+        if inst.waiting_on:  # calls this execute left unawaited no longer block it
+            key = batch[0].id
+            for r in [r for r in list(inst.waiting_on) if r.caller_exec == key]:
+                inst.waiting_on.discard(r)
         self._finish_execute(inst, batch)
 
     # -- death and restart ----------------------------------------------------------------------

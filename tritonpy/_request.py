@@ -79,7 +79,7 @@ class HostRequest:
     __slots__ = (
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
-        "t_start", "instance", "caller", "sync", "batch_size", "on_cancel", "__weakref__",
+        "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -103,7 +103,8 @@ class HostRequest:
         self.t_start = 0
         self.instance: Any = None  # the instance executing it, once dispatched
         self.caller: Any = None  # the instance whose BLS call this is
-        self.sync = False  # the caller blocks on it (deadlock detection)
+        # The caller's execute that waits for it (deadlock detection); 0: nobody blocks on it.
+        self.caller_exec = 0
         self.batch_size = 1
         self.on_cancel: Callable[[HostRequest], None] | None = None
 

@@ -3,7 +3,9 @@ hanging as the real Triton does: a model calling itself with every instance busy
 with both busy. Calls that *can* be served (another instance is free) must not be refused.
 
 chain1 and chain_b have one instance each, chain2 has two; request parameter 'hops' lists the
-models each link calls next (see tests/models/bls/chain1/1/model.py).
+models each link calls next (see tests/models/bls/chain1/1/model.py). The achain* models are
+the same links with ``async def execute`` awaiting ``async_exec`` (asyncio.gather of 'fan'
+calls); achain1 and achain_b run one execute at a time, achain2 two.
 """
 from __future__ import annotations
 
@@ -25,17 +27,18 @@ ANSWER_WITHIN_S = 5.0
 @pytest.fixture(scope="module")
 def server() -> Iterator[tritonpy.Server]:
     with serve(BLS_REPO, new_prefix(), model_control_mode="explicit",
-               load_models=["chain1", "chain2", "chain_b"]) as srv:
+               load_models=["chain1", "chain2", "chain_b", "achain1", "achain2",
+                            "achain_b"]) as srv:
         yield srv
 
 
-def start(server, model: str, hops: str, delay_ms: int = 0):
+def start(server, model: str, hops: str, delay_ms: int = 0, fan: int = 1):
     return server.model(model).infer({"INPUT0": np.ones(2, np.float32)},
-                                     parameters={"hops": hops, "delay_ms": delay_ms})
+                                     parameters={"hops": hops, "delay_ms": delay_ms, "fan": fan})
 
 
-def call(server, model: str, hops: str, delay_ms: int = 0):
-    (resp,) = collect(start(server, model, hops, delay_ms), timeout=ANSWER_WITHIN_S)
+def call(server, model: str, hops: str, delay_ms: int = 0, fan: int = 1):
+    (resp,) = collect(start(server, model, hops, delay_ms, fan), timeout=ANSWER_WITHIN_S)
     return resp
 
 
@@ -110,3 +113,66 @@ def test_deadlocks_are_counted_and_the_server_recovers(server) -> None:
         assert p[:2] == ["chain1_0_0", "chain_b_0_0"]
         assert len(p) == 4 and p[2] != p[3] and all(x.startswith("chain2_") for x in p[2:])
     assert server.bls.deadlocks - before == 3
+
+
+# -- async execute awaiting async_exec ---------------------------------------------------------
+def test_async_self_call_with_its_only_execute_slot_busy(server) -> None:
+    before = server.bls.deadlocks
+    t0 = time.monotonic()
+    resp = call(server, "achain1", "achain1")
+    assert time.monotonic() - t0 < ANSWER_WITHIN_S
+    assert_deadlock_error(resp, "achain1", "achain1_0_0")
+    assert resp.error.code.value == UNAVAILABLE
+    assert server.bls.deadlocks - before == 1
+    assert path(call(server, "achain1", "")) == ["achain1_0_0"]
+
+
+def test_async_a_calls_b_calls_a(server) -> None:
+    assert_deadlock_error(call(server, "achain1", "achain_b,achain1"), "achain1", "achain_b")
+    assert path(call(server, "achain1", "achain_b")) == ["achain1_0_0", "achain_b_0_0"]
+
+
+def test_async_self_call_in_a_free_execute_slot_is_served(server) -> None:
+    # achain2 runs two executes at once: the call runs beside its caller.
+    before = server.bls.deadlocks
+    resp = call(server, "achain2", "achain2")
+    assert path(resp) == ["achain2_0_0", "achain2_0_0"]
+    assert int(resp.outputs["DEPTH"].to_numpy()[0]) == 1
+    # deeper than its two slots: refused
+    assert_deadlock_error(call(server, "achain2", "achain2,achain2"), "achain2")
+    assert server.bls.deadlocks - before == 1
+
+
+def test_gathered_calls_that_queue_behind_each_other_are_not_a_deadlock(server) -> None:
+    # Three calls awaited together: achain_b serves them one after another, and in achain2 one
+    # slot serves them while the caller holds the other. Waiting in a queue is not a cycle.
+    before = server.bls.deadlocks
+    assert path(call(server, "achain1", "achain_b", fan=3)) == ["achain1_0_0", "achain_b_0_0"]
+    assert path(call(server, "achain2", "achain2", fan=3)) == ["achain2_0_0", "achain2_0_0"]
+    assert server.bls.deadlocks == before
+
+
+def test_gather_with_one_call_that_can_never_run(server) -> None:
+    # achain1 awaits two calls to itself: neither can ever get its only execute slot.
+    assert_deadlock_error(call(server, "achain1", "achain1", fan=2), "achain1")
+    assert path(call(server, "achain1", "")) == ["achain1_0_0"]
+
+
+def test_sync_and_async_links_in_one_cycle(server) -> None:
+    # chain1 (sync exec) -> achain1 (async_exec) -> chain1, whose only instance is waiting.
+    assert_deadlock_error(call(server, "chain1", "achain1,chain1"), "chain1", "achain1")
+    assert path(call(server, "chain1", "achain1")) == ["chain1_0_0", "achain1_0_0"]
+
+
+def test_two_async_executes_both_waiting_on_their_own_model(server) -> None:
+    # Two client requests fill achain2's two slots, each awaiting a call to achain2: one call
+    # is refused, which ends its caller's execute, and the other call then runs in that slot.
+    first = start(server, "achain2", "achain2", delay_ms=300)
+    second = start(server, "achain2", "achain2", delay_ms=300)
+    (r1,) = collect(first, timeout=ANSWER_WITHIN_S)
+    (r2,) = collect(second, timeout=ANSWER_WITHIN_S)
+    failed = [r for r in (r1, r2) if r.error is not None]
+    served = [r for r in (r1, r2) if r.error is None]
+    assert len(failed) == 1 and len(served) == 1, (r1, r2)
+    assert_deadlock_error(failed[0], "achain2")
+    assert path(served[0]) == ["achain2_0_0", "achain2_0_0"]
