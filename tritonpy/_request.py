@@ -22,7 +22,9 @@ _ids = itertools.count(1)
 
 
 class Tensor:
-    """An output tensor: ``to_numpy()`` is a zero-copy view (BYTES: an object array)."""
+    """An output tensor: ``to_numpy()`` is a zero-copy view when the data came in shared memory
+    (a small tensor's read-only view of its message is copied once, so that it can be written;
+    BYTES: an object array)."""
 
     __slots__ = ("name", "data_type", "shape", "_arr")
 
@@ -33,6 +35,8 @@ class Tensor:
         self.shape = tuple(arr.shape)
 
     def to_numpy(self) -> np.ndarray:
+        if not self._arr.flags.writeable:
+            self._arr = self._arr.copy()
         return self._arr
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:

@@ -119,7 +119,8 @@ class Server:
                          directory=directory, segments=self.segments, label="host")
         # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
         self.pool.free(*self.pool.allocate(1), 1)
-        self.transport = TensorTransport(self.pool, self.segments)
+        # The host only reads the tensors it routes: small ones stay views of their frames.
+        self.transport = TensorTransport(self.pool, self.segments, writable_inline=False)
         self._started = True
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()
