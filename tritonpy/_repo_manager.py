@@ -267,6 +267,8 @@ class RepositoryManager:
     def _unload_entry(self, entry: ModelEntry, timeout: float) -> None:
         with entry.lock:
             if not entry.runtimes:
+                if entry.state == UNAVAILABLE:  # e.g. failed to load: unloaded now, on purpose
+                    entry.reason = "unloaded"
                 return
             entry.state = UNLOADING
             rts, entry.runtimes = entry.runtimes, {}
@@ -348,6 +350,15 @@ class RepositoryManager:
 
     def all_ready(self) -> bool:
         return all(rt.ready() for rt in self.runtimes())
+
+    def not_available(self) -> list[str]:
+        """Models neither ready nor unloaded on purpose: failed (or broken in the repository,
+        outside explicit mode, where every model is meant to load), loading or unloading."""
+        out = [name for name, e in self.entries.items()
+               if e.state != READY and e.reason != "unloaded"]
+        if self.server.model_control_mode != "explicit":
+            out.extend(self.scan_errors)
+        return out
 
     def index(self) -> list[dict]:
         out = []

@@ -73,7 +73,8 @@ class Server:
     def __init__(self, model_repository: str | Sequence[str] | None = None, *,
                  model_control_mode: str = "none", load_models: Sequence[str] = (),
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
-                 exit_timeout: float = 30.0, poll_interval: float = 1.0) -> None:
+                 exit_timeout: float = 30.0, poll_interval: float = 1.0,
+                 strict_readiness: bool = True) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -90,6 +91,7 @@ class Server:
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout
         self.poll_interval = poll_interval
+        self.strict_readiness = strict_readiness
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self.custom_metrics = CustomMetrics()
         self.metrics_registry.register(self.custom_metrics)
@@ -191,7 +193,12 @@ class Server:
         return self._started and not self._stopping
 
     def ready(self) -> bool:
-        return self.live() and self.repo.all_ready()
+        """Live, every loaded model ready and, with ``strict_readiness`` (Triton's default), no
+        model that failed to load or is still loading; models unloaded on purpose do not
+        count."""
+        if not (self.live() and self.repo.all_ready()):
+            return False
+        return not (self.strict_readiness and self.repo.not_available())
 
     def metadata(self) -> dict:
         return {"name": "tritonpy", "version": __version__, "extensions": list(EXTENSIONS)}

@@ -338,3 +338,32 @@ def test_serve_without_arguments_serves_the_bundled_examples(
     assert server.wait(30) == 0
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []
+
+
+def test_strict_readiness_flag(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # A model that fails to load leaves the server not ready (Triton's default strict
+    # readiness), over HTTP and gRPC alike, while the good model serves; with
+    # --strict-readiness false the server is ready.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    write_model(repo, "broken", IDENT_CONFIG.replace('"ident"', '"broken"'),
+                "class TritonPythonModel:\n    def initialize(self, args):\n"
+                "        raise RuntimeError('broken on purpose')\n")
+    for strict, flags in ((True, []), (False, ["--strict-readiness", "false"])):
+        http_port, grpc_port, metrics_port = free_ports(3)
+        server = serve("--model-repository", str(repo), "--http-port", str(http_port),
+                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+                       *flags)
+        server.endpoints()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+        grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+        try:
+            assert http.is_server_live() and http.is_model_ready("ident")
+            assert not http.is_model_ready("broken")
+            assert http.is_server_ready() is not strict
+            assert grpcc.is_server_ready() is not strict
+        finally:
+            http.close()
+            grpcc.close()
+            server.proc.send_signal(signal.SIGTERM)  # a clean stop frees every segment
+        assert server.wait(30) == 0

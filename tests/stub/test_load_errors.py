@@ -127,3 +127,24 @@ def test_server_start_loads_the_good_models_and_reports_the_bad(repo):
                 assert fragment in status[name]["reason"]
         assert srv.model("good").ready()
         assert len({p.pid for p in stub_processes()} - before) == 1
+
+
+def test_strict_readiness_counts_models_that_failed_to_load(repo):
+    # Triton's --strict-readiness (its default): the server is ready only when every model it
+    # was meant to serve is; with it off, serving the good models is enough.
+    with serving(repo, new_prefix()) as srv:
+        assert srv.model("good").ready()
+        assert not srv.ready()
+    with serving(repo, new_prefix(), strict_readiness=False) as srv:
+        assert srv.ready()
+
+
+def test_explicit_mode_readiness_follows_loads_and_unloads(repo):
+    with serving(repo, new_prefix(), model_control_mode="explicit",
+                 load_models=["good"]) as srv:
+        assert srv.ready()  # models never asked for do not count
+        with pytest.raises(tritonpy.TritonpyError):
+            srv.load("syntax")
+        assert not srv.ready()
+        srv.unload("syntax")  # a failed model unloaded on purpose no longer counts
+        assert srv.ready()
