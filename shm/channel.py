@@ -121,9 +121,17 @@ class Channel:
 
         RELEASE frames are handled here and never returned.
         """
+        resets = 0
         while True:
             try:
                 n = self.sock.recv_into(self._buf)
+            except ConnectionResetError:
+                # The peer closed with frames of ours still unread: the kernel reports that once,
+                # ahead of the frames it had sent before closing (its last replies). Read those.
+                resets += 1
+                if resets < 3:
+                    continue
+                n = 0
             except OSError:
                 n = 0
             if n == 0:

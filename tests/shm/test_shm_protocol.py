@@ -256,3 +256,14 @@ def test_send_after_peer_closed_raises(shm_child) -> None:
     assert child.next_frame(timeout=5) is None
     with pytest.raises(ChannelClosedError):
         child.channel.send(Cmd.PING, 1, None)
+
+
+def test_last_frames_of_a_peer_that_closed_with_frames_unread(pair: Pair) -> None:
+    # A stub that answers FINALIZE and exits while a RELEASE of ours is still unread in its
+    # socket: the kernel reports ECONNRESET before the reply it sent; the reply still arrives,
+    # then the end of the channel.
+    pair.channel.send(Cmd.RELEASE, 0, [1, 2, 3])  # never read by the peer
+    pair.feed_frame(int(Cmd.REPLY), 9, {"ok": True})
+    pair.raw.close()
+    assert pair.channel.recv() == [int(Cmd.REPLY), 9, {"ok": True}]
+    assert pair.channel.recv() is None and pair.channel.closed
