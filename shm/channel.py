@@ -3,14 +3,17 @@
 Each ``send`` is one datagram, so threads may send concurrently without a lock and the receiver
 never sees a torn frame. A frame larger than ``frame_limit`` is written into a pool block and
 only its handle crosses the socket (SPILL). The peer's death closes the socket: ``recv`` returns
-None at once, with no timeout involved. Releases owed to the peer are sent in batches by a
-small flusher thread, and every frame read from the peer is validated before use.
+None at once, with no timeout involved. Releases owed to the peer ride along on the next frame
+that goes to it anyway (an optional fourth element); what no frame took within
+``RELEASE_DELAY_S`` a small flusher thread sends in RELEASE batches. Every frame read from the
+peer is validated before use.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import threading
+import time
 from typing import Any, Callable
 import queue
 
@@ -25,6 +28,11 @@ FRAME_LIMIT = 60 * 1024
 # Release ids per RELEASE frame: small enough that a batch never spills into shm (the flusher
 # must not need pool space to give pool space back).
 RELEASE_BATCH = 8192
+# How long owed releases of small blocks wait for a frame to carry them before the flusher sends
+# them: in request/response traffic they then cost no frame and no wake-up of the peer of their
+# own. Big blocks' releases (Peer.owe_release urgent) go at once.
+RELEASE_DELAY_S = 0.001
+CARRY_MAX = 1024  # release ids one frame carries
 logger = logging.getLogger(__name__)
 _KNOWN = frozenset(int(c) for c in Cmd)
 _packb = msgpack.packb
@@ -62,6 +70,9 @@ class Channel:
         self.release_frames_received = 0
         self._maintenance = maintenance
         self._local = threading.local()
+        self._carry: list[int] = []  # ids the flusher took and waits to send
+        self._carry_lock = threading.Lock()
+        self.frames_carrying_releases = 0
         self._flusher = threading.Thread(target=self._flush_releases, name=f"{name}-release",
                                          daemon=True)
         self._flusher.start()
@@ -75,7 +86,13 @@ class Channel:
             pack = self._local.pack
         except AttributeError:
             pack = self._local.pack = msgpack.Packer(use_bin_type=True).pack
-        data = pack([int(cmd), call_id, body])
+        if (self._carry or not self.peer.releases_owed.empty()) and cmd != _RELEASE:
+            ids = self._take_releases(CARRY_MAX)
+            data = pack([int(cmd), call_id, body, ids] if ids else [int(cmd), call_id, body])
+            if ids:
+                self.frames_carrying_releases += 1
+        else:
+            data = pack([int(cmd), call_id, body])
         if len(data) > self.frame_limit:
             block = self.transport.pool.new_array(np.uint8, (len(data),))
             block[:] = np.frombuffer(data, np.uint8)
@@ -88,6 +105,14 @@ class Channel:
             self.closed = True
             raise ChannelClosedError(f"{self.name}: peer is gone ({exc})") from None
         self.frames_sent += 1
+
+    def _take_releases(self, limit: int | None) -> list[int]:
+        with self._carry_lock:
+            ids, self._carry = self._carry, []
+            ids.extend(self.peer.take_owed())
+            if limit is not None and len(ids) > limit:
+                ids, self._carry = ids[:limit], ids[limit:]
+        return ids
 
     def _flush_releases(self) -> None:
         owed = self.peer.releases_owed
@@ -107,7 +132,13 @@ class Channel:
                 continue
             if first is None or self.closed:
                 return
-            ids = self.peer.take_owed(first)
+            if first > 0:
+                with self._carry_lock:
+                    self._carry.append(first)
+                time.sleep(RELEASE_DELAY_S)  # a frame sent to the peer meanwhile takes them along
+                ids = self._take_releases(None)
+            else:  # urgent: a big block the peer may be waiting to reuse
+                ids = [-first] + self._take_releases(None)
             try:
                 for i in range(0, len(ids), RELEASE_BATCH):
                     self.release_frames_sent += 1
@@ -143,6 +174,11 @@ class Channel:
             msg = self._parse(self._view[:n])
             if msg[0] == _SPILL:
                 msg = self._unspill(msg[2])
+            if len(msg) == 4:  # releases carried along
+                ids = msg.pop()
+                if not (type(ids) is list and all(type(i) is int for i in ids)):
+                    raise ProtocolError(f"{self.name}: carried releases must be a list of ids")
+                self.peer.release(ids)
             cmd = msg[0]
             if cmd == _RELEASE:
                 ids = msg[2]
@@ -164,9 +200,9 @@ class Channel:
             msg = _unpackb(data, strict_map_key=False)
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise ProtocolError(f"{self.name}: undecodable frame ({exc})") from None
-        if not (type(msg) is list and len(msg) == 3 and type(msg[0]) is int
+        if not (type(msg) is list and 3 <= len(msg) <= 4 and type(msg[0]) is int
                 and type(msg[1]) is int):
-            raise ProtocolError(f"{self.name}: frame is not [cmd, call_id, body]")
+            raise ProtocolError(f"{self.name}: frame is not [cmd, call_id, body(, releases)]")
         if msg[0] not in _KNOWN:
             raise ProtocolError(f"{self.name}: unknown command {msg[0]}")
         return msg

@@ -1,6 +1,7 @@
 """Every message that crosses the host <-> stub channel, in one place.
 
-A frame is a msgpack array ``[cmd, call_id, body]``. ``call_id`` pairs a request with its reply
+A frame is a msgpack array ``[cmd, call_id, body]``, or ``[cmd, call_id, body, releases]`` when
+it carries release ids along (see :class:`~tritonpy.shm.channel.Channel`). ``call_id`` pairs a request with its reply
 (0 when none is expected). Commands are named after the Triton Python backend's own stub
 commands so that a reader can map one onto the other. Bodies are dicts (TypedDicts below) or
 lists; tensors inside them are :data:`tritonpy.shm.transport.WireTensor` lists.

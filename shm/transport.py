@@ -22,6 +22,7 @@ from .dtypes import ITEMSIZE, deserialize_bytes, numpy_dtype, serialize_bytes, t
 from .pool import Pool, SegmentMap
 
 INLINE_LIMIT = 64 * 1024
+URGENT_RELEASE_BYTES = 256 * 1024
 MAX_DIMS = 64
 MAX_ELEMENTS = 1 << 40
 _NUMPY_DTYPES = {name: numpy_dtype(name) for name in ITEMSIZE}
@@ -66,12 +67,15 @@ class Peer:
     def outstanding(self) -> int:
         return len(self._exports)
 
-    def owe_release(self, eid: int) -> None:
+    def owe_release(self, eid: int, urgent: bool = False) -> None:
+        """Queue a release for the peer; ``urgent`` (a big block, which the peer may need back
+        for its next tensor) goes at once instead of waiting for a frame to carry it. Queued
+        as ``-eid`` then."""
         if self.alive:
-            self.releases_owed.put(eid)
+            self.releases_owed.put(-eid if urgent else eid)
 
     def take_owed(self, first: int | None = None) -> list[int]:
-        out = [] if first is None else [first]
+        out = [] if first is None else [abs(first)]
         get = self.releases_owed.get_nowait
         while True:
             try:
@@ -79,7 +83,7 @@ class Peer:
             except queue.Empty:
                 return out
             if x is not None:
-                out.append(x)
+                out.append(x if x > 0 else -x)
 
 
 class TensorTransport:
@@ -189,7 +193,8 @@ class TensorTransport:
             peer.owe_release(eid)
             raise ProtocolError(f"tensor {name!r}: {nbytes} bytes for shape {shape} of {dt}")
         root = np.frombuffer(seg.mm, npdt, count, off)
-        weakref.finalize(root, peer.owe_release, eid)  # on the base: see Pool.new_array
+        # On the base: see Pool.new_array. A big block is handed back without delay.
+        weakref.finalize(root, peer.owe_release, eid, nbytes >= URGENT_RELEASE_BYTES)
         return name, root.reshape(shape)
 
     def decode_many(self, wires: Any, peer: Peer) -> list[tuple[str, np.ndarray]]:

@@ -114,8 +114,9 @@ def test_releases_are_batched(shm_child) -> None:
     child.call("drop", key="many")
     assert wait_for(lambda: child.channel.peer.outstanding == 0)
     assert child.used() == 0
+    # RELEASE frames of their own, or none when the reply to "drop" carried them along
     release_frames = child.channel.frames_received - frames_before - 1  # minus the reply
-    assert 1 <= release_frames <= 10, f"{n} releases took {release_frames} frames"
+    assert release_frames <= 10, f"{n} releases took {release_frames} frames"
 
 
 def test_idle_segment_dropped_and_unmapped_by_peer(shm_child, shm_prefix: str) -> None:

@@ -267,3 +267,44 @@ def test_last_frames_of_a_peer_that_closed_with_frames_unread(pair: Pair) -> Non
     pair.raw.close()
     assert pair.channel.recv() == [int(Cmd.REPLY), 9, {"ok": True}]
     assert pair.channel.recv() is None and pair.channel.closed
+
+
+def test_releases_ride_along_on_the_next_frame(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tritonpy.shm.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "RELEASE_DELAY_S", 30.0)  # the flusher stays out of it
+    peer = pair.channel.peer
+    for eid in (5, 6, 7):
+        peer.owe_release(eid)
+    carried = []
+    for call_id in (1, 2):  # the first takes them all, unless the flusher held one back
+        pair.channel.send(Cmd.REPLY, call_id, {"ok": True})
+        frame = msgpack.unpackb(pair.raw.recv(4096))
+        assert frame[:3] == [int(Cmd.REPLY), call_id, {"ok": True}]
+        carried += frame[3] if len(frame) == 4 else []
+    assert sorted(carried) == [5, 6, 7]
+    pair.channel.send(Cmd.REPLY, 3, {"ok": True})  # nothing owed: a plain frame
+    assert msgpack.unpackb(pair.raw.recv(4096)) == [int(Cmd.REPLY), 3, {"ok": True}]
+    assert pair.channel.release_frames_sent == 0
+
+
+def test_a_big_blocks_release_goes_at_once(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tritonpy.shm.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "RELEASE_DELAY_S", 30.0)
+    pair.channel.peer.owe_release(9, urgent=True)
+    pair.raw.settimeout(5)
+    assert msgpack.unpackb(pair.raw.recv(4096)) == [int(Cmd.RELEASE), 0, [9]]
+
+
+def test_carried_releases_are_applied_and_checked(pair: Pair) -> None:
+    peer = pair.channel.peer
+    keep = [np.zeros(4) for _ in range(2)]
+    ids = [peer.export(k) for k in keep]
+    pair.raw.send(msgpack.packb([int(Cmd.PING), 3, None, ids]))
+    assert pair.channel.recv() == [int(Cmd.PING), 3, None]  # handed on without the ids
+    assert peer.outstanding == 0
+    pair.raw.send(msgpack.packb([int(Cmd.PING), 4, None, ["x"]]))
+    with pytest.raises(ProtocolError, match="carried releases"):
+        pair.channel.recv()
+    pair.still_works()
