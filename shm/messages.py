@@ -23,7 +23,8 @@ class Cmd(enum.IntEnum):
     AUTO_COMPLETE = 3  # H->S: {model_dir, config} -> REPLY {config}
     FINALIZE = 4  # H->S -> REPLY
     IS_READY = 5  # H->S -> REPLY {ready}
-    PING = 6  # H->S -> REPLY (answered by the stub's reader thread)
+    PING = 6  # H->S -> REPLY (answered by whichever stub thread reads it)
+    USAGE = 7  # H->S -> REPLY {segments, mapped_bytes, used_bytes, peak_bytes}: the stub's pool
     # inference
     EXECUTE = 10  # H->S: ExecuteBody (a batch of requests)
     EXECUTE_DONE = 11  # S->H: {responses | error}  (one frame per execute, default mode)

@@ -215,6 +215,10 @@ class StubRuntime:
                 self._calls.pop(call_id, None)
         elif cmd == Cmd.PING:
             self._reply(call_id, {"ok": True})
+        elif cmd == Cmd.USAGE:
+            usage = self.pool.usage()
+            usage.pop("free_system_bytes", None)
+            self._reply(call_id, {"ok": True, **usage})
         elif cmd == Cmd.CANCEL:
             for rid in body or ():
                 req = self._active.get(rid)

@@ -101,7 +101,7 @@ class TritonStatsCollector:
         for name, doc, key in _SHM_FAMILIES:
             gauge = GaugeMetricFamily(name, doc, labels=["pool"])
             for pool in pools:
-                if key in pool:  # a stub's pool has no used_bytes (only the stub knows)
+                if key in pool:  # a stub that did not answer has no used_bytes
                     gauge.add_metric([str(pool.get("pool", ""))], float(pool[key]))
             yield gauge
 

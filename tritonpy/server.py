@@ -38,6 +38,7 @@ from ._stubproc import StubProcess
 log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+_USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
 
 # Servers started and not stopped: a program that exits without stop() still leaves no stub
 # and no segment behind (a SIGKILLed one relies on PDEATHSIG and the next start's sweep).
@@ -245,14 +246,27 @@ class Server:
         return {"model_stats": stats}
 
     def shm_usage(self) -> list[dict]:
-        """Usage of the host pool, and of each stub's pool by its segments' sizes.
+        """Usage of the host pool and of each stub's pool (named after its instance).
 
-        A stub pool is named after its instance; what a stub has in use right now is known
-        only inside the stub, so its entries carry ``segments`` and ``mapped_bytes`` only.
+        Each stub reports its own (segments, mapped, used and peak bytes); one that does not
+        answer within a moment (busy in C code holding its GIL, or dying) is described by its
+        segments' sizes in the shm directory, with no ``used_bytes``.
         """
         out = [{"pool": "host", **self.pool.usage()}] if self.pool is not None else []
         if self.pool is None:
             return out
+        reported: dict[str, dict] = {}
+        for rt in self.repo.runtimes():
+            for inst in rt.instances:
+                stub = inst.stub
+                if stub is None or not stub.alive:
+                    continue
+                try:
+                    reply = stub.call(Cmd.USAGE, None, _USAGE_TIMEOUT_S)
+                except TritonpyError:
+                    continue
+                reported[inst.name] = {k: int(reply[k]) for k in (
+                    "segments", "mapped_bytes", "used_bytes", "peak_bytes") if k in reply}
         # Stub segments are named "<prefix><stub pid>x<token>_<n>" (shm.process_token).
         owners: dict[str, str] = {}
         for rt in self.repo.runtimes():
@@ -277,6 +291,7 @@ class Server:
             pool = pools[owner]
             pool["segments"] += 1
             pool["mapped_bytes"] += size
+        pools.update(reported)
         out.extend({"pool": inst, **usage} for inst, usage in sorted(pools.items()))
         return out
 
