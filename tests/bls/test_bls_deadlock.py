@@ -47,6 +47,18 @@ def path(resp) -> list[str]:
     return [p.decode() for p in resp.outputs["PATH"].to_numpy().tolist()]
 
 
+def one_refused_one_served(server, first: tuple[str, str], second: tuple[str, str]):
+    """Start two (model, hops) requests at once (each sleeps 300 ms first, so that both callers
+    are busy together); exactly one is refused, which frees its caller for the other. Returns
+    (the refused response, the served one)."""
+    streams = [start(server, model, hops, delay_ms=300) for model, hops in (first, second)]
+    responses = [collect(s, timeout=ANSWER_WITHIN_S)[0] for s in streams]
+    failed = [r for r in responses if r.error is not None]
+    served = [r for r in responses if r.error is None]
+    assert len(failed) == 1 and len(served) == 1, responses
+    return failed[0], served[0]
+
+
 def assert_deadlock_error(resp, *names: str) -> None:
     assert resp.error is not None, "a call that can never run was served?"
     msg = resp.error.message
@@ -75,15 +87,9 @@ def test_a_and_b_both_busy_calling_each_other(server) -> None:
     # Two client requests start at once: chain1 calls chain_b while chain_b calls chain1. Both
     # instances are busy waiting on each other; one call is refused, which frees its caller,
     # so the other completes.
-    to_a = start(server, "chain1", "chain_b", delay_ms=300)
-    to_b = start(server, "chain_b", "chain1", delay_ms=300)
-    (ra,) = collect(to_a, timeout=ANSWER_WITHIN_S)
-    (rb,) = collect(to_b, timeout=ANSWER_WITHIN_S)
-    failed = [r for r in (ra, rb) if r.error is not None]
-    served = [r for r in (ra, rb) if r.error is None]
-    assert len(failed) == 1 and len(served) == 1, (ra, rb)
-    assert_deadlock_error(failed[0], "chain1", "chain_b")
-    assert len(path(served[0])) == 2
+    failed, served = one_refused_one_served(server, ("chain1", "chain_b"), ("chain_b", "chain1"))
+    assert_deadlock_error(failed, "chain1", "chain_b")
+    assert len(path(served)) == 2
 
 
 def test_self_call_with_a_free_instance_is_served(server) -> None:
@@ -167,12 +173,6 @@ def test_sync_and_async_links_in_one_cycle(server) -> None:
 def test_two_async_executes_both_waiting_on_their_own_model(server) -> None:
     # Two client requests fill achain2's two slots, each awaiting a call to achain2: one call
     # is refused, which ends its caller's execute, and the other call then runs in that slot.
-    first = start(server, "achain2", "achain2", delay_ms=300)
-    second = start(server, "achain2", "achain2", delay_ms=300)
-    (r1,) = collect(first, timeout=ANSWER_WITHIN_S)
-    (r2,) = collect(second, timeout=ANSWER_WITHIN_S)
-    failed = [r for r in (r1, r2) if r.error is not None]
-    served = [r for r in (r1, r2) if r.error is None]
-    assert len(failed) == 1 and len(served) == 1, (r1, r2)
-    assert_deadlock_error(failed[0], "achain2")
-    assert path(served[0]) == ["achain2_0_0", "achain2_0_0"]
+    failed, served = one_refused_one_served(server, ("achain2", "achain2"), ("achain2", "achain2"))
+    assert_deadlock_error(failed, "achain2")
+    assert path(served) == ["achain2_0_0", "achain2_0_0"]
