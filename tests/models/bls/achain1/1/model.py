@@ -2,7 +2,8 @@
 Request parameter 'hops' ("a,b,c") names the models still to call; 'fan' (first hop only)
 awaits that many identical calls at once with asyncio.gather; 'delay_ms' sleeps first.
 Answers DEPTH = its child's DEPTH + 1 and PATH = the instances on the way (the first child's).
-The same file serves achain1 (one execute at a time), achain2 (two) and achain_b (one)."""
+achain2 and achain_b link to this file; achain1 and achain_b run one execute at a time, achain2
+two."""
 import asyncio
 import json
 

@@ -2,7 +2,7 @@
 model calls the first hop (sync exec) with the rest, and answers DEPTH = its DEPTH + 1 and PATH
 = the instances on the way; a failed hop's error is returned with its code unchanged. Parameter
 'delay_ms' (first hop only) sleeps before calling, so that two callers can be busy at once. The
-same file serves chain1 (one instance), chain2 (two) and chain_b (one)."""
+chain2 and chain_b link to this file; chain1 and chain_b have one instance, chain2 two."""
 import json
 import time
 
