@@ -11,7 +11,8 @@ from __future__ import annotations
 import enum
 from typing import Any, TypedDict
 
-PROTOCOL_VERSION = 1
+# 2: frames may carry releases (a fourth element); USAGE. A stub of another version is refused.
+PROTOCOL_VERSION = 2
 
 
 class Cmd(enum.IntEnum):

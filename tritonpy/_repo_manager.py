@@ -58,6 +58,7 @@ class RepositoryManager:
         self._gpu_count: int | None = None
         self._poller: threading.Thread | None = None
         self._env_cache: dict[str, str] = {}
+        self._env_lock = threading.Lock()
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -387,17 +388,10 @@ class RepositoryManager:
         elif os.path.isfile(path):
             with open(path, "rb") as fh:
                 digest = hashlib.sha256(fh.read()).hexdigest()[:16]
-            env_dir = self._env_cache.get(digest, "")
-            if not env_dir:
-                cache = os.path.join(os.path.expanduser("~"), ".cache", "tritonpy", "envs", digest)
-                if not os.path.isdir(cache):
-                    tmp = cache + ".partial"
-                    shutil.rmtree(tmp, ignore_errors=True)
-                    os.makedirs(tmp)
-                    with tarfile.open(path) as tar:
-                        tar.extractall(tmp, filter="data")
-                    os.replace(tmp, cache)
-                self._env_cache[digest] = env_dir = cache
+            with self._env_lock:  # models loading in parallel may share one archive
+                env_dir = self._env_cache.get(digest, "")
+                if not env_dir:
+                    env_dir = self._env_cache[digest] = _unpack_env(path, digest)
         else:
             raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' does not exist")
         for cand in ("bin/python3", "bin/python"):
@@ -405,3 +399,26 @@ class RepositoryManager:
             if os.path.exists(exe):
                 return exe
         raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has no bin/python3")
+
+
+def _unpack_env(archive: str, digest: str) -> str:
+    """The directory of an unpacked EXECUTION_ENV_PATH archive, unpacking it the first time.
+
+    Unpacked beside the cache entry and renamed into place, so that another process unpacking
+    the same archive at the same time never sees half an environment.
+    """
+    cache = os.path.join(os.path.expanduser("~"), ".cache", "tritonpy", "envs", digest)
+    if os.path.isdir(cache):
+        return cache
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{digest}.partial-", dir=os.path.dirname(cache))
+    try:
+        with tarfile.open(archive) as tar:
+            tar.extractall(tmp, filter="data")
+        os.replace(tmp, cache)
+    except OSError:
+        if not os.path.isdir(cache):  # not another process that got there first
+            raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return cache

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from tritonpy.shm import Channel, ChannelClosedError, Cmd, TensorTransport, socket_pair
 from tritonpy.shm import sweep_orphans
+from tritonpy.shm.messages import PROTOCOL_VERSION
 
 from ._errors import InternalError, TritonpyError, UnavailableError, error_from_wire
 from ._options import BackendOptions
@@ -81,6 +82,7 @@ class StubProcess:
         self.dead_reason = ""
         self._closing = False
         self._last_seen = time.monotonic()
+        self.hello_info: dict = {}
         host_sock, child_sock = socket_pair()
         stub_opts = {
             "instance_name": name,
@@ -147,6 +149,7 @@ class StubProcess:
                     slot[0].set()
                 continue
             if cmd == Cmd.HELLO:
+                self.hello_info = msg[2] if isinstance(msg[2], dict) else {}
                 self._hello.set()
                 continue
             try:
@@ -218,6 +221,14 @@ class StubProcess:
             if not self.alive:
                 raise UnavailableError(self.dead_reason or f"stub '{self.name}' died at start")
             raise UnavailableError(f"stub '{self.name}' did not start within {timeout} s")
+        version = self.hello_info.get("version")
+        if version != PROTOCOL_VERSION:
+            # Another tritonpy (e.g. in a model's EXECUTION_ENV_PATH) would misread frames.
+            self.kill()
+            raise UnavailableError(
+                f"stub '{self.name}' speaks channel protocol {version!r} and this host "
+                f"{PROTOCOL_VERSION}: the interpreter that runs it ({self.proc.args[0]}) has "
+                "another version of tritonpy; install this server's version there")
 
     def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:
         self.channel.send(cmd, call_id, body)

@@ -1,0 +1,110 @@
+"""EXECUTION_ENV_PATH: a model's stub runs under the interpreter of its own environment, given as
+a directory or as an archive that is unpacked once and cached by content hash; an environment
+whose tritonpy speaks another channel protocol is refused at start with a clear error instead
+of misreading frames.
+
+The environments here are real directories whose ``bin/python3`` is a shell script: it marks
+the environment (an environment variable the model reports) and runs this test's interpreter.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from _models import fp32, infer, serving, stub_processes
+
+import tritonpy
+
+pytestmark = pytest.mark.timeout(90)
+
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "ENV", data_type: TYPE_STRING, dims: [ 1 ] } ]
+parameters { key: "EXECUTION_ENV_PATH" value: { string_value: "$$TRITON_MODEL_DIRECTORY/%s" } }
+"""
+
+MODEL_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        mark = os.environ.get("TRITONPY_TEST_ENV", "").encode()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("ENV", np.array([mark], dtype=np.object_))])
+                for _ in requests]
+"""
+
+# What an environment with an older tritonpy does: say HELLO with its own protocol version,
+# then wait. (argv: -c, -m, tritonpy.stub, <socket fd>, <options>)
+OLD_STUB = ("import msgpack, socket, sys, time; "
+            "s = socket.socket(fileno=int(sys.argv[3])); "
+            "s.send(msgpack.packb([1, 0, {'version': 1, 'pid': 0}])); time.sleep(60)")
+
+
+def make_env(root: Path, mark: str, run: str = "") -> Path:
+    """An environment directory whose bin/python3 marks itself and runs this interpreter."""
+    bindir = root / "bin"
+    bindir.mkdir(parents=True)
+    script = bindir / "python3"
+    code = f'-c "{run}" ' if run else ""
+    script.write_text(f'#!/bin/sh\nexport TRITONPY_TEST_ENV={mark}\nexec {sys.executable} {code}"$@"\n')
+    script.chmod(0o755)
+    return root
+
+
+def write(repo: Path, name: str, env: str) -> Path:
+    mdir = repo / name
+    (mdir / "1").mkdir(parents=True)
+    (mdir / "config.pbtxt").write_text(CONFIG % env)
+    (mdir / "1" / "model.py").write_text(MODEL_PY)
+    return mdir
+
+
+def env_of(srv: tritonpy.Server, model: str) -> str:
+    return infer(srv.model(model), {"IN": fp32(1)}).outputs["ENV"].to_numpy()[0].decode()
+
+
+def test_a_model_runs_under_its_environment_directory(tmp_path: Path, shm_prefix: str) -> None:
+    make_env(write(tmp_path / "repo", "in_env", "env") / "env", "from_dir")
+    (tmp_path / "repo" / "plain").mkdir()
+    (tmp_path / "repo" / "plain" / "1").mkdir()
+    (tmp_path / "repo" / "plain" / "config.pbtxt").write_text(
+        "\n".join(line for line in CONFIG.splitlines() if "EXECUTION_ENV_PATH" not in line))
+    (tmp_path / "repo" / "plain" / "1" / "model.py").write_text(MODEL_PY)
+    with serving(tmp_path / "repo", shm_prefix) as srv:
+        assert env_of(srv, "in_env") == "from_dir"
+        assert env_of(srv, "plain") == ""  # the server's own interpreter
+
+
+def test_an_environment_archive_is_unpacked_once_and_cached_by_hash(
+        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = make_env(tmp_path / "build", "from_archive")
+    repo = tmp_path / "repo"
+    for name in ("first", "second"):  # two models, the same archive
+        mdir = write(repo, name, "env.tar.gz")
+        with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
+            tar.add(env / "bin", arcname="bin")
+    with serving(repo, shm_prefix) as srv:
+        assert env_of(srv, "first") == "from_archive" and env_of(srv, "second") == "from_archive"
+    cached = list((tmp_path / "home" / ".cache" / "tritonpy" / "envs").iterdir())
+    assert len(cached) == 1 and len(cached[0].name) == 16  # one unpacked copy, by content hash
+    assert os.access(cached[0] / "bin" / "python3", os.X_OK)
+
+
+def test_an_environment_with_another_protocol_is_refused(tmp_path: Path, shm_prefix: str) -> None:
+    make_env(write(tmp_path, "old_env", "env") / "env", "old", run=OLD_STUB)
+    before = {p.pid for p in stub_processes()}
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        with pytest.raises(tritonpy.TritonpyError) as info:
+            srv.load("old_env")
+        message = info.value.message
+        assert "protocol 1" in message and "another version of tritonpy" in message, message
+        assert not srv.model("old_env").ready()
+        assert {p.pid for p in stub_processes()} == before  # the old stub was stopped
