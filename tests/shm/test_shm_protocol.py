@@ -308,3 +308,29 @@ def test_carried_releases_are_applied_and_checked(pair: Pair) -> None:
     with pytest.raises(ProtocolError, match="carried releases"):
         pair.channel.recv()
     pair.still_works()
+
+
+def test_releases_carried_by_a_spilled_frame_are_applied(pair: Pair) -> None:
+    peer = pair.channel.peer
+    ids = [peer.export(object()) for _ in range(3)]
+    body = msgpack.packb([int(Cmd.PING), 8, "x" * (FRAME_LIMIT + 10), ids])
+    name, off, n = _spill_target(pair, body)
+    pair.feed_frame(int(Cmd.SPILL), 0, [name, off, n, 1])
+    assert pair.channel.recv() == [int(Cmd.PING), 8, "x" * (FRAME_LIMIT + 10)]
+    assert peer.outstanding == 0
+
+
+def test_a_frame_that_spills_still_carries_what_is_owed(pair: Pair,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    import tritonpy.shm.channel as channel_module
+
+    monkeypatch.setattr(channel_module, "RELEASE_DELAY_S", 30.0)
+    pair.channel.peer.owe_release(4)
+    big = "y" * (FRAME_LIMIT + 10)
+    pair.channel.send(Cmd.REPLY, 6, {"big": big})
+    outer = msgpack.unpackb(pair.raw.recv(4096))
+    assert outer[0] == int(Cmd.SPILL)
+    seg_name, off, nbytes, _ = outer[2]
+    seg = pair.transport.segments.get(seg_name)  # the sender's own pool segment
+    inner = msgpack.unpackb(bytes(memoryview(seg.mm)[off:off + nbytes]))
+    assert inner == [int(Cmd.REPLY), 6, {"big": big}, [4]]
