@@ -104,12 +104,12 @@ def serialize_bytes(arr: np.ndarray) -> bytes:
     starts = np.zeros(n, dtype=np.int64)
     np.cumsum(lengths[:-1] + 4, out=starts[1:])
     prefix_at = (starts[:, None] + np.arange(4)).ravel()
-    out = np.empty(payload + 4 * n, dtype=np.uint8)
-    out[prefix_at] = lengths.astype("<u4").view(np.uint8)
-    is_payload = np.ones(out.size, dtype=np.bool_)
+    flat = np.empty(payload + 4 * n, dtype=np.uint8)
+    flat[prefix_at] = lengths.astype("<u4").view(np.uint8)
+    is_payload = np.ones(flat.size, dtype=np.bool_)
     is_payload[prefix_at] = False
-    out[is_payload] = np.frombuffer(b"".join(items), dtype=np.uint8)
-    return out.tobytes()
+    flat[is_payload] = np.frombuffer(b"".join(items), dtype=np.uint8)
+    return flat.tobytes()
 
 
 def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = None) -> np.ndarray:
@@ -118,7 +118,7 @@ def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = 
     When every element has the same length (the common case) the split is done by numpy in one
     pass; otherwise the length prefixes are walked once.
     """
-    mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else memoryview(buf.view(np.uint8))
+    mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else buf.view(np.uint8).data
     total = len(mv)
     if total == 0:
         if count:

@@ -84,6 +84,11 @@ class _Waiter:
         return bool(self.items)
 
 
+async def _awaited(awaitable: Any) -> Any:
+    """A coroutine of any awaitable (asyncio.run takes coroutines only)."""
+    return await awaitable
+
+
 def _new_event_loop() -> asyncio.AbstractEventLoop:
     """The loop of ``async def execute``: uvloop's where it is installed (its scheduling costs
     a fraction of the default loop's on every await), else asyncio's own."""
@@ -330,7 +335,7 @@ class StubRuntime:
             if hasattr(self.model, "initialize"):
                 result = self.model.initialize(args)
                 if inspect.isawaitable(result):
-                    asyncio.run(result)  # an async initialize is allowed by Triton
+                    asyncio.run(_awaited(result))  # an async initialize is allowed by Triton
             is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
             if not hasattr(self.model, "execute"):
                 raise AttributeError("TritonPythonModel has no execute() method")
@@ -373,7 +378,7 @@ class StubRuntime:
             if fn is not None:
                 result = fn()
                 if inspect.isawaitable(result):
-                    asyncio.run(result)
+                    asyncio.run(_awaited(result))
         except Exception:
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
         finally:

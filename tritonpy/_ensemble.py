@@ -655,7 +655,7 @@ def step_models_to_unload(repo: RepositoryManager, name: str) -> list[str]:
     def steps_of(model: str) -> set[str]:
         entry = repo.entries.get(model)
         rts = list(entry.runtimes.values()) if entry is not None else []
-        return {st.model for rt in rts if getattr(rt, "is_ensemble", False) for st in rt.steps}
+        return {st.model for rt in rts if isinstance(rt, EnsembleRuntime) for st in rt.steps}
 
     closure: set[str] = set()
     todo = list(steps_of(name))
@@ -705,11 +705,11 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
     if decoupled:
         cfg.model_transaction_policy.decoupled = True
     cfg_json = config_to_json(cfg)
-    out = {}
+    out: dict[int, EnsembleRuntime] = {}
     for v in versions:
-        rt = EnsembleRuntime(repo.server, name, v, cfg, cfg_json, entry.directory)
-        rt.load()
-        out[v] = rt
+        ens_rt = EnsembleRuntime(repo.server, name, v, cfg, cfg_json, entry.directory)
+        ens_rt.load()
+        out[v] = ens_rt
     log.info("ensemble '%s': %d step(s) over %s%s", name, len(cfg.ensemble_scheduling.step),
              sorted({s.model_name for s in cfg.ensemble_scheduling.step}),
              " (decoupled)" if decoupled else "")

@@ -328,7 +328,7 @@ class RepositoryManager:
         return self._gpu_count
 
     def runtimes(self, include_unloaded: bool = False) -> list[ModelRuntime]:
-        out = []
+        out: list[ModelRuntime] = []
         for e in list(self.entries.values()):
             out.extend(e.runtimes.values())
             if include_unloaded:

@@ -74,7 +74,7 @@ class InferenceResponse:
 
 
 # (request, outputs, error, parameters, final)
-Sink = Callable[["HostRequest", list, "TritonpyError | None", "dict | None", bool], None]
+Sink = Callable[["HostRequest", "list | None", "TritonpyError | None", "dict | None", bool], None]
 
 
 class HostRequest:
@@ -112,7 +112,7 @@ class HostRequest:
         self.batch_size = 1
         self.on_cancel: Callable[[HostRequest], None] | None = None
 
-    def respond(self, outputs: list, error: TritonpyError | None, parameters: dict | None,
+    def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:
         """Deliver one response; anything after the final one is dropped."""
         if self.done:

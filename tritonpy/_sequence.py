@@ -190,7 +190,8 @@ class SequenceBatcher:
         cid = req.correlation_id
         if cid is None or cid == 0 or cid == "" or isinstance(cid, bool):
             if self.iterative and req.batch_size <= 1:
-                return self._add_alone(req)
+                self._add_alone(req)
+                return None
             return InvalidArgumentError(
                 f"inference request to model '{self.name}' must specify a non-zero or "
                 "non-empty correlation ID")

@@ -98,6 +98,7 @@ class StubProcess:
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [python or stub_python(options), "-m", "tritonpy.stub", str(child_sock.fileno()),
                json.dumps(stub_opts)]
+        self.python = cmd[0]
         try:
             self.proc = _spawn(cmd, child_sock.fileno(), env)
         finally:
@@ -227,7 +228,7 @@ class StubProcess:
             self.kill()
             raise UnavailableError(
                 f"stub '{self.name}' speaks channel protocol {version!r} and this host "
-                f"{PROTOCOL_VERSION}: the interpreter that runs it ({self.proc.args[0]}) has "
+                f"{PROTOCOL_VERSION}: the interpreter that runs it ({self.python}) has "
                 "another version of tritonpy; install this server's version there")
 
     def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:

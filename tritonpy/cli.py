@@ -13,7 +13,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 log = logging.getLogger("tritonpy.cli")
 
@@ -108,7 +108,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     # Loading models can take a while (stub start-up); a signal meanwhile still stops cleanly.
     start = loop.run_in_executor(None, server.start)
     waiter = asyncio.ensure_future(stop.wait())
-    await asyncio.wait({start, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    started: set[asyncio.Future[Any]] = {start, waiter}
+    await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
     try:
         await start
     except BaseException:

@@ -15,7 +15,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -269,7 +269,7 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
         if not all(isinstance(s, str) for s in flat):
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
         arr = np.empty(len(flat), dtype=object)
-        arr[:] = [s.encode("utf-8") for s in flat]  # type: ignore[union-attr]
+        arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
     else:
         try:
             arr = np.array(data)
@@ -304,7 +304,7 @@ def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
     if datatype == "BYTES":
         return serialize_bytes(arr)
     # A flat uint8 view, not memoryview.cast: that refuses shapes with a zero, e.g. (0, 3).
-    return memoryview(np.ascontiguousarray(arr).view(np.uint8).reshape(-1))
+    return np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data
 
 
 def json_data(out: OutputTensor) -> list[Any] | None:
@@ -377,7 +377,8 @@ class LogSettings:
             want = types.get(key)
             if want is None:
                 raise InvalidArgumentError(f"unknown logging setting '{key}'")
-            if not isinstance(value, want) or (want is int and (isinstance(value, bool) or value < 0)):
+            if not isinstance(value, want) or (want is int and (
+                    isinstance(value, bool) or not isinstance(value, int) or value < 0)):
                 raise InvalidArgumentError(f"Unable to parse '{key}'")
             if key == "log_format" and value not in self._FORMATS:
                 raise UnavailableError(f"invalid argument for --log_format, got: {value}")
@@ -534,7 +535,8 @@ class DataPlane:
             raise result.error
         return result
 
-    async def stream(self, req: InferRequest, model: Model | None = None) -> AsyncIterator[InferResult]:
+    async def stream(self, req: InferRequest,
+                     model: Model | None = None) -> AsyncGenerator[InferResult, None]:
         """Run one request and yield each response as it arrives (decoupled or not).
 
         A response-level error is yielded as ``InferResult.error``; an error before the model
