@@ -25,7 +25,7 @@ from ._errors import (
     error_from_wire,
 )
 from ._request import HostRequest
-from ._scheduler import make_scheduler
+from ._scheduler import REQUEST_TIMEOUT, make_scheduler
 from ._stats import ModelStats
 from ._stubproc import StubProcess
 
@@ -294,10 +294,7 @@ class ModelRuntime:
                 pass
 
     def _timed_out(self, req: HostRequest) -> None:
-        if not req.done:
-            req.cancelled = True
-            self._cancelled(req)
-            req.fail(UnavailableError("Request timeout expired"))
+        req.abort(UnavailableError(REQUEST_TIMEOUT))
 
     # -- frames from the stubs -------------------------------------------------------------------
     def _on_frame(self, stub: StubProcess, msg: list) -> None:

@@ -83,7 +83,8 @@ class HostRequest:
     __slots__ = (
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
-        "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "__weakref__",
+        "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
+        "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -103,6 +104,9 @@ class HostRequest:
         self.sink = sink
         self.cancelled = False
         self.done = False
+        # One token, taken by the final response: list.pop() is atomic, so of a stub's answer
+        # and a timeout or cancel racing from another thread exactly one gets through.
+        self._final = [True]
         self.t_enqueue = time.monotonic_ns()
         self.t_start = 0
         self.instance: Any = None  # the instance executing it, once dispatched
@@ -118,6 +122,10 @@ class HostRequest:
         if self.done:
             return
         if final:
+            try:
+                self._final.pop()
+            except IndexError:
+                return
             self.done = True
         self.sink(self, outputs, error, parameters, final)
 
@@ -126,13 +134,21 @@ class HostRequest:
 
     def cancel(self, reason: str = "request cancelled") -> None:
         """Cancel: the caller gets CANCELLED now; the executing stub sees is_cancelled()."""
+        self.abort(CancelledError(reason))
+
+    def abort(self, error: TritonpyError) -> None:
+        """Answer ``error`` now (cancel, timeout), then tell whoever runs the request.
+
+        In that order: a model that stops early when it sees the flag answers at once, and
+        that answer must not reach the caller instead of this error.
+        """
         if self.done:
             return
         self.cancelled = True
+        self.fail(error)
         cb = self.on_cancel
         if cb is not None:
             cb(self)
-        self.fail(CancelledError(reason))
 
 
 def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,
