@@ -10,7 +10,9 @@ peer is validated before use.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import socket
 import threading
 import time
@@ -39,6 +41,21 @@ _packb = msgpack.packb
 _unpackb = msgpack.unpackb
 # Plain ints for the per-frame checks in recv(): an IntEnum member lookup costs ~0.3 µs each.
 _SPILL, _RELEASE, _DROPPED = int(Cmd.SPILL), int(Cmd.RELEASE), int(Cmd.DROPPED)
+# TRITONPY_FRAME_TRACE=<directory>: every process (stubs inherit it) records when each frame is
+# sent and received, and writes <directory>/<pid>.tsv at exit; benchmarks/bls_trace.py reads
+# them. Off by default: one global test per frame.
+_TRACE_DIR = os.environ.get("TRITONPY_FRAME_TRACE", "")
+_trace: list[tuple[int, str, str, int, int]] = []
+
+
+def _dump_trace() -> None:
+    if _trace:
+        with open(os.path.join(_TRACE_DIR, f"{os.getpid()}.tsv"), "w") as fh:
+            fh.writelines("\t".join(map(str, row)) + "\n" for row in _trace)
+
+
+if _TRACE_DIR:
+    atexit.register(_dump_trace)
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
@@ -100,6 +117,8 @@ class Channel:
             eid = self.peer.export(block)
             data = _packb(frame(Cmd.SPILL, 0, [seg.name, off, len(data), eid]), use_bin_type=True)
         try:
+            if _TRACE_DIR:
+                _trace.append((time.perf_counter_ns(), self.name, "send", int(cmd), call_id))
             self.sock.send(data)
         except OSError as exc:
             self.closed = True
@@ -171,6 +190,8 @@ class Channel:
             self.frames_received += 1
             if n == len(self._buf):  # SOCK_SEQPACKET cut a datagram longer than any we send
                 raise ProtocolError(f"{self.name}: frame of {n}+ bytes exceeds the frame limit")
+            if _TRACE_DIR:  # the command byte: a fixarray header, then a positive fixint
+                _trace.append((time.perf_counter_ns(), self.name, "recv", self._buf[1], 0))
             msg = self._parse(self._view[:n])
             if msg[0] == _SPILL:
                 msg = self._unspill(msg[2])
