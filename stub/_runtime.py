@@ -1,11 +1,11 @@
 """The stub process: loads ``model.py`` and runs its ``execute`` for the host.
 
-Threads. The *reader* thread owns the socket's receiving side: it answers PING, applies
-CANCEL flags, and completes waiters (BLS responses, replies to stub->host calls) directly, so a
-model blocked in ``exec()`` is woken without any other thread's help. Everything else
-(initialize, execute, finalize) goes through a queue to the *main* thread, which runs sync
-``execute`` inline. An ``async def execute`` runs on an asyncio loop in its own thread, up to
-``max_async`` at once per instance.
+Threads. No thread owns the socket: whichever needs a frame takes the *read role* (see
+``StubRuntime.run``) and handles what it reads — an idle worker runs an EXECUTE inline, a model
+thread blocked in ``exec()`` consumes its own reply — so the hot paths cost no hand-off between
+threads; PING, USAGE and CANCEL are answered by whoever reads them. Two workers run sync
+``execute`` and the lifecycle calls. An ``async def execute`` runs on an event loop (uvloop's
+where installed) in its own thread, up to ``max_async`` at once per instance.
 """
 from __future__ import annotations
 
