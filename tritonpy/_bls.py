@@ -2,9 +2,9 @@
 responses go back to that stub. Also the deadlock detector the real Triton lacks.
 
 A deadlock is a set of BLS waits (``exec()``, or ``await async_exec()`` inside an ``async def
-execute``) that can never finish: a request queued at a model whose
-every instance is blocked waiting, directly or through other such requests, on that very
-request's progress (a model calling itself with every instance busy, or A <-> B both busy).
+execute``) that can never finish: a request queued at a model whose every instance is blocked
+waiting, directly or through other such requests, on that very request's progress (a model
+calling itself with every instance busy, or A <-> B both busy).
 The newest request of such a cycle is answered with an error naming the cycle, which unblocks
 its caller instead of hanging.
 """
@@ -123,7 +123,8 @@ class BlsRouter:
 
     # -- deadlock detection ------------------------------------------------------------------
     def watch(self, req: HostRequest) -> None:
-        """Check a queued BLS request that an execute waits on for a deadlock shortly, and again while it waits."""
+        """Check a queued BLS request that an execute waits on for a deadlock shortly, and
+        again while it waits."""
         self.server.timers.at(time.monotonic() + _FIRST_CHECK_S, lambda: self._check(req))
 
     def _check(self, req: HostRequest) -> None:
