@@ -128,9 +128,13 @@ class Channel:
     def _take_releases(self, limit: int | None) -> list[int]:
         with self._carry_lock:
             ids, self._carry = self._carry, []
-            ids.extend(self.peer.take_owed())
-            if limit is not None and len(ids) > limit:
-                ids, self._carry = ids[:limit], ids[limit:]
+        ids.extend(self.peer.take_owed())
+        if limit is not None and len(ids) > limit:
+            # Back in the queue, which wakes the flusher: nothing else may come to carry them.
+            owe = self.peer.owe_release
+            for eid in ids[limit:]:
+                owe(eid)
+            ids = ids[:limit]
         return ids
 
     def _flush_releases(self) -> None:

@@ -334,3 +334,22 @@ def test_a_frame_that_spills_still_carries_what_is_owed(pair: Pair,
     seg = pair.transport.segments.get(seg_name)  # the sender's own pool segment
     inner = msgpack.unpackb(bytes(memoryview(seg.mm)[off:off + nbytes]))
     assert inner == [int(Cmd.REPLY), 6, {"big": big}, [4]]
+
+
+def test_releases_a_frame_cannot_carry_are_queued_for_the_flusher(pair: Pair) -> None:
+    import tritonpy.shm.channel as channel_module
+
+    n = channel_module.CARRY_MAX + 300
+    owed = list(range(1, n + 1))
+    # Taken as a frame takes them (the flusher may have taken some first: those it sends).
+    for eid in owed:
+        pair.channel.peer.owe_release(eid)
+    carried = pair.channel._take_releases(channel_module.CARRY_MAX)
+    assert len(carried) <= channel_module.CARRY_MAX
+    pair.raw.settimeout(5)
+    sent = set(carried)
+    while len(sent) < n:  # the rest goes out in RELEASE frames, without any other frame
+        frame = msgpack.unpackb(pair.raw.recv(1 << 16))
+        assert frame[0] == int(Cmd.RELEASE)
+        sent |= set(frame[2])
+    assert sent == set(owed)
