@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import ctypes
 import glob
@@ -443,6 +444,23 @@ class ServerSpec:
     def make(self, repo: str | os.PathLike[str], args: Sequence[str] = ()) -> _Server:
         """A server for this column (not started)."""
         return self.cls(repo, backend_config=dict(self.backend_config), args=args)
+
+
+def bench_parser(doc: str, quick_help: str) -> argparse.ArgumentParser:
+    """The flags every side-by-side benchmark takes: ``--quick``, ``--only``, ``-v``."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
+    return parser
+
+
+def parse_bench_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the flags and set up logging (progress with ``-v``, warnings otherwise)."""
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return args
 
 
 def server_specs(only: str | None = None, triton_best: bool = True) -> list[ServerSpec]:

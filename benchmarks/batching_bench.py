@@ -25,7 +25,6 @@ Usage: python benchmarks/batching_bench.py [--quick] [--only triton|tritonpy] [-
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 from collections.abc import Callable
@@ -38,7 +37,7 @@ import tritonclient.grpc as grpcclient
 
 import _load
 from _limits import print_table
-from _servers import ServerSpec, TritonpyServer, _Server, run_on_each, server_specs
+from _servers import ServerSpec, TritonpyServer, _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("batching_bench")
 
@@ -182,14 +181,9 @@ def report(results: dict[str, dict[tuple[str, int], Result]]) -> None:
 
 def main() -> None:
     """Parse flags, run every available server, print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short windows")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser = bench_parser(__doc__, "short windows")
     parser.add_argument("--duration", type=float, help="seconds timed per point")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_bench_args(parser)
     duration = args.duration or (1.0 if args.quick else 3.0)
     warmup = 0.3 if args.quick else 0.5
     results: dict[str, dict[tuple[str, int], Result]] = {}

@@ -10,7 +10,6 @@ Usage: python benchmarks/bls_bench.py [--quick] [--only triton|tritonpy]
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from _limits import KIB, MIB, Limits, fmt_size, measure_limits, print_limits, print_table
-from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
+from _servers import BENCH_MODELS, _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("bls_bench")
 
@@ -135,17 +134,10 @@ def report(pts: list[Point], results: dict[str, dict[Point, float | str]], limit
 
 def main() -> None:
     """Parse flags, measure the limits, run every available server, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short loops, 3 repeats, no 256 MiB")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser = bench_parser(__doc__, "short loops, 3 repeats, no 256 MiB")
     parser.add_argument("--call-seconds", type=float, help="target length of one bls_loop call")
     parser.add_argument("--repeats", type=int, help="bls_loop calls per point (median taken)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    args = parse_bench_args(parser)
     call_seconds = args.call_seconds or (0.05 if args.quick else 0.3)
     repeats = args.repeats or (3 if args.quick else 5)
     pts = points(args.quick)

@@ -13,7 +13,6 @@ Usage: python benchmarks/decoupled_bench.py [--quick] [--only triton|tritonpy]
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -24,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from _limits import MIB, print_table
-from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
+from _servers import BENCH_MODELS, _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("decoupled_bench")
 
@@ -140,15 +139,8 @@ def report(results: dict[str, dict[str, float | str]]) -> None:
 
 def main() -> None:
     """Parse flags, run every available server, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="3 repeats, short 1 MiB streams")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    parser = bench_parser(__doc__, "3 repeats, short 1 MiB streams")
+    args = parse_bench_args(parser)
     repeats, seconds = (3, 0.1) if args.quick else (5, 0.4)
     results = run_on_each(server_specs(args.only), BENCH_MODELS, lambda s: run_server(s, repeats, seconds))
     if results:

@@ -11,7 +11,6 @@ Usage: python benchmarks/e2e_bench.py [--quick] [--only triton|tritonpy]
 
 from __future__ import annotations
 
-import argparse
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +21,7 @@ import tritonclient.http as httpclient
 
 from _load import closed_loop
 from _limits import print_table
-from _servers import BENCH_MODELS, _Server, run_on_each, server_specs
+from _servers import BENCH_MODELS, _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("e2e_bench")
 
@@ -112,16 +111,9 @@ def report(results: dict[str, dict[tuple[str, int], Result]]) -> None:
 
 def main() -> None:
     """Parse flags, run every available server, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short windows")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser = bench_parser(__doc__, "short windows")
     parser.add_argument("--duration", type=float, help="seconds timed per point")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    args = parse_bench_args(parser)
     duration = args.duration or (0.8 if args.quick else 3.0)
     warmup = 0.2 if args.quick else 0.5
     # shm settings do not matter for 4 KiB tensors: Triton at its defaults only.

@@ -16,7 +16,6 @@ Usage: python benchmarks/ensemble_bench.py [--quick] [--only triton|tritonpy] [-
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import statistics
@@ -28,7 +27,7 @@ import numpy as np
 import tritonclient.http as httpclient
 
 from _limits import KIB, MIB, fmt_size, print_table
-from _servers import _Server, run_on_each, server_specs
+from _servers import _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("ensemble_bench")
 
@@ -153,14 +152,9 @@ def report(results: dict[str, dict[tuple[str, int], float | str]]) -> None:
 
 def main() -> None:
     """Parse flags, run each server in turn, then tritonpy in-process, print the tables."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="about 1 s per point")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
+    parser = bench_parser(__doc__, "about 1 s per point")
     parser.add_argument("--seconds", type=float, help="timed seconds per point")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parse_bench_args(parser)
     seconds = args.seconds or (1.0 if args.quick else 4.0)
     results = run_on_each(server_specs(args.only, triton_best=False), REPO,
                           lambda server: run_http(server, seconds))

@@ -14,7 +14,6 @@ Usage: python benchmarks/startup_bench.py [--quick] [--only triton|tritonpy]
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 import tritonclient.http as httpclient
 
 from _limits import print_table
-from _servers import BENCH_MODELS, ServerSpec, _Server, run_on_each, server_specs
+from _servers import BENCH_MODELS, ServerSpec, _Server, run_on_each, server_specs, bench_parser, parse_bench_args
 
 log = logging.getLogger("startup_bench")
 
@@ -79,15 +78,8 @@ def explicit_loads(server: _Server, loads: int) -> float:
 
 def main() -> None:
     """Parse flags, build the 8-model repository, measure each server, print the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="one start and two loads per server")
-    parser.add_argument("--only", choices=["triton", "tritonpy"], help="run one kind of server")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    args = parser.parse_args()
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    parser = bench_parser(__doc__, "one start and two loads per server")
+    args = parse_bench_args(parser)
     starts, loads = (1, 2) if args.quick else (3, 3)
     results: dict[str, tuple[float | str, float | str]] = {}
     with tempfile.TemporaryDirectory(prefix="tpbench-startup-") as tmp:

@@ -181,7 +181,7 @@ class BlsRouter:
             if r.instance is not None:  # executing: progresses unless its instance is stuck
                 return inst_stuck(r.instance)
             model = r.model
-            if getattr(model, "is_ensemble", False):  # stuck iff every running step is
+            if model.is_ensemble:  # stuck iff every running step is
                 steps = model.pending_steps(r)
                 return bool(steps) and all(req_stuck(s) for s in steps)
             if any(i.free() for i in model.instances):

@@ -32,9 +32,8 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
-from ._model import LOADING, READY, UNAVAILABLE, UNLOADING
+from ._model import READY, RuntimeBase
 from ._request import HostRequest
-from ._stats import ModelStats
 
 if TYPE_CHECKING:
     from ._repo_manager import ModelEntry, RepositoryManager
@@ -314,31 +313,16 @@ class _Plan:
             self.uses[t] = self.uses.get(t, 0) + 1
 
 
-class EnsembleRuntime:
-    """One version of an ensemble, loaded: a :class:`ModelRuntime` look-alike without stubs."""
+class EnsembleRuntime(RuntimeBase):
+    """One version of an ensemble, loaded: no stubs (``instances`` stays empty) and no queue of
+    its own (steps queue at their models)."""
 
     is_ensemble = True
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
                  model_dir: str) -> None:
-        from .validation import RequestValidator
-
-        self.server = server
-        self.name = name
-        self.version = version
-        self.config = config
-        self.config_json = config_json
-        self.model_dir = model_dir
-        self.state = LOADING
-        self.decoupled = bool(config.model_transaction_policy.decoupled)
-        self.max_batch_size = int(config.max_batch_size)
-        self.stats = ModelStats(name, version)
-        self.instances: list[Any] = []  # no stubs of its own
-        self.queue: list[HostRequest] = []  # never queues: steps queue at their models
-        self.successor: Any = None
-        self.validator = RequestValidator(config, name)
-        self.lock = threading.Lock()
-        self._idle = threading.Condition(self.lock)
+        super().__init__(server, name, version, config, config_json, model_dir)
+        self.queue: list[HostRequest] = []
         self._active: set[_Context] = set()
         self.steps = [_Step(i, s) for i, s in enumerate(config.ensemble_scheduling.step)]
         self.outputs = tuple(io.name for io in config.output)
@@ -382,21 +366,11 @@ class EnsembleRuntime:
                 return False
         return True
 
-    def drain(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            while self._active:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._idle.wait(min(left, 0.1))
+    def _busy(self) -> bool:
+        return bool(self._active)
 
-    def unload(self, timeout: float = 30.0) -> None:
-        """Stop taking requests and let the running ones finish (bounded by ``timeout``)."""
-        if self.state == READY:
-            self.state = UNLOADING
-            self.drain(timeout)
-        self.state = UNAVAILABLE
+    def _unloaded(self, timeout: float) -> None:
+        """Cancel the requests still running through the steps."""
         with self.lock:
             left = list(self._active)
         for ctx in left:
@@ -406,8 +380,7 @@ class EnsembleRuntime:
     def submit(self, req: HostRequest) -> None:
         """Run a validated request through the steps; responses go to ``req``'s sink."""
         if self.state != READY:
-            req.fail(UnavailableError(
-                f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})"))
+            req.fail(self.not_ready_error())
             return
         plan = self._plan(req.requested) if req.requested else self._full_plan
         ctx = _Context(self, req, plan)

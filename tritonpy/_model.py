@@ -78,29 +78,76 @@ class Instance:
         return self._exec_ids
 
 
-class ModelRuntime:
-    """One version of one model, loaded."""
+class RuntimeBase:
+    """What a loaded model version and a loaded ensemble version have alike: identity and
+    config, state, statistics, request validation, and unloading after in-flight work ends."""
+
+    is_ensemble = False
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
-                 model_dir: str, model_file: str) -> None:
+                 model_dir: str) -> None:
+        from .validation import RequestValidator
+
         self.server = server
         self.name = name
         self.version = version
         self.config = config
         self.config_json = config_json
         self.model_dir = model_dir
-        self.model_file = model_file
         self.state = LOADING
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)
         self.stats = ModelStats(name, version)
+        self.validator = RequestValidator(config, name)
         self.instances: list[Instance] = []
+        self.successor: Any = None  # set by a reload that replaced this one
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self._draining = 0  # threads in drain(): only then is _idle worth notifying
-        from .validation import RequestValidator
 
-        self.validator = RequestValidator(config, name)
+    def not_ready_error(self) -> UnavailableError:
+        return UnavailableError(
+            f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})")
+
+    def _busy(self) -> bool:
+        """Whether requests are queued or in flight (called with ``lock`` held)."""
+        raise NotImplementedError
+
+    def _unloaded(self, timeout: float) -> None:
+        """What is left to do once the version no longer takes requests."""
+        raise NotImplementedError
+
+    def drain(self, timeout: float) -> None:
+        """Wait until nothing is queued or in flight (bounded by ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            self._draining += 1
+            try:
+                while self._busy():
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._idle.wait(min(left, 0.1))
+            finally:
+                self._draining -= 1
+
+    def unload(self, timeout: float = 30.0) -> None:
+        """Stop taking requests, let what is in flight finish (bounded by ``timeout``), then
+        release what the version holds."""
+        if self.state == READY:
+            self.state = UNLOADING
+            self.drain(timeout)
+        self.state = UNAVAILABLE
+        self._unloaded(timeout)
+
+
+class ModelRuntime(RuntimeBase):
+    """One version of one model, loaded."""
+
+    def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
+                 model_dir: str, model_file: str) -> None:
+        super().__init__(server, name, version, config, config_json, model_dir)
+        self.model_file = model_file
         params = {k: v.string_value for k, v in config.parameters.items()}
         try:
             self.max_async = int(params.get("max_concurrent_executes", DEFAULT_MAX_ASYNC))
@@ -120,7 +167,6 @@ class ModelRuntime:
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
         self.sched = make_scheduler(self)
         self.queue: Any = self.sched.queue
-        self.successor: ModelRuntime | None = None  # set by a reload that replaced this one
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
 
@@ -192,8 +238,7 @@ class ModelRuntime:
                 # Reloaded while this request was on its way: the new version serves it.
                 self._forward(succ, req)
                 return
-            req.fail(UnavailableError(
-                f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})"))
+            req.fail(self.not_ready_error())
             return
         req.on_cancel = self._cancelled
         sched = self.sched
@@ -477,30 +522,14 @@ class ModelRuntime:
                     return False
         return True
 
-    def drain(self, timeout: float) -> None:
-        """Wait until nothing is queued or in flight (bounded by ``timeout``)."""
-        deadline = time.monotonic() + timeout
-        with self.lock:
-            self._draining += 1
-            try:
-                # Queued requests count only while a live instance can still take them: a
-                # stub that died during the drain is not restarted, so they would wait it out.
-                while (self.queue and any(i.state == "READY" for i in self.instances)) or any(
-                        i.running or i.active for i in self.instances
-                        if i.state in ("READY", "RESTARTING")):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._idle.wait(min(left, 0.1))
-            finally:
-                self._draining -= 1
+    def _busy(self) -> bool:
+        # Queued requests count only while a live instance can still take them: a stub that
+        # died during the drain is not restarted, so they would wait it out.
+        return bool(self.queue and any(i.state == "READY" for i in self.instances)) or any(
+            i.running or i.active for i in self.instances if i.state in ("READY", "RESTARTING"))
 
-    def unload(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, finish what is in flight, finalize every instance."""
-        if self.state == READY:
-            self.state = UNLOADING
-            self.drain(timeout)
-        self.state = UNAVAILABLE
+    def _unloaded(self, timeout: float) -> None:
+        """Forward or fail what is still queued, then finalize every instance."""
         with self.lock:
             leftover = list(self.queue)
             self.queue.clear()

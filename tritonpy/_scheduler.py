@@ -25,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ._errors import TritonpyError, UnavailableError
 
@@ -37,6 +37,17 @@ log = logging.getLogger("tritonpy.scheduler")
 
 REQUEST_TIMEOUT = "Request timeout expired"
 QUEUE_FULL = "Exceeds maximum queue size"
+
+
+def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostRequest) -> None:
+    """Take ``req`` out of whichever of ``queues`` holds it; ValueError if none does."""
+    for dq in queues:
+        try:
+            dq.remove(req)
+            return
+        except ValueError:
+            continue
+    raise ValueError("request is not queued")
 
 
 def _free_instance(instances: list[Instance]) -> Instance | None:
@@ -166,15 +177,8 @@ class DynamicBatcher:
             yield from lv.delayed
 
     def remove(self, req: HostRequest) -> None:
-        for lv in self.levels:
-            for dq in (lv.queue, lv.delayed):
-                try:
-                    dq.remove(req)
-                except ValueError:
-                    continue
-                self.n -= 1
-                return
-        raise ValueError("request is not queued")
+        remove_queued((dq for lv in self.levels for dq in (lv.queue, lv.delayed)), req)
+        self.n -= 1
 
     def clear(self) -> None:
         for lv in self.levels:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._errors import InvalidArgumentError, TritonpyError
-from ._scheduler import Waker
+from ._scheduler import Waker, remove_queued
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -171,14 +171,8 @@ class SequenceBatcher:
             yield from list(s.pending)
 
     def remove(self, req: HostRequest) -> None:
-        for s in self._all():
-            try:
-                s.pending.remove(req)
-            except ValueError:
-                continue
-            self.n -= 1
-            return
-        raise ValueError("request is not queued")
+        remove_queued((s.pending for s in self._all()), req)
+        self.n -= 1
 
     def clear(self) -> None:
         for s in self._all():

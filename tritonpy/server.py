@@ -139,11 +139,7 @@ class Server:
         _LIVE.discard(self)
         self.repo.shut_down(self.exit_timeout)
         self.timers.stop()
-        self.pool.close()
-        self.segments.close()
-        sweep_orphans(self.options.shm_region_prefix_name,
-                      self.options.shm_fallback_directory or None)
-        self._started = False
+        self._release_shm()
 
     def _abandon(self) -> None:
         """At interpreter exit without stop(): kill the stubs (no finalize), free the segments."""
@@ -156,6 +152,10 @@ class Server:
                 if stub is not None and stub.proc.poll() is None:
                     stub.proc.kill()
                     stub.proc.wait()
+        self._release_shm()
+
+    def _release_shm(self) -> None:
+        """Unlink the host pool, unmap the stubs' segments, sweep what dead stubs left."""
         self.pool.close()
         self.segments.close()
         sweep_orphans(self.options.shm_region_prefix_name,
