@@ -1,4 +1,5 @@
-"""Identity model: returns INPUT0 as OUTPUT0 (the BLS target and the e2e byte test)."""
+"""Identity model: returns INPUT0 as OUTPUT0 (the BLS target, the e2e byte test; identity_fp32
+and the batching benchmark's models link here)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A chain step for benchmarks/ensemble_bench.py: OUTPUT0 = INPUT0 + 1."""
+"""A chain step for benchmarks/ensemble_bench.py: OUTPUT0 = INPUT0 + 1 (step_b and step_c link
+here)."""
 
 from __future__ import annotations
 

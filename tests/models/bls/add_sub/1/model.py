@@ -1,4 +1,5 @@
-"""BLS target: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's add_sub)."""
+"""BLS target: OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1 (Triton's add_sub;
+add_sub_batched links here)."""
 import triton_python_backend_utils as pb_utils
 
 

@@ -1,4 +1,4 @@
-"""Answers with its own version number (this file is the same in every version directory)."""
+"""Answers with its own version number (version 2 links to this file)."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
