@@ -11,8 +11,9 @@ from __future__ import annotations
 import enum
 from typing import Any, TypedDict
 
-# 2: frames may carry releases (a fourth element); USAGE. A stub of another version is refused.
-PROTOCOL_VERSION = 2
+# 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
+# element). A stub of another version is refused.
+PROTOCOL_VERSION = 3
 
 
 class Cmd(enum.IntEnum):

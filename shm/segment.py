@@ -115,6 +115,28 @@ class Segment:
             os.close(fd)
         return cls(name, size, mm, False, directory)
 
+    def map_private(self, offset: int, nbytes: int) -> tuple[mmap.mmap, int, int]:
+        """A copy-on-write mapping of ``nbytes`` at ``offset``: reads see the segment, writes
+        stay in this process. Returns (mapping, where the bytes start in it, its address).
+
+        The pages are mapped lazily (a reader pays page faults only for what it touches)."""
+        start = offset // PAGE * PAGE
+        length = round_up(offset + nbytes) - start
+        try:
+            fd = _open(self.name, self.directory, create=False)
+        except (posix_ipc.Error, OSError) as exc:
+            raise ProtocolError(f"cannot reopen shared-memory segment {self.name}: {exc}") from None
+        try:
+            mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, offset=start)
+        except OSError as exc:
+            raise ProtocolError(f"cannot map shared-memory segment {self.name}: {exc}") from None
+        finally:
+            os.close(fd)
+        probe = ctypes.c_char.from_buffer(mm)
+        address = ctypes.addressof(probe)
+        del probe
+        return mm, offset - start, address
+
     def close(self) -> bool:
         """Unmap; returns False (and stays mapped) while views of it are still alive."""
         try:

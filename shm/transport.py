@@ -9,7 +9,9 @@ and a forwarded handle (host -> another stub) chains the releases back hop by ho
 """
 from __future__ import annotations
 
+import bisect
 import itertools
+import os
 import queue
 import threading
 import weakref
@@ -20,17 +22,27 @@ import numpy as np
 from ._errors import ProtocolError
 from .dtypes import ITEMSIZE, deserialize_bytes, numpy_dtype, serialize_bytes, triton_dtype_of
 from .pool import Pool, SegmentMap
+from .segment import PAGE, Segment
 
 # Tensors up to this size travel inside the frame: below the channel's 60 KiB frame limit with
 # room for the rest of a request, since a frame over it spills into shm (a 60 KiB tensor cost
 # ~800 us per BLS call inline-and-spilled, ~620 us by handle, a 48 KiB one ~500 us inline).
 INLINE_LIMIT = 48 * 1024
 URGENT_RELEASE_BYTES = 256 * 1024
+# A tensor sent again keeps its shm copy from this size up. Below it a copy is cheaper than the
+# private mapping that each receiver then needs (~100 µs of mapping and page-map reads a hop,
+# and page faults when the receiver reads the data, ~100 µs a MiB on this VM).
+KEEP_MIN_BYTES = 4 * 1024 * 1024
 MAX_DIMS = 64
 MAX_ELEMENTS = 1 << 40
 _NUMPY_DTYPES = {name: numpy_dtype(name) for name in ITEMSIZE}
 
-WireTensor = list  # [name, triton_dtype, shape, data: bytes | [segment, offset, nbytes, export_id]]
+WireTensor = list  # [name, triton_dtype, shape, data: bytes | handle]
+# A handle is [segment, offset, nbytes, export_id], or [segment, offset, nbytes, export_id, 1]
+# for an immutable block: one that the sender keeps and sends again (a BLS input Tensor sent
+# over and over), so nobody may write into it. The host reads it through read-only views;
+# a stub hands it to model code as a copy-on-write mapping (writes stay private to that view).
+IMMUTABLE = 1
 
 
 class Peer:
@@ -89,11 +101,96 @@ class Peer:
                 out.append(x if x > 0 else -x)
 
 
+_PAGEMAP = "/proc/self/pagemap"
+# /proc/self/pagemap entry bits 63..61: present, swapped, file page (or shared anonymous).
+# Clean: 0b000 (not mapped yet) or 0b101 / 0b001 (the segment's own page); anything else
+# (0b100: a private copy made by a write, 0b01x: swapped out) counts as written.
+
+
+class PrivateViews:
+    """Copy-on-write views of immutable blocks, and the test that forwards them unwritten.
+
+    Model code may write into its input arrays (it can with the real Triton, which hands it
+    copies). An immutable block is shared by every call that sends it, so each view of one is
+    a private mapping: a write copies the page it touches into this process only. When model
+    code sends such a view on (an identity output, a pass-through to another BLS call), the
+    kernel's page map tells whether any of its pages were written: if none were, the original
+    handle goes (zero copy); if some were, the array is copied like any other.
+    """
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._spans: list[tuple[int, int, str, int]] = []  # (start, end, segment, its offset)
+        self._lock = threading.Lock()
+        self._pagemap = -1
+        self._pagemap_pid = 0
+        self.enabled = True  # False: never forward a private view (always copy it)
+
+    def map(self, seg: Segment, off: int, nbytes: int, npdt: Any, count: int) -> np.ndarray:
+        """A private view of ``count`` items of ``npdt`` at ``off`` in ``seg``."""
+        mm, delta, address = seg.map_private(off, nbytes)
+        root = np.frombuffer(mm, npdt, count, delta)
+        start = address + delta
+        with self._lock:
+            i = bisect.bisect_left(self._starts, start)
+            self._starts.insert(i, start)
+            self._spans.insert(i, (start, start + nbytes, seg.name, off))
+        weakref.finalize(root, self._forget, start)
+        return root
+
+    def _forget(self, start: int) -> None:
+        with self._lock:
+            i = bisect.bisect_left(self._starts, start)
+            if i < len(self._starts) and self._starts[i] == start:
+                del self._starts[i]
+                del self._spans[i]
+
+    def source(self, arr: np.ndarray) -> tuple[str, int] | None:
+        """(segment, offset) of the block ``arr`` views, if it is a private view whose pages
+        were never written; None otherwise."""
+        if not self._starts or not arr.flags.c_contiguous:
+            return None
+        addr = arr.__array_interface__["data"][0]
+        with self._lock:
+            i = bisect.bisect_right(self._starts, addr) - 1
+            if i < 0:
+                return None
+            start, end, seg_name, seg_off = self._spans[i]
+        if addr + arr.nbytes > end or not self.enabled or not self._unwritten(addr, arr.nbytes):
+            return None
+        return seg_name, seg_off + (addr - start)
+
+    def _unwritten(self, addr: int, nbytes: int) -> bool:
+        """True when no page of [addr, addr + nbytes) holds a private (written) copy."""
+        if self._pagemap_pid != os.getpid():  # (a forked child must read its own map)
+            self._pagemap_pid = os.getpid()
+            try:
+                self._pagemap = os.open(_PAGEMAP, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                self._pagemap = -1
+        if self._pagemap < 0:
+            return False
+        first = addr // PAGE
+        pages = (addr + max(nbytes, 1) - 1) // PAGE - first + 1
+        try:
+            raw = os.pread(self._pagemap, pages * 8, first * 8)
+        except OSError:
+            return False
+        if len(raw) != pages * 8:
+            return False
+        top = np.frombuffer(raw, np.uint64) >> np.uint64(61)
+        return not bool(((top != 0) & (top != 1) & (top != 5)).any())
+
+    def __len__(self) -> int:
+        return len(self._starts)
+
+
 class TensorTransport:
     """Encodes arrays for one peer and decodes the peer's handles into zero-copy views."""
 
     def __init__(self, pool: Pool, segments: SegmentMap | None = None,
-                 inline_limit: int = INLINE_LIMIT, writable_inline: bool = True) -> None:
+                 inline_limit: int = INLINE_LIMIT, writable_inline: bool = True,
+                 private_views: bool = True) -> None:
         self.pool = pool
         self.segments = segments if segments is not None else pool.segments
         self.inline_limit = inline_limit
@@ -101,12 +198,22 @@ class TensorTransport:
         # or, for a reader that never writes (the host routing requests), to a read-only view
         # of the frame's own bytes: one numpy call instead of three per tensor.
         self.writable_inline = writable_inline
+        # Immutable blocks reach model code as copy-on-write views (a stub), or as read-only
+        # views for a reader that never writes (the host, whose users get copies).
+        self.private = PrivateViews() if private_views else None
         self.copies = 0  # bytes copied into shm by encode(), for tests and benchmarks
         self.forwards = 0  # arrays sent by handle without a copy
+        self.reuses = 0  # sends of a tensor's kept shm copy (see encode's ``owner``)
 
     # -- sending ------------------------------------------------------------------------------
-    def encode(self, name: str, arr: np.ndarray, peer: Peer) -> WireTensor:
-        """Wire form of ``arr``: inline when small, else a handle (forwarded if already in shm)."""
+    def encode(self, name: str, arr: np.ndarray, peer: Peer, owner: Any = None) -> WireTensor:
+        """Wire form of ``arr``: inline when small, else a handle (forwarded if already in shm).
+
+        ``owner`` (a stub's ``pb_utils.Tensor``) may keep the shm copy of ``arr`` in its
+        ``_shm`` slot: None before its first send by handle, True after it, then the copy made
+        at its second send, which every later send reuses without copying (immutable). The
+        real Triton keeps the copy made at the first send; a second copy spares the common
+        once-sent tensor a private mapping at the receiver."""
         dt = triton_dtype_of(arr)
         shape = list(arr.shape)
         if dt == "BYTES":
@@ -120,19 +227,41 @@ class TensorTransport:
             return [name, dt, shape, [seg.name, off, block.nbytes, peer.export(block)]]
         if arr.nbytes <= self.inline_limit:
             return [name, dt, shape, arr.tobytes()]
-        return [name, dt, shape, self._handle(arr, peer)]
+        return [name, dt, shape, self._handle(arr, peer, owner)]
 
-    def _handle(self, arr: np.ndarray, peer: Peer) -> list:
+    def _handle(self, arr: np.ndarray, peer: Peer, owner: Any) -> list:
         where = self.segments.locate(arr)
-        if where is None:
-            arr = self.pool.copy_in(np.ascontiguousarray(arr) if not arr.flags.c_contiguous else arr)
-            self.copies += arr.nbytes
-            where = self.segments.locate(arr)
-            assert where is not None
-        else:
+        if where is not None:
             self.forwards += 1
+            seg, off = where
+            # A read-only view in shm is the host's view of an immutable block.
+            if arr.flags.writeable:
+                return [seg.name, off, arr.nbytes, peer.export(arr)]
+            return [seg.name, off, arr.nbytes, peer.export(arr), IMMUTABLE]
+        if self.private is not None:
+            source = self.private.source(arr)
+            if source is not None:
+                self.forwards += 1
+                return [source[0], source[1], arr.nbytes, peer.export(arr), IMMUTABLE]
+        if owner is not None and arr.nbytes < KEEP_MIN_BYTES:
+            owner = None
+        kept = None if owner is None else owner._shm
+        if kept is not None and kept is not True:
+            self.reuses += 1
+            seg, off = self.segments.locate(kept)  # type: ignore[misc]
+            return [seg.name, off, kept.nbytes, peer.export(kept), IMMUTABLE]
+        arr = self.pool.copy_in(np.ascontiguousarray(arr) if not arr.flags.c_contiguous else arr)
+        self.copies += arr.nbytes
+        where = self.segments.locate(arr)
+        assert where is not None
         seg, off = where
-        return [seg.name, off, arr.nbytes, peer.export(arr)]
+        if owner is None:
+            return [seg.name, off, arr.nbytes, peer.export(arr)]
+        if kept is None:
+            owner._shm = True
+            return [seg.name, off, arr.nbytes, peer.export(arr)]
+        owner._shm = arr
+        return [seg.name, off, arr.nbytes, peer.export(arr), IMMUTABLE]
 
     def encode_many(self, tensors: list[tuple[str, np.ndarray]], peer: Peer) -> list[WireTensor]:
         return [self.encode(n, a, peer) for n, a in tensors]
@@ -170,9 +299,9 @@ class TensorTransport:
                 if len(shape) != 1:
                     arr = arr.reshape(shape)
             return name, arr
-        if not (isinstance(data, list) and len(data) == 4):
+        if not (isinstance(data, list) and (len(data) == 4 or len(data) == 5 and data[4] == IMMUTABLE)):
             raise ProtocolError(f"malformed tensor {name!r}: bad data field")
-        seg_name, off, nbytes, eid = data
+        seg_name, off, nbytes, eid = data[:4]
         if not (isinstance(off, int) and isinstance(nbytes, int) and isinstance(eid, int)):
             raise ProtocolError(f"malformed handle for tensor {name!r}")
         try:
@@ -195,9 +324,21 @@ class TensorTransport:
         if nbytes != count * ITEMSIZE[dt]:
             peer.owe_release(eid)
             raise ProtocolError(f"tensor {name!r}: {nbytes} bytes for shape {shape} of {dt}")
-        root = np.frombuffer(seg.mm, npdt, count, off)
-        # On the base: see Pool.new_array. A big block is handed back without delay.
-        weakref.finalize(root, peer.owe_release, eid, nbytes >= URGENT_RELEASE_BYTES)
+        if len(data) == 4:
+            root = np.frombuffer(seg.mm, npdt, count, off)
+        elif self.private is not None:
+            try:
+                root = self.private.map(seg, off, nbytes, npdt, count)
+            except ProtocolError:
+                peer.owe_release(eid)
+                raise
+        else:
+            root = np.frombuffer(seg.mm, npdt, count, off)
+            root.flags.writeable = False
+        # On the base: see Pool.new_array. A big block is handed back without delay, unless it
+        # is immutable: its owner keeps it for the next send anyway.
+        weakref.finalize(root, peer.owe_release, eid,
+                         nbytes >= URGENT_RELEASE_BYTES and len(data) == 4)
         return name, root.reshape(shape)
 
     def decode_many(self, wires: Any, peer: Peer) -> list[tuple[str, np.ndarray]]:

@@ -57,7 +57,9 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
 class Tensor:
     """A named tensor: ``Tensor(name, numpy_array)``; data stays where it is (zero copy)."""
 
-    __slots__ = ("_name", "_arr", "_dtype")
+    # _shm: what the transport keeps of this tensor's shm copy (see TensorTransport.encode):
+    # a BLS input sent again and again is copied into shared memory at most twice.
+    __slots__ = ("_name", "_arr", "_dtype", "_shm")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
         if not isinstance(name, str):
@@ -80,6 +82,7 @@ class Tensor:
         self._name = name
         self._arr = arr
         self._dtype = code
+        self._shm: Any = None
 
     @classmethod
     def _wrap(cls, name: str, arr: np.ndarray) -> Tensor:
@@ -89,6 +92,7 @@ class Tensor:
         t._arr = arr
         code = _NUMPY_TO_CODE.get(arr.dtype)
         t._dtype = code if code is not None else 13  # object arrays: BYTES
+        t._shm = None
         return t
 
     def name(self) -> str:

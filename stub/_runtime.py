@@ -559,7 +559,7 @@ class StubRuntime:
                 "flags": req._flags,
                 "timeout": req._timeout,
                 "parameters": req._parameters,
-                "inputs": [encode(t._name, t._arr, self.peer) for t in req._inputs],
+                "inputs": [encode(t._name, t._arr, self.peer, t) for t in req._inputs],
                 "outputs": req._requested_output_names,
                 "preferred_memory": [req._preferred_memory.preferred_memory_type,
                                      req._preferred_memory.preferred_device_id],

@@ -123,7 +123,8 @@ class Server:
         # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
         self.pool.free(*self.pool.allocate(1), 1)
         # The host only reads the tensors it routes: small ones stay views of their frames.
-        self.transport = TensorTransport(self.pool, self.segments, writable_inline=False)
+        self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
+                                         private_views=False)
         self._started = True
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()

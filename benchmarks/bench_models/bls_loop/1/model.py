@@ -17,6 +17,7 @@ import triton_python_backend_utils as pb_utils
 
 TARGET = "identity"
 IN_FLIGHT = 8  # async mode: calls awaited together by one asyncio.gather
+SYNC, ASYNC, SYNC_NEW = 0, 1, 2  # MODE: sync calls, async ×IN_FLIGHT, sync with a new Tensor each
 
 
 def _scalar(request: Any, name: str) -> int:
@@ -47,29 +48,44 @@ class TritonPythonModel:
         return responses
 
     async def _run(self, size: int, iters: int, mode: int) -> float:
-        if size < 0 or iters < 1 or mode not in (0, 1):
+        if size < 0 or iters < 1 or mode not in (SYNC, ASYNC, SYNC_NEW):
             raise pb_utils.TritonModelException(f"bad SIZE={size} ITERS={iters} MODE={mode}")
-        # The tensor is built once: the loop measures transport, not allocation.
-        tensor = pb_utils.Tensor("INPUT0", np.ones(size, dtype=np.uint8))
+        # In modes 0 and 1 the tensor is built once and sent by every call (a constant input,
+        # the common BLS case): both servers keep its shared-memory copy after the first sends.
+        # Mode 2 wraps the data in a new Tensor for each call, which costs a copy each time.
+        data = np.ones(size, dtype=np.uint8)
+        tensor = pb_utils.Tensor("INPUT0", data)
 
         def make_request() -> Any:
             return pb_utils.InferenceRequest(
                 model_name=TARGET, requested_output_names=["OUTPUT0"], inputs=[tensor]
             )
 
-        # One untimed call checks the output size (done once: reading the output is not
-        # part of what is measured) and warms up the target and both pools.
-        first = make_request().exec()
-        _check(first)
-        got = pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().nbytes
-        if got != size:
-            raise pb_utils.TritonModelException(f"identity returned {got} bytes, sent {size}")
-        del first
+        def make_new_request() -> Any:
+            return pb_utils.InferenceRequest(
+                model_name=TARGET, requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", data)],
+            )
+
+        # Two untimed calls check the output size (done here only: reading the output is not
+        # part of what is measured) and warm up the target and both pools; they also bring
+        # both servers to their steady state (the real Triton keeps a Tensor's shm copy from
+        # its first send, tritonpy from its second).
+        for _ in range(2):
+            first = make_request().exec()
+            _check(first)
+            got = pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().nbytes
+            if got != size:
+                raise pb_utils.TritonModelException(f"identity returned {got} bytes, sent {size}")
+            del first
 
         start = time.perf_counter()
-        if mode == 0:
+        if mode == SYNC:
             for _ in range(iters):
                 _check(make_request().exec())
+        elif mode == SYNC_NEW:
+            for _ in range(iters):
+                _check(make_new_request().exec())
         else:
             done = 0
             while done < iters:
