@@ -128,3 +128,26 @@ def test_malformed_immutable_handles_are_refused(pools, handle) -> None:
     tr = TensorTransport(pools[0])
     with pytest.raises(ProtocolError, match="bad data field"):
         tr.decode(["x", "UINT8", [10], handle], Peer())
+
+
+def test_private_views_of_segments_in_a_fallback_directory(tmp_path, shm_prefix: str) -> None:
+    seen = SegmentMap(str(tmp_path))
+    a = Pool(prefix=shm_prefix + "a", directory=str(tmp_path), segments=seen)
+    b = Pool(prefix=shm_prefix + "b", directory=str(tmp_path), segments=seen)
+    try:
+        sender, receiver = TensorTransport(a), TensorTransport(b)
+        owner = Owner()
+        data = np.arange(N, dtype=np.uint8)
+        for _ in range(2):
+            wire = sender.encode("x", data, Peer(), owner)
+        _, view = receiver.decode(wire, Peer())
+        np.testing.assert_array_equal(view, data)
+        assert receiver.encode("y", view, Peer())[3][4] == IMMUTABLE
+        view += 1
+        np.testing.assert_array_equal(owner._shm, data)
+        assert len(receiver.encode("z", view, Peer())[3]) == 4
+        del view, owner
+    finally:
+        a.close()
+        b.close()
+    assert list(tmp_path.iterdir()) == []
