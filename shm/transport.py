@@ -121,7 +121,7 @@ class PrivateViews:
     def __init__(self) -> None:
         self._starts: list[int] = []
         self._spans: list[tuple[int, int, str, int]] = []  # (start, end, segment, its offset)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._pagemap = -1
         self._pagemap_pid = 0
         self.enabled = True  # False: never forward a private view (always copy it)
@@ -131,10 +131,13 @@ class PrivateViews:
         mm, delta, address = seg.map_private(off, nbytes)
         root = np.frombuffer(mm, npdt, count, delta)
         start = address + delta
+        span = (start, start + nbytes, seg.name, off)
+        # Nothing is allocated under the lock, and it is re-entrant anyway: an allocation may
+        # run the cyclic GC, whose finalizers may call _forget from right here.
         with self._lock:
             i = bisect.bisect_left(self._starts, start)
             self._starts.insert(i, start)
-            self._spans.insert(i, (start, start + nbytes, seg.name, off))
+            self._spans.insert(i, span)
         weakref.finalize(root, self._forget, start)
         return root
 
