@@ -105,6 +105,14 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def wait_until(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    """``wait_for`` that fails the test, naming ``what``, when ``timeout`` passes first."""
+    value = wait_for(predicate, timeout)
+    if not value:
+        raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    return value
+
+
 def assert_clean(prefix: str, before: set[int] | None = None) -> None:
     """No stub process (other than the pids in ``before``) and no segment of ``prefix``."""
     left = wait_for(lambda: not [p for p in stub_processes() if p.pid not in (before or set())],

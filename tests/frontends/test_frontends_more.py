@@ -13,11 +13,10 @@ import queue
 import secrets
 import socket
 import textwrap
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import grpc
 import numpy as np
@@ -30,6 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import tritonpy
+from _models import wait_until
 from tritonpy.frontends import Frontends
 
 IDENT = ("""
@@ -267,15 +267,6 @@ def fp32_input(mod: Any, values: list[float], name: str = "INPUT0") -> Any:
     return inp
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
 
 def who(client: Any, mod: Any) -> str:
     got = client.infer("lazy", [fp32_input(mod, [1.0])]).as_numpy("WHO")[0]
@@ -416,11 +407,11 @@ def test_http_disconnect_cancels_the_request(served: Served, http: httpclient.In
         sock.sendall(b"POST /v2/models/cancel_watch/infer HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/json\r\n"
                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
-        wait_for(started.exists, 10, "the model to start the request")
+        wait_until(started.exists, 10, "the model to start the request")
         assert not cancelled.exists()
     finally:
         sock.close()
-    wait_for(cancelled.exists, 10, "the model to see the cancellation")
+    wait_until(cancelled.exists, 10, "the model to see the cancellation")
     assert http.infer("ident", [fp32_input(httpclient, [5.0])]).as_numpy("OUTPUT0").tolist() == [5.0]
 
 
@@ -431,23 +422,23 @@ def test_grpc_cancelled_future_and_stream_cancel_the_request(
     results: queue.Queue[Any] = queue.Queue()
     ctx = grpcc.async_infer("cancel_watch", [fp32_input(grpcclient, [1.0])],
                             callback=lambda result, error: results.put((result, error)), request_id=rid)
-    wait_for(started.exists, 10, "the model to start the request")
+    wait_until(started.exists, 10, "the model to start the request")
     assert not cancelled.exists()
     ctx.cancel()
     result, error = results.get(timeout=10)
     assert result is None and "CANCELLED" in str(error.status())
-    wait_for(cancelled.exists, 10, "the model to see the cancelled future")
+    wait_until(cancelled.exists, 10, "the model to see the cancelled future")
 
     rid = f"s{secrets.token_hex(3)}"
     started, cancelled = _marks(served, rid)
     grpcc.start_stream(callback=lambda result, error: results.put((result, error)))
     try:
         grpcc.async_stream_infer("cancel_watch", [fp32_input(grpcclient, [1.0])], request_id=rid)
-        wait_for(started.exists, 10, "the model to start the streamed request")
+        wait_until(started.exists, 10, "the model to start the streamed request")
         assert not cancelled.exists()
     finally:
         grpcc.stop_stream(cancel_requests=True)
-    wait_for(cancelled.exists, 10, "the model to see the stream's cancellation")
+    wait_until(cancelled.exists, 10, "the model to see the stream's cancellation")
     assert grpcc.infer("ident", [fp32_input(grpcclient, [6.0])]).as_numpy("OUTPUT0").tolist() == [6.0]
 
 

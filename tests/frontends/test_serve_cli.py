@@ -29,6 +29,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from _models import segments, wait_until
+
 START_TIMEOUT = 60.0
 
 SLOW_CONFIG = """
@@ -104,19 +106,6 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def segments(prefix: str) -> list[str]:
-    return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
 
 class Serve:
     """A ``tritonpy serve`` subprocess; its output goes to a log file the test can read."""
@@ -141,7 +130,7 @@ class Serve:
                 raise AssertionError(f"tritonpy serve exited with {self.proc.returncode}:\n{self.log()}")
             got = dict(re.findall(r"listening: (HTTP|gRPC|metrics) (\S+)", self.log()))
             return got if len(got) == 3 else None
-        return wait_for(found, START_TIMEOUT, "tritonpy serve to listen")
+        return wait_until(found, START_TIMEOUT, "tritonpy serve to listen")
 
     def stubs(self) -> list[psutil.Process]:
         return psutil.Process(self.proc.pid).children(recursive=True)
@@ -256,14 +245,14 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
             urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/nothing/here", timeout=10)
         assert e.value.code == 404
         e.value.close()
-        wait_for(lambda: "HTTP error: GET /v2/nothing/here - 404" in server.log(), 10,
+        wait_until(lambda: "HTTP error: GET /v2/nothing/here - 404" in server.log(), 10,
                  "the debug record of the 404")
 
         # SIGTERM with a request in flight: it completes, then the server stops cleanly.
         stubs = server.stubs()
         assert len(stubs) >= 2  # one per loaded model
         t, box = in_background(lambda: slow_infer(f"127.0.0.1:{http_port}", 1.5, "drain"))
-        wait_for(lambda: (marks / "started-drain").exists(), 20, "the slow request to start")
+        wait_until(lambda: (marks / "started-drain").exists(), 20, "the slow request to start")
         server.proc.send_signal(signal.SIGTERM)
         t.join(30)
         assert box and not isinstance(box[0], BaseException), box
@@ -292,7 +281,7 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     url = server.endpoints()["HTTP"]
     t_short, short_box = in_background(lambda: slow_infer(url, 1.5, "short"))
     t_long, long_box = in_background(lambda: slow_infer(url, 60, "long"))
-    wait_for(lambda: (marks / "started-short").exists() and (marks / "started-long").exists(),
+    wait_until(lambda: (marks / "started-short").exists() and (marks / "started-long").exists(),
              20, "both requests to start")
     stubs = server.stubs()
     t0 = time.monotonic()
