@@ -22,6 +22,9 @@ def _die_with_parent(parent: int) -> None:
 def main() -> int:
     fd = int(sys.argv[1])
     options = json.loads(sys.argv[2])
+    # Model code sees the argv of Triton's embedded interpreter, not our socket and options:
+    # ``unittest.main(...)`` inside execute, or argparse at import, would read them.
+    sys.argv = [""]
     _die_with_parent(int(options.get("host_pid", os.getppid())))
     # As Triton's stub: a Ctrl-C (SIGINT to the whole process group) or a group SIGTERM is for
     # the host, which drains in-flight requests and then finalizes and stops every stub; a stub
