@@ -445,12 +445,15 @@ class StubRuntime:
                       if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
         if reschedule:
             body["reschedule"] = reschedule
-        keep = self.decoupled and "error" not in body
+        keep = "error" not in body
+        decoupled = self.decoupled
         for r in requests:
-            # A decoupled request stays cancellable (is_cancelled() sees CANCEL) until its
-            # sender sends the final flag, which may happen in a thread after execute returned.
-            if keep and r._host_id not in reschedule and (r._sender is None
-                                                          or not r._sender._closed):
+            # A request answered through its sender stays cancellable (is_cancelled() sees
+            # CANCEL) until the sender sends the final flag, which may happen in a thread after
+            # execute returned (a decoupled request always may).
+            if keep and r._host_id not in reschedule and (
+                    (r._sender is None and decoupled)
+                    or (r._sender is not None and not r._sender._closed)):
                 continue
             self._active.pop(r._host_id, None)
         self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
@@ -467,15 +470,9 @@ class StubRuntime:
                 return {"error": _error_body("INTERNAL", msg), "unfinished_only": True}
             return {}
         if result is None:
-            # Default mode with the response sender: every request must have had its response.
-            missing = [r for r in requests if r._sender is None or not r._sender._closed]
-            if missing:
-                msg = ("execute() returned None, but no response was sent for "
-                       f"{len(missing)} of {len(requests)} request(s) of model '{self.name}'; "
-                       "return a list of InferenceResponse or use the response sender")
-                return {"error": _error_body("INTERNAL", msg), "unfinished_only": True}
-            return {}
-        if not isinstance(result, (list, tuple)):
+            # Each request answered (or will answer, from a thread) through its response sender.
+            result = [None] * len(requests)
+        elif not isinstance(result, (list, tuple)):
             msg = (f"Expected a list in the execute return, found type '{type(result).__name__}' "
                    f"(model '{self.name}')")
             return {"error": _error_body("INTERNAL", msg)}
@@ -484,18 +481,39 @@ class StubRuntime:
                    f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
                    f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
             return {"error": _error_body("INTERNAL", msg)}
+        # A None entry (or a None return) is fine for a request that took its response sender:
+        # as with Triton, its response may come from the sender before or after execute returns.
+        missing = sum(resp is None and req._sender is None for req, resp in zip(requests, result))
         responses = []
         for req, resp in zip(requests, result):
-            if req._sender is not None and req._sender._sent:
+            sender = req._sender
+            if resp is None:
+                if sender is None:
+                    responses.append({"id": req._host_id, "error": _error_body(
+                        "INTERNAL", f"execute() returned None, but no response was sent for "
+                        f"{missing} of {len(requests)} request(s) of model '{self.name}'; "
+                        "return a list of InferenceResponse or use the response sender")})
+                continue
+            if sender is not None and sender._closed:
+                # Answered through the sender already: as with Triton, the returned response
+                # has nobody to go to.
+                sys.stderr.write(f"tritonpy stub {self.name}: execute returned a response for a "
+                                 "request already answered through its response sender; "
+                                 "dropped\n")
+                continue
+            if sender is not None and sender._sent:
+                sender._closed = True  # the host answers with the response the sender sent
                 responses.append({"id": req._host_id, "error": _error_body(
                     "INTERNAL", "a response was already sent for this request through its "
-                    "response sender; execute() must then return None")})
+                    "response sender; execute() must return None for it")})
                 continue
             if not isinstance(resp, pb_utils.InferenceResponse):
                 responses.append({"id": req._host_id, "error": _error_body(
                     "INTERNAL", f"Expected an InferenceResponse in the execute return, found "
                     f"type '{type(resp).__name__}'")})
                 continue
+            if sender is not None:
+                sender._closed = True  # its one response is this one
             responses.append(self._response_body(req, resp, True))
         return {"responses": responses}
 

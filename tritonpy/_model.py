@@ -381,7 +381,11 @@ class ModelRuntime(RuntimeBase):
                 self._held[req.id] = (outputs, error, params)
                 return None
             held = self._held.pop(req.id, None) if self._held else None
-            if held is not None and outputs is None and error is None:
+            if held is not None and outputs is None:
+                if error is not None:
+                    # As with Triton, the response the sender sent is the caller's; the error
+                    # that came after it (e.g. execute raised) goes to the log.
+                    log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
                 outputs, error, params = held
         if final:
             inst.active.pop(req.id, None)
@@ -425,7 +429,13 @@ class ModelRuntime(RuntimeBase):
             for req in batch:
                 if not req.done and req.id not in resched:
                     inst.active.pop(req.id, None)
-                    self._held.pop(req.id, None)
+                    held = self._held.pop(req.id, None)
+                    if held is not None and not self.decoupled:
+                        # Its response went out through the sender before execute failed: as
+                        # with Triton, that response is the caller's (the error is logged).
+                        self.stats.request_done(held[1] is None, t_done - req.t_enqueue)
+                        answers.append((req, (*held, True)))
+                        continue
                     self.stats.request_done(False, t_done - req.t_enqueue)
                     failed.append(req)
         requeue = [r for r in batch if r.id in resched and not r.done]

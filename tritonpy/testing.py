@@ -223,21 +223,26 @@ class ModelRunner:
         request._cancelled = True
 
     def execute(self, requests: Iterable[Mapping[str, Any] | Any],
-                requested_outputs: Sequence[str] | None = None) -> list[Any]:
+                requested_outputs: Sequence[str] | None = None,
+                timeout: float = 10.0) -> list[Any]:
         """Run ``execute`` on a batch and return one ``pb_utils.InferenceResponse`` per request.
 
         Args:
             requests: Each a dict of input arrays (see :meth:`request`) or a
                 ``pb_utils.InferenceRequest`` (from :meth:`request`, or built by hand).
             requested_outputs: Applied to the requests given as dicts.
+            timeout: Seconds to wait for responses a request's sender sends after ``execute``
+                returned (``None`` for that request, or ``None`` in all).
 
         Returns:
-            The responses ``execute`` returned, or, when it returned ``None``, the responses it
-            sent through each request's response sender.
+            Per request, the response ``execute`` returned for it or, where it returned
+            ``None``, the response its response sender sent (as with Triton, either before
+            or after ``execute`` returned).
 
         Raises:
             InternalError: ``execute`` returned something a server would refuse (the message
                 is the one a client would get).
+            TimeoutError: A sender did not send its final flag within ``timeout``.
             Exception: Whatever ``execute`` raises, unchanged.
         """
         if self.decoupled:
@@ -246,15 +251,8 @@ class ModelRunner:
         reqs = self._requests(requests, requested_outputs)
         result = self._execute(reqs)
         if result is None:
-            missing = [r for r in reqs if r._host_id not in self._final]
-            if missing:
-                raise InternalError(
-                    "execute() returned None, but no response was sent for "
-                    f"{len(missing)} of {len(reqs)} request(s) of model '{self.name}'; return "
-                    "a list of InferenceResponse or use the response sender")
-            return [self._take(r)[0] if self._sent.get(r._host_id) else _pb().InferenceResponse()
-                    for r in reqs]
-        if not isinstance(result, (list, tuple)):
+            result = [None] * len(reqs)
+        elif not isinstance(result, (list, tuple)):
             raise InternalError(
                 f"Expected a list in the execute return, found type '{type(result).__name__}' "
                 f"(model '{self.name}')")
@@ -263,12 +261,32 @@ class ModelRunner:
                 "Number of InferenceResponse objects do not match the number of "
                 f"InferenceRequest objects. InferenceRequest(s) size is:{len(reqs)}, and "
                 f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
+        missing = sum(resp is None and r._sender is None for r, resp in zip(reqs, result))
+        if missing:
+            raise InternalError(
+                f"execute() returned None, but no response was sent for {missing} of "
+                f"{len(reqs)} request(s) of model '{self.name}'; return a list of "
+                "InferenceResponse or use the response sender")
         for resp in result:
-            if not isinstance(resp, _pb().InferenceResponse):
+            if resp is not None and not isinstance(resp, _pb().InferenceResponse):
                 raise InternalError(
                     "Expected an InferenceResponse in the execute return, found type "
                     f"'{type(resp).__name__}'")
-        return list(result)
+        by_sender = [r for r, resp in zip(reqs, result) if resp is None]
+        with self._sent_cv:
+            done = self._sent_cv.wait_for(
+                lambda: all(r._host_id in self._final for r in by_sender), timeout)
+        if not done:
+            open_ = sum(r._host_id not in self._final for r in by_sender)
+            raise TimeoutError(f"{open_} request(s) got no TRITONSERVER_RESPONSE_COMPLETE_FINAL "
+                               f"within {timeout} s")
+        out = []
+        for r, resp in zip(reqs, result):
+            if resp is None:
+                sent = self._take(r)
+                resp = sent[0] if sent else _pb().InferenceResponse()
+            out.append(resp)
+        return out
 
     def execute_decoupled(self, requests: Iterable[Mapping[str, Any] | Any],
                           requested_outputs: Sequence[str] | None = None,

@@ -78,6 +78,41 @@ def test_default_model_bare_final_flag_first_raises(server):
     assert "final" in seen["message"]
 
 
+@pytest.mark.parametrize("mode", ["after_return", "after_return_list"])
+def test_default_model_may_answer_through_its_sender_after_execute_returned(server, mode):
+    # As with Triton: execute returns None (or None for that request) and a thread of the
+    # model sends the one response later.
+    pid = stub_pid(server, "misuse_default")
+    responses = run(server, "misuse_default", mode, 23)
+    assert len(responses) == 1 and responses[0].final and out(responses[0]) == 23
+    (ok,) = run(server, "misuse_default", "", 4)
+    assert out(ok) == 4
+    assert stub_pid(server, "misuse_default") == pid
+
+
+def test_default_model_raising_after_its_response_went_out_keeps_the_response(server, caplog):
+    # Triton's client sees the response the sender sent; the error after it goes to the log.
+    with caplog.at_level(logging.ERROR, logger="tritonpy"):
+        responses = run(server, "misuse_default", "raise_after_send", 12)
+    assert len(responses) == 1 and responses[0].final and out(responses[0]) == 12
+    assert any("raised after its response went out" in r.getMessage() for r in caplog.records)
+    (ok,) = run(server, "misuse_default", "", 5)
+    assert out(ok) == 5
+
+
+def test_default_model_returning_a_response_after_its_sender_answered(server):
+    # The sender's response (with the final flag) is the one; the returned one is dropped.
+    def counts() -> tuple[int, int]:
+        (st,) = server.statistics("misuse_default")["model_stats"]
+        return int(st["inference_stats"]["success"]["count"]), int(
+            st["inference_stats"]["fail"]["count"])
+
+    ok0, fail0 = counts()
+    responses = run(server, "misuse_default", "return_after_send", 30)
+    assert len(responses) == 1 and responses[0].final and out(responses[0]) == 30
+    assert counts() == (ok0 + 1, fail0)  # one request, counted once, as a success
+
+
 def test_default_model_returning_none_without_sender_is_an_error(server):
     pid = stub_pid(server, "misuse_default")
     (resp,) = run(server, "misuse_default", "return_none")

@@ -267,6 +267,42 @@ def test_response_sender_default_and_decoupled(tmp_path):
             runner.execute([{"IN": np.array([1], np.float32)}])
 
 
+LATE_SENDER_PY = """
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            n = int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])
+            if n < 0:  # answered the usual way
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([n], np.float32))]))
+                continue
+            sender = r.get_response_sender()
+
+            def later(sender=sender, n=n):
+                time.sleep(0.1)
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUT", np.array([n], np.float32))]),
+                    flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            threading.Thread(target=later).start()
+            out.append(None)
+        return out
+"""
+
+
+def test_default_model_sender_answering_after_execute_returned(tmp_path):
+    # As with Triton: None in execute's list for a request whose sender answers later.
+    with ModelRunner(write_model(tmp_path, "late", LATE_SENDER_PY)) as runner:
+        got = runner.execute([{"IN": np.array([n], np.float32)} for n in (3, -1, 4)])
+        assert [pb_utils.get_output_tensor_by_name(r, "OUT").as_numpy().tolist()
+                for r in got] == [[3], [-1], [4]]
+
+
 BLS_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils

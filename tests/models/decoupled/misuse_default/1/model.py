@@ -2,8 +2,13 @@
 sender_ok (one response with COMPLETE_FINAL), sender_split (one response, then a bare final
 flag), two_responses (the second send raises; kept for 'report'), final_only (a bare
 final flag first: raises; kept for 'report'), return_none (returns None
-without sending anything), and 'report'."""
+without sending anything), after_return / after_return_list (the sender answers from a thread
+after execute returned None / a list with None for that request), raise_after_send (one
+response sent, then execute raises), return_after_send (one response sent with the final flag,
+and another returned), and 'report'."""
 import json
+import threading
+import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -51,6 +56,23 @@ class TritonPythonModel:
                 responses.append(out(value))
             elif mode == "return_none":
                 return None
+            elif mode in ("after_return", "after_return_list"):
+                sender = request.get_response_sender()
+
+                def later(sender=sender, value=value):
+                    time.sleep(0.2)  # well after execute returned
+                    sender.send(out(value))
+                    sender.send(flags=FINAL)
+                threading.Thread(target=later, daemon=True).start()
+                if mode == "after_return":
+                    return None
+                responses.append(None)
+            elif mode == "raise_after_send":
+                request.get_response_sender().send(out(value))
+                raise pb_utils.TritonModelException("raised after its response went out")
+            elif mode == "return_after_send":
+                request.get_response_sender().send(out(value), flags=FINAL)
+                responses.append(out(value + 1))
             elif mode == "report":
                 responses.append(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
                     "REPORT", np.array([json.dumps(self.last)], dtype=np.object_))]))
