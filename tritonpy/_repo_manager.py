@@ -190,7 +190,10 @@ class RepositoryManager:
                 raise UnsupportedError(
                     f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
                     "tritonpy runs python backend models")
-            if not ensemble:
+            if not exists and not srv.auto_complete:
+                raise ConfigError(f"{cfg_path}: no model configuration, and auto-complete is "
+                                  "disabled (it would complete a missing one)")
+            if not ensemble and srv.auto_complete:
                 cfg = self._auto_complete(entry, cfg, cfg_path)
             cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=self.gpu_count())
             versions = select_versions(cfg, available_versions(entry.directory))

@@ -69,6 +69,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ready only while no model has failed to load (as Triton)")
     s.add_argument("--http-max-input-size", type=int, default=None, metavar="BYTES",
                    help="largest HTTP request body (default 64 MiB)")
+    s.add_argument("--exit-on-error", type=_bool, default=True, metavar="BOOL",
+                   help="exit (code 1) when a model fails to load at start, as Triton does")
+    s.add_argument("--disable-auto-complete-config", action="store_true",
+                   help="never call auto_complete_config; a model needs its config.pbtxt")
+    s.add_argument("--strict-model-config", type=_bool, default=None, metavar="BOOL",
+                   help="Triton's older spelling: true = --disable-auto-complete-config")
+    s.add_argument("--log-file", default=None, metavar="PATH",
+                   help="write the log to this file instead of stderr")
+    s.add_argument("--backend-directory", default=None, metavar="DIR",
+                   help="accepted for Triton's command lines; the python backend is built in")
     return parser
 
 
@@ -95,11 +105,12 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         if backend not in ("", "python"):
             log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
                         backend, key)
+    auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
     server = Server(repos, model_control_mode=args.model_control_mode,
                     load_models=args.load_model, backend_config=backend_config,
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
-                    strict_readiness=args.strict_readiness)
+                    strict_readiness=args.strict_readiness, auto_complete=auto_complete)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +127,16 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         waiter.cancel()
         await loop.run_in_executor(None, server.stop)
         raise
+    failed = [m for m in server.models() if m.get("state") == "UNAVAILABLE"]
+    if failed and args.exit_on_error:
+        # As Triton: with --exit-on-error (its default) a model that failed to load at start
+        # ends the server; --exit-on-error false serves the others (not ready while strict).
+        for m in failed:
+            log.error("model '%s' failed to load: %s", m.get("name"), m.get("reason") or "")
+        log.error("failed to load all models; exiting (--exit-on-error false serves the rest)")
+        waiter.cancel()
+        await loop.run_in_executor(None, server.stop)
+        return 1
     frontends = Frontends(
         server, http_port=args.http_port, grpc_port=args.grpc_port,
         metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
@@ -153,7 +174,15 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tritonpy`` console script and ``python -m tritonpy``."""
     args = build_parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler
+    if args.log_file:
+        try:
+            handler = logging.FileHandler(args.log_file)
+        except OSError as exc:
+            print(f"error: --log-file {args.log_file}: {exc}", file=sys.stderr)
+            return 2
+    else:
+        handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m%d %H:%M:%S"))
     root = logging.getLogger()
     root.addHandler(handler)

@@ -69,13 +69,17 @@ class Server:
             ``{"shm-default-byte-size": "16777216", "shm-region-prefix-name": "myapp_"}``.
         exit_timeout: seconds ``stop()`` waits for in-flight requests.
         poll_interval: seconds between repository scans in poll mode.
+        strict_readiness: not ready while a model failed to load or is loading (Triton's
+            default).
+        auto_complete: call a model's ``auto_complete_config`` (and allow a missing
+            config.pbtxt); False is Triton's ``--disable-auto-complete-config``.
     """
 
     def __init__(self, model_repository: str | Sequence[str] | None = None, *,
                  model_control_mode: str = "none", load_models: Sequence[str] = (),
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
-                 strict_readiness: bool = True) -> None:
+                 strict_readiness: bool = True, auto_complete: bool = True) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -93,6 +97,9 @@ class Server:
         self.exit_timeout = exit_timeout
         self.poll_interval = poll_interval
         self.strict_readiness = strict_readiness
+        # False: a model's auto_complete_config is never called and config.pbtxt is required
+        # (Triton's --disable-auto-complete-config).
+        self.auto_complete = auto_complete
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self.custom_metrics = CustomMetrics()
         self.metrics_registry.register(self.custom_metrics)

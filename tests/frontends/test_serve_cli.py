@@ -342,7 +342,7 @@ def test_strict_readiness_flag(serve: Callable[..., Serve], tmp_path: Path) -> N
         http_port, grpc_port, metrics_port = free_ports(3)
         server = serve("--model-repository", str(repo), "--http-port", str(http_port),
                        "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                       *flags)
+                       "--exit-on-error", "false", *flags)
         server.endpoints()
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
         grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -355,4 +355,55 @@ def test_strict_readiness_flag(serve: Callable[..., Serve], tmp_path: Path) -> N
             http.close()
             grpcc.close()
             server.proc.send_signal(signal.SIGTERM)  # a clean stop frees every segment
+        assert server.wait(30) == 0
+
+
+def test_a_model_failing_to_load_ends_the_server_by_default(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # Triton's --exit-on-error (default true): "failed to load all models", exit code 1, and
+    # nothing left behind. Triton's own command-line flags are accepted on the way.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    write_model(repo, "broken", IDENT_CONFIG.replace('"ident"', '"broken"'),
+                "class TritonPythonModel:\n    def initialize(self, args):\n"
+                "        raise RuntimeError('broken on purpose')\n")
+    log_file = tmp_path / "server.log"
+    server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0", "--backend-directory", "/opt/tritonserver/backends",
+                   "--log-file", str(log_file))
+    assert server.wait(START_TIMEOUT) == 1
+    text = log_file.read_text()
+    assert "model 'broken' failed to load" in text and "broken on purpose" in text
+    assert "failed to load all models" in text
+    assert "listening:" not in text
+    assert segments(shm_prefix) == []
+
+
+def test_disabled_auto_complete_needs_a_config_and_skips_auto_complete_config(
+        serve: Callable[..., Serve], tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    # auto_complete_config would add an input the client then sends; disabled, it never runs.
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL + (
+        "\n    @staticmethod\n    def auto_complete_config(config):\n"
+        "        config.add_input({'name': 'EXTRA', 'data_type': 'TYPE_FP32', 'dims': [1]})\n"
+        "        return config\n"))
+    (repo / "bare" / "1").mkdir(parents=True)
+    (repo / "bare" / "1" / "model.py").write_text(IDENT_MODEL)
+    for flags in (["--disable-auto-complete-config"], ["--strict-model-config", "true"]):
+        http_port, grpc_port, metrics_port = free_ports(3)
+        server = serve("--model-repository", str(repo), "--http-port", str(http_port),
+                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+                       "--exit-on-error", "false", *flags)
+        server.endpoints()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+        try:
+            assert http.is_model_ready("ident")
+            names = [i["name"] for i in http.get_model_metadata("ident")["inputs"]]
+            assert "EXTRA" not in names
+            index = {m["name"]: m for m in http.get_model_repository_index()}
+            assert index["bare"]["state"] == "UNAVAILABLE"
+            assert "auto-complete is disabled" in index["bare"]["reason"]
+        finally:
+            http.close()
+            server.proc.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
