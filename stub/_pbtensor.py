@@ -63,7 +63,9 @@ class Tensor:
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
         if not isinstance(name, str):
-            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+            raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+        if numpy_array is None:
+            raise TypeError(f"tensor '{name}': numpy_array must be an array, got None")
         arr = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
         if arr.dtype.kind in ("U", "V"):
             raise TritonModelException(
@@ -127,6 +129,12 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A Tensor from any object with ``__dlpack__`` (or a DLPack capsule), zero copy."""
+        if not isinstance(name, str):
+            raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+        if not (hasattr(dlpack_tensor, "__dlpack__")
+                or type(dlpack_tensor).__name__ == "PyCapsule"):
+            raise TypeError(f"tensor '{name}': from_dlpack needs an object with __dlpack__ or "
+                            f"a DLPack capsule, got {type(dlpack_tensor).__name__}")
         if hasattr(dlpack_tensor, "__dlpack_device__"):
             dev = dlpack_tensor.__dlpack_device__()
             if int(dev[0]) != 1:  # kDLCPU

@@ -73,6 +73,7 @@ class Trace:
 
 
 _DEFAULT_MEMORY = PreferredMemory()
+_UNSET: Any = object()  # an argument left out (None given explicitly is a TypeError, as Triton)
 _NO_TRACE = Trace()
 
 
@@ -84,42 +85,65 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
             parameters = json.loads(parameters)
         except ValueError as exc:
             raise TritonModelException(f"parameters is not valid JSON: {exc}") from None
+    # The messages are Triton's (its tests and users match on them), plus the key at fault.
     if not isinstance(parameters, dict):
-        raise TritonModelException("parameters must be a dict or a JSON object string")
+        raise TritonModelException(
+            f"Expect parameters to be a dict or a JSON object string, got {type(parameters)}")
     for k, v in parameters.items():
         if not isinstance(k, str):
-            raise TritonModelException(f"parameter key {k!r} must be a string")
+            raise TritonModelException(
+                f"Expect parameters keys to have type str, found type {type(k)} (key {k!r})")
         if not isinstance(v, (bool, int, str)):
             raise TritonModelException(
-                f"Expect parameters values to have type bool/int/str, found type "
-                f"{type(v).__name__} for key '{k}'"
-            )
+                f"Expect parameters values to have type bool/int/str, found type {type(v)} "
+                f"(key '{k}')")
     return parameters
+
+
+def _expect(value: Any, types: type | tuple[type, ...], what: str) -> None:
+    """A TypeError for an argument of the wrong type, as Triton's (pybind11) API raises."""
+    if types is int:  # any integer (numpy's too), not a bool or a float
+        if not isinstance(value, bool) and hasattr(type(value), "__index__"):
+            return
+    elif isinstance(value, types):
+        return
+    names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+    raise TypeError(f"{what} must be {names}, got {type(value).__name__}")
+
+
+def _expect_list(value: Any, item: type, what: str) -> list:
+    _expect(value, (list, tuple), what)
+    for v in value:
+        if not isinstance(v, item):
+            raise TypeError(f"{what} must hold {item.__name__} objects, got {type(v).__name__}")
+    return list(value)
 
 
 class InferenceRequest:
     """A request: one the model received in ``execute``, or one it builds for BLS."""
 
-    def __init__(self, model_name: str = "", requested_output_names: list[str] | None = None,
-                 inputs: list[Tensor] | None = None, request_id: str = "",
+    def __init__(self, model_name: str = "", requested_output_names: Any = _UNSET,
+                 inputs: Any = _UNSET, request_id: str = "",
                  correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
                  timeout: int = 0, preferred_memory: PreferredMemory | None = None,
                  trace: Trace | None = None, parameters: Any = None) -> None:
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("correlation_id must be an int or a str")
+        _expect(model_name, str, "model_name")
+        _expect(request_id, str, "request_id")
+        _expect(model_version, int, "model_version")
+        _expect(flags, int, "flags")
+        _expect(timeout, int, "timeout")
         self._model_name = model_name
-        self._requested_output_names = list(requested_output_names or [])
-        self._inputs = list(inputs or [])
-        for t in self._inputs:
-            if not isinstance(t, Tensor):
-                raise TritonModelException(
-                    f"inputs must be pb_utils.Tensor objects, got {type(t).__name__}"
-                )
+        self._requested_output_names = _expect_list(
+            [] if requested_output_names is _UNSET else requested_output_names, str,
+            "requested_output_names")
+        self._inputs = _expect_list([] if inputs is _UNSET else inputs, Tensor, "inputs")
         self._request_id = request_id
         self._correlation_id = correlation_id
-        self._model_version = model_version
-        self._flags = flags
-        self._timeout = timeout
+        self._model_version = int(model_version)
+        self._flags = int(flags)
+        self._timeout = int(timeout)
         self._preferred_memory = preferred_memory or PreferredMemory()
         self._trace = trace or Trace()
         self._parameters = _check_parameters(parameters)
@@ -218,17 +242,10 @@ class InferenceRequest:
 class InferenceResponse:
     """The response to one request: output tensors or an error, and parameters."""
 
-    def __init__(self, output_tensors: list[Tensor] | None = None,
+    def __init__(self, output_tensors: Any = _UNSET,
                  error: TritonError | None = None, parameters: Any = None) -> None:
-        if output_tensors is None:
-            output_tensors = []
-        if not isinstance(output_tensors, list):
-            raise TritonModelException('"output_tensors" must be a list.')
-        for t in output_tensors:
-            if not isinstance(t, Tensor):
-                raise TritonModelException(
-                    f"output_tensors must hold pb_utils.Tensor objects, got {type(t).__name__}"
-                )
+        output_tensors = _expect_list([] if output_tensors is _UNSET else output_tensors,
+                                      Tensor, "output_tensors")
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException("error must be a pb_utils.TritonError")
         self._output_tensors = output_tensors

@@ -1,0 +1,74 @@
+"""pb_utils refuses arguments of the wrong type as Triton's (pybind11) API does: a TypeError
+naming the argument, at construction, instead of an object that fails later or never. The
+parameter errors carry Triton's own wording, which users and Triton's tests match on.
+
+Runs in a plain interpreter: ``triton_python_backend_utils`` imports outside a server.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import triton_python_backend_utils as pb_utils
+
+T = pb_utils.Tensor("IN", np.zeros(2, np.float32))
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    ({"model_name": None}, "model_name"),
+    ({"model_name": 3}, "model_name"),
+    ({"inputs": None}, "inputs"),
+    ({"inputs": [np.zeros(2)]}, "inputs"),
+    ({"requested_output_names": None}, "requested_output_names"),
+    ({"requested_output_names": [None]}, "requested_output_names"),
+    ({"request_id": None}, "request_id"),
+    ({"model_version": None}, "model_version"),
+    ({"model_version": 1.5}, "model_version"),
+    ({"flags": None}, "flags"),
+    ({"timeout": "10"}, "timeout"),
+])
+def test_inference_request_wrong_argument_types(kwargs, what):
+    args = {"model_name": "m", "inputs": [T], "requested_output_names": ["OUT"], **kwargs}
+    with pytest.raises(TypeError, match=what):
+        pb_utils.InferenceRequest(**args)
+
+
+def test_inference_request_accepts_numpy_integers_and_defaults():
+    req = pb_utils.InferenceRequest(model_name="m", inputs=[T], requested_output_names=["OUT"],
+                                    model_version=np.int64(2), timeout=np.int32(5))
+    assert req.model_version() == 2 and type(req.model_version()) is int
+    assert req.timeout() == 5
+    bare = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
+    assert bare.inputs() == [] and bare.requested_output_names() == []
+
+
+def test_inference_response_and_tensor_wrong_argument_types():
+    with pytest.raises(TypeError, match="output_tensors"):
+        pb_utils.InferenceResponse(output_tensors=None)
+    with pytest.raises(TypeError, match="output_tensors"):
+        pb_utils.InferenceResponse(output_tensors=[np.zeros(2)])
+    assert pb_utils.InferenceResponse().output_tensors() == []
+    assert pb_utils.InferenceResponse((T,)).output_tensors() == [T]
+    with pytest.raises(TypeError, match="numpy_array"):
+        pb_utils.Tensor("OUT", None)
+    with pytest.raises(TypeError, match="name"):
+        pb_utils.Tensor(None, np.zeros(2))
+    with pytest.raises(TypeError, match="from_dlpack"):
+        pb_utils.Tensor.from_dlpack("OUT", None)
+    assert pb_utils.Tensor.from_dlpack("OUT", np.arange(3)).as_numpy().tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("params, message", [
+    ([], "Expect parameters to be a dict or a JSON object string, got <class 'list'>"),
+    ({1: "int key"}, "Expect parameters keys to have type str, found type <class 'int'>"),
+    ({"int": 2, "float": 0.5},
+     "Expect parameters values to have type bool/int/str, found type <class 'float'>"),
+    ({"null": None},
+     "Expect parameters values to have type bool/int/str, found type <class 'NoneType'>"),
+])
+def test_parameter_errors_use_tritons_wording(params, message):
+    for build in (lambda: pb_utils.InferenceResponse([T], parameters=params),
+                  lambda: pb_utils.InferenceRequest(model_name="m", inputs=[T],
+                                                    requested_output_names=[], parameters=params)):
+        with pytest.raises(pb_utils.TritonModelException) as info:
+            build()
+        assert message in info.value.message()
