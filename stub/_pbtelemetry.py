@@ -89,13 +89,22 @@ class Metric:
 
     def __init__(self, family: MetricFamily, labels: dict[str, str],
                  buckets: list[float] | None) -> None:
-        if family.kind == MetricFamily.HISTOGRAM and not buckets:
-            raise TritonModelException("a histogram metric needs buckets")
-        if family.kind != MetricFamily.HISTOGRAM and buckets:
+        if family.kind == MetricFamily.HISTOGRAM:
+            # As Triton: a list (empty allowed: one +Inf bucket) of strictly ascending bounds.
+            if not isinstance(buckets, (list, tuple)):
+                raise TritonModelException(
+                    f"a histogram metric needs buckets (a list of ascending bounds), got "
+                    f"{type(buckets).__name__}")
+            bounds = [float(b) for b in buckets]
+            if any(a >= b for a, b in zip(bounds, bounds[1:])):
+                raise TritonModelException(
+                    f"histogram buckets must be strictly ascending (no duplicates), got {bounds}")
+            buckets = bounds
+        elif buckets:
             raise TritonModelException("only histogram metrics take buckets")
         self._family = family
         self._labels = {str(k): str(v) for k, v in labels.items()}
-        self._buckets = list(buckets) if buckets else None
+        self._buckets = buckets if family.kind == MetricFamily.HISTOGRAM else None
         self._local = 0.0
         self._op("create", 0.0)
 

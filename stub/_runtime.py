@@ -644,8 +644,13 @@ class StubRuntime:
         self.channel.send(Cmd.LOG, 0, [level, message])
 
     def metric_family(self, name: str, description: str, kind: int) -> None:
-        self.channel.send(Cmd.METRIC_FAMILY, 0, {"name": name, "description": description,
-                                                 "kind": kind})
+        # A call, not a notice: a family of that name but another kind is refused (as Triton).
+        waiter = _Waiter()
+        self._call(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind},
+                   waiter)
+        body = self._await(waiter)
+        if not body.get("ok"):
+            raise TritonModelException(str((body.get("error") or {}).get("message", body)))
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
                   buckets: list | None) -> None:

@@ -16,6 +16,14 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 COUNTER, GAUGE, HISTOGRAM = 0, 1, 2
+_KIND_NAMES = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
+
+
+def _bound(b: float) -> str:
+    """A bucket bound as Triton (prometheus-cpp) writes it: 1 not 1.0, 0.5, +Inf."""
+    if b == float("inf"):
+        return "+Inf"
+    return str(int(b)) if b.is_integer() and abs(b) < 1e15 else repr(b)
 
 
 class CustomMetrics(Collector):
@@ -27,11 +35,19 @@ class CustomMetrics(Collector):
         # family -> labels tuple -> [value] or [buckets, counts, sum, count]
         self._values: dict[str, dict[tuple, list]] = {}
 
-    def family(self, name: str, description: str, kind: int) -> None:
+    def family(self, name: str, description: str, kind: int) -> str | None:
+        """Register a family; None, or why not (the name is taken by another kind). A family
+        registered again with the same kind is the same family (its first description stays),
+        as with Triton."""
         with self._lock:
-            if name not in self._families:
+            known = self._families.get(name)
+            if known is None:
                 self._families[name] = (description, kind)
                 self._values[name] = {}
+            elif known[1] != kind:
+                return (f"metric family '{name}' already exists as a {_KIND_NAMES[known[1]]}; "
+                        f"it cannot also be a {_KIND_NAMES.get(kind, kind)}")
+        return None
 
     def op(self, family: str, labels: dict[str, str], op: str, value: float,
            buckets: list[float] | None) -> None:
@@ -43,7 +59,7 @@ class CustomMetrics(Collector):
             vals = self._values[family]
             slot = vals.get(key)
             if slot is None:
-                slot = ([sorted(buckets or []), [0] * (len(buckets or []) + 1), 0.0, 0]
+                slot = ([list(buckets or []), [0] * (len(buckets or []) + 1), 0.0, 0]
                         if kind == HISTOGRAM else [0.0])
                 vals[key] = slot
             if op == "increment":
@@ -78,7 +94,7 @@ class CustomMetrics(Collector):
                     cum, acc = [], 0
                     for b, c in zip(bounds + [float("inf")], counts):
                         acc += c
-                        cum.append((str(b) if b != float("inf") else "+Inf", acc))
+                        cum.append((_bound(b), acc))
                     fam.add_metric([d.get(n, "") for n in label_names], cum, total)
             else:
                 cls = CounterMetricFamily if kind == COUNTER else GaugeMetricFamily

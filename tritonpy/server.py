@@ -332,8 +332,10 @@ class Server:
             logging.getLogger(f"tritonpy.model.{rt.name}").log(
                 _LOG_LEVELS.get(level, logging.INFO), "[%s] %s", inst.name, text)
         elif cmd == Cmd.METRIC_FAMILY:
-            self.custom_metrics.family(str(body["name"]), str(body["description"]),
-                                       int(body["kind"]))
+            problem = self.custom_metrics.family(str(body["name"]), str(body["description"]),
+                                                 int(body["kind"]))
+            stub.send(Cmd.REPLY, call_id, {"ok": True} if problem is None else {
+                "ok": False, "error": {"code": "INVALID_ARG", "message": problem}})
         elif cmd == Cmd.METRIC_OP:
             fam, labels, op, value, buckets = body
             self.custom_metrics.op(fam, labels, op, value, buckets)

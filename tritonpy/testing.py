@@ -130,6 +130,7 @@ class ModelRunner:
         self.instance_name = instance_name or f"{name}_0_0"
         self.bls_handler = bls_handler
         self.metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self.metric_kinds: dict[str, int] = {}  # family name -> kind
         self.log = logging.getLogger(f"tritonpy.model.{name}")
         self._sent: dict[int, list[Any]] = {}
         self._final: set[int] = set()
@@ -524,7 +525,10 @@ class _RunnerRuntime:
         r.log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s] %s", r.instance_name, message)
 
     def metric_family(self, name: str, description: str, kind: int) -> None:
-        pass
+        known = self.runner.metric_kinds.setdefault(name, kind)
+        if known != kind:  # as the server: one name, one kind
+            raise _pb().TritonModelException(
+                f"metric family '{name}' already exists with another kind ({known})")
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
                   buckets: list | None) -> None:

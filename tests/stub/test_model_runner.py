@@ -361,6 +361,11 @@ class TritonPythonModel:
     async def initialize(self, args):
         fam = pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.COUNTER)
         self.count = fam.Metric({"m": "t"})
+        try:  # one name, one kind: refused as by the server
+            pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.GAUGE)
+            raise AssertionError("a second kind for one family name was accepted")
+        except pb_utils.TritonModelException:
+            pass
         self.ready = True
 
     def is_ready(self):

@@ -261,6 +261,29 @@ class TritonPythonModel:
             info["negative_refused"] = True
         return pb_utils.InferenceResponse([], parameters=info)
 
+    def op_metric_rules(self, request, params):
+        # Triton's rules for families and histogram buckets; each refusal is recorded.
+        def refused(make):
+            try:
+                make()
+                return False
+            except pb_utils.TritonModelException:
+                return True
+
+        again = pb_utils.MetricFamily("probe_requests", "another description",
+                                      pb_utils.MetricFamily.COUNTER)
+        again.Metric(labels={"model": "probe", "kind": "again"}).increment(1)
+        hist = pb_utils.MetricFamily("probe_rules", "rules", pb_utils.MetricFamily.HISTOGRAM)
+        hist.Metric(labels={"b": "none"}, buckets=[]).observe(3)  # only the +Inf bucket
+        info = {
+            "other_kind": refused(lambda: pb_utils.MetricFamily(
+                "probe_requests", "same name, other kind", pb_utils.MetricFamily.GAUGE)),
+            "no_buckets": refused(lambda: hist.Metric(labels={"b": "x"})),
+            "unsorted": refused(lambda: hist.Metric(labels={"b": "y"}, buckets=[2.5, 0.1])),
+            "duplicate": refused(lambda: hist.Metric(labels={"b": "z"}, buckets=[1, 1, 2])),
+        }
+        return pb_utils.InferenceResponse([], parameters=info)
+
     # -- readiness -----------------------------------------------------------------------
     def op_ready(self, request, params):
         self.ready = params["value"]
@@ -512,12 +535,26 @@ def test_custom_metrics_round_trip_and_export(server, probe):
     assert s[("probe_level", (("model", "probe"),))] == 31.0
     assert s[("probe_latency_sum", (("model", "probe"),))] == hist_sum
     n = s[("probe_latency_count", (("model", "probe"),))]
-    assert s[("probe_latency_bucket", (("le", "1.0"), ("model", "probe")))] == n / 2
-    assert s[("probe_latency_bucket", (("le", "10.0"), ("model", "probe")))] == n
+    # Bounds written as Triton writes them (le="1", not "1.0").
+    assert s[("probe_latency_bucket", (("le", "1"), ("model", "probe")))] == n / 2
+    assert s[("probe_latency_bucket", (("le", "10"), ("model", "probe")))] == n
     assert s[("probe_latency_bucket", (("le", "+Inf"), ("model", "probe")))] == n
     text = generate_latest(server.metrics_registry).decode()
     assert "# HELP probe_requests_total requests seen by the probe" in text
     assert "# TYPE probe_latency histogram" in text
+    assert 'probe_latency_bucket{le="1",model="probe"}' in text
+
+
+def test_custom_metric_family_and_bucket_rules(server, probe):
+    p = call(probe, "metric_rules").parameters
+    assert p == {"other_kind": True, "no_buckets": True, "unsorted": True, "duplicate": True}
+    s = _samples(server)
+    # The same name and kind is the same family, with its first description.
+    assert s[("probe_requests_total", (("kind", "again"), ("model", "probe")))] >= 1
+    text = generate_latest(server.metrics_registry).decode()
+    assert "# HELP probe_requests_total requests seen by the probe" in text
+    assert "another description" not in text
+    assert s[("probe_rules_bucket", (("b", "none"), ("le", "+Inf")))] >= 1
 
 
 # -- readiness -----------------------------------------------------------------------------------
