@@ -127,12 +127,13 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         waiter.cancel()
         await loop.run_in_executor(None, server.stop)
         raise
-    failed = [m for m in server.models() if m.get("state") == "UNAVAILABLE"]
+    failed = set(server.repo.not_available())  # failed to load (not merely left unloaded)
     if failed and args.exit_on_error:
         # As Triton: with --exit-on-error (its default) a model that failed to load at start
         # ends the server; --exit-on-error false serves the others (not ready while strict).
-        for m in failed:
-            log.error("model '%s' failed to load: %s", m.get("name"), m.get("reason") or "")
+        for m in server.models():
+            if m.get("name") in failed and m.get("state") != "READY":
+                log.error("model '%s' failed to load: %s", m.get("name"), m.get("reason") or "")
         log.error("failed to load all models; exiting (--exit-on-error false serves the rest)")
         waiter.cancel()
         await loop.run_in_executor(None, server.stop)
