@@ -563,7 +563,8 @@ class StubRuntime:
     def _bls_body(self, req: pb_utils.InferenceRequest, decoupled: bool) -> dict:
         if self.phase != "ready":
             raise TritonModelException(
-                f"BLS requests cannot be made during {self.phase}(); make them in execute()"
+                "BLS is only supported during the 'execute' function. "
+                f"(this call came from {self.phase}())"
             )
         if not req._model_name:
             raise TritonModelException("BLS InferenceRequest needs a model_name")

@@ -111,35 +111,50 @@ def _expect(value: Any, types: type | tuple[type, ...], what: str) -> None:
     raise TypeError(f"{what} must be {names}, got {type(value).__name__}")
 
 
-def _expect_list(value: Any, item: type, what: str) -> list:
+def _expect_list(value: Any, item: type | tuple[type, ...], what: str) -> list:
     _expect(value, (list, tuple), what)
     for v in value:
         if not isinstance(v, item):
-            raise TypeError(f"{what} must hold {item.__name__} objects, got {type(v).__name__}")
+            names = " or ".join(t.__name__ for t in (item if isinstance(item, tuple) else (item,)))
+            raise TypeError(f"{what} must hold {names} objects, got {type(v).__name__}")
     return list(value)
+
+
+def _text(value: Any, what: str) -> str:
+    """A str argument; bytes (e.g. read from a TYPE_STRING input) are taken as UTF-8, as by
+    Triton's std::string arguments."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    _expect(value, str, what)
+    return str(value)
 
 
 class InferenceRequest:
     """A request: one the model received in ``execute``, or one it builds for BLS."""
 
-    def __init__(self, model_name: str = "", requested_output_names: Any = _UNSET,
-                 inputs: Any = _UNSET, request_id: str = "",
-                 correlation_id: int | str = 0, model_version: int = -1, flags: int = 0,
+    # Triton's argument order; inputs, requested_output_names and model_name are required.
+    def __init__(self, request_id: str = "", correlation_id: int | str = 0,
+                 inputs: Any = _UNSET, requested_output_names: Any = _UNSET,
+                 model_name: Any = _UNSET, model_version: int = -1, flags: int = 0,
                  timeout: int = 0, preferred_memory: PreferredMemory | None = None,
                  trace: Trace | None = None, parameters: Any = None) -> None:
+        missing = [n for n, v in (("inputs", inputs),
+                                  ("requested_output_names", requested_output_names),
+                                  ("model_name", model_name)) if v is _UNSET]
+        if missing:
+            raise TypeError(f"InferenceRequest() missing required argument(s): "
+                            f"{', '.join(missing)}")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("correlation_id must be an int or a str")
-        _expect(model_name, str, "model_name")
-        _expect(request_id, str, "request_id")
         _expect(model_version, int, "model_version")
         _expect(flags, int, "flags")
         _expect(timeout, int, "timeout")
-        self._model_name = model_name
-        self._requested_output_names = _expect_list(
-            [] if requested_output_names is _UNSET else requested_output_names, str,
-            "requested_output_names")
-        self._inputs = _expect_list([] if inputs is _UNSET else inputs, Tensor, "inputs")
-        self._request_id = request_id
+        self._model_name = _text(model_name, "model_name")
+        self._requested_output_names = [
+            _text(n, "requested_output_names")
+            for n in _expect_list(requested_output_names, (str, bytes), "requested_output_names")]
+        self._inputs = _expect_list(inputs, Tensor, "inputs")
+        self._request_id = _text(request_id, "request_id")
         self._correlation_id = correlation_id
         self._model_version = int(model_version)
         self._flags = int(flags)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from tritonpy.shm import Cmd
 
-from ._errors import InvalidArgumentError, TritonpyError, UnavailableError
+from ._errors import InvalidArgumentError, NotFoundError, TritonpyError, UnavailableError
 from ._request import HostRequest
 
 if TYPE_CHECKING:
@@ -51,7 +51,11 @@ class BlsRouter:
 
         try:
             rb = body["request"]
-            target = srv.runtime(str(rb["model"]), int(rb.get("version", -1)))
+            try:
+                target = srv.runtime(str(rb["model"]), int(rb.get("version", -1)))
+            except NotFoundError as exc:  # Triton's sentence first: models match on it
+                raise NotFoundError(f"Failed for execute the inference request. Model "
+                                    f"'{rb['model']}' is not ready. ({exc.message})") from None
             if target.decoupled and not decoupled:
                 raise InvalidArgumentError(
                     f"model '{target.name}' is decoupled: call exec(decoupled=True) or "

@@ -502,7 +502,8 @@ class _RunnerRuntime:
                 "bls_handler=... to answer BLS calls, or test with tritonpy.Server")
         if r._phase != "execute":
             raise pb.TritonModelException(
-                f"BLS requests cannot be made during {r._phase}(); make them in execute()")
+                "BLS is only supported during the 'execute' function. "
+                f"(this call came from {r._phase}())")
         return r.bls_handler(req, decoupled)
 
     def bls_exec(self, req: Any, decoupled: bool) -> Any:

@@ -32,6 +32,21 @@ def test_inference_request_wrong_argument_types(kwargs, what):
         pb_utils.InferenceRequest(**args)
 
 
+@pytest.mark.parametrize("left_out", ["model_name", "inputs", "requested_output_names"])
+def test_inference_request_required_arguments(left_out):
+    args = {"model_name": "m", "inputs": [T], "requested_output_names": ["OUT"]}
+    del args[left_out]
+    with pytest.raises(TypeError, match=left_out):
+        pb_utils.InferenceRequest(**args)
+
+
+def test_inference_request_positional_order_and_bytes_names_as_triton():
+    # Triton's order: request_id, correlation_id, inputs, requested_output_names, model_name.
+    req = pb_utils.InferenceRequest("rid", 7, [T], [b"OUT"], b"target")
+    assert (req.request_id(), req.correlation_id(), req.model_name()) == ("rid", 7, "target")
+    assert req.requested_output_names() == ["OUT"] and req.inputs() == [T]
+
+
 def test_inference_request_accepts_numpy_integers_and_defaults():
     req = pb_utils.InferenceRequest(model_name="m", inputs=[T], requested_output_names=["OUT"],
                                     model_version=np.int64(2), timeout=np.int32(5))
