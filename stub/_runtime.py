@@ -84,6 +84,16 @@ class _Waiter:
         return bool(self.items)
 
 
+async def _first_item(w: _Waiter) -> None:
+    """Wait (on the event loop) until a stream waiter holds a reply."""
+    assert w.wake is not None
+    while not w.items:
+        w.wake.clear()
+        if w.items:
+            break
+        await w.wake.wait()
+
+
 async def _awaited(awaitable: Any) -> Any:
     """A coroutine of any awaitable (asyncio.run takes coroutines only)."""
     return await awaitable
@@ -616,6 +626,9 @@ class StubRuntime:
         waiter = _Waiter(stream=decoupled, loop=loop)
         call_id = self._call(Cmd.BLS_INFER, body, waiter)
         if decoupled:
+            # As Triton: resolved once the first response is in, so that the documented plain
+            # ``for`` over the result does not block the event loop waiting for it.
+            await _first_item(waiter)
             return _AsyncResponseIterator(self, call_id, waiter)
         assert waiter.future is not None
         return self._to_response(await waiter.future)
@@ -671,20 +684,34 @@ class _ResponseIterator:
         self._call_id = call_id
         self._waiter = waiter
         self._done = False
+        # As Triton's: the responses are kept, and iterating again once the stream has ended
+        # starts over from the first.
+        self._seen: list[pb_utils.InferenceResponse] = []
+        self._pos = 0
 
     def __iter__(self) -> _ResponseIterator:
+        if self._done and self._pos == len(self._seen):
+            self._pos = 0
         return self
 
-    def __next__(self) -> pb_utils.InferenceResponse:
-        if self._done:
-            raise StopIteration
-        body = self._rt._await(self._waiter)
+    def _take(self, body: dict) -> pb_utils.InferenceResponse:
         if body.get("final", True):
             self._done = True
-            if body.get("empty") and not body.get("error"):
-                # A bare final flag still yields an empty response, as Triton does.
-                return pb_utils.InferenceResponse([])
-        return self._rt._to_response(body)
+        if body.get("empty") and not body.get("error"):
+            resp = pb_utils.InferenceResponse([])  # a bare final flag: an empty response
+        else:
+            resp = self._rt._to_response(body)
+        self._seen.append(resp)
+        self._pos = len(self._seen)
+        return resp
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        if self._pos < len(self._seen):
+            self._pos += 1
+            return self._seen[self._pos - 1]
+        if self._done:
+            raise StopIteration
+        return self._take(self._rt._await(self._waiter))
 
     def cancel(self) -> None:
         if not self._done:
@@ -696,24 +723,16 @@ class _AsyncResponseIterator(_ResponseIterator):
     with a plain ``for`` as Triton's docs do (that blocks the event loop while it waits)."""
 
     def __aiter__(self) -> _AsyncResponseIterator:
-        return self
+        return self.__iter__()  # type: ignore[return-value]
 
     async def __anext__(self) -> pb_utils.InferenceResponse:
+        if self._pos < len(self._seen):
+            self._pos += 1
+            return self._seen[self._pos - 1]
         if self._done:
             raise StopAsyncIteration
-        w = self._waiter
-        assert w.wake is not None
-        while not w.items:
-            w.wake.clear()
-            if w.items:
-                break
-            await w.wake.wait()
-        body = w.items.popleft()
-        if body.get("final", True):
-            self._done = True
-            if body.get("empty") and not body.get("error"):
-                return pb_utils.InferenceResponse([])
-        return self._rt._to_response(body)
+        await _first_item(self._waiter)
+        return self._take(self._waiter.items.popleft())
 
 
 class _LogForwarder(logging.Handler):
