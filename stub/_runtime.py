@@ -453,8 +453,10 @@ class StubRuntime:
             body = {"error": _error_body("INTERNAL", traceback.format_exc())}
         reschedule = [r._host_id for r in requests
                       if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
-        if reschedule:
+        if reschedule and "error" not in body:
             body["reschedule"] = reschedule
+        elif reschedule:
+            reschedule = []  # the execute failed: its requests get the error, not another run
         keep = "error" not in body
         decoupled = self.decoupled
         for r in requests:
@@ -491,12 +493,24 @@ class StubRuntime:
                    f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
                    f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
             return {"error": _error_body("INTERNAL", msg)}
+        resched = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+        for req, resp in zip(requests, result):
+            if req._release_flags == resched and resp is not None:
+                # As Triton: a rescheduled request gets no response now (answering it and
+                # running it again would loop for ever).
+                msg = ("Expected a None object in the execute function return list for "
+                       f"rescheduled request, found type '{type(resp).__name__}' "
+                       f"(model '{self.name}')")
+                return {"error": _error_body("INTERNAL", msg)}
         # A None entry (or a None return) is fine for a request that took its response sender:
         # as with Triton, its response may come from the sender before or after execute returns.
-        missing = sum(resp is None and req._sender is None for req, resp in zip(requests, result))
+        missing = sum(resp is None and req._sender is None and req._release_flags != resched
+                      for req, resp in zip(requests, result))
         responses = []
         for req, resp in zip(requests, result):
             sender = req._sender
+            if req._release_flags == resched:
+                continue
             if resp is None:
                 if sender is None:
                     responses.append({"id": req._host_id, "error": _error_body(

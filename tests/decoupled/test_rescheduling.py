@@ -63,6 +63,17 @@ def test_default_mode_rescheduled_request_answers_once(server, n):
     assert counts(responses) == [n]  # executed n times, answered on the last
 
 
+def test_response_returned_for_a_rescheduled_request_is_an_error_not_a_loop(server):
+    # Triton fails such an execute; answering and running it again would loop for ever.
+    responses = collect(infer(server, "iterative_default", -1, "wrong-return"), WAIT_S)
+    assert len(responses) == 1 and responses[0].final
+    err = responses[0].error
+    assert err is not None and "Expected a None object" in err.message
+    assert "rescheduled request, found type 'InferenceResponse'" in err.message
+    again = collect(infer(server, "iterative_default", 2, "after-wrong"), WAIT_S)
+    assert counts(again) == [2]
+
+
 def test_concurrent_iterative_requests_each_complete(server):
     streams = {rid: infer(server, "iterative", n, rid) for rid, n in
                (("a", 3), ("b", 2), ("c", 4))}
