@@ -215,7 +215,7 @@ class ModelRuntime(RuntimeBase):
                 "version_dir": os.path.dirname(self.model_file),
                 "decoupled": self.decoupled,
                 "max_async": self.max_async,
-            }, timeout=max(60.0, srv.options.stub_timeout_seconds))
+            }, timeout=None)  # as Triton: as long as the stub lives and answers (watchdog)
         except TritonpyError:
             stub.stop(finalize=False, timeout=2)
             raise

@@ -186,6 +186,48 @@ def test_busy_stub_is_not_killed_by_the_watchdog(repo, shm_prefix):
         assert model.ready()
 
 
+SLOW_INIT_PY = '''
+import ctypes
+import json
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        how = json.loads(args["model_config"])["parameters"]["HOW"]["string_value"]
+        if how == "busy":
+            time.sleep(3.0)  # e.g. loading weights: releases the GIL, the stub answers pings
+        else:
+            ctypes.PyDLL(None).sleep(30)  # stuck in C holding the GIL: nothing answers
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+'''
+
+
+@pytest.mark.parametrize("how", ["busy", "hang"])
+def test_initialize_has_no_deadline_but_a_hung_one_is_killed(tmp_path, shm_prefix, how):
+    # Triton waits for initialize as long as the stub is healthy (models load weights for
+    # minutes); a stub that stops answering is killed after stub-timeout-seconds.
+    repo = tmp_path / "repo"
+    write_model(repo, "slowinit", SLOW_INIT_PY, io_config(
+        extra=f'parameters {{ key: "HOW" value: {{ string_value: "{how}" }} }}\n'))
+    backend = {"stub-timeout-seconds": "0.6", "restart-backoff-seconds": "0.1"}
+    with serving(repo, shm_prefix, backend_config=backend) as srv:
+        (entry,) = [m for m in srv.models() if m["name"] == "slowinit"]
+        if how == "busy":
+            assert entry["state"] == "READY", entry
+            resp = infer(srv.model("slowinit"), {"IN": np.array([2.0], np.float32)})
+            assert resp.error is None and resp.outputs["OUT"].to_numpy().tolist() == [2.0]
+        else:
+            assert entry["state"] == "UNAVAILABLE", entry
+            assert "killed by signal SIGKILL" in entry["reason"]
+            assert "no answer for 0.6 s, stub-timeout-seconds" in entry["reason"]
+
+
 # -- the host goes away -------------------------------------------------------------------------
 HOST_PY = textwrap.dedent('''
     import json, os, signal, sys, time
