@@ -17,6 +17,7 @@ import inspect
 import itertools
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -131,6 +132,7 @@ class StubRuntime:
         self.transport = TensorTransport(self.pool)
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
         self.peer = self.channel.peer
         # A plain lock (not the default RLock), taken a few times per request: ``with
         # self._mu`` (C level) where nobody is woken, the condition only to wait or notify.
@@ -153,6 +155,32 @@ class StubRuntime:
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
         self.max_async = 1
+        self._forked = False  # True in a process the model forked
+
+    def _after_fork_in_child(self) -> None:
+        """A process the model forked (e.g. a multiprocessing pool) shares this stub's socket
+        but has none of its threads: a BLS call or a response from it would wait for ever or
+        garble the channel. Such calls fail at once there; and the child dies with this stub,
+        as the stub dies with the host."""
+        self._forked = True
+
+        def refuse(*_: Any, **__: Any) -> None:
+            self._refuse_forked()
+        self.channel.send = refuse  # type: ignore[method-assign]
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+    def _refuse_forked(self) -> None:
+        # Also before any shm allocation: the child's copy of the pool would hand out blocks
+        # the stub itself hands out too.
+        raise TritonModelException(
+            "pb_utils calls that talk to the server (BLS, the response sender, shm tensors, "
+            "logging to the server, metrics, model loading) are not supported in a process "
+            "forked by the model; make them in the stub process")
 
     # -- process main: the read role ------------------------------------------------------------
     # No thread owns the socket. A thread that needs a frame (an idle worker, or a model thread
@@ -562,11 +590,15 @@ class StubRuntime:
 
     def send_response(self, req: pb_utils.InferenceRequest,
                       resp: pb_utils.InferenceResponse | None, final: bool) -> None:
+        if self._forked:
+            self._refuse_forked()
         if final:
             self._active.pop(req._host_id, None)
         self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
 
     def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> Any:
+        if self._forked:
+            self._refuse_forked()
         return self.pool.new_array(dtype, shape)
 
     def _start_async_loop(self) -> None:
@@ -585,6 +617,8 @@ class StubRuntime:
 
     # -- calls to the host: BLS, model loading, metrics ---------------------------------------
     def _bls_body(self, req: pb_utils.InferenceRequest, decoupled: bool) -> dict:
+        if self._forked:
+            self._refuse_forked()
         if self.phase != "ready":
             raise TritonModelException(
                 "BLS is only supported during the 'execute' function. "
