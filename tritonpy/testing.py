@@ -273,14 +273,7 @@ class ModelRunner:
                 raise InternalError(
                     "Expected an InferenceResponse in the execute return, found type "
                     f"'{type(resp).__name__}'")
-        by_sender = [r for r, resp in zip(reqs, result) if resp is None]
-        with self._sent_cv:
-            done = self._sent_cv.wait_for(
-                lambda: all(r._host_id in self._final for r in by_sender), timeout)
-        if not done:
-            open_ = sum(r._host_id not in self._final for r in by_sender)
-            raise TimeoutError(f"{open_} request(s) got no TRITONSERVER_RESPONSE_COMPLETE_FINAL "
-                               f"within {timeout} s")
+        self._wait_final([r for r, resp in zip(reqs, result) if resp is None], timeout)
         out = []
         for r, resp in zip(reqs, result):
             if resp is None:
@@ -312,6 +305,11 @@ class ModelRunner:
             raise InternalError(
                 f"Python model '{self.name}' is using the decoupled mode and the execute "
                 "function must return None.")
+        self._wait_final(reqs, timeout)
+        return [self._take(r) for r in reqs]
+
+    def _wait_final(self, reqs: list[Any], timeout: float) -> None:
+        """Until every request's sender sent its final flag; TimeoutError after ``timeout``."""
         with self._sent_cv:
             done = self._sent_cv.wait_for(
                 lambda: all(r._host_id in self._final for r in reqs), timeout)
@@ -319,7 +317,6 @@ class ModelRunner:
             open_ = sum(r._host_id not in self._final for r in reqs)
             raise TimeoutError(f"{open_} request(s) got no TRITONSERVER_RESPONSE_COMPLETE_FINAL "
                                f"within {timeout} s")
-        return [self._take(r) for r in reqs]
 
     def is_ready(self) -> bool:
         """The model's ``is_ready()`` (True when it has none, False when it raises)."""

@@ -170,6 +170,15 @@ def serve(tmp_path: Path, shm_prefix: str) -> Iterator[Callable[..., Serve]]:
             s.close()
 
 
+def serve_repo(serve: Callable[..., Serve], repo: Path, *flags: str) -> tuple[Serve, int, int]:
+    """``tritonpy serve`` of ``repo`` on free ports, listening: (server, HTTP port, gRPC port)."""
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = serve("--model-repository", str(repo), "--http-port", str(http_port),
+                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), *flags)
+    server.endpoints()
+    return server, http_port, grpc_port
+
+
 def slow_infer(url: str, seconds: float, request_id: str) -> Any:
     """One request to ``slow`` on a client of its own (the sync HTTP client is per thread)."""
     inp = httpclient.InferInput("SECONDS", [1], "FP32")
@@ -339,11 +348,7 @@ def test_strict_readiness_flag(serve: Callable[..., Serve], tmp_path: Path) -> N
                 "class TritonPythonModel:\n    def initialize(self, args):\n"
                 "        raise RuntimeError('broken on purpose')\n")
     for strict, flags in ((True, []), (False, ["--strict-readiness", "false"])):
-        http_port, grpc_port, metrics_port = free_ports(3)
-        server = serve("--model-repository", str(repo), "--http-port", str(http_port),
-                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                       "--exit-on-error", "false", *flags)
-        server.endpoints()
+        server, http_port, grpc_port = serve_repo(serve, repo, "--exit-on-error", "false", *flags)
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
         grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
         try:
@@ -390,11 +395,7 @@ def test_disabled_auto_complete_needs_a_config_and_skips_auto_complete_config(
     (repo / "bare" / "1").mkdir(parents=True)
     (repo / "bare" / "1" / "model.py").write_text(IDENT_MODEL)
     for flags in (["--disable-auto-complete-config"], ["--strict-model-config", "true"]):
-        http_port, grpc_port, metrics_port = free_ports(3)
-        server = serve("--model-repository", str(repo), "--http-port", str(http_port),
-                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
-                       "--exit-on-error", "false", *flags)
-        server.endpoints()
+        server, http_port, _ = serve_repo(serve, repo, "--exit-on-error", "false", *flags)
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
         try:
             assert http.is_model_ready("ident")
