@@ -2,7 +2,6 @@
 use, so a model holding shared memory shows up in ``shm_usage()`` and on the metrics page."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from _models import fp32, infer, io_config, serving, write_model
 
@@ -14,7 +13,6 @@ MiB = 1 << 20
 
 # Keeps 3 MiB of its own pool alive (an output buffer it reuses), and echoes IN as OUT.
 HOLDER_PY = """
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:

@@ -6,7 +6,6 @@ async (calls made with async_exec), return_last (the last output goes back as OU
 REPORT (JSON): per call the target's CHECK and whether OUTPUT0 held what it should; this stub's
 copies, reuses and forwards; its pool's bytes in use before, with the tensor, and after it died.
 """
-import asyncio
 import json
 import time
 
