@@ -138,27 +138,39 @@ class InferenceRequest:
                  model_name: Any = _UNSET, model_version: int = -1, flags: int = 0,
                  timeout: int = 0, preferred_memory: PreferredMemory | None = None,
                  trace: Trace | None = None, parameters: Any = None) -> None:
-        missing = [n for n, v in (("inputs", inputs),
-                                  ("requested_output_names", requested_output_names),
-                                  ("model_name", model_name)) if v is _UNSET]
-        if missing:
+        if inputs is _UNSET or requested_output_names is _UNSET or model_name is _UNSET:
+            missing = [n for n, v in (("inputs", inputs),
+                                      ("requested_output_names", requested_output_names),
+                                      ("model_name", model_name)) if v is _UNSET]
             raise TypeError(f"InferenceRequest() missing required argument(s): "
                             f"{', '.join(missing)}")
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("correlation_id must be an int or a str")
-        _expect(model_version, int, "model_version")
-        _expect(flags, int, "flags")
-        _expect(timeout, int, "timeout")
-        self._model_name = _text(model_name, "model_name")
-        self._requested_output_names = [
-            _text(n, "requested_output_names")
-            for n in _expect_list(requested_output_names, (str, bytes), "requested_output_names")]
-        self._inputs = _expect_list(inputs, Tensor, "inputs")
-        self._request_id = _text(request_id, "request_id")
+        # A BLS call builds one of these each time: the usual types take the short way.
+        if type(model_version) is not int or type(flags) is not int or type(timeout) is not int:
+            _expect(model_version, int, "model_version")
+            _expect(flags, int, "flags")
+            _expect(timeout, int, "timeout")
+            model_version, flags, timeout = int(model_version), int(flags), int(timeout)
+        self._model_name = model_name if type(model_name) is str else _text(
+            model_name, "model_name")
+        names = requested_output_names
+        if type(names) is list and all(type(n) is str for n in names):
+            self._requested_output_names = names.copy()
+        else:
+            self._requested_output_names = [
+                _text(n, "requested_output_names")
+                for n in _expect_list(names, (str, bytes), "requested_output_names")]
+        if type(inputs) is list and all(type(t) is Tensor for t in inputs):
+            self._inputs = inputs.copy()
+        else:
+            self._inputs = _expect_list(inputs, Tensor, "inputs")
+        self._request_id = request_id if type(request_id) is str else _text(
+            request_id, "request_id")
         self._correlation_id = correlation_id
-        self._model_version = int(model_version)
-        self._flags = int(flags)
-        self._timeout = int(timeout)
+        self._model_version = model_version
+        self._flags = flags
+        self._timeout = timeout
         self._preferred_memory = preferred_memory or PreferredMemory()
         self._trace = trace or Trace()
         self._parameters = _check_parameters(parameters)
