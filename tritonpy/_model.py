@@ -424,6 +424,7 @@ class ModelRuntime(RuntimeBase):
                     answers.append((req, answer))
         err = body.get("error")
         failed = []
+        logged = False
         if err:
             error = error_from_wire(err)
             for req in batch:
@@ -432,7 +433,12 @@ class ModelRuntime(RuntimeBase):
                     held = self._held.pop(req.id, None)
                     if held is not None and not self.decoupled:
                         # Its response went out through the sender before execute failed: as
-                        # with Triton, that response is the caller's (the error is logged).
+                        # with Triton, that response is the caller's; the error is logged
+                        # (before the caller can see the response).
+                        if not logged:
+                            log.error("model '%s' instance '%s': %s", self.name, inst.name,
+                                      error.message)
+                            logged = True
                         self.stats.request_done(held[1] is None, t_done - req.t_enqueue)
                         answers.append((req, (*held, True)))
                         continue
@@ -463,7 +469,9 @@ class ModelRuntime(RuntimeBase):
         if err:
             for req in failed:
                 req.fail(error)
-            if not failed:  # e.g. a decoupled execute returned responses after its final flag
+            # Nobody left to tell (e.g. a decoupled execute returned responses after its final
+            # flag): the log says it.
+            if not failed and not logged:
                 log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
         if requeue:
             with self.lock:

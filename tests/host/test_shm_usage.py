@@ -13,6 +13,7 @@ MiB = 1 << 20
 
 # Keeps 3 MiB of its own pool alive (an output buffer it reuses), and echoes IN as OUT.
 HOLDER_PY = """
+import numpy as np
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
