@@ -522,18 +522,20 @@ class StubRuntime:
                    f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
             return {"error": _error_body("INTERNAL", msg)}
         resched = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-        for req, resp in zip(requests, result):
-            if req._release_flags == resched and resp is not None:
-                # As Triton: a rescheduled request gets no response now (answering it and
-                # running it again would loop for ever).
-                msg = ("Expected a None object in the execute function return list for "
-                       f"rescheduled request, found type '{type(resp).__name__}' "
-                       f"(model '{self.name}')")
-                return {"error": _error_body("INTERNAL", msg)}
         # A None entry (or a None return) is fine for a request that took its response sender:
         # as with Triton, its response may come from the sender before or after execute returns.
-        missing = sum(resp is None and req._sender is None and req._release_flags != resched
-                      for req, resp in zip(requests, result))
+        missing = 0
+        for req, resp in zip(requests, result):
+            if req._release_flags == resched:
+                if resp is not None:
+                    # As Triton: a rescheduled request gets no response now (answering it and
+                    # running it again would loop for ever).
+                    msg = ("Expected a None object in the execute function return list for "
+                           f"rescheduled request, found type '{type(resp).__name__}' "
+                           f"(model '{self.name}')")
+                    return {"error": _error_body("INTERNAL", msg)}
+            elif resp is None and req._sender is None:
+                missing += 1
         responses = []
         for req, resp in zip(requests, result):
             sender = req._sender
@@ -695,24 +697,24 @@ class StubRuntime:
         cmd = {"load": Cmd.LOAD_MODEL, "unload": Cmd.UNLOAD_MODEL, "ready": Cmd.MODEL_READY}[what]
         if self.phase == "finalize":
             raise TritonModelException("the model loading API cannot be used in finalize()")
+        return self._call_ok(cmd, {"name": name, **kw}).get("ready", True)
+
+    def _call_ok(self, cmd: Cmd, body: Any) -> dict:
+        """A call to the host and its reply; TritonModelException with the host's message
+        when the reply is not ok."""
         waiter = _Waiter()
-        self._call(cmd, {"name": name, **kw}, waiter)
-        body = self._await(waiter)
-        if not body.get("ok"):
-            raise TritonModelException(str((body.get("error") or {}).get("message", body)))
-        return body.get("ready", True)
+        self._call(cmd, body, waiter)
+        reply = self._await(waiter)
+        if not reply.get("ok"):
+            raise TritonModelException(str((reply.get("error") or {}).get("message", reply)))
+        return reply
 
     def log(self, level: int, message: str) -> None:
         self.channel.send(Cmd.LOG, 0, [level, message])
 
     def metric_family(self, name: str, description: str, kind: int) -> None:
         # A call, not a notice: a family of that name but another kind is refused (as Triton).
-        waiter = _Waiter()
-        self._call(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind},
-                   waiter)
-        body = self._await(waiter)
-        if not body.get("ok"):
-            raise TritonModelException(str((body.get("error") or {}).get("message", body)))
+        self._call_ok(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind})
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
                   buckets: list | None) -> None:
@@ -753,10 +755,17 @@ class _ResponseIterator:
         self._pos = len(self._seen)
         return resp
 
-    def __next__(self) -> pb_utils.InferenceResponse:
+    def _replay(self) -> pb_utils.InferenceResponse | None:
+        """The next kept response when iterating again, else None."""
         if self._pos < len(self._seen):
             self._pos += 1
             return self._seen[self._pos - 1]
+        return None
+
+    def __next__(self) -> pb_utils.InferenceResponse:
+        kept = self._replay()
+        if kept is not None:
+            return kept
         if self._done:
             raise StopIteration
         return self._take(self._rt._await(self._waiter))
@@ -774,9 +783,9 @@ class _AsyncResponseIterator(_ResponseIterator):
         return self.__iter__()  # type: ignore[return-value]
 
     async def __anext__(self) -> pb_utils.InferenceResponse:
-        if self._pos < len(self._seen):
-            self._pos += 1
-            return self._seen[self._pos - 1]
+        kept = self._replay()
+        if kept is not None:
+            return kept
         if self._done:
             raise StopAsyncIteration
         await _first_item(self._waiter)

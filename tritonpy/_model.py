@@ -430,18 +430,16 @@ class ModelRuntime(RuntimeBase):
             for req in batch:
                 if not req.done and req.id not in resched:
                     inst.active.pop(req.id, None)
-                    held = self._held.pop(req.id, None)
-                    if held is not None and not self.decoupled:
-                        # Its response went out through the sender before execute failed: as
-                        # with Triton, that response is the caller's; the error is logged
-                        # (before the caller can see the response).
-                        if not logged:
-                            log.error("model '%s' instance '%s': %s", self.name, inst.name,
-                                      error.message)
-                            logged = True
-                        self.stats.request_done(held[1] is None, t_done - req.t_enqueue)
-                        answers.append((req, (*held, True)))
+                    if not self.decoupled and req.id in self._held:
+                        # Its response went out through the sender before execute failed:
+                        # _answer gives the caller that response and logs the error.
+                        answer = self._answer(inst, stub, req,
+                                              {"error": err, "empty": True, "final": True})
+                        assert answer is not None  # a final response is never held
+                        answers.append((req, answer))
+                        logged = True
                         continue
+                    self._held.pop(req.id, None)
                     self.stats.request_done(False, t_done - req.t_enqueue)
                     failed.append(req)
         requeue = [r for r in batch if r.id in resched and not r.done]

@@ -132,7 +132,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         # As Triton: with --exit-on-error (its default) a model that failed to load at start
         # ends the server; --exit-on-error false serves the others (not ready while strict).
         for m in server.models():
-            if m.get("name") in failed and m.get("state") != "READY":
+            if m.get("name") in failed:
                 log.error("model '%s' failed to load: %s", m.get("name"), m.get("reason") or "")
         log.error("failed to load all models; exiting (--exit-on-error false serves the rest)")
         waiter.cancel()

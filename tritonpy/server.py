@@ -335,7 +335,7 @@ class Server:
             problem = self.custom_metrics.family(str(body["name"]), str(body["description"]),
                                                  int(body["kind"]))
             stub.send(Cmd.REPLY, call_id, {"ok": True} if problem is None else {
-                "ok": False, "error": {"code": "INVALID_ARG", "message": problem}})
+                "ok": False, "error": InvalidArgumentError(problem).to_wire()})
         elif cmd == Cmd.METRIC_OP:
             fam, labels, op, value, buckets = body
             self.custom_metrics.op(fam, labels, op, value, buckets)
