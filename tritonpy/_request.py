@@ -84,7 +84,7 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "__weakref__",
+        "queue_deadline", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -115,6 +115,8 @@ class HostRequest:
         self.caller_exec = 0
         self.batch_size = 1
         self.on_cancel: Callable[[HostRequest], None] | None = None
+        # When its queue timeout passes (time.monotonic_ns; 0: never), set by the batcher.
+        self.queue_deadline = 0
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:

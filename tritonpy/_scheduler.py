@@ -212,8 +212,8 @@ class DynamicBatcher:
         lv.queue.append(req)
         self.n += 1
         if timeout_us:
-            deadline = req.t_enqueue / 1e9 + timeout_us / 1e6
-            self.rt.server.timers.at_request(deadline, req, self._expired)
+            req.queue_deadline = deadline = req.t_enqueue + timeout_us * 1000
+            self.rt.server.timers.at_request(deadline / 1e9, req, self._expired)
         return None
 
     def _purge(self, lv: _Level) -> None:
@@ -239,8 +239,32 @@ class DynamicBatcher:
             else:
                 lv.delayed.append(req)
                 return
-        rt.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
-        req.fail(UnavailableError(REQUEST_TIMEOUT))
+        self._reject([req])
+
+    def _reject(self, reqs: list[HostRequest]) -> None:
+        """Answer requests taken off the queue because their timeout passed (no lock held)."""
+        stats = self.rt.stats
+        for req in reqs:
+            if not req.done:
+                stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+                req.fail(UnavailableError(REQUEST_TIMEOUT))
+
+    def _expire(self, expired: list[HostRequest]) -> None:
+        """Apply the queue policy to ``expired`` requests that batch formation found: reject
+        them (answered from the timer thread, as the caller holds the model lock) or move them
+        behind their level, as Triton does when it forms a batch. Their own timers, still
+        armed, then find them gone from the queue."""
+        rejected = []
+        for req in expired:
+            lv = self._level(req)
+            lv.queue.remove(req)
+            if lv.reject:
+                self.n -= 1
+                rejected.append(req)
+            else:
+                lv.delayed.append(req)
+        if rejected:
+            self.rt.server.timers.at(0.0, lambda: self._reject(rejected))
 
     def requeue(self, reqs: list[HostRequest]) -> None:
         for req in reversed(reqs):
@@ -264,16 +288,44 @@ class DynamicBatcher:
             plans.append((inst, batch))
         return plans
 
+    def _candidates(self, now: int, expired: list[HostRequest]) -> Iterator[HostRequest]:
+        """Live requests in batch order; those whose queue timeout has passed go to
+        ``expired`` instead (the queue policy applies to them, not to the delayed ones)."""
+        for lv in self.levels:
+            for req in lv.queue:
+                if req.done:
+                    continue
+                deadline = req.queue_deadline
+                if deadline and now > deadline:
+                    expired.append(req)
+                    continue
+                yield req
+            for req in lv.delayed:
+                if not req.done:
+                    yield req
+
     def _form(self) -> list[HostRequest] | None:
+        while True:
+            expired: list[HostRequest] = []
+            chosen = self._choose(self._candidates(time.monotonic_ns(), expired))
+            if expired:
+                # Found on the way (only requests up to the batch's end are looked at): take
+                # them out of the queue and choose again from what is left.
+                self._expire(expired)
+                continue
+            if chosen:
+                self._pop(len(chosen))
+            return chosen
+
+    def _choose(self, candidates: Iterator[HostRequest]) -> list[HostRequest] | None:
+        """The batch to send now from ``candidates`` (still queued), or None to wait."""
         pending: list[HostRequest] = []
         size = 0
         best = 0  # number of pending requests making the best batch seen so far
         send_now = False
         oldest = 0
         preferred = self.preferred
-        for req in self:
-            if req.done:
-                continue
+        for req in candidates:
             bs = req.batch_size or 1
             if pending:
                 if best == 0 and size + bs > self.max_preferred:
@@ -300,7 +352,6 @@ class DynamicBatcher:
         else:
             self.waker.arm((oldest + delay) / 1e9)
             return None
-        self._pop(len(chosen))
         return chosen
 
     def _pop(self, count: int) -> None:

@@ -25,7 +25,7 @@ from _bls_models import (
 )
 
 MODELS = ["bls_driver", "add_sub", "sleeper", "failing", "versioned", "echo_meta", "square",
-          "bls_in_init", "bls_background", "identity"]
+          "bls_in_init", "bls_background", "identity", "queue_policy"]
 # pb_utils.TritonError codes
 INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, CANCELLED = 1, 2, 3, 4, 7
 
@@ -101,6 +101,26 @@ def test_a_generous_timeout_does_not_fire(server) -> None:
                                "inputs": {"MS": {"data": [20], "dtype": "int32"}}})
     resp = one(report)
     assert resp["error"] is None and resp["outputs"]["SLEPT"]["values"][0] >= 20
+
+
+ROW = {"data": [[1.0, 2.0]], "dtype": "float32"}  # one batch row
+
+
+def test_timeout_already_passed_when_the_batch_forms(server, driver_pid) -> None:
+    # Triton's BLS test_timeout: a 5 µs timeout on a model whose queue policy lets requests
+    # shorten it fails with the instance idle, as the policy applies when the batch forms.
+    report, _ = drive(server, {"model": "queue_policy", "outputs": ["OUTPUT0"], "timeout": 5,
+                               "inputs": {"INPUT0": ROW}})
+    resp = one(report)
+    assert resp["error"] is not None and resp["outputs"] == {}
+    assert "Request timeout expired" in resp["error"]["message"]
+    assert resp["error"]["code"] == UNAVAILABLE
+    report, _ = drive(server, {"model": "queue_policy", "outputs": ["OUTPUT0"],
+                               "timeout": 5_000_000, "inputs": {"INPUT0": ROW}})
+    assert one(report)["outputs"]["OUTPUT0"]["values"] == [[2.0, 4.0]]
+    stats = server.statistics("queue_policy")["model_stats"][0]["inference_stats"]
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (1, 1)
+    assert_driver_still_serves(server, driver_pid)
 
 
 # -- parameters ----------------------------------------------------------------------------------

@@ -45,6 +45,8 @@ MODELS = {
                          "true default_timeout_microseconds: 100000 }"),
     "db_delayed": _cfg(8, "default_queue_policy { timeout_action: DELAY "
                           "allow_timeout_override: true }"),
+    "db_late": _cfg(8, "default_queue_policy { timeout_action: DELAY "
+                       "allow_timeout_override: true }"),
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
     "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
                             "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
@@ -247,6 +249,24 @@ def test_request_timeout_cannot_lengthen_the_default(server, gate):
         gate.open()
     assert r.error is not None and r.error.message == "Request timeout expired"
     held.get(timeout=30)
+
+
+def test_a_timeout_that_passed_before_the_batch_formed_rejects_with_an_idle_instance(server):
+    # As Triton: the queue policy applies when the batcher picks a request, not only when its
+    # timer fires; 1 µs is over before the request reaches the scheduler.
+    model = server.model("db_capped")
+    before = server.statistics("db_capped")["model_stats"][0]["inference_stats"]["fail"]["count"]
+    r = model.infer({"IN": _row(1)}, timeout=1).get(timeout=10)
+    assert r.error is not None and r.error.code.name == "UNAVAILABLE"
+    assert r.error.message == "Request timeout expired"
+    stats = server.statistics("db_capped")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == before + 1
+    assert _value(infer(model, {"IN": _row(2)})) == 2
+
+
+def test_a_timeout_that_passed_under_delay_still_runs(server):
+    model = server.model("db_late")
+    assert _value(model.infer({"IN": _row(7)}, timeout=1).get(timeout=10)) == 7
 
 
 def test_delay_policy_moves_timed_out_requests_behind_the_others(server, gate):
