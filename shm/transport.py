@@ -344,6 +344,17 @@ class TensorTransport:
                          nbytes >= URGENT_RELEASE_BYTES and len(data) == 4)
         return name, root.reshape(shape)
 
+    def discard(self, wires: Any, peer: Peer) -> None:
+        """Give back the handles of wire tensors that will never be decoded (their reader is
+        gone), without mapping them: the sender's blocks are freed as if views had died."""
+        if not isinstance(wires, list):
+            return
+        for w in wires:
+            data = w[3] if type(w) is list and len(w) == 4 else None
+            if type(data) is list and len(data) in (4, 5) and type(data[3]) is int:
+                peer.owe_release(data[3], type(data[2]) is int and len(data) == 4
+                                 and data[2] >= URGENT_RELEASE_BYTES)
+
     def decode_many(self, wires: Any, peer: Peer) -> list[tuple[str, np.ndarray]]:
         if not isinstance(wires, list):
             raise ProtocolError("malformed tensor list")

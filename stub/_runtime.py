@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from tritonpy.shm import Channel, Cmd, Pool, TensorTransport
 from tritonpy.shm.messages import PROTOCOL_VERSION
@@ -46,10 +46,12 @@ class _Waiter:
     another thread reads and delivers; an async single reply completes ``future`` on the
     caller's event loop. An async decoupled stream keeps its replies in ``items`` too, so that
     it can be iterated with a plain ``for`` (as Triton's docs do) as well as ``async for``;
-    ``wake`` tells a waiting ``async for`` that an item has arrived.
+    ``wake`` tells a waiting ``async for`` that an item has arrived. ``drop`` takes the replies
+    nobody will read (their tensors' blocks must still go back): set once a stream's reader is
+    gone, and up front for a single async reply, whose awaiting task may be cancelled.
     """
 
-    __slots__ = ("items", "sig", "loop", "future", "wake")
+    __slots__ = ("items", "sig", "loop", "future", "wake", "drop")
 
     def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
         self.items: collections.deque[Any] = collections.deque()
@@ -58,6 +60,7 @@ class _Waiter:
         self.loop = loop
         self.future: asyncio.Future | None = None
         self.wake: asyncio.Event | None = None
+        self.drop: Callable[[Any], None] | None = None
         if loop is not None:
             if stream:
                 self.wake = asyncio.Event()
@@ -69,9 +72,16 @@ class _Waiter:
         final = not isinstance(body, dict) or body.get("final", True)
         if self.future is not None:
             assert self.loop is not None
-            self.loop.call_soon_threadsafe(_set_result, self.future, body)
+            try:
+                self.loop.call_soon_threadsafe(_set_result, self, body)
+            except RuntimeError:  # the loop is closed: nobody will read it
+                if self.drop is not None:
+                    self.drop(body)
             return final
         self.items.append(body)
+        if self.drop is not None:
+            self._drain()
+            return final
         try:
             self.sig.release()
         except RuntimeError:  # already signalled
@@ -83,6 +93,22 @@ class _Waiter:
 
     def ready(self) -> bool:
         return bool(self.items)
+
+    def abandon(self, drop: Callable[[Any], None]) -> None:
+        """The reader is gone: replies queued, and those still to come, go to ``drop``."""
+        self.drop = drop
+        self._drain()
+
+    def _drain(self) -> None:
+        # popleft is atomic: of deliver() and abandon() racing, each reply is dropped once.
+        items, drop = self.items, self.drop
+        assert drop is not None
+        while True:
+            try:
+                body = items.popleft()
+            except IndexError:
+                return
+            drop(body)
 
 
 async def _first_item(w: _Waiter) -> None:
@@ -110,9 +136,13 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     return uvloop.new_event_loop()
 
 
-def _set_result(fut: asyncio.Future, body: Any) -> None:
+def _set_result(w: _Waiter, body: Any) -> None:
+    fut = w.future
+    assert fut is not None
     if not fut.done():
         fut.set_result(body)
+    elif w.drop is not None:  # the awaiting task was cancelled
+        w.drop(body)
 
 
 class StubRuntime:
@@ -674,14 +704,25 @@ class StubRuntime:
         loop = asyncio.get_running_loop()
         body = self._bls_body(req, decoupled)
         waiter = _Waiter(stream=decoupled, loop=loop)
+        if not decoupled:
+            waiter.drop = self.drop_reply
         call_id = self._call(Cmd.BLS_INFER, body, waiter)
         if decoupled:
             # As Triton: resolved once the first response is in, so that the documented plain
             # ``for`` over the result does not block the event loop waiting for it.
-            await _first_item(waiter)
+            try:
+                await _first_item(waiter)
+            except BaseException:  # cancelled: nobody will read this stream
+                waiter.abandon(self.drop_reply)
+                raise
             return _AsyncResponseIterator(self, call_id, waiter)
         assert waiter.future is not None
         return self._to_response(await waiter.future)
+
+    def drop_reply(self, body: Any) -> None:
+        """A BLS reply nobody will read: its tensors' blocks go back undecoded."""
+        if isinstance(body, dict):
+            self.transport.discard(body.get("outputs"), self.peer)
 
     def _to_response(self, body: dict) -> pb_utils.InferenceResponse:
         err = body.get("error")
@@ -773,6 +814,16 @@ class _ResponseIterator:
     def cancel(self) -> None:
         if not self._done:
             self._rt.cancel_call(self._call_id)
+
+    def __del__(self) -> None:
+        # Dropped before its stream ended (a ``break``, or never iterated): the rest of the
+        # stream still arrives, and each reply's tensors go back undecoded. (Triton's iterator
+        # waits for the rest here instead; the target is not cancelled in either.)
+        if not self._done:
+            try:
+                self._waiter.abandon(self._rt.drop_reply)
+            except Exception:  # at interpreter exit: nothing left to give back to
+                pass
 
 
 class _AsyncResponseIterator(_ResponseIterator):
