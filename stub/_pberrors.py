@@ -1,6 +1,9 @@
 """pb_utils error types: ``TritonError`` (a value in a response) and ``TritonModelException``."""
 from __future__ import annotations
 
+import os
+import traceback
+
 
 class TritonError:
     """An error carried by an InferenceResponse: ``TritonError(message, code=INTERNAL)``."""
@@ -55,3 +58,44 @@ class TritonModelException(Exception):
 
     def message(self) -> str:
         return self._msg
+
+
+# -- what a client is told when execute fails (Triton 2.51's texts, measured against it) -------
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tritonpy package
+
+
+def execute_failed(instance: str, message: str) -> str:
+    """The error every request of a failed execute gets."""
+    return f"Failed to process the request(s) for model '{instance}', message: {message}"
+
+
+def exception_text(err: BaseException) -> str:
+    """``Type: message``, then the model's frames innermost first, as Triton writes an
+    exception from execute (tritonpy's own frames left out, as Triton's are C++)."""
+    frames = [f for f in traceback.extract_tb(err.__traceback__)
+              if not f.filename.startswith(_OWN_DIR + os.sep)]
+    text = f"{type(err).__name__}: {err}"
+    if frames:
+        text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n"
+                                      for f in reversed(frames))
+    return text
+
+
+def not_a_list(result: object) -> str:
+    return f"Expected a list in the execute return, found type '{type(result)}'."
+
+
+def count_mismatch(requests: int, responses: int) -> str:
+    return ("Number of InferenceResponse objects do not match the number of InferenceRequest "
+            f"objects. InferenceRequest(s) size is:{requests}, and InferenceResponse(s) size "
+            f"is:{responses}\n")
+
+
+def not_a_response(item: object) -> str:
+    return ("Expected an 'InferenceResponse' object in the execute function return list, "
+            f"found type '{type(item)}'.")
+
+
+def decoupled_returned(model: str) -> str:
+    return (f"Python model '{model}' is using the decoupled mode and the execute function "
+            "must return None.")

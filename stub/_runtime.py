@@ -28,7 +28,16 @@ from tritonpy.shm import Channel, Cmd, Pool, TensorTransport
 from tritonpy.shm.messages import PROTOCOL_VERSION
 
 from . import pb_utils
-from ._pberrors import TritonError, TritonModelException
+from ._pberrors import (
+    TritonError,
+    TritonModelException,
+    count_mismatch,
+    decoupled_returned,
+    exception_text,
+    execute_failed,
+    not_a_list,
+    not_a_response,
+)
 from ._pbtensor import Tensor
 
 
@@ -507,8 +516,9 @@ class StubRuntime:
         """Send EXECUTE_DONE: one frame carrying every response of the batch (default mode)."""
         try:
             body = self._done_body(requests, result, err)
-        except Exception:
-            body = {"error": _error_body("INTERNAL", traceback.format_exc())}
+        except Exception as exc:  # e.g. a response this stub cannot send
+            sys.stderr.write(traceback.format_exc())
+            body = self._failed(exception_text(exc))
         reschedule = [r._host_id for r in requests
                       if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
         if reschedule and "error" not in body:
@@ -530,27 +540,18 @@ class StubRuntime:
 
     def _done_body(self, requests: list, result: Any, err: Exception | None) -> dict:
         if err is not None:
-            tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
-            msg = f"Failed to process the request(s) for model '{self.name}', message: {tb}"
-            return {"error": _error_body("INTERNAL", msg)}
+            return self._failed(exception_text(err))
         if self.decoupled:
             if result is not None:
-                msg = (f"Python model '{self.name}' is using the decoupled mode and the execute "
-                       "function must return None.")
-                return {"error": _error_body("INTERNAL", msg), "unfinished_only": True}
+                return {**self._failed(decoupled_returned(self.name)), "unfinished_only": True}
             return {}
         if result is None:
             # Each request answered (or will answer, from a thread) through its response sender.
             result = [None] * len(requests)
         elif not isinstance(result, (list, tuple)):
-            msg = (f"Expected a list in the execute return, found type '{type(result).__name__}' "
-                   f"(model '{self.name}')")
-            return {"error": _error_body("INTERNAL", msg)}
+            return self._failed(not_a_list(result))
         if len(result) != len(requests):
-            msg = (f"Number of InferenceResponse objects do not match the number of "
-                   f"InferenceRequest objects. InferenceRequest(s) size is:{len(requests)}, and "
-                   f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
-            return {"error": _error_body("INTERNAL", msg)}
+            return self._failed(count_mismatch(len(requests), len(result)))
         resched = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
         # A None entry (or a None return) is fine for a request that took its response sender:
         # as with Triton, its response may come from the sender before or after execute returns.
@@ -560,10 +561,9 @@ class StubRuntime:
                 if resp is not None:
                     # As Triton: a rescheduled request gets no response now (answering it and
                     # running it again would loop for ever).
-                    msg = ("Expected a None object in the execute function return list for "
-                           f"rescheduled request, found type '{type(resp).__name__}' "
-                           f"(model '{self.name}')")
-                    return {"error": _error_body("INTERNAL", msg)}
+                    return self._failed(
+                        "Expected a None object in the execute function return list for "
+                        f"rescheduled request, found type '{type(resp)}'.")
             elif resp is None and req._sender is None:
                 missing += 1
         responses = []
@@ -592,14 +592,18 @@ class StubRuntime:
                     "response sender; execute() must return None for it")})
                 continue
             if not isinstance(resp, pb_utils.InferenceResponse):
+                # Only this request fails (Triton fails the whole batch).
                 responses.append({"id": req._host_id, "error": _error_body(
-                    "INTERNAL", f"Expected an InferenceResponse in the execute return, found "
-                    f"type '{type(resp).__name__}'")})
+                    "INTERNAL", execute_failed(self.name, not_a_response(resp)))})
                 continue
             if sender is not None:
                 sender._closed = True  # its one response is this one
             responses.append(self._response_body(req, resp, True))
         return {"responses": responses}
+
+    def _failed(self, message: str) -> dict:
+        """The body of an execute that failed as a whole."""
+        return {"error": _error_body("INTERNAL", execute_failed(self.name, message))}
 
     def _response_body(self, req: pb_utils.InferenceRequest,
                        resp: pb_utils.InferenceResponse | None, final: bool) -> dict:

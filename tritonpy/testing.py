@@ -66,6 +66,12 @@ def _pb() -> Any:
     return pb_utils
 
 
+def _pberrors() -> Any:
+    from tritonpy.stub import _pberrors
+
+    return _pberrors
+
+
 class ModelRunner:
     """One model instance running in this interpreter: ``initialize`` now, ``finalize`` on close.
 
@@ -254,14 +260,9 @@ class ModelRunner:
         if result is None:
             result = [None] * len(reqs)
         elif not isinstance(result, (list, tuple)):
-            raise InternalError(
-                f"Expected a list in the execute return, found type '{type(result).__name__}' "
-                f"(model '{self.name}')")
+            raise InternalError(self._failed(_pberrors().not_a_list(result)))
         if len(result) != len(reqs):
-            raise InternalError(
-                "Number of InferenceResponse objects do not match the number of "
-                f"InferenceRequest objects. InferenceRequest(s) size is:{len(reqs)}, and "
-                f"InferenceResponse(s) size is:{len(result)} (model '{self.name}')")
+            raise InternalError(self._failed(_pberrors().count_mismatch(len(reqs), len(result))))
         missing = sum(resp is None and r._sender is None for r, resp in zip(reqs, result))
         if missing:
             raise InternalError(
@@ -270,9 +271,7 @@ class ModelRunner:
                 "InferenceResponse or use the response sender")
         for resp in result:
             if resp is not None and not isinstance(resp, _pb().InferenceResponse):
-                raise InternalError(
-                    "Expected an InferenceResponse in the execute return, found type "
-                    f"'{type(resp).__name__}'")
+                raise InternalError(self._failed(_pberrors().not_a_response(resp)))
         self._wait_final([r for r, resp in zip(reqs, result) if resp is None], timeout)
         out = []
         for r, resp in zip(reqs, result):
@@ -302,11 +301,13 @@ class ModelRunner:
         reqs = self._requests(requests, requested_outputs)
         result = self._execute(reqs)
         if result is not None:
-            raise InternalError(
-                f"Python model '{self.name}' is using the decoupled mode and the execute "
-                "function must return None.")
+            raise InternalError(self._failed(_pberrors().decoupled_returned(self.instance_name)))
         self._wait_final(reqs, timeout)
         return [self._take(r) for r in reqs]
+
+    def _failed(self, message: str) -> str:
+        """What a client would be told (the failed execute's text, with the instance name)."""
+        return str(_pberrors().execute_failed(self.instance_name, message))
 
     def _wait_final(self, reqs: list[Any], timeout: float) -> None:
         """Until every request's sender sent its final flag; TimeoutError after ``timeout``."""

@@ -69,7 +69,10 @@ def test_response_returned_for_a_rescheduled_request_is_an_error_not_a_loop(serv
     assert len(responses) == 1 and responses[0].final
     err = responses[0].error
     assert err is not None and "Expected a None object" in err.message
-    assert "rescheduled request, found type 'InferenceResponse'" in err.message
+    assert err.message == (
+        "Failed to process the request(s) for model 'iterative_default_0_0', message: Expected "
+        "a None object in the execute function return list for rescheduled request, found "
+        "type '<class 'tritonpy.stub.pb_utils.InferenceResponse'>'.")
     again = collect(infer(server, "iterative_default", 2, "after-wrong"), WAIT_S)
     assert counts(again) == [2]
 

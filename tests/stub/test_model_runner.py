@@ -207,14 +207,15 @@ def test_execute_errors_are_reported_like_a_server(tmp_path):
 
         with pytest.raises(ValueError, match="model is unhappy"):
             run(0)
-        with pytest.raises(InternalError, match="Expected a list in the execute return, "
-                                                "found type 'str'"):
+        with pytest.raises(InternalError, match="^Failed to process the request\\(s\\) for model "
+                           "'bad_0_0', message: Expected a list in the execute return, "
+                           "found type '<class 'str'>'.$"):
             run(1)
         with pytest.raises(InternalError, match="InferenceResponse\\(s\\) size is:0"):
             run(2)
         with pytest.raises(InternalError, match="returned None, but no response was sent"):
             run(3)
-        with pytest.raises(InternalError, match="found type 'object'"):
+        with pytest.raises(InternalError, match="found type '<class 'object'>'"):
             run(4)
 
 
