@@ -720,8 +720,15 @@ class StubRuntime:
                 waiter.abandon(self.drop_reply)
                 raise
             return _AsyncResponseIterator(self, call_id, waiter)
-        assert waiter.future is not None
-        return self._to_response(await waiter.future)
+        fut = waiter.future
+        assert fut is not None
+        try:
+            body = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():  # the reply came just before the cancel
+                self.drop_reply(fut.result())
+            raise
+        return self._to_response(body)
 
     def drop_reply(self, body: Any) -> None:
         """A BLS reply nobody will read: its tensors' blocks go back undecoded."""
