@@ -33,7 +33,14 @@ def _rt() -> Any:
 
 
 class Logger:
-    """Static logging helpers, as Triton's ``pb_utils.Logger``."""
+    """Static logging helpers, as Triton's ``pb_utils.Logger`` (levels also as
+    ``Logger.INFO`` ... and ``Logger.LogLevel``, as there)."""
+
+    LogLevel = LogLevel
+    INFO = LogLevel.INFO
+    WARNING = LogLevel.WARNING
+    ERROR = LogLevel.ERROR
+    VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
     def log(message: str, level: LogLevel = LogLevel.INFO) -> None:

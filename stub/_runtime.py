@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
-import importlib.util
 import inspect
 import itertools
 import logging
@@ -38,6 +37,7 @@ from ._pberrors import (
     not_a_list,
     not_a_response,
 )
+from ._loader import import_model
 from ._pbtensor import Tensor
 
 
@@ -386,16 +386,14 @@ class StubRuntime:
     # -- lifecycle --------------------------------------------------------------------------------
     def _load_module(self, model_file: str, version_dir: str) -> Any:
         sys.modules["triton_python_backend_utils"] = pb_utils
+        self.version_dir = version_dir
+        # As Triton: the version directory's files import as plain modules, and model.py is
+        # the module "<version>.model" (its relative imports work).
         if version_dir not in sys.path:
             sys.path.insert(0, version_dir)
-        spec = importlib.util.spec_from_file_location("model", model_file)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {model_file}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["model"] = module
-        spec.loader.exec_module(module)
-        if not hasattr(module, "TritonPythonModel"):
-            raise AttributeError(f"{model_file} defines no class TritonPythonModel")
+        module = import_model(model_file, os.path.basename(os.path.normpath(version_dir)))
+        # ``import model`` (e.g. Triton's QA models' unittest.main("model")) finds this one.
+        sys.modules.setdefault(module.__name__.rpartition(".")[2], module)
         return module
 
     def _initialize(self, body: dict) -> dict:

@@ -397,6 +397,11 @@ def is_model_ready(model_name: str, model_version: str = "") -> bool:
                                                               version=str(model_version)))
 
 
+def get_model_dir() -> str:
+    """The directory of the running model's version (where its model.py is), as Triton's."""
+    return str(_need_runtime("get_model_dir()").version_dir)
+
+
 def empty_shm_tensor(name: str, shape: Any, dtype: Any) -> Tensor:
     """A tritonpy extension: an output tensor allocated directly in shared memory.
 
@@ -411,6 +416,7 @@ def empty_shm_tensor(name: str, shape: Any, dtype: Any) -> Tensor:
 _Callable = Callable  # keep typing import used for type checkers
 
 __all__ = [
+    "get_model_dir",
     "TRITON_STRING_TO_NUMPY",
     "TRITONSERVER_MEMORY_CPU",
     "TRITONSERVER_MEMORY_CPU_PINNED",

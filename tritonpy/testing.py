@@ -149,7 +149,11 @@ class ModelRunner:
             sys.path.insert(0, version_dir)
         self._modules_before = set(sys.modules)
         try:
-            self.module = _import_model(model_file)
+            from tritonpy.stub._loader import import_model
+
+            # Its own package name: several runners may hold models of the same version.
+            self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
+            self.module = import_model(model_file, self._package)
             cls = self.module.TritonPythonModel
             complete = getattr(cls, "auto_complete_config", None)
             if complete is not None:
@@ -364,9 +368,10 @@ class ModelRunner:
         # Modules loaded from the version directory go, so that another model's helper of the
         # same name is imported afresh.
         vdir = os.path.join(self.version_dir, "")
+        package = getattr(self, "_package", "\0")
         for mod_name in set(sys.modules) - self._modules_before:
             f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-            if f.startswith(vdir):
+            if f.startswith(vdir) or mod_name.partition(".")[0] == package:
                 sys.modules.pop(mod_name, None)
         if self._added_path and self.version_dir in sys.path:
             sys.path.remove(self.version_dir)
@@ -453,23 +458,6 @@ def _locate(path: str, version: int) -> tuple[str, str, str | None, int]:
     return path, os.path.join(path, str(version)), None, version
 
 
-def _import_model(model_file: str) -> Any:
-    import importlib.util
-
-    name = f"_tritonpy_testing_model_{next(_module_ids)}"
-    spec = importlib.util.spec_from_file_location(name, model_file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {model_file}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(name, None)
-        raise
-    if not hasattr(module, "TritonPythonModel"):
-        raise AttributeError(f"{model_file} defines no class TritonPythonModel")
-    return module
 
 
 class _RunnerRuntime:
@@ -477,6 +465,7 @@ class _RunnerRuntime:
 
     def __init__(self, runner: ModelRunner) -> None:
         self.runner = runner
+        self.version_dir = runner.version_dir
 
     def _owner(self, req: Any) -> ModelRunner:
         return getattr(req, "_tritonpy_runner", None) or self.runner

@@ -39,6 +39,7 @@ EXPECTED = [
     "empty_shm_tensor",
     "get_input_config_by_name",
     "get_input_tensor_by_name",
+    "get_model_dir",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
     "is_model_ready",
