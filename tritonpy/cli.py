@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the log to this file instead of stderr")
     s.add_argument("--backend-directory", default=None, metavar="DIR",
                    help="accepted for Triton's command lines; the python backend is built in")
+    s.add_argument("--rate-limit", default=None, choices=("off", "execution_count"),
+                   help="accepted for Triton's command lines; there is no rate limiter: an "
+                        "instance runs as soon as it is free")
     return parser
 
 

@@ -375,7 +375,7 @@ def test_a_model_failing_to_load_ends_the_server_by_default(
     log_file = tmp_path / "server.log"
     server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
                    "--metrics-port", "0", "--backend-directory", "/opt/tritonserver/backends",
-                   "--log-file", str(log_file))
+                   "--rate-limit=execution_count", "--log-file", str(log_file))
     assert server.wait(START_TIMEOUT) == 1
     text = log_file.read_text()
     assert "model 'broken' failed to load" in text and "broken on purpose" in text
