@@ -22,6 +22,8 @@ class LogLevel(enum.IntEnum):
     VERBOSE = 3
 
 
+_Level = LogLevel  # for annotations inside Logger, whose own LogLevel attribute shadows it
+
 _PY_LEVEL = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
              LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
 
@@ -43,7 +45,7 @@ class Logger:
     VERBOSE = LogLevel.VERBOSE
 
     @staticmethod
-    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+    def log(message: str, level: _Level = _Level.INFO) -> None:
         rt = _rt()
         if rt is not None:
             rt.log(int(level), str(message))

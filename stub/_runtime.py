@@ -416,8 +416,8 @@ class StubRuntime:
                 raise AttributeError("TritonPythonModel has no execute() method")
             if is_async:
                 self._start_async_loop()
-        except Exception:
-            return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
+        except Exception as exc:  # as Triton writes it: "Type: message", then the model's frames
+            return {"ok": False, "error": _error_body("INTERNAL", exception_text(exc))}
         finally:
             self.phase = "ready"
         return {"ok": True, "async": is_async, "has_is_ready": hasattr(self.model, "is_ready")}
@@ -434,8 +434,8 @@ class StubRuntime:
                 if out is not None:
                     cfg = out
             return {"ok": True, "config": cfg.as_dict()}
-        except Exception:
-            return {"ok": False, "error": _error_body("INVALID_ARG", traceback.format_exc())}
+        except Exception as exc:
+            return {"ok": False, "error": _error_body("INTERNAL", exception_text(exc))}
 
     def _is_ready(self) -> dict:
         fn = getattr(self.model, "is_ready", None)

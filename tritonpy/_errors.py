@@ -138,3 +138,17 @@ def error_from_wire(body: Any) -> TritonpyError:
     if isinstance(body, dict):
         return error_from_code(str(body.get("code", "UNKNOWN")), str(body.get("message", "")))
     return UnknownError(str(body))
+
+
+# Triton's status words (its Status::CodeString), as load failures spell the code out.
+_STATUS_WORDS = {
+    ErrorCode.UNKNOWN: "Unknown", ErrorCode.INTERNAL: "Internal", ErrorCode.NOT_FOUND: "Not found",
+    ErrorCode.INVALID_ARG: "Invalid argument", ErrorCode.UNAVAILABLE: "Unavailable",
+    ErrorCode.UNSUPPORTED: "Unsupported", ErrorCode.ALREADY_EXISTS: "Already exists",
+    ErrorCode.CANCELLED: "Cancelled",
+}
+
+
+def version_failed(version: int, err: TritonpyError) -> str:
+    """Why one version failed to load, as Triton says it."""
+    return f"version {version} is at UNAVAILABLE state: {_STATUS_WORDS[err.code]}: {err.message}"

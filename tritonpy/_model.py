@@ -21,6 +21,7 @@ from ._errors import (
     InternalError,
     InvalidArgumentError,
     TritonpyError,
+    version_failed,
     UnavailableError,
     error_from_wire,
 )
@@ -184,10 +185,9 @@ class ModelRuntime(RuntimeBase):
                 if inst.stub is not None:
                     inst.stub.stop(finalize=False, timeout=2)
             err = failed[0]
-            if isinstance(err, TritonpyError):
-                raise type(err)(f"failed to load '{self.name}' version {self.version}: "
-                                f"{err.message}")
-            raise InternalError(f"failed to load '{self.name}': {err}")
+            if not isinstance(err, TritonpyError):
+                err = InternalError(str(err))
+            raise type(err)(version_failed(self.version, err))
         self.state = READY
 
     def _initialize_args(self, inst: Instance) -> dict[str, str]:

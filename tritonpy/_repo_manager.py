@@ -25,6 +25,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
     UnsupportedError,
+    version_failed,
 )
 from ._ensemble import is_ensemble, is_ensemble_dir, load_ensemble
 from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime
@@ -162,7 +163,14 @@ class RepositoryManager:
             entry.directory = mdir
         entry = self.require_known(name)
         with entry.lock:
-            self._load_entry(entry, config)
+            try:
+                self._load_entry(entry, config)
+            except TritonpyError as exc:
+                if not api:
+                    raise
+                # As Triton's model control API answers a failed load (HTTP 400).
+                raise InvalidArgumentError(
+                    f"load failed for model '{name}': {exc.message}") from exc
 
     def _load_entry(self, entry: ModelEntry, config_override: str | None) -> None:
         from .config import (
@@ -256,6 +264,8 @@ class RepositoryManager:
             reply = stub.call(Cmd.AUTO_COMPLETE, {
                 "model_file": path, "version_dir": os.path.dirname(path), "config": d,
             }, timeout=60)
+        except TritonpyError as exc:
+            raise type(exc)(version_failed(versions[-1], exc)) from exc
         finally:
             stub.stop(finalize=False, timeout=2)
         return config_from_dict(reply["config"], cfg_path)

@@ -64,14 +64,19 @@ TWO = ('backend: "python"\nmax_batch_size: 0\n'
        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
        'instance_group [ { count: 2, kind: KIND_CPU } ]\n')
 
+# As Triton words them: "version 1 is at UNAVAILABLE state: Internal: " then "Type: message"
+# and the model's frames under "At:" (frames of Python's import machinery included, as there).
+FAILED = "version 1 is at UNAVAILABLE state: "
 BAD = {
-    "syntax": (SYNTAX_PY, None, ["Traceback", "model.py\", line 5", "SyntaxError"]),
+    "syntax": (SYNTAX_PY, None, [FAILED + "Internal: SyntaxError: ", "(model.py, line 5)"]),
     "importerr": (IMPORT_PY, None, [
-        "Traceback", "model.py\", line 3",
-        "ModuleNotFoundError: No module named 'tritonpy_test_no_such_module'"]),
-    "noclass": (NOCLASS_PY, None, ["defines no class TritonPythonModel"]),
+        FAILED + "Internal: ModuleNotFoundError: No module named "
+                 "'tritonpy_test_no_such_module'\n\nAt:\n", "/model.py(3): <module>\n"]),
+    "noclass": (NOCLASS_PY, None, [FAILED + "Internal: AttributeError: ",
+                                   "defines no class TritonPythonModel"]),
     "initraises": (INIT_RAISES_PY, TWO, [
-        "Traceback", "in initialize", "RuntimeError: initialize refused by initraises_0_1"]),
+        FAILED + "Internal: RuntimeError: initialize refused by initraises_0_1\n\nAt:\n",
+        "/model.py(7): initialize\n"]),
     "initexit": (INIT_EXITS_PY, None, [
         "stub process 'initexit_0' (pid ", "exited with code 7", "initexit: giving up"]),
 }
@@ -100,7 +105,9 @@ def test_failed_load_reports_the_traceback_and_leaves_no_process(explicit, name)
     with pytest.raises(tritonpy.TritonpyError) as info:
         explicit.load(name)
     message = info.value.message
-    assert f"failed to load '{name}'" in message
+    assert isinstance(info.value, tritonpy.InvalidArgumentError)  # HTTP 400, as Triton
+    assert message.startswith(f"load failed for model '{name}': "), message
+    assert "_runtime.py" not in message  # no frame of the stub's own
     for fragment in BAD[name][2]:
         assert fragment in message, message
     status = {m["name"]: m for m in explicit.models()}[name]
