@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import traceback
 
+import tritonpy.shm as _shm
+
 
 class TritonError:
     """An error carried by an InferenceResponse: ``TritonError(message, code=INTERNAL)``."""
@@ -61,7 +63,10 @@ class TritonModelException(Exception):
 
 
 # -- what a client is told when execute fails (Triton 2.51's texts, measured against it) -------
-_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the tritonpy package
+# tritonpy.stub's and tritonpy.shm's directories: not their common parent, which in a source
+# checkout is the checkout itself (it may hold the model repository too).
+_OWN_DIRS = tuple(os.path.join(os.path.dirname(os.path.abspath(f)), "")
+                  for f in (__file__, _shm.__file__))
 
 
 def execute_failed(instance: str, message: str) -> str:
@@ -73,7 +78,7 @@ def exception_text(err: BaseException) -> str:
     """``Type: message``, then the model's frames innermost first, as Triton writes an
     exception from execute (tritonpy's own frames left out, as Triton's are C++)."""
     frames = [f for f in traceback.extract_tb(err.__traceback__)
-              if not f.filename.startswith(_OWN_DIR + os.sep)]
+              if not f.filename.startswith(_OWN_DIRS)]
     text = f"{type(err).__name__}: {err}"
     if frames:
         text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n"

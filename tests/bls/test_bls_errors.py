@@ -147,6 +147,8 @@ def test_target_that_raises(server, driver_pid, mode, text_in_message) -> None:
     resp = one(report)
     assert resp["error"] is not None
     assert text_in_message in resp["error"]["message"]
+    # The model's own frame, though its repository lies inside tritonpy's source checkout.
+    assert "/failing/1/model.py(" in resp["error"]["message"]
     assert resp["error"]["code"] == INTERNAL
     assert resp["outputs"] == {}
     assert_driver_still_serves(server, driver_pid)
