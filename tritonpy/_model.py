@@ -21,9 +21,9 @@ from ._errors import (
     InternalError,
     InvalidArgumentError,
     TritonpyError,
-    version_failed,
     UnavailableError,
     error_from_wire,
+    version_failed,
 )
 from ._request import HostRequest
 from ._scheduler import REQUEST_TIMEOUT, make_scheduler

@@ -225,21 +225,26 @@ class DynamicBatcher:
 
     def _expired(self, req: HostRequest) -> None:
         """The request's queue timeout passed: reject it, or move it behind its level."""
-        rt = self.rt
-        with rt.lock:
+        with self.rt.lock:
             if req.done:
                 return
-            lv = self._level(req)
             try:
-                lv.queue.remove(req)
+                rejected = self._apply_policy(req)
             except ValueError:
                 return  # dispatched already, or delayed already
-            if lv.reject:
-                self.n -= 1
-            else:
-                lv.delayed.append(req)
-                return
-        self._reject([req])
+        if rejected:
+            self._reject([req])
+
+    def _apply_policy(self, req: HostRequest) -> bool:
+        """Take ``req``, whose queue timeout passed, off its level's queue (ValueError if it is
+        not there): True when rejected (to answer without the lock), False when delayed."""
+        lv = self._level(req)
+        lv.queue.remove(req)
+        if lv.reject:
+            self.n -= 1
+            return True
+        lv.delayed.append(req)
+        return False
 
     def _reject(self, reqs: list[HostRequest]) -> None:
         """Answer requests taken off the queue because their timeout passed (no lock held)."""
@@ -250,19 +255,11 @@ class DynamicBatcher:
                 req.fail(UnavailableError(REQUEST_TIMEOUT))
 
     def _expire(self, expired: list[HostRequest]) -> None:
-        """Apply the queue policy to ``expired`` requests that batch formation found: reject
-        them (answered from the timer thread, as the caller holds the model lock) or move them
-        behind their level, as Triton does when it forms a batch. Their own timers, still
-        armed, then find them gone from the queue."""
-        rejected = []
-        for req in expired:
-            lv = self._level(req)
-            lv.queue.remove(req)
-            if lv.reject:
-                self.n -= 1
-                rejected.append(req)
-            else:
-                lv.delayed.append(req)
+        """The queue policy for ``expired`` requests that batch formation found, as Triton
+        applies it when it forms a batch. The rejected ones are answered from the timer thread
+        (the caller holds the model lock); their own timers, still armed, then find them gone
+        from the queue."""
+        rejected = [req for req in expired if self._apply_policy(req)]
         if rejected:
             self.rt.server.timers.at(0.0, lambda: self._reject(rejected))
 

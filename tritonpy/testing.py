@@ -148,11 +148,11 @@ class ModelRunner:
         if self._added_path:
             sys.path.insert(0, version_dir)
         self._modules_before = set(sys.modules)
+        # Its own package name: several runners may hold models of the same version.
+        self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
         try:
             from tritonpy.stub._loader import import_model
 
-            # Its own package name: several runners may hold models of the same version.
-            self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
             self.module = import_model(model_file, self._package)
             cls = self.module.TritonPythonModel
             complete = getattr(cls, "auto_complete_config", None)
@@ -368,10 +368,9 @@ class ModelRunner:
         # Modules loaded from the version directory go, so that another model's helper of the
         # same name is imported afresh.
         vdir = os.path.join(self.version_dir, "")
-        package = getattr(self, "_package", "\0")
         for mod_name in set(sys.modules) - self._modules_before:
             f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-            if f.startswith(vdir) or mod_name.partition(".")[0] == package:
+            if f.startswith(vdir) or mod_name.partition(".")[0] == self._package:
                 sys.modules.pop(mod_name, None)
         if self._added_path and self.version_dir in sys.path:
             sys.path.remove(self.version_dir)

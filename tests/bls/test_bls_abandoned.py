@@ -21,14 +21,15 @@ pytestmark = pytest.mark.timeout(90)
 MiB = 1 << 20
 RESPONSES = 8  # of 1 MiB each: above the inline limit, so each travels by shm handle
 
-BIG_STREAM_CONFIG = '''
+# One instance each; N in, 1 MiB of OUT per response.
+BIG_SLOW_CONFIG = '''
 backend: "python"
 max_batch_size: 0
-model_transaction_policy { decoupled: true }
 input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
 output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
 instance_group [ { count: 1, kind: KIND_CPU } ]
 '''
+BIG_STREAM_CONFIG = BIG_SLOW_CONFIG + "model_transaction_policy { decoupled: true }\n"
 
 BIG_STREAM_PY = '''
 import numpy as np
@@ -45,14 +46,6 @@ class TritonPythonModel:
                     [pb_utils.Tensor("OUT", np.full(1 << 20, i, np.uint8))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
-
-BIG_SLOW_CONFIG = '''
-backend: "python"
-max_batch_size: 0
-input [ { name: "N", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
 '''
 
 BIG_SLOW_PY = '''
