@@ -107,16 +107,18 @@ def _expect(value: Any, types: type | tuple[type, ...], what: str) -> None:
             return
     elif isinstance(value, types):
         return
-    names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
-    raise TypeError(f"{what} must be {names}, got {type(value).__name__}")
+    raise TypeError(f"{what} must be {_names(types)}, got {type(value).__name__}")
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
 
 
 def _expect_list(value: Any, item: type | tuple[type, ...], what: str) -> list:
     _expect(value, (list, tuple), what)
     for v in value:
         if not isinstance(v, item):
-            names = " or ".join(t.__name__ for t in (item if isinstance(item, tuple) else (item,)))
-            raise TypeError(f"{what} must hold {names} objects, got {type(v).__name__}")
+            raise TypeError(f"{what} must hold {_names(item)} objects, got {type(v).__name__}")
     return list(value)
 
 
