@@ -51,14 +51,56 @@ def initialize_args(config_json: str, kind: str, instance_name: str, device_id: 
     }
 
 
-class Instance:
-    """One model instance: a stub process and what it is executing."""
+def instance_signature(group: Any) -> bytes:
+    """What makes two instances alike, as Triton's instance update compares them: the group
+    without its name and count."""
+    g = type(group)()
+    g.CopyFrom(group)
+    g.ClearField("name")
+    g.ClearField("count")
+    return g.SerializeToString(deterministic=True)
 
-    def __init__(self, model: ModelRuntime, name: str, kind: str, device_id: int) -> None:
+
+def plan_instances(config: Any, model_name: str) -> list[tuple[str, str, int, bytes]]:
+    """The instances ``config`` asks for: (name, kind, device id, signature) each."""
+    out: list[tuple[str, str, int, bytes]] = []
+    for group in config.instance_group:
+        kind = _KINDS.get(int(group.kind), "CPU")
+        sig = instance_signature(group)
+        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
+        for dev in devices if kind == "GPU" else [0]:
+            for _ in range(max(1, group.count)):
+                idx = len([x for x in out if x[0].startswith(group.name + "_")])
+                out.append((f"{group.name}_{idx}", kind, dev, sig))
+    if not out:
+        out.append((f"{model_name}_0_0", "CPU", 0, b""))
+    return out
+
+
+def same_but_instances(a: Any, b: Any) -> bool:
+    """Whether two model configs differ in nothing but their instance groups."""
+    a2, b2 = type(a)(), type(b)()
+    a2.CopyFrom(a)
+    b2.CopyFrom(b)
+    a2.ClearField("instance_group")
+    b2.ClearField("instance_group")
+    return bool(a2 == b2)
+
+
+class Instance:
+    """One model instance: a stub process and what it is executing.
+
+    Its ``state`` is STARTING, READY, RESTARTING, RETIRING (removed by an instance update: it
+    takes no new work and stops once what it holds is done) or STOPPED.
+    """
+
+    def __init__(self, model: ModelRuntime, name: str, kind: str, device_id: int,
+                 signature: bytes = b"") -> None:
         self.model = model
         self.name = name
         self.kind = kind
         self.device_id = device_id
+        self.signature = signature
         self.state = "STARTING"
         self.stub: StubProcess | None = None
         self.capacity = 1
@@ -155,15 +197,8 @@ class ModelRuntime(RuntimeBase):
         except ValueError:
             raise InvalidArgumentError(
                 f"model '{name}': parameter max_concurrent_executes must be an integer") from None
-        for group in config.instance_group:
-            kind = _KINDS.get(int(group.kind), "CPU")
-            devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
-            for dev in devices if kind == "GPU" else [0]:
-                for i in range(max(1, group.count)):
-                    idx = len([x for x in self.instances if x.name.startswith(group.name + "_")])
-                    self.instances.append(Instance(self, f"{group.name}_{idx}", kind, dev))
-        if not self.instances:
-            self.instances.append(Instance(self, f"{name}_0_0", "CPU", 0))
+        self.instances = [Instance(self, n, kind, dev, sig)
+                          for n, kind, dev, sig in plan_instances(config, name)]
         # Batch formation (FIFO, dynamic batcher or sequence batcher); ``queue`` is its view
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
         self.sched = make_scheduler(self)
@@ -190,11 +225,11 @@ class ModelRuntime(RuntimeBase):
             raise type(err)(version_failed(self.version, err))
         self.state = READY
 
-    def _initialize_args(self, inst: Instance) -> dict[str, str]:
-        return initialize_args(self.config_json, inst.kind, inst.name, inst.device_id,
+    def _initialize_args(self, inst: Instance, config_json: str = "") -> dict[str, str]:
+        return initialize_args(config_json or self.config_json, inst.kind, inst.name, inst.device_id,
                                self.model_dir, self.version, self.name)
 
-    def _start_instance(self, inst: Instance) -> None:
+    def _start_instance(self, inst: Instance, config_json: str | None = None) -> None:
         srv = self.server
         env = {}
         if inst.kind == "GPU":
@@ -210,7 +245,7 @@ class ModelRuntime(RuntimeBase):
         try:
             stub.wait_hello(60)
             reply = stub.call(Cmd.INITIALIZE, {
-                "args": self._initialize_args(inst),
+                "args": self._initialize_args(inst, config_json or ""),
                 "model_file": self.model_file,
                 "version_dir": os.path.dirname(self.model_file),
                 "decoupled": self.decoupled,
@@ -221,6 +256,12 @@ class ModelRuntime(RuntimeBase):
             raise
         inst.capacity = self.max_async if reply.get("async") else 1
         inst.has_is_ready = bool(reply.get("has_is_ready"))
+        if inst not in self.instances:
+            if inst.state == "STOPPED":  # restarted, but an update removed it meanwhile
+                stub.stop(finalize=True, timeout=5)
+            else:  # a new instance of an update: it serves once swapped in
+                inst.state = "READY"
+            return
         with self.lock:
             inst.state = "READY"
             plans = self._take_locked()
@@ -228,6 +269,102 @@ class ModelRuntime(RuntimeBase):
 
     def _python(self) -> str | None:
         return self.server.execution_env(self)
+
+    # -- instance update -------------------------------------------------------------------------
+    def update_instances(self, config: Any, config_json: str) -> None:
+        """Serve ``config``, which differs from the current one only in its instance groups, by
+        adding and removing instances, as Triton's in-place update does.
+
+        Instances alike in everything but name and count (see :func:`instance_signature`), on
+        the same device, are kept, busy ones first; new ones are initialized while the others
+        serve. Removed ones take no new work; once their in-flight executes end (bounded by the
+        server's exit timeout) they are finalized before this returns. One that holds sequences
+        lives until they end, then is finalized in the background. On any failure to start a
+        new instance, the model keeps its instances and its config, and this raises.
+        """
+        with self.lock:
+            current = [i for i in self.instances if i.state != "RETIRING"]
+            held = self.sched.holds
+            # Busy instances first: they are the ones kept, the idle ones go.
+            pool = sorted(current, key=lambda i: not (i.running or i.active or held(i)))
+            taken = {i.name for i in self.instances}
+            keep: list[Instance] = []
+            new: list[Instance] = []
+            for name, kind, dev, sig in plan_instances(config, self.name):
+                match = next((i for i in pool if i.signature == sig and i.device_id == dev),
+                             None)
+                if match is not None:
+                    pool.remove(match)
+                    keep.append(match)
+                    continue
+                base, n = name.rsplit("_", 1)[0], 0
+                while name in taken:
+                    name, n = f"{base}_{n}", n + 1
+                taken.add(name)
+                new.append(Instance(self, name, kind, dev, sig))
+            gone = pool
+        if new:
+            with concurrent.futures.ThreadPoolExecutor(min(8, len(new))) as ex:
+                errors = [f.exception() for f in
+                          [ex.submit(self._start_instance, i, config_json) for i in new]]
+            failed = [e for e in errors if e is not None]
+            if failed:
+                for inst in new:
+                    inst.state = "STOPPED"
+                    if inst.stub is not None:
+                        inst.stub.stop(finalize=True, timeout=5)
+                err = failed[0]
+                if not isinstance(err, TritonpyError):
+                    err = InternalError(str(err))
+                raise type(err)(version_failed(self.version, err))
+        with self.lock:
+            self.config = config
+            self.config_json = config_json
+            for inst in gone:
+                if inst.state in ("READY", "STARTING"):
+                    inst.state = "RETIRING"
+                else:  # restarting after its stub died: it simply stops
+                    inst.state = "STOPPED"
+            self.instances = keep + new + [i for i in self.instances if i.state == "RETIRING"]
+            for inst in new:
+                self.sched.add_instance(inst)
+            plans = self._take_locked()
+        self._send_plans(plans)
+        if gone:
+            self._retire(gone, self.server.exit_timeout)
+        log.info("model '%s' version %d: instances %s", self.name, self.version,
+                 [i.name for i in self.instances if i.state != "RETIRING"])
+
+    def _retire(self, insts: list[Instance], timeout: float) -> None:
+        """Finalize the RETIRING ones of ``insts`` once idle (waiting at most ``timeout`` for
+        their in-flight executes), except those that still hold sequences."""
+        deadline = time.monotonic() + timeout
+        held = self.sched.holds
+        with self.lock:
+            self._draining += 1
+            try:
+                while any(i.state == "RETIRING" and not held(i) and (i.running or i.active)
+                          for i in insts):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._idle.wait(min(left, 0.1))
+            finally:
+                self._draining -= 1
+            done = [i for i in insts if i.state == "RETIRING" and not held(i)]
+            for inst in done:
+                inst.state = "STOPPED"
+                self.sched.remove_instance(inst)
+            self.instances = [i for i in self.instances if i not in done]
+        for inst in done:
+            if inst.stub is not None:
+                inst.stub.stop(finalize=True, timeout=min(timeout, 10.0))
+
+    def retire_later(self, inst: Instance) -> None:
+        """A RETIRING instance's last sequence ended: finalize it in the background (the
+        caller holds the model lock)."""
+        threading.Thread(target=self._retire, args=([inst], self.server.exit_timeout),
+                         daemon=True, name=f"{inst.name}-retire").start()
 
     # -- scheduling ----------------------------------------------------------------------------
     def submit(self, req: HostRequest) -> None:
@@ -496,6 +633,14 @@ class ModelRuntime(RuntimeBase):
             inst.running = 0
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
+            orphans: list[HostRequest] = []
+            if was == "RETIRING":  # removed by an update: its sequences end with it
+                orphans = self.sched.remove_instance(inst)
+                self.instances = [i for i in self.instances if i is not inst]
+        for req in orphans:
+            if not req.done:
+                self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+                req.fail(err)
         for req in active.values():
             self._held.pop(req.id, None)
             if not req.done:
@@ -527,7 +672,8 @@ class ModelRuntime(RuntimeBase):
 
     # -- readiness and unloading ------------------------------------------------------------------
     def ready(self) -> bool:
-        if self.state != READY or any(i.state != "READY" for i in self.instances):
+        if self.state != READY or any(i.state not in ("READY", "RETIRING")
+                                      for i in self.instances):
             return False
         for inst in self.instances:
             if inst.has_is_ready and inst.stub is not None:
@@ -542,7 +688,8 @@ class ModelRuntime(RuntimeBase):
         # Queued requests count only while a live instance can still take them: a stub that
         # died during the drain is not restarted, so they would wait it out.
         return bool(self.queue and any(i.state == "READY" for i in self.instances)) or any(
-            i.running or i.active for i in self.instances if i.state in ("READY", "RESTARTING"))
+            i.running or i.active for i in self.instances
+            if i.state in ("READY", "RESTARTING", "RETIRING"))
 
     def _unloaded(self, timeout: float) -> None:
         """Forward or fail what is still queued, then finalize every instance."""

@@ -2,8 +2,10 @@
 load / reload / unload / poll life cycle of each.
 
 A reload builds the new version's instances while the old ones keep serving, then swaps them
-in and unloads the old ones (which finish their in-flight requests first). A model that fails to
-load is UNAVAILABLE with the reason; the others keep serving.
+in; the old ones finish their in-flight requests and unload in the background. A reload that
+changes nothing but the instance groups (no file changed, the rest of the config the same)
+updates the loaded version in place, as Triton does: it adds and removes instances and keeps
+the others. A model that fails to load is UNAVAILABLE with the reason; the others keep serving.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ._errors import (
     version_failed,
 )
 from ._ensemble import is_ensemble, is_ensemble_dir, load_ensemble
-from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime
+from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, same_but_instances
 
 log = logging.getLogger("tritonpy.repository")
 
@@ -44,6 +46,7 @@ class ModelEntry:
         self.runtimes: dict[int, ModelRuntime] = {}
         self.retired: list[ModelRuntime] = []  # unloaded runtimes whose statistics remain
         self.fingerprint = ""
+        self.files_fingerprint = ""  # without config.pbtxt: whether a model file changed
         self.lock = threading.Lock()
         self.tmpdir: str | None = None
 
@@ -60,6 +63,7 @@ class RepositoryManager:
         self._poller: threading.Thread | None = None
         self._env_cache: dict[str, str] = {}
         self._env_lock = threading.Lock()
+        self._retiring: set[threading.Thread] = set()  # old versions a reload replaced
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -123,6 +127,8 @@ class RepositoryManager:
             log.error("failed to load '%s': %s", name, exc.message)
 
     def shut_down(self, timeout: float) -> None:
+        for t in list(self._retiring):  # their drains are bounded by the exit timeout too
+            t.join(timeout + 15)
         entries = list(self.entries.values())
         if entries:
             with concurrent.futures.ThreadPoolExecutor(min(8, len(entries))) as ex:
@@ -194,6 +200,7 @@ class RepositoryManager:
             else:
                 cfg, exists = load_model_config(entry.directory)
             ensemble = is_ensemble(cfg)
+            files = fingerprint(entry.directory, config=False) if entry.directory else ""
             if cfg.backend and cfg.backend != "python":
                 raise UnsupportedError(
                     f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
@@ -209,6 +216,13 @@ class RepositoryManager:
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
                 versions = []
             cfg_json = config_to_json(cfg)
+            if old and files == entry.files_fingerprint and _only_instances_differ(
+                    old, cfg, versions):
+                for v in versions:
+                    old[v].update_instances(cfg, cfg_json)
+                entry.fingerprint = fingerprint(entry.directory)
+                log.info("updated model '%s' version(s) %s in place", entry.name, versions)
+                return
             for v in versions:
                 rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
                                   model_file(cfg, entry.directory, v))
@@ -223,15 +237,26 @@ class RepositoryManager:
                 entry.reason = exc.message
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
+        entry.files_fingerprint = files
         for v, rt in old.items():  # what still reaches an old version goes to its replacement
             rt.successor = new.get(v) or (new[max(new)] if new else None)
         entry.runtimes = new
         entry.state = READY
         entry.reason = ""
-        for rt in old.values():  # the new versions serve already; the old ones finish up
-            rt.unload(timeout=self.server.exit_timeout)
-            entry.retired.append(rt)
+        if old:  # the new versions serve already; the old ones finish up meanwhile
+            entry.retired.extend(old.values())
+            t = threading.Thread(target=self._retire, args=(list(old.values()),), daemon=True,
+                                 name=f"{entry.name}-retire")
+            self._retiring.add(t)
+            t.start()
         log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
+
+    def _retire(self, runtimes: list[ModelRuntime]) -> None:
+        try:
+            for rt in runtimes:
+                rt.unload(timeout=self.server.exit_timeout)
+        finally:
+            self._retiring.discard(threading.current_thread())
 
     def _auto_complete(self, entry: ModelEntry, cfg: Any, cfg_path: str) -> Any:
         """Run the model's ``auto_complete_config`` in a short-lived stub, if it has one."""
@@ -412,6 +437,13 @@ class RepositoryManager:
             if os.path.exists(exe):
                 return exe
         raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has no bin/python3")
+
+
+def _only_instances_differ(old: dict[int, ModelRuntime], cfg: Any, versions: list[int]) -> bool:
+    """Whether the loaded versions ``old`` can take ``cfg`` by an instance update: the same
+    versions, no ensemble, and nothing but the instance groups changed."""
+    return sorted(old) == sorted(versions) and all(
+        not rt.is_ensemble and same_but_instances(rt.config, cfg) for rt in old.values())
 
 
 def _unpack_env(archive: str, digest: str) -> str:

@@ -57,7 +57,23 @@ def _free_instance(instances: list[Instance]) -> Instance | None:
     return None
 
 
-class FifoScheduler:
+class Unbound:
+    """A scheduler that ties no request to an instance: an instance update adds and removes
+    instances without telling it."""
+
+    def holds(self, inst: Instance) -> bool:
+        """Whether work is bound to ``inst`` (a sequence's slot) even while it is idle."""
+        return False
+
+    def add_instance(self, inst: Instance) -> None:
+        pass
+
+    def remove_instance(self, inst: Instance) -> list[HostRequest]:
+        """Forget ``inst``; returns the requests that were bound to it (to be failed)."""
+        return []
+
+
+class FifoScheduler(Unbound):
     """One request per ``execute``, in arrival order, to the first free instance."""
 
     owns_timeouts = False
@@ -134,7 +150,7 @@ class Waker:
             self.fire()
 
 
-class DynamicBatcher:
+class DynamicBatcher(Unbound):
     """Triton's dynamic batcher for a model with ``dynamic_batching`` and max_batch_size > 0."""
 
     owns_timeouts = True

@@ -141,18 +141,48 @@ class SequenceBatcher:
         self.controls = _Controls(rt.config)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
         self.by_inst: dict[Instance, list[_Seq]] = {}  # sequences holding a slot there
-        self.free: list[tuple[int, int]] = []  # heap of (slot, instance index)
+        # Heap of free slots: (slot, instance order, instance), so that slot 0 of every
+        # instance fills before any slot 1.
+        self.free: list[tuple[int, int, Instance]] = []
+        self.order: dict[Instance, int] = {}
         self.backlog: collections.deque[_Seq] = collections.deque()
         self.inflight: dict[int, _Seq] = {}  # request id -> its sequence
         self.n = 0
         self.waker = Waker(rt)
         self.reaper = Waker(rt, self._reap)  # ends sequences idle past their limit
-        for idx, inst in enumerate(rt.instances):
-            self.by_inst[inst] = []
-            for slot in range(self.slots):
-                self.free.append((slot, idx))
-        heapq.heapify(self.free)
+        for inst in rt.instances:
+            self.add_instance(inst)
         self.queue = self
+
+    # -- instances added and removed by an update ------------------------------------------
+    def holds(self, inst: Instance) -> bool:
+        return bool(self.by_inst.get(inst))
+
+    def add_instance(self, inst: Instance) -> None:
+        """Give ``inst`` its slots; backlogged sequences take them at once."""
+        self.order[inst] = len(self.order)
+        self.by_inst[inst] = []
+        for slot in range(self.slots):
+            heapq.heappush(self.free, (slot, self.order[inst], inst))
+        waiting = [s for s in self.backlog if s.open or s.pending]
+        self.backlog.clear()
+        for seq in waiting:
+            self._assign(seq)
+
+    def remove_instance(self, inst: Instance) -> list[HostRequest]:
+        """Forget ``inst``. Sequences still on it (its stub died while retiring) end: their
+        pending requests are returned, to be failed."""
+        self.free = [f for f in self.free if f[2] is not inst]
+        heapq.heapify(self.free)
+        orphans: list[HostRequest] = []
+        for seq in self.by_inst.pop(inst, []):
+            if self.active.get(seq.corrid) is seq:
+                del self.active[seq.corrid]
+            seq.open = False
+            self.n -= len(seq.pending)
+            orphans.extend(seq.pending)
+            seq.pending.clear()
+        return orphans
 
     # -- the deque-like view -----------------------------------------------------------------
     def _all(self) -> Iterator[_Seq]:
@@ -236,9 +266,8 @@ class SequenceBatcher:
 
     def _assign(self, seq: _Seq) -> None:
         while self.free:
-            slot, idx = heapq.heappop(self.free)
-            inst = self.rt.instances[idx]
-            if inst.state == "STOPPED":
+            slot, _, inst = heapq.heappop(self.free)
+            if inst.state in ("STOPPED", "RETIRING"):
                 continue
             seq.inst, seq.slot = inst, slot
             self.by_inst[inst].append(seq)
@@ -257,6 +286,10 @@ class SequenceBatcher:
         if seq.open and self.active.get(seq.corrid) is seq:
             del self.active[seq.corrid]  # ended by the idle timeout
         seq.open = False
+        if inst.state == "RETIRING":  # removed by an update: its slots are not handed on
+            if not self.by_inst[inst]:
+                self.rt.retire_later(inst)
+            return
         while self.backlog:
             nxt = self.backlog.popleft()
             if not nxt.open and not nxt.pending:
@@ -264,7 +297,7 @@ class SequenceBatcher:
             nxt.inst, nxt.slot = inst, seq.slot
             self.by_inst[inst].append(nxt)
             return
-        heapq.heappush(self.free, (seq.slot, self.rt.instances.index(inst)))
+        heapq.heappush(self.free, (seq.slot, self.order[inst], inst))
 
     def _settle(self, seq: _Seq) -> None:
         """Drop answered requests at the head; free the slot of an ended, empty sequence."""
@@ -305,8 +338,9 @@ class SequenceBatcher:
         plans: list[tuple[Instance, list[HostRequest]]] = []
         if not self.n:
             return plans
-        for inst in instances:
-            while inst.free():
+        # The instances holding sequences, a RETIRING one included: its sequences end there.
+        for inst in self.by_inst:
+            while inst.running < inst.capacity and inst.state in ("READY", "RETIRING"):
                 batch = self._form(inst)
                 if not batch:
                     break

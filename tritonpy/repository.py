@@ -199,12 +199,13 @@ def model_file(cfg: ModelConfig, model_dir: str, version: int) -> str:
     return path
 
 
-def fingerprint(model_dir: str) -> str:
+def fingerprint(model_dir: str, config: bool = True) -> str:
     """A cheap digest of every name, size and mtime below a model directory.
 
     Poll mode compares two fingerprints: editing, adding, removing or renaming any file or
-    directory (config.pbtxt included) changes it. Python's own bytecode caches
-    (``__pycache__``, ``*.pyc``) are left out, since importing the model writes them.
+    directory (config.pbtxt included, unless ``config`` is false) changes it. Python's own
+    bytecode caches (``__pycache__``, ``*.pyc``) are left out, since importing the model
+    writes them.
 
     Raises:
         NotFoundError: ``model_dir`` does not exist.
@@ -218,7 +219,8 @@ def fingerprint(model_dir: str) -> str:
         for d in dirs:
             digest.update(f"D\0{rel_top}/{d}\n".encode("utf-8", "surrogateescape"))
         for f in sorted(files):
-            if f.endswith(_IGNORED_SUFFIXES):
+            if f.endswith(_IGNORED_SUFFIXES) or (
+                    not config and f == "config.pbtxt" and rel_top == "."):
                 continue
             try:
                 st = os.stat(os.path.join(top, f))
