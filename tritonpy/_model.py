@@ -77,14 +77,16 @@ def plan_instances(config: Any, model_name: str) -> list[tuple[str, str, int, by
     return out
 
 
-def same_but_instances(a: Any, b: Any) -> bool:
-    """Whether two model configs differ in nothing but their instance groups."""
-    a2, b2 = type(a)(), type(b)()
-    a2.CopyFrom(a)
-    b2.CopyFrom(b)
-    a2.ClearField("instance_group")
-    b2.ClearField("instance_group")
-    return bool(a2 == b2)
+def config_needs_reload(old: Any, new: Any) -> bool:
+    """Whether a loaded version with config ``old`` must be reloaded to serve ``new``: as
+    Triton's check, whether they differ in more than instance groups and version policy."""
+    a, b = type(old)(), type(new)()
+    a.CopyFrom(old)
+    b.CopyFrom(new)
+    for c in (a, b):
+        c.ClearField("instance_group")
+        c.ClearField("version_policy")
+    return bool(a != b)
 
 
 class Instance:

@@ -2,10 +2,10 @@
 load / reload / unload / poll life cycle of each.
 
 A reload builds the new version's instances while the old ones keep serving, then swaps them
-in; the old ones finish their in-flight requests and unload in the background. A reload that
-changes nothing but the instance groups (no file changed, the rest of the config the same)
-updates the loaded version in place, as Triton does: it adds and removes instances and keeps
-the others. A model that fails to load is UNAVAILABLE with the reason; the others keep serving.
+in; the old ones finish their in-flight requests and unload in the background. As in Triton,
+a loaded version whose files are unchanged and whose config changed only in its instance groups
+(or version policy) is not reloaded but updated in place: instances are added and removed, the
+others kept. A model that fails to load is UNAVAILABLE with the reason; the others keep serving.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from ._errors import (
     version_failed,
 )
 from ._ensemble import is_ensemble, is_ensemble_dir, load_ensemble
-from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, same_but_instances
+from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, config_needs_reload
 
 log = logging.getLogger("tritonpy.repository")
 
@@ -46,7 +46,7 @@ class ModelEntry:
         self.runtimes: dict[int, ModelRuntime] = {}
         self.retired: list[ModelRuntime] = []  # unloaded runtimes whose statistics remain
         self.fingerprint = ""
-        self.files_fingerprint = ""  # without config.pbtxt: whether a model file changed
+        self.version_files: dict[int, str] = {}  # see repository.version_fingerprints
         self.lock = threading.Lock()
         self.tmpdir: str | None = None
 
@@ -185,7 +185,13 @@ class RepositoryManager:
             load_model_config,
             normalize_config,
         )
-        from .repository import available_versions, fingerprint, model_file, select_versions
+        from .repository import (
+            available_versions,
+            fingerprint,
+            model_file,
+            select_versions,
+            version_fingerprints,
+        )
 
         srv = self.server
         old = dict(entry.runtimes)
@@ -200,7 +206,7 @@ class RepositoryManager:
             else:
                 cfg, exists = load_model_config(entry.directory)
             ensemble = is_ensemble(cfg)
-            files = fingerprint(entry.directory, config=False) if entry.directory else ""
+            files = version_fingerprints(entry.directory) if entry.directory else {}
             if cfg.backend and cfg.backend != "python":
                 raise UnsupportedError(
                     f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
@@ -216,18 +222,19 @@ class RepositoryManager:
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
                 versions = []
             cfg_json = config_to_json(cfg)
-            if old and files == entry.files_fingerprint and _only_instances_differ(
-                    old, cfg, versions):
-                for v in versions:
-                    old[v].update_instances(cfg, cfg_json)
-                entry.fingerprint = fingerprint(entry.directory)
-                log.info("updated model '%s' version(s) %s in place", entry.name, versions)
-                return
+            # As Triton: a loaded version whose files are unchanged, and whose config changed
+            # in its instance groups at most, is updated in place; the others load anew.
+            kept = {v: rt for v, rt in old.items() if v in versions and not rt.is_ensemble
+                    and files.get(v) == entry.version_files.get(v)
+                    and not config_needs_reload(rt.config, cfg)}
             for v in versions:
-                rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
-                                  model_file(cfg, entry.directory, v))
-                new[v] = rt
-                rt.load()
+                if v not in kept:
+                    rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
+                                      model_file(cfg, entry.directory, v))
+                    new[v] = rt
+                    rt.load()
+            for rt in kept.values():
+                rt.update_instances(cfg, cfg_json)
         except TritonpyError as exc:
             for rt in new.values():
                 if rt.state == READY:
@@ -237,19 +244,25 @@ class RepositoryManager:
                 entry.reason = exc.message
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
-        entry.files_fingerprint = files
-        for v, rt in old.items():  # what still reaches an old version goes to its replacement
-            rt.successor = new.get(v) or (new[max(new)] if new else None)
-        entry.runtimes = new
+        entry.version_files = files
+        serving = {**kept, **new}
+        gone = [rt for v, rt in old.items() if v not in kept]
+        for rt in gone:  # what still reaches an old version goes to its replacement
+            rt.successor = serving.get(rt.version) or (
+                serving[max(serving)] if serving else None)
+        entry.runtimes = serving
         entry.state = READY
         entry.reason = ""
-        if old:  # the new versions serve already; the old ones finish up meanwhile
-            entry.retired.extend(old.values())
-            t = threading.Thread(target=self._retire, args=(list(old.values()),), daemon=True,
+        if gone:  # the new versions serve already; the old ones finish up meanwhile
+            entry.retired.extend(gone)
+            t = threading.Thread(target=self._retire, args=(gone,), daemon=True,
                                  name=f"{entry.name}-retire")
             self._retiring.add(t)
             t.start()
-        log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
+        if new:
+            log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
+        if kept:
+            log.info("updated model '%s' version(s) %s in place", entry.name, sorted(kept))
 
     def _retire(self, runtimes: list[ModelRuntime]) -> None:
         try:
@@ -437,13 +450,6 @@ class RepositoryManager:
             if os.path.exists(exe):
                 return exe
         raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has no bin/python3")
-
-
-def _only_instances_differ(old: dict[int, ModelRuntime], cfg: Any, versions: list[int]) -> bool:
-    """Whether the loaded versions ``old`` can take ``cfg`` by an instance update: the same
-    versions, no ensemble, and nothing but the instance groups changed."""
-    return sorted(old) == sorted(versions) and all(
-        not rt.is_ensemble and same_but_instances(rt.config, cfg) for rt in old.values())
 
 
 def _unpack_env(archive: str, digest: str) -> str:

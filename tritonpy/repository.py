@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import stat
+from typing import Any, Callable
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
@@ -25,6 +26,7 @@ __all__ = [
     "model_file",
     "scan_repositories",
     "select_versions",
+    "version_fingerprints",
 ]
 
 logger = logging.getLogger(__name__)
@@ -199,13 +201,12 @@ def model_file(cfg: ModelConfig, model_dir: str, version: int) -> str:
     return path
 
 
-def fingerprint(model_dir: str, config: bool = True) -> str:
+def fingerprint(model_dir: str) -> str:
     """A cheap digest of every name, size and mtime below a model directory.
 
     Poll mode compares two fingerprints: editing, adding, removing or renaming any file or
-    directory (config.pbtxt included, unless ``config`` is false) changes it. Python's own
-    bytecode caches (``__pycache__``, ``*.pyc``) are left out, since importing the model
-    writes them.
+    directory (config.pbtxt included) changes it. Python's own bytecode caches
+    (``__pycache__``, ``*.pyc``) are left out, since importing the model writes them.
 
     Raises:
         NotFoundError: ``model_dir`` does not exist.
@@ -213,14 +214,39 @@ def fingerprint(model_dir: str, config: bool = True) -> str:
     if not os.path.isdir(model_dir):
         raise NotFoundError(f"model directory '{model_dir}' does not exist")
     digest = hashlib.blake2b(digest_size=16)
-    for top, dirs, files in os.walk(model_dir):
-        dirs[:] = sorted(d for d in dirs if d not in _IGNORED_DIRS)
-        rel_top = os.path.relpath(top, model_dir)
+    _walk_into(digest, model_dir, lambda rel_top, name: False)
+    return digest.hexdigest()
+
+
+def version_fingerprints(model_dir: str) -> dict[int, str]:
+    """For each version directory, a digest of its files and of the model's files outside
+    any version directory, config.pbtxt excepted: what tells a reload, as Triton's
+    per-version modification check does, that a version's files are unchanged."""
+    if not os.path.isdir(model_dir):
+        return {}
+    versions = available_versions(model_dir)
+    names = {str(v) for v in versions}
+    common = hashlib.blake2b(digest_size=16)
+    _walk_into(common, model_dir, lambda rel_top, name: rel_top == "." and (
+        name in names or name == "config.pbtxt"))
+    out = {}
+    for v in versions:
+        digest = common.copy()
+        _walk_into(digest, os.path.join(model_dir, str(v)), lambda rel_top, name: False)
+        out[v] = digest.hexdigest()
+    return out
+
+
+def _walk_into(digest: Any, top_dir: str, skip: Callable[[str, str], bool]) -> None:
+    """Feed the names, sizes and mtimes below ``top_dir`` into ``digest``, leaving out what
+    ``skip(relative directory, name)`` says, and Python's bytecode caches."""
+    for top, dirs, files in os.walk(top_dir):
+        rel_top = os.path.relpath(top, top_dir)
+        dirs[:] = sorted(d for d in dirs if d not in _IGNORED_DIRS and not skip(rel_top, d))
         for d in dirs:
             digest.update(f"D\0{rel_top}/{d}\n".encode("utf-8", "surrogateescape"))
         for f in sorted(files):
-            if f.endswith(_IGNORED_SUFFIXES) or (
-                    not config and f == "config.pbtxt" and rel_top == "."):
+            if f.endswith(_IGNORED_SUFFIXES) or skip(rel_top, f):
                 continue
             try:
                 st = os.stat(os.path.join(top, f))
@@ -231,4 +257,3 @@ def fingerprint(model_dir: str, config: bool = True) -> str:
                 size = st.st_size if stat.S_ISREG(st.st_mode) else -1
                 mtime = st.st_mtime_ns
             digest.update(f"F\0{rel_top}/{f}\0{size}\0{mtime}\n".encode("utf-8", "surrogateescape"))
-    return digest.hexdigest()

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(120)
 
 START, END = 1, 2
 
-# Logs "init <instance>" / "fini <instance>" to LOG. initialize fails while the file FAIL
+# Logs "init <version>:<instance>" / "fini <version>:<instance>" to LOG. initialize fails while the file FAIL
 # exists; execute waits for the file named by the request's "gate" parameter, if any.
 MODEL_PY = """
 import json, os, time
@@ -40,7 +40,7 @@ def note(what):
 
 class TritonPythonModel:
     def initialize(self, args):
-        self.name = args["model_instance_name"]
+        self.name = args["model_version"] + ":" + args["model_instance_name"]
         if os.path.exists(FAIL):
             note("failed " + self.name)
             raise RuntimeError("told to fail")
@@ -279,3 +279,29 @@ def test_a_full_reload_does_not_wait_for_the_old_versions_requests(tmp_path, shm
         resp = held.get(timeout=30)
         assert params(resp)["tag"] == "v1" and resp.outputs["OUT"].to_numpy()[0] == 5
         assert wait_for(lambda: counts() == (2, 1), timeout=30), counts()
+
+
+def test_versions_whose_files_are_unchanged_are_not_reloaded(tmp_path, shm_prefix):
+    counts = Counts(tmp_path)
+    mdir = write_model(tmp_path / "repo", "m", _model_py(counts),
+                       _config(1, extra="version_policy: { all { } }\n"), versions=(1, 2))
+    with serving(tmp_path / "repo", shm_prefix, model_control_mode="explicit",
+                 load_models=["m"]) as server:
+        assert sorted(counts.lines("init")) == ["1:m_0_0", "2:m_0_0"]
+        write_model(tmp_path / "repo", "m", _model_py(counts, tag="v3"),
+                    _config(1, extra="version_policy: { all { } }\n"), versions=(3,))
+        server.load("m")  # a new version: only it loads
+        assert sorted(counts.lines("init")) == ["1:m_0_0", "2:m_0_0", "3:m_0_0"]
+        assert counts()[1] == 0
+        (mdir / "1" / "model.py").write_text(_model_py(counts, tag="v1b"))
+        server.load("m")  # one version's file changed: only it reloads
+        assert wait_for(lambda: counts.lines("fini") == ["1:m_0_0"], timeout=30)
+        assert len(counts.lines("init")) == 4
+        assert params(infer(server.model("m", 1), {"IN": fp32(1)}))["tag"] == "v1b"
+        assert params(infer(server.model("m", 2), {"IN": fp32(1)}))["tag"] == "v1"
+        (mdir / "config.pbtxt").write_text(_config(1, extra="version_policy: { latest { "
+                                                          "num_versions: 2 } }\n"))
+        server.load("m")  # the policy drops version 1; 2 and 3 stay as they are
+        assert wait_for(lambda: len(counts.lines("fini")) == 2, timeout=30)
+        assert len(counts.lines("init")) == 4
+        assert [m["version"] for m in server.models()] == ["2", "3"]
