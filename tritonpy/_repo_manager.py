@@ -29,7 +29,7 @@ from ._errors import (
     UnsupportedError,
     version_failed,
 )
-from ._ensemble import is_ensemble, is_ensemble_dir, load_ensemble
+from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
 from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, config_needs_reload
 
 log = logging.getLogger("tritonpy.repository")
@@ -64,6 +64,9 @@ class RepositoryManager:
         self._env_cache: dict[str, str] = {}
         self._env_lock = threading.Lock()
         self._retiring: set[threading.Thread] = set()  # old versions a reload replaced
+        # Ensembles unloaded because a model they run was: their step models, to load them
+        # again once those are back.
+        self._orphans: dict[str, set[str]] = {}
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -177,6 +180,19 @@ class RepositoryManager:
                 # As Triton's model control API answers a failed load (HTTP 400).
                 raise InvalidArgumentError(
                     f"load failed for model '{name}': {exc.message}") from exc
+        self._orphans.pop(name, None)
+        self._revive_orphans()
+
+    def _revive_orphans(self) -> None:
+        """Load again the ensembles a step's unload took with it, once their steps are back."""
+        progress = True
+        while progress:
+            progress = False
+            for ens, steps in list(self._orphans.items()):
+                if all((e := self.entries.get(s)) is not None and e.runtimes for s in steps):
+                    if self._orphans.pop(ens, None) is not None:
+                        self._load_quietly(ens)
+                        progress = True
 
     def _load_entry(self, entry: ModelEntry, config_override: str | None) -> None:
         from .config import (
@@ -314,7 +330,36 @@ class RepositoryManager:
                 "explicit model load / unload is not allowed unless the model control mode is "
                 "explicit")
         entry = self.require_known(name)
-        self._unload_entry(entry, self.server.exit_timeout)
+        self._orphans.pop(name, None)
+        self._unload_with_dependents(entry, self.server.exit_timeout)
+
+    def _unload_with_dependents(self, entry: ModelEntry, timeout: float) -> None:
+        """Unload ``entry`` and, first, as Triton does, the loaded ensembles that run it
+        (directly or through other ensembles); they load again when it does."""
+        for ens in reversed(self._dependents(entry.name)):  # the outermost first
+            e = self.entries[ens]
+            steps = {st.model for rt in e.runtimes.values() if isinstance(rt, EnsembleRuntime)
+                     for st in rt.steps}
+            self._unload_entry(e, timeout)
+            self._orphans[ens] = steps
+            log.info("unloaded ensemble '%s', which runs '%s'", ens, entry.name)
+        self._unload_entry(entry, timeout)
+
+    def _dependents(self, name: str) -> list[str]:
+        """The loaded ensembles that run ``name``, directly or through other ensembles; an
+        ensemble comes after those it runs."""
+        found: list[str] = []
+        todo = [name]
+        while todo:
+            model = todo.pop(0)
+            for other, e in list(self.entries.items()):
+                if other != name and other not in found and any(
+                        isinstance(rt, EnsembleRuntime) and any(st.model == model
+                                                                for st in rt.steps)
+                        for rt in e.runtimes.values()):
+                    found.append(other)
+                    todo.append(other)
+        return found
 
     def _unload_entry(self, entry: ModelEntry, timeout: float) -> None:
         with entry.lock:
@@ -346,7 +391,7 @@ class RepositoryManager:
                 continue
             for name, entry in list(self.entries.items()):
                 if not os.path.isdir(entry.directory):
-                    self._unload_entry(entry, self.server.exit_timeout)
+                    self._unload_with_dependents(entry, self.server.exit_timeout)
                     self.entries.pop(name, None)
                     continue
                 fp = fingerprint(entry.directory)
@@ -359,8 +404,9 @@ class RepositoryManager:
         entry = self.require_known(name)
         rts = entry.runtimes
         if not rts:
-            raise UnavailableError(
-                f"Request for unknown model: '{name}' is not ready"
+            # As Triton: a known model with no loaded version is NOT_FOUND (HTTP 404).
+            raise NotFoundError(
+                f"Request for unknown model: '{name}' has no available versions"
                 + (f" ({entry.reason})" if entry.reason and entry.reason != "unloaded" else ""))
         if version is None or version < 0:
             return rts[max(rts)]

@@ -187,12 +187,15 @@ def test_unknown_model_or_version_is_not_found(server, driver_pid, spec, needle)
     assert_driver_still_serves(server, driver_pid)
 
 
-def test_model_in_the_repository_but_not_loaded_is_unavailable(server) -> None:
+def test_model_in_the_repository_but_not_loaded_is_not_found(server) -> None:
+    # As Triton's core answers a known model with no loaded version.
     report, _ = drive(server, {"model": "lazy_target", "outputs": ["OUTPUT0"],
                                "inputs": {"INPUT0": fp32(1)}})
     resp = one(report)
-    assert resp["error"] is not None and resp["error"]["code"] == UNAVAILABLE
-    assert "lazy_target" in resp["error"]["message"]
+    assert resp["error"] is not None and resp["error"]["code"] == NOT_FOUND
+    assert resp["error"]["message"] == (
+        "Failed for execute the inference request. Model 'lazy_target' is not ready. "
+        "(Request for unknown model: 'lazy_target' has no available versions)")
 
 
 # -- bad inputs ----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tritonpy
-from tritonpy import TritonpyError
+from tritonpy import NotFoundError, TritonpyError
 
 from _models import infer, new_prefix, serving, wait_for, write_model
 
@@ -439,13 +439,13 @@ def test_bad_ensembles_are_rejected_clearly_and_the_rest_serves(tmp_path: Path,
         assert set(reasons) == {"missing_step", "wrong_dtype", "bad_input", "twice", "loop_a",
                                 "loop_b"}
         assert not srv.model("wrong_dtype").ready()
-        with pytest.raises(TritonpyError, match="not ready"):
+        with pytest.raises(TritonpyError, match="has no available versions"):
             srv.model("wrong_dtype").infer({"IN": np.array([1], np.int32)})
         resp = infer(srv.model("good"), {"IN": np.array([1], np.float32)})
         np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), [2])
 
 
-def test_explicit_mode_loads_steps_and_an_unloaded_step_makes_the_ensemble_unready(
+def test_explicit_mode_loads_steps_and_an_unloaded_step_takes_the_ensemble_with_it(
         tmp_path: Path, shm_prefix: str) -> None:
     write_model(tmp_path, "plus1", PLUS1, FP32_IO)
     write_model(tmp_path, "scale2", SCALE2, FP32_IO)
@@ -459,13 +459,14 @@ def test_explicit_mode_loads_steps_and_an_unloaded_step_makes_the_ensemble_unrea
         assert model.ready()
         np.testing.assert_array_equal(
             infer(model, {"IN": np.array([1], np.float32)}).outputs["OUT"].to_numpy(), [5])
-        srv.unload("scale2")
+        srv.unload("scale2")  # as Triton: the ensemble that runs it is unloaded too
         assert not model.ready()
-        assert not srv.ready()
-        resp = infer(model, {"IN": np.array([1], np.float32)})
-        assert resp.error is not None
-        assert "depends on 'scale2' which has no loaded version" in resp.error.message
-        srv.load("scale2")
+        states = {m["name"]: (m["state"], m["reason"]) for m in srv.models()}
+        assert states["chain3"] == states["scale2"] == ("UNAVAILABLE", "unloaded")
+        assert srv.ready()  # unloaded on purpose, both
+        with pytest.raises(NotFoundError, match="'chain3' has no available versions"):
+            model.infer({"IN": np.array([1], np.float32)})
+        srv.load("scale2")  # ... and comes back with it
         assert model.ready()
         np.testing.assert_array_equal(
             infer(model, {"IN": np.array([2], np.float32)}).outputs["OUT"].to_numpy(), [7])

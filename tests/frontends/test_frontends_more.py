@@ -295,7 +295,8 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
         assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
         with pytest.raises(InferenceServerException) as e:
             who(http, httpclient)
-        assert e.value.status() == "503" and "lazy" in e.value.message()
+        assert e.value.status() == "404"
+        assert e.value.message() == "Request for unknown model: 'lazy' has no available versions"
     finally:
         http.unload_model("lazy")
 
@@ -337,7 +338,7 @@ def test_repository_load_unload_over_grpc(served: Served, grpcc: grpcclient.Infe
         assert "lazy" not in ready and "ident" in ready
         with pytest.raises(InferenceServerException) as e:
             who(grpcc, grpcclient)
-        assert e.value.status() == "StatusCode.UNAVAILABLE"
+        assert e.value.status() == "StatusCode.NOT_FOUND"
     finally:
         grpcc.unload_model("lazy")
 

@@ -88,7 +88,7 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, shm_prefix):
     with serving(tmp_path, shm_prefix, model_control_mode="explicit",
                  load_models=["a"]) as server:
         assert _states(server) == {"a": "READY", "b": "UNAVAILABLE"}
-        with pytest.raises(UnavailableError):
+        with pytest.raises(NotFoundError):
             server.model("b").infer({"IN": fp32(1)})
         write_model(tmp_path, "c", tagged("c"))  # appears later: known once asked for
         server.load("b")
@@ -97,7 +97,7 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, shm_prefix):
         assert _tag(server.model("c")) == "c"
         server.unload("a")
         assert _states(server)["a"] == "UNAVAILABLE"
-        with pytest.raises(UnavailableError):
+        with pytest.raises(NotFoundError):
             server.model("a").infer({"IN": fp32(1)})
         with pytest.raises(NotFoundError):
             server.load("nope")
@@ -167,7 +167,7 @@ def test_unload_finishes_in_flight_requests_first(tmp_path, shm_prefix):
         unloader.start()
         try:
             assert wait_for(lambda: _states(server)["m"] == "UNLOADING", timeout=10)
-            with pytest.raises(UnavailableError):  # nothing new is taken meanwhile
+            with pytest.raises(NotFoundError):  # nothing new is taken meanwhile
                 model.infer({"IN": fp32(1)})
             assert unloader.is_alive()  # still waiting for the in-flight request
         finally:

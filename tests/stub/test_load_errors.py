@@ -115,7 +115,7 @@ def test_failed_load_reports_the_traceback_and_leaves_no_process(explicit, name)
     for fragment in BAD[name][2]:
         assert fragment in status["reason"]
     assert not explicit.model(name).ready()
-    with pytest.raises(tritonpy.UnavailableError, match="not ready"):
+    with pytest.raises(tritonpy.NotFoundError, match="has no available versions"):
         explicit.model(name).infer({"IN": fp32(1)})
     assert sorted(p.pid for p in stub_processes()) == before
     # the other model is untouched
