@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm.messages import RequestBody
@@ -162,13 +162,15 @@ class RuntimeBase:
         """What is left to do once the version no longer takes requests."""
         raise NotImplementedError
 
-    def drain(self, timeout: float) -> None:
-        """Wait until nothing is queued or in flight (bounded by ``timeout``)."""
+    def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> None:
+        """Wait until nothing is queued or in flight, or until ``busy()`` (called with
+        ``lock`` held) is false; bounded by ``timeout``."""
+        busy = busy or self._busy
         deadline = time.monotonic() + timeout
         with self.lock:
             self._draining += 1
             try:
-                while self._busy():
+                while busy():
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -211,25 +213,35 @@ class ModelRuntime(RuntimeBase):
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
         """Start and initialize every instance; on any failure stop them all and raise."""
-        with concurrent.futures.ThreadPoolExecutor(min(8, len(self.instances))) as ex:
-            futs = [ex.submit(self._start_instance, inst) for inst in self.instances]
-            errors = [f.exception() for f in futs]
-        failed = [e for e in errors if e is not None]
-        if failed:
+        try:
+            self._start_all(self.instances)
+        except TritonpyError:
             self.state = UNAVAILABLE
-            for inst in self.instances:
-                inst.state = "STOPPED"
-                if inst.stub is not None:
-                    inst.stub.stop(finalize=False, timeout=2)
-            err = failed[0]
-            if not isinstance(err, TritonpyError):
-                err = InternalError(str(err))
-            raise type(err)(version_failed(self.version, err))
+            raise
         self.state = READY
 
+    def _start_all(self, insts: list[Instance], config_json: str | None = None,
+                   finalize: bool = False) -> None:
+        """Start and initialize ``insts`` in parallel; on any failure stop them all (with
+        ``finalize``) and raise the first error as this version's failure to load."""
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(insts))) as ex:
+            futs = [ex.submit(self._start_instance, inst, config_json) for inst in insts]
+            errors = [f.exception() for f in futs]
+        failed = [e for e in errors if e is not None]
+        if not failed:
+            return
+        for inst in insts:
+            inst.state = "STOPPED"
+            if inst.stub is not None:
+                inst.stub.stop(finalize=finalize, timeout=5 if finalize else 2)
+        err = failed[0]
+        if not isinstance(err, TritonpyError):
+            err = InternalError(str(err))
+        raise type(err)(version_failed(self.version, err))
+
     def _initialize_args(self, inst: Instance, config_json: str = "") -> dict[str, str]:
-        return initialize_args(config_json or self.config_json, inst.kind, inst.name, inst.device_id,
-                               self.model_dir, self.version, self.name)
+        return initialize_args(config_json or self.config_json, inst.kind, inst.name,
+                               inst.device_id, self.model_dir, self.version, self.name)
 
     def _start_instance(self, inst: Instance, config_json: str | None = None) -> None:
         srv = self.server
@@ -305,20 +317,8 @@ class ModelRuntime(RuntimeBase):
                 taken.add(name)
                 new.append(Instance(self, name, kind, dev, sig))
             gone = pool
-        if new:
-            with concurrent.futures.ThreadPoolExecutor(min(8, len(new))) as ex:
-                errors = [f.exception() for f in
-                          [ex.submit(self._start_instance, i, config_json) for i in new]]
-            failed = [e for e in errors if e is not None]
-            if failed:
-                for inst in new:
-                    inst.state = "STOPPED"
-                    if inst.stub is not None:
-                        inst.stub.stop(finalize=True, timeout=5)
-                err = failed[0]
-                if not isinstance(err, TritonpyError):
-                    err = InternalError(str(err))
-                raise type(err)(version_failed(self.version, err))
+        if new:  # the model keeps what it has if any of them fails
+            self._start_all(new, config_json, finalize=True)
         with self.lock:
             self.config = config
             self.config_json = config_json
@@ -340,19 +340,10 @@ class ModelRuntime(RuntimeBase):
     def _retire(self, insts: list[Instance], timeout: float) -> None:
         """Finalize the RETIRING ones of ``insts`` once idle (waiting at most ``timeout`` for
         their in-flight executes), except those that still hold sequences."""
-        deadline = time.monotonic() + timeout
         held = self.sched.holds
+        self.drain(timeout, lambda: any(i.state == "RETIRING" and not held(i)
+                                        and (i.running or i.active) for i in insts))
         with self.lock:
-            self._draining += 1
-            try:
-                while any(i.state == "RETIRING" and not held(i) and (i.running or i.active)
-                          for i in insts):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._idle.wait(min(left, 0.1))
-            finally:
-                self._draining -= 1
             done = [i for i in insts if i.state == "RETIRING" and not held(i)]
             for inst in done:
                 inst.state = "STOPPED"
