@@ -23,16 +23,17 @@ class ErrorCode(str, enum.Enum):
     CANCELLED = "CANCELLED"
 
 
-# HTTP statuses as Triton's HTTP frontend returns them.
+# HTTP statuses as Triton's HTTP frontend returns them (checked against Triton 2.51: every
+# code it does not single out is 400 Bad Request).
 _HTTP = {
-    ErrorCode.UNKNOWN: 500,
+    ErrorCode.UNKNOWN: 400,
     ErrorCode.INTERNAL: 500,
     ErrorCode.NOT_FOUND: 404,
     ErrorCode.INVALID_ARG: 400,
     ErrorCode.UNAVAILABLE: 503,
-    ErrorCode.UNSUPPORTED: 400,
-    ErrorCode.ALREADY_EXISTS: 409,
-    ErrorCode.CANCELLED: 499,
+    ErrorCode.UNSUPPORTED: 501,
+    ErrorCode.ALREADY_EXISTS: 400,
+    ErrorCode.CANCELLED: 400,
 }
 # grpc.StatusCode names, resolved lazily so this module does not import grpc.
 _GRPC = {

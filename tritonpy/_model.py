@@ -149,6 +149,7 @@ class RuntimeBase:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self._draining = 0  # threads in drain(): only then is _idle worth notifying
+        self.cut_short = False  # unloaded with requests still in flight (the drain timed out)
 
     def not_ready_error(self) -> UnavailableError:
         return UnavailableError(
@@ -162,9 +163,9 @@ class RuntimeBase:
         """What is left to do once the version no longer takes requests."""
         raise NotImplementedError
 
-    def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> None:
+    def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> bool:
         """Wait until nothing is queued or in flight, or until ``busy()`` (called with
-        ``lock`` held) is false; bounded by ``timeout``."""
+        ``lock`` held) is false; bounded by ``timeout``. Returns whether that came."""
         busy = busy or self._busy
         deadline = time.monotonic() + timeout
         with self.lock:
@@ -175,6 +176,7 @@ class RuntimeBase:
                     if left <= 0:
                         break
                     self._idle.wait(min(left, 0.1))
+                return not busy()
             finally:
                 self._draining -= 1
 
@@ -183,7 +185,7 @@ class RuntimeBase:
         release what the version holds."""
         if self.state == READY:
             self.state = UNLOADING
-            self.drain(timeout)
+            self.cut_short = not self.drain(timeout)
         self.state = UNAVAILABLE
         self._unloaded(timeout)
 

@@ -129,16 +129,20 @@ class RepositoryManager:
         except TritonpyError as exc:
             log.error("failed to load '%s': %s", name, exc.message)
 
-    def shut_down(self, timeout: float) -> None:
+    def shut_down(self, timeout: float) -> list[str]:
+        """Unload everything, each drain bounded by ``timeout``; the model versions that still
+        had requests in flight when it passed ("'name' version N")."""
         for t in list(self._retiring):  # their drains are bounded by the exit timeout too
             t.join(timeout + 15)
         entries = list(self.entries.values())
+        live = [rt for e in entries for rt in e.runtimes.values()]
         if entries:
             with concurrent.futures.ThreadPoolExecutor(min(8, len(entries))) as ex:
                 list(ex.map(lambda e: self._unload_entry(e, timeout), entries))
         for e in entries:
             if e.tmpdir:
                 shutil.rmtree(e.tmpdir, ignore_errors=True)
+        return [f"'{rt.name}' version {rt.version}" for rt in live if rt.cut_short]
 
     # -- load / unload -------------------------------------------------------------------------
     def load(self, name: str, config: str | None = None,

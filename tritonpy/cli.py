@@ -171,6 +171,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    if server.cut_short:  # as Triton, which exits 1 after "Exit timeout expired"
+        log.error("failed to stop server: Exit timeout expired. Exiting immediately.")
+        return 1
     log.info("tritonpy stopped")
     return 0
 

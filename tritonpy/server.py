@@ -111,6 +111,8 @@ class Server:
         self._started = False
         self._stopping = False
         self._maint: threading.Thread | None = None
+        # After stop(): the model versions whose in-flight requests outlasted exit_timeout.
+        self.cut_short: list[str] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, wait_until_ready: bool = True) -> Server:
@@ -145,7 +147,10 @@ class Server:
             return
         self._stopping = True
         _LIVE.discard(self)
-        self.repo.shut_down(self.exit_timeout)
+        self.cut_short = self.repo.shut_down(self.exit_timeout)
+        if self.cut_short:
+            log.error("exit timeout expired with requests in flight in %s: they were cut off",
+                      ", ".join(self.cut_short))
         self.timers.stop()
         self._release_shm()
 

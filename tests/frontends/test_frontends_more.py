@@ -196,7 +196,24 @@ LAZY = ("""
                 "WHO", np.array([self.who.encode()], dtype=object))]) for r in requests]
     """)
 
-LOADED = ["ident", "pair", "bls_sync", "bls_async", "cancel_watch", "metric_model"]
+# Answers an error with the code named by the request's parameter "code".
+ERROR_CODE = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+    """, """
+    import json
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            codes = [json.loads(r.parameters())["code"] for r in requests]
+            return [pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                "told " + c, getattr(pb_utils.TritonError, c))) for c in codes]
+    """)
+
+LOADED = ["ident", "pair", "bls_sync", "bls_async", "cancel_watch", "metric_model",
+          "error_code"]
 
 
 def lazy_config(who: str) -> str:
@@ -223,7 +240,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     repo, marks = root / "repo", root / "marks"
     marks.mkdir()
     models = {"ident": IDENT, "pair": PAIR, "bls_sync": BLS_SYNC, "bls_async": BLS_ASYNC,
-              "cancel_watch": CANCEL_WATCH, "metric_model": METRIC_MODEL, "lazy": LAZY}
+              "cancel_watch": CANCEL_WATCH, "metric_model": METRIC_MODEL, "lazy": LAZY,
+              "error_code": ERROR_CODE}
     for name, (config, code) in models.items():
         (repo / name / "1").mkdir(parents=True)
         text = textwrap.dedent(config)
@@ -274,6 +292,24 @@ def who(client: Any, mod: Any) -> str:
 
 
 # == repository: index, load (config override, files), unload ====================================
+
+# Each code of a model's TritonError as Triton 2.51's frontends answer it (checked side by side).
+@pytest.mark.parametrize("code, status, grpc_code", [
+    ("UNKNOWN", "400", "UNKNOWN"), ("INTERNAL", "500", "INTERNAL"),
+    ("NOT_FOUND", "404", "NOT_FOUND"), ("INVALID_ARG", "400", "INVALID_ARGUMENT"),
+    ("UNAVAILABLE", "503", "UNAVAILABLE"), ("UNSUPPORTED", "501", "UNIMPLEMENTED"),
+    ("ALREADY_EXISTS", "400", "ALREADY_EXISTS"), ("CANCELLED", "400", "CANCELLED"),
+])
+def test_model_error_codes_map_to_tritons_statuses(
+        http: httpclient.InferenceServerClient, grpcc: grpcclient.InferenceServerClient,
+        code: str, status: str, grpc_code: str) -> None:
+    with pytest.raises(InferenceServerException) as e:
+        http.infer("error_code", [fp32_input(httpclient, [1.0])], parameters={"code": code})
+    assert (e.value.status(), e.value.message()) == (status, "told " + code)
+    with pytest.raises(InferenceServerException) as e:
+        grpcc.infer("error_code", [fp32_input(grpcclient, [1.0])], parameters={"code": code})
+    assert (e.value.status(), e.value.message()) == ("StatusCode." + grpc_code, "told " + code)
+
 
 def test_repository_load_unload_over_http(served: Served, http: httpclient.InferenceServerClient) -> None:
     index = {m["name"]: m for m in http.get_model_repository_index()}
