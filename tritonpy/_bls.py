@@ -190,7 +190,9 @@ class BlsRouter:
                 return bool(steps) and all(req_stuck(s) for s in steps)
             if any(i.free() for i in model.instances):
                 return False
-            return all(inst_stuck(i) for i in model.instances if i.state != "STOPPED")
+            # A RETIRING instance (removed by an update) takes no queued request.
+            return all(inst_stuck(i) for i in model.instances
+                       if i.state not in ("STOPPED", "RETIRING"))
 
         if req_stuck(req):
             return [f"{req.model.name}"] + on_path
