@@ -347,9 +347,9 @@ def test_http_cuda_shm_trace_generate_are_unsupported(served: Served, http: http
     status, body = raw_post(served, "/v2/trace/setting", b"", method="GET")
     assert status == 503 and "does not support tracing" in body["error"]
     status, body = raw_post(served, "/v2/models/add_sub/generate", b"{}")
-    assert status == 400 and "not supported" in body["error"]
+    assert status == 501 and "not supported" in body["error"]  # UNSUPPORTED, as Triton's
     status, body = raw_post(served, "/v2/repository/other/index", b"")
-    assert status == 400 and "repository_name" in body["error"]
+    assert status == 501 and "repository_name" in body["error"]
 
 
 def _infer_body(inputs: list[dict[str, Any]], outputs: Any = None) -> bytes:
@@ -389,12 +389,12 @@ FP32_4 = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
                                                    [{"name": "NOPE"}]), {}, 400, "NOPE"),
     ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])],
                                                    [{"name": "OUTPUT0", "parameters": {"classification": 2}}]),
-     {}, 400, "classification"),
+     {}, 501, "classification"),
     ("/v2/models/no_such_model/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]), {}, 404,
      "unknown model"),
     ("/v2/models/identity_fp32/versions/x/infer", b"{}", {}, 404, "Not Found"),
     ("/v2/models/repeat/infer", _infer_body([{"name": "IN", "datatype": "INT32", "shape": [1], "data": [1]}]),
-     {}, 400, "decoupled transaction policy"),
+     {}, 501, "decoupled transaction policy"),  # as Triton 2.51
     ("/v2/models/raiser/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]), {}, 500,
      "boom from execute"),
     ("/v2/nothing/here", b"", {}, 404, "Not Found"),
