@@ -114,10 +114,15 @@ def _names(types: type | tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
 
 
-def _expect_list(value: Any, item: type | tuple[type, ...], what: str) -> list:
+def _expect_list(value: Any, item: type | tuple[type, ...], what: str,
+                 if_none: str = "") -> list:
+    """``value`` as a list of ``item``; a None in it raises TritonModelException(``if_none``)
+    when that is given, as Triton's does for a missing tensor."""
     _expect(value, (list, tuple), what)
     for v in value:
         if not isinstance(v, item):
+            if v is None and if_none:
+                raise TritonModelException(if_none)
             raise TypeError(f"{what} must hold {_names(item)} objects, got {type(v).__name__}")
     return list(value)
 
@@ -163,12 +168,14 @@ class InferenceRequest:
             self._requested_output_names = [
                 _text(n, "requested_output_names")
                 for n in _expect_list(names, (str, bytes), "requested_output_names")]
+        self._request_id = request_id if type(request_id) is str else _text(
+            request_id, "request_id")
         if type(inputs) is list and all(type(t) is Tensor for t in inputs):
             self._inputs = inputs.copy()
         else:
-            self._inputs = _expect_list(inputs, Tensor, "inputs")
-        self._request_id = request_id if type(request_id) is str else _text(
-            request_id, "request_id")
+            self._inputs = _expect_list(
+                inputs, Tensor, "inputs", f"Input tensor for request with id "
+                f"'{self._request_id}' and model name '{self._model_name}' should not be empty.")
         self._correlation_id = correlation_id
         self._model_version = model_version
         self._flags = flags
@@ -273,8 +280,9 @@ class InferenceResponse:
 
     def __init__(self, output_tensors: Any = _UNSET,
                  error: TritonError | None = None, parameters: Any = None) -> None:
-        output_tensors = _expect_list([] if output_tensors is _UNSET else output_tensors,
-                                      Tensor, "output_tensors")
+        output_tensors = _expect_list(
+            [] if output_tensors is _UNSET else output_tensors, Tensor, "output_tensors",
+            "Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
             raise TritonModelException("error must be a pb_utils.TritonError")
         self._output_tensors = output_tensors

@@ -697,7 +697,10 @@ class ModelRuntime(RuntimeBase):
                 self._forward(succ, req)
             else:
                 req.fail(UnavailableError(f"model '{self.name}' was unloaded"))
+        # After a drain cut short (its exit timeout spent, as Triton then exits at once), a
+        # finalize gets a moment only.
+        grace = 1.0 if self.cut_short else min(timeout, 10.0)
         for inst in self.instances:
             inst.state = "STOPPED"
             if inst.stub is not None:
-                inst.stub.stop(finalize=True, timeout=min(timeout, 10.0))
+                inst.stub.stop(finalize=True, timeout=grace)

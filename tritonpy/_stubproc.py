@@ -274,13 +274,15 @@ class StubProcess:
     def stop(self, finalize: bool = True, timeout: float = 10.0) -> None:
         """Finalize (optionally) and end the process; leaves no process or segment behind."""
         self._closing = True
+        grace = timeout if finalize else 0.1
         if finalize and self.alive:
             try:
                 self.call(Cmd.FINALIZE, None, timeout)
             except TritonpyError as exc:
                 log.warning("[%s] finalize failed: %s", self.name, exc.message)
+                grace = 0.5  # stuck in finalize (or dead): no second full wait
         try:
-            self.proc.wait(timeout=timeout if finalize else 0.1)
+            self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self._reader.join(timeout=timeout)

@@ -251,3 +251,34 @@ def test_poll_reload_while_requests_flow_loses_no_request(tmp_path, shm_prefix):
     for s in seen:
         first_new = s.index("new")
         assert "old" in s[:first_new] and set(s[first_new:]) == {"new"}
+
+
+# Decoupled: execute returns without ever sending the final flag; finalize never returns.
+STUCK_PY = """
+import time
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return None
+
+    def finalize(self):
+        while True:
+            time.sleep(1)
+"""
+
+
+def test_stop_is_bounded_by_the_exit_timeout_when_a_request_never_ends(tmp_path, shm_prefix):
+    write_model(tmp_path, "stuck", STUCK_PY,
+                io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    with serving(tmp_path, shm_prefix, exit_timeout=4) as server:
+        stream = server.model("stuck").infer({"IN": fp32(1)})
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        server.stop()
+        elapsed = time.monotonic() - t0
+    # As Triton: the exit timeout bounds the wait, then the stuck model is given up on (its
+    # finalize gets a moment only: 4 + 4 + 4 s before).
+    assert 4 <= elapsed < 8, elapsed
+    assert server.cut_short == ["'stuck' version 1"]
+    resp = stream.get(timeout=5)  # answered, not left hanging
+    assert resp.error is not None and resp.error.code.name == "UNAVAILABLE"

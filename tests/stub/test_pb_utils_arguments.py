@@ -56,6 +56,18 @@ def test_inference_request_accepts_numpy_integers_and_defaults():
     assert bare.inputs() == [] and bare.requested_output_names() == []
 
 
+def test_a_missing_tensor_in_a_list_is_tritons_model_exception():
+    # Triton 2.51's words (its argument_validation QA model catches TritonModelException).
+    with pytest.raises(pb_utils.TritonModelException) as e:
+        pb_utils.InferenceRequest(request_id="r1", model_name="m", inputs=[T, None],
+                                  requested_output_names=["OUT"])
+    assert str(e.value) == ("Input tensor for request with id 'r1' and model name 'm' should "
+                            "not be empty.")
+    with pytest.raises(pb_utils.TritonModelException) as e:
+        pb_utils.InferenceResponse(output_tensors=[None])
+    assert str(e.value) == "Output tensor for inference response should not be empty."
+
+
 def test_inference_response_and_tensor_wrong_argument_types():
     with pytest.raises(TypeError, match="output_tensors"):
         pb_utils.InferenceResponse(output_tensors=None)
