@@ -10,6 +10,7 @@ Real stubs throughout; every initialize and finalize is logged to a file by the 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -305,3 +306,16 @@ def test_versions_whose_files_are_unchanged_are_not_reloaded(tmp_path, shm_prefi
         assert wait_for(lambda: len(counts.lines("fini")) == 2, timeout=30)
         assert len(counts.lines("init")) == 4
         assert [m["version"] for m in server.models()] == ["2", "3"]
+
+
+def test_poll_mode_updates_instances_in_place(tmp_path, shm_prefix):
+    mdir, counts = _setup(tmp_path, 1)
+    with serving(tmp_path / "repo", shm_prefix, model_control_mode="poll",
+                 poll_interval=0.1) as server:
+        cfg = mdir / "config.pbtxt"
+        old = cfg.stat()
+        cfg.write_text(_config(3))
+        os.utime(cfg, ns=(old.st_atime_ns, old.st_mtime_ns + 1_000_000_000))  # a new mtime
+        assert wait_for(lambda: counts() == (3, 0), timeout=30), counts()
+        assert wait_for(lambda: len(_served_by(server.model("m"))) == 3, timeout=30)
+        assert counts() == (3, 0)  # no further reload came of it
