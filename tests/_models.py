@@ -137,6 +137,17 @@ def serving(repo: str | os.PathLike[str], prefix: str, **kwargs: Any) -> Iterato
     assert_clean(prefix, before)
 
 
+@contextlib.contextmanager
+def serving_models(repo: str | os.PathLike[str], models: Mapping[str, tuple[str, str]],
+                   **kwargs: Any) -> Iterator[tritonpy.Server]:
+    """Write ``models`` (name -> (model.py, config)) into ``repo`` and serve them, with a
+    fresh shm prefix, as :func:`serving` does."""
+    for name, (model_py, config) in models.items():
+        write_model(repo, name, model_py, config)
+    with serving(repo, new_prefix(), **kwargs) as server:
+        yield server
+
+
 def infer(model: tritonpy.Model, inputs: Mapping[str, Any], wait: float = 30.0,
           **kwargs: Any) -> tritonpy.InferenceResponse:
     """The one response of a default-mode request (waits at most ``wait`` seconds)."""

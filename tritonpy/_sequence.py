@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import heapq
+import itertools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Iterator
@@ -145,6 +146,7 @@ class SequenceBatcher:
         # instance fills before any slot 1.
         self.free: list[tuple[int, int, Instance]] = []
         self.order: dict[Instance, int] = {}
+        self._orders = itertools.count()  # never reused: two instances never tie in the heap
         self.backlog: collections.deque[_Seq] = collections.deque()
         self.inflight: dict[int, _Seq] = {}  # request id -> its sequence
         self.n = 0
@@ -160,7 +162,7 @@ class SequenceBatcher:
 
     def add_instance(self, inst: Instance) -> None:
         """Give ``inst`` its slots; backlogged sequences take them at once."""
-        self.order[inst] = len(self.order)
+        self.order[inst] = next(self._orders)
         self.by_inst[inst] = []
         for slot in range(self.slots):
             heapq.heappush(self.free, (slot, self.order[inst], inst))
@@ -174,6 +176,7 @@ class SequenceBatcher:
         pending requests are returned, to be failed."""
         self.free = [f for f in self.free if f[2] is not inst]
         heapq.heapify(self.free)
+        self.order.pop(inst, None)
         orphans: list[HostRequest] = []
         for seq in self.by_inst.pop(inst, []):
             if self.active.get(seq.corrid) is seq:

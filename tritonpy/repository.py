@@ -214,7 +214,7 @@ def fingerprint(model_dir: str) -> str:
     if not os.path.isdir(model_dir):
         raise NotFoundError(f"model directory '{model_dir}' does not exist")
     digest = hashlib.blake2b(digest_size=16)
-    _walk_into(digest, model_dir, lambda rel_top, name: False)
+    _walk_into(digest, model_dir)
     return digest.hexdigest()
 
 
@@ -232,12 +232,13 @@ def version_fingerprints(model_dir: str) -> dict[int, str]:
     out = {}
     for v in versions:
         digest = common.copy()
-        _walk_into(digest, os.path.join(model_dir, str(v)), lambda rel_top, name: False)
+        _walk_into(digest, os.path.join(model_dir, str(v)))
         out[v] = digest.hexdigest()
     return out
 
 
-def _walk_into(digest: Any, top_dir: str, skip: Callable[[str, str], bool]) -> None:
+def _walk_into(digest: Any, top_dir: str,
+               skip: Callable[[str, str], bool] = lambda rel_top, name: False) -> None:
     """Feed the names, sizes and mtimes below ``top_dir`` into ``digest``, leaving out what
     ``skip(relative directory, name)`` says, and Python's bytecode caches."""
     for top, dirs, files in os.walk(top_dir):

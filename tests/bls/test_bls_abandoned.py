@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from _models import infer, new_prefix, serving, write_model
+from _models import infer, serving_models
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -119,11 +119,10 @@ class TritonPythonModel:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    write_model(repo, "big_stream", BIG_STREAM_PY, BIG_STREAM_CONFIG)
-    write_model(repo, "big_slow", BIG_SLOW_PY, BIG_SLOW_CONFIG)
-    write_model(repo, "quitter", QUITTER_PY, QUITTER_CONFIG)
-    with serving(repo, new_prefix()) as srv:
+    with serving_models(tmp_path_factory.mktemp("repo"), {
+            "big_stream": (BIG_STREAM_PY, BIG_STREAM_CONFIG),
+            "big_slow": (BIG_SLOW_PY, BIG_SLOW_CONFIG),
+            "quitter": (QUITTER_PY, QUITTER_CONFIG)}) as srv:
         yield srv
 
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from _models import infer, new_prefix, serving, write_model
+from _models import infer, serving_models
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -114,10 +114,8 @@ class TritonPythonModel:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    write_model(repo, "stream", STREAM_PY, STREAM_CONFIG)
-    write_model(repo, "caller", CALLER_PY, CALLER_CONFIG)
-    with serving(repo, new_prefix()) as srv:
+    with serving_models(tmp_path_factory.mktemp("repo"), {
+            "stream": (STREAM_PY, STREAM_CONFIG), "caller": (CALLER_PY, CALLER_CONFIG)}) as srv:
         yield srv
 
 
