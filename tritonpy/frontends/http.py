@@ -1,15 +1,14 @@
-"""KServe v2 HTTP/REST frontend with Triton's extensions, on aiohttp.
+"""KServe v2 HTTP/REST frontend with Triton's extensions, on :mod:`._http1`.
 
-aiohttp is already a tritonpy dependency, its server parses HTTP in C (llhttp), runs on the same
-asyncio loop as the gRPC frontend, and gives raw access to the body bytes that the binary tensor
-extension needs, without an ASGI layer in between.
+The server (httptools' C parser under an asyncio Protocol, see ``_http1`` for why not a
+framework) runs on the same asyncio loop as the gRPC frontend and hands over whole request
+bodies, out of which the binary tensor extension slices the tensors without a copy.
 
 Routing copies Triton's URL grammar (``HTTPAPIServer::Handle``) so that unknown paths, wrong
 methods and error bodies (``{"error": "..."}``) look the same to a client.
 """
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
@@ -17,8 +16,6 @@ import logging
 import re
 import socket
 from typing import Any, Awaitable, Callable
-
-from aiohttp import web
 
 from ..shm.dtypes import ITEMSIZE
 from .._errors import (
@@ -28,6 +25,7 @@ from .._errors import (
     UnavailableError,
     UnsupportedError,
 )
+from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .dataplane import (
     DEFAULT_MAX_INPUT_SIZE,
     DataPlane,
@@ -55,32 +53,33 @@ _REPO_RE = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|
 _SYSSHM_RE = re.compile(r"/v2/systemsharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 _CUDASHM_RE = re.compile(r"/v2/cudasharedmemory(?:/region/([^/]+))?/(status|register|unregister)")
 _HEADER_LENGTH = "Inference-Header-Content-Length"
+_HEADER_LENGTH_KEY = _HEADER_LENGTH.lower()  # Request.headers has lower-case names
 _DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Handler = Callable[[Request], Awaitable[Response]]
 
 
 def _dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
 
 
-def json_response(obj: Any, status: int = 200) -> web.Response:
+def json_response(obj: Any, status: int = 200) -> Response:
     """A JSON response."""
-    return web.Response(body=_dumps(obj), status=status, content_type="application/json")
+    return Response(status, _dumps(obj), "application/json")
 
 
-def error_response(err: BaseException) -> web.Response:
+def error_response(err: BaseException) -> Response:
     """Triton's error body, with the status the error code maps to."""
     e = to_error(err)
     return json_response({"error": e.message}, e.http_status)
 
 
-def _method_not_allowed() -> web.Response:
+def _method_not_allowed() -> Response:
     return json_response({"error": "Method Not Allowed"}, 405)
 
 
-async def _json_body(request: web.Request, *, required: bool = False) -> dict[str, Any]:
-    raw = await request.read()
+def _json_body(request: Request, *, required: bool = False) -> dict[str, Any]:
+    raw = request.body
     if not raw:
         if required:
             raise InvalidArgumentError("failed to parse the request JSON buffer: the body is empty")
@@ -118,76 +117,55 @@ class HTTPFrontend:
         self.host = host
         self.port = port
         self.max_input_size = max_input_size
-        self._runner: web.AppRunner | None = None
-        self._inflight: set[asyncio.Task[Any]] = set()
+        self._server: HTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         """Bind and start serving."""
-        # Slack for the JSON header around the tensors; the exact limit is checked per request
-        # so the client gets Triton's message instead of aiohttp's bare 413.
-        app = web.Application(client_max_size=self.max_input_size + 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._dispatch)
-        # handler_cancellation: a client that disconnects cancels its handler, and with it the
-        # in-flight inference (DataPlane.stream cancels the server-side request).
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=30.0)
-        await self._runner.setup()
+        # Bodies past the limit are read and dropped, then answered with Triton's message.
+        server = HTTPServer(self._dispatch, self._refused, self.max_input_size)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            await self._runner.cleanup()
             raise UnavailableError(f"Socket '{self.host}:{self.port}' already in use: {exc}") from None
         self.port = sock.getsockname()[1]
-        site = web.SockSite(self._runner, sock, backlog=1024)
-        await site.start()
+        await server.start(sock)
+        self._server = server
         log.info("Started HTTPService at %s:%d", self.host, self.port)
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Stop accepting, give in-flight requests up to ``timeout`` seconds, then close."""
-        if self._runner is None:
-            return
-        self._runner._shutdown_timeout = timeout
-        cleanup = asyncio.ensure_future(self._runner.cleanup())
-        done, _ = await asyncio.wait({cleanup}, timeout=timeout)
-        if not done:
-            # Past the timeout aiohttp only fails the request body and waits as long again for
-            # a handler that is not reading it; cancel the handlers instead, which cancels
-            # their inferences, so the whole drain stays within ``timeout``.
-            for task in list(self._inflight):
-                task.cancel()
-        await cleanup
-        self._runner = None
+        """Stop accepting, give in-flight requests up to ``timeout`` seconds, then cancel them
+        (which cancels their inferences) and close every connection."""
+        server, self._server = self._server, None
+        if server is not None:
+            await server.stop(timeout)
+
+    def _refused(self, err: BaseException) -> Response:
+        """The answer to a request that never reached a handler (see ``HTTPServer``)."""
+        if isinstance(err, BodyTooLarge):
+            return error_response(self._too_large(err.size))
+        return error_response(InvalidArgumentError(str(err)))
 
     # -- routing -----------------------------------------------------------------------------
 
-    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+    async def _dispatch(self, request: Request) -> Response:
         path = request.path
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
         try:
             handler = self._route(request, path)
             if handler is None:
                 log.debug("HTTP error: %s %s - 404", request.method, path)
                 return json_response({"error": "Not Found"}, 404)
             return await handler(request)
-        except web.HTTPRequestEntityTooLarge:
-            return error_response(self._too_large(request.content_length or 0))
-        except (ConnectionError, web.HTTPException):
-            raise
         except Exception as exc:  # a bad request must never take the server down
             if not isinstance(exc, TritonpyError):
                 log.exception("HTTP %s %s failed", request.method, path)
             return error_response(exc)
-        finally:
-            self._inflight.discard(task)  # type: ignore[arg-type]
 
-    def _route(self, request: web.Request, path: str) -> Handler | None:
+    def _route(self, request: Request, path: str) -> Handler | None:
         m = _MODEL_RE.fullmatch(path)
         if path == "/v2/models/stats":
             return lambda r: self._stats(r, "", "")
@@ -222,32 +200,32 @@ class HTTPFrontend:
 
     # -- server ------------------------------------------------------------------------------
 
-    async def _health(self, request: web.Request, kind: str) -> web.StreamResponse:
+    async def _health(self, request: Request, kind: str) -> Response:
         if request.method != "GET":
             return _method_not_allowed()
         ok = self.plane.live() if kind == "live" else self.plane.ready()
-        return web.Response(status=200 if ok else 400)
+        return Response(200 if ok else 400)
 
-    async def _server_metadata(self, request: web.Request) -> web.StreamResponse:
+    async def _server_metadata(self, request: Request) -> Response:
         if request.method != "GET":
             return _method_not_allowed()
         return json_response(self.plane.server_metadata())
 
-    async def _logging(self, request: web.Request) -> web.StreamResponse:
+    async def _logging(self, request: Request) -> Response:
         if request.method == "GET":
             return json_response(self.plane.log_settings.get())
         if request.method == "POST":
-            return json_response(self.plane.log_settings.update(await _json_body(request)))
+            return json_response(self.plane.log_settings.update(_json_body(request)))
         return _method_not_allowed()
 
-    async def _trace(self, request: web.Request) -> web.StreamResponse:
+    async def _trace(self, request: Request) -> Response:
         if request.method not in ("GET", "POST"):
             return _method_not_allowed()
         raise UnavailableError("the server does not support tracing")
 
     # -- models ------------------------------------------------------------------------------
 
-    async def _model(self, request: web.Request, name: str, version_str: str, kind: str) -> web.StreamResponse:
+    async def _model(self, request: Request, name: str, version_str: str, kind: str) -> Response:
         if kind == "infer":
             if request.method != "POST":
                 return _method_not_allowed()
@@ -265,26 +243,26 @@ class HTTPFrontend:
         version = parse_version(version_str)
         if kind == "ready":
             if self.plane.model_ready(name, version):
-                return web.Response(status=200)
+                return Response(200)
             return json_response({"error": "Model version not ready"}, 400)
         if kind == "config":
             return json_response(self.plane.model_config(name, version))
         return json_response(self.plane.model_metadata(name, version))
 
-    async def _stats(self, request: web.Request, name: str, version: str) -> web.StreamResponse:
+    async def _stats(self, request: Request, name: str, version: str) -> Response:
         if request.method != "GET":
             return _method_not_allowed()
         return json_response(await self.plane.statistics(name, version))
 
     # -- repository --------------------------------------------------------------------------
 
-    async def _repository(self, request: web.Request, repo: str, kind: str, name: str | None,
-                          action: str | None) -> web.StreamResponse:
+    async def _repository(self, request: Request, repo: str, kind: str, name: str | None,
+                          action: str | None) -> Response:
         if request.method != "POST":
             return _method_not_allowed()
         if repo:
             raise UnsupportedError("'repository_name' specification is not supported")
-        body = await _json_body(request)
+        body = _json_body(request)
         if kind == "index":
             ready = body.get("ready", False)
             if not isinstance(ready, bool):
@@ -313,14 +291,14 @@ class HTTPFrontend:
             if not isinstance(dependents, bool):
                 raise InvalidArgumentError("Unable to parse 'unload_dependents'")
             await self.plane.unload(name, dependents)
-        return web.Response(status=200, content_type="application/json")
+        return Response(200, content_type="application/json")
 
     # -- shared memory -----------------------------------------------------------------------
 
-    def _shm_method_ok(self, request: web.Request, action: str) -> bool:
+    def _shm_method_ok(self, request: Request, action: str) -> bool:
         return request.method == ("GET" if action == "status" else "POST")
 
-    async def _system_shm(self, request: web.Request, region: str, action: str) -> web.StreamResponse:
+    async def _system_shm(self, request: Request, region: str, action: str) -> Response:
         if not self._shm_method_ok(request, action):
             return _method_not_allowed()
         shm = self.plane.shm
@@ -331,7 +309,7 @@ class HTTPFrontend:
                 raise InvalidArgumentError(
                     "'region name' is necessary to register system shared memory region"
                 )
-            body = await _json_body(request, required=True)
+            body = _json_body(request, required=True)
             if "key" not in body:
                 raise InvalidArgumentError("Shared memory register request has no 'key' field")
             if "byte_size" not in body:
@@ -344,9 +322,9 @@ class HTTPFrontend:
             shm.register(region, key, offset, size)
         else:
             shm.unregister(region)
-        return web.Response(status=200, content_type="application/json")
+        return Response(200, content_type="application/json")
 
-    async def _cuda_shm(self, request: web.Request, region: str, action: str) -> web.StreamResponse:
+    async def _cuda_shm(self, request: Request, region: str, action: str) -> Response:
         # tritonpy is built without CUDA shared memory, as a Triton built without GPU support:
         # status lists nothing, unregister has nothing to do, register is refused.
         if not self._shm_method_ok(request, action):
@@ -363,7 +341,7 @@ class HTTPFrontend:
             raise InvalidArgumentError(
                 f"failed to register CUDA shared memory region: '{region}', GPUs not supported"
             )
-        return web.Response(status=200, content_type="application/json")
+        return Response(200, content_type="application/json")
 
     # -- inference ---------------------------------------------------------------------------
 
@@ -373,18 +351,11 @@ class HTTPFrontend:
             f"{self.max_input_size} bytes. Use --http-max-input-size to increase the limit."
         )
 
-    async def _infer(self, request: web.Request, model: str, version: int) -> web.StreamResponse:
-        if request.content_length is not None and request.content_length > self.max_input_size:
-            raise self._too_large(request.content_length)
-        body = await request.read()
-        if len(body) > self.max_input_size:
-            raise self._too_large(len(body))
-        req = self._parse_infer(model, version, body, request.headers.get(_HEADER_LENGTH))
+    async def _infer(self, request: Request, model: str, version: int) -> Response:
+        req = self._parse_infer(model, version, request.body, request.headers.get(_HEADER_LENGTH_KEY))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         response = self._encode_result(result)
-        accept = request.headers.get("Accept-Encoding", "")
-        if "gzip" in accept or "deflate" in accept:
-            response.enable_compression()
+        response.compress = True  # when the client's Accept-Encoding asks for it
         return response
 
     def _parse_infer(self, model: str, version: int, body: bytes, header_length: str | None) -> InferRequest:
@@ -515,7 +486,7 @@ class HTTPFrontend:
 
     # -- responses ---------------------------------------------------------------------------
 
-    def _encode_result(self, result: InferResult) -> web.Response:
+    def _encode_result(self, result: InferResult) -> Response:
         doc: dict[str, Any] = {}
         if result.request_id:
             doc["id"] = result.request_id
@@ -545,8 +516,8 @@ class HTTPFrontend:
         doc["outputs"] = outputs
         header = _dumps(doc)
         if not chunks:
-            return web.Response(body=header, content_type="application/json")
+            return Response(200, header, "application/json")
         body = b"".join([header, *chunks])
-        return web.Response(body=body, content_type="application/octet-stream",
-                            headers={_HEADER_LENGTH: str(len(header))})
+        return Response(200, body, "application/octet-stream",
+                        {_HEADER_LENGTH: str(len(header))})
 

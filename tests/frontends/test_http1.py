@@ -1,0 +1,305 @@
+"""The HTTP/1.1 server under the KServe frontend (``tritonpy.frontends._http1``), over real
+sockets: keep-alive, pipelining, ``Expect: 100-continue``, body limits, compression both ways,
+malformed requests, disconnects, idle connections and the drain on stop."""
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from tritonpy.frontends import new_event_loop
+from tritonpy.frontends._http1 import BodyTooLarge, HTTPServer, Request, Response
+
+LIMIT = 1000
+
+
+class Running:
+    """An HTTPServer on its own loop in a thread; ``port`` to connect to."""
+
+    def __init__(self, server: HTTPServer, loop: asyncio.AbstractEventLoop, port: int) -> None:
+        self.server, self.loop, self.port = server, loop, port
+
+    def stop(self, timeout: float) -> float:
+        """Run ``server.stop(timeout)``; the seconds it took."""
+        t0 = time.monotonic()
+        asyncio.run_coroutine_threadsafe(self.server.stop(timeout), self.loop).result(timeout + 10)
+        return time.monotonic() - t0
+
+
+def _refused(err: BaseException) -> Response:
+    if isinstance(err, BodyTooLarge):
+        return Response(400, f"too large: {err.size}".encode(), "text/plain")
+    return Response(400, f"refused: {err}".encode(), "text/plain")
+
+
+@contextmanager
+def serving(handler: Callable[[Request], Any], **kw: Any) -> Iterator[Running]:
+    """Serve ``handler`` on 127.0.0.1 (a free port) until the block ends."""
+    loop = new_event_loop()
+    server = HTTPServer(handler, _refused, LIMIT, **kw)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    loop.run_until_complete(server.start(sock))
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    running = Running(server, loop, port)
+    try:
+        yield running
+    finally:
+        if server._server is not None:
+            running.stop(1.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+async def echo(req: Request) -> Response:
+    """Method, path and body back, so a test sees what the server parsed."""
+    return Response(200, f"{req.method} {req.path} ".encode() + req.body, "text/plain",
+                    {"X-Seen-Type": req.headers.get("content-type", "-")})
+
+
+def connect(running: Running) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+    return sock
+
+
+def read_response(sock: socket.socket, buf: bytearray | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One response off the socket: (status, headers with lower-case names, body)."""
+    data = buf if buf is not None else bytearray()
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"closed before a response; got {bytes(data)!r}")
+        data += chunk
+    head, _, rest = bytes(data).partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v for k, v in (line.split(": ", 1) for line in lines[1:])}
+    length = int(headers.get("content-length", "0"))
+    body = bytearray(rest)
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed inside a body")
+        body += chunk
+    data[:] = body[length:]
+    return status, headers, bytes(body[:length])
+
+
+def closed_by_server(sock: socket.socket) -> bool:
+    sock.settimeout(5)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def post(path: str, body: bytes, *extra: str, version: str = "1.1") -> bytes:
+    head = [f"POST {path} HTTP/{version}", "Host: t", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def test_keep_alive_and_http10_close() -> None:
+    with serving(echo) as running:
+        sock = connect(running)
+        for i in range(3):
+            sock.sendall(post("/v2/a%20b?x=1", f"body{i}".encode(), "Content-Type: text/x"))
+            status, headers, body = read_response(sock)
+            assert (status, body) == (200, f"POST /v2/a b body{i}".encode())
+            assert headers["x-seen-type"] == "text/x" and "connection" not in headers
+        sock.close()
+        sock = connect(running)
+        sock.sendall(post("/old", b"x", version="1.0"))
+        status, headers, body = read_response(sock)
+        assert (status, body, headers["connection"]) == (200, b"POST /old x", "close")
+        assert closed_by_server(sock)
+        sock.close()
+
+
+def test_pipelined_requests_answer_in_order() -> None:
+    async def slow_first(req: Request) -> Response:
+        if req.body == b"slow":
+            await asyncio.sleep(0.3)
+        return await echo(req)
+
+    with serving(slow_first) as running:
+        sock = connect(running)
+        sock.sendall(b"".join(post("/p", b) for b in (b"slow", b"fast", b"last")))
+        buf = bytearray()
+        bodies = [read_response(sock, buf)[2] for _ in range(3)]
+        assert bodies == [b"POST /p slow", b"POST /p fast", b"POST /p last"]
+        sock.close()
+
+
+def test_expect_continue_and_chunked_body() -> None:
+    with serving(echo) as running:
+        sock = connect(running)
+        sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        sock.sendall(b"hello")
+        assert read_response(sock)[2] == b"POST /c hello"
+        sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+        assert read_response(sock)[2] == b"POST /c abcde"
+        # Too large with Expect: answered before the body, and the connection is closed.
+        sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
+        status, headers, body = read_response(sock)
+        assert (status, body, headers["connection"]) == (400, b"too large: 5000", "close")
+        assert closed_by_server(sock)
+        sock.close()
+
+
+def test_body_over_the_limit_is_refused_and_the_connection_survives() -> None:
+    calls: list[bytes] = []
+
+    async def record(req: Request) -> Response:
+        calls.append(req.body)
+        return await echo(req)
+
+    with serving(record) as running:
+        sock = connect(running)
+        sock.sendall(post("/big", b"x" * (LIMIT + 1)))
+        assert read_response(sock)[:3:2] == (400, f"too large: {LIMIT + 1}".encode())
+        chunks = b"".join(b"%x\r\n%s\r\n" % (300, b"y" * 300) for _ in range(4))
+        sock.sendall(b"POST /big HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+        assert read_response(sock)[:3:2] == (400, b"too large: 1200")
+        sock.sendall(post("/ok", b"small"))
+        assert read_response(sock)[2] == b"POST /ok small"
+        assert calls == [b"small"]  # the handler never saw the refused bodies
+        sock.close()
+
+
+def test_compressed_request_and_response_bodies() -> None:
+    async def big(req: Request) -> Response:
+        resp = Response(200, req.body * 3, "text/plain")
+        resp.compress = True
+        return resp
+
+    with serving(big) as running:
+        sock = connect(running)
+        payload = b"tensor bytes " * 20
+        for coding, packed in (("gzip", gzip.compress(payload)), ("deflate", zlib.compress(payload)),
+                               ("deflate", zlib.compress(payload)[2:-4])):  # raw deflate too
+            sock.sendall(post("/z", packed, f"Content-Encoding: {coding}", f"Accept-Encoding: {coding}"))
+            status, headers, body = read_response(sock)
+            assert status == 200 and headers["content-encoding"] == coding
+            inflated = gzip.decompress(body) if coding == "gzip" else zlib.decompress(body)
+            assert inflated == payload * 3
+        sock.sendall(post("/z", payload))  # no Accept-Encoding: plain
+        status, headers, body = read_response(sock)
+        assert "content-encoding" not in headers and body == payload * 3
+        # A body that does not inflate, and one that inflates past the limit.
+        sock.sendall(post("/z", b"not gzip", "Content-Encoding: gzip"))
+        status, _, body = read_response(sock)
+        assert status == 400 and body.startswith(b"refused: failed to decompress the gzip request body")
+        sock.sendall(post("/z", gzip.compress(b"\0" * (LIMIT * 5)), "Content-Encoding: gzip"))
+        assert read_response(sock)[2] == f"too large: {LIMIT + 1}".encode()
+        sock.close()
+
+
+def test_malformed_request_gets_400_and_close() -> None:
+    with serving(echo) as running:
+        sock = connect(running)
+        sock.sendall(b"POST /x HTTP/1.1\r\nContent-Length: nope\r\n\r\n")
+        status, headers, body = read_response(sock)
+        assert status == 400 and body.startswith(b"refused: malformed HTTP request")
+        assert headers["connection"] == "close" and closed_by_server(sock)
+        sock.close()
+        sock = connect(running)  # the server itself goes on
+        sock.sendall(post("/after", b""))
+        assert read_response(sock)[2] == b"POST /after "
+        sock.close()
+
+
+def test_handler_bug_answers_500_and_the_connection_goes_on() -> None:
+    async def buggy(req: Request) -> Response:
+        if req.path == "/bug":
+            raise KeyError("oops")
+        return await echo(req)
+
+    with serving(buggy) as running:
+        sock = connect(running)
+        sock.sendall(post("/bug", b""))
+        assert read_response(sock)[0] == 500
+        sock.sendall(post("/fine", b""))
+        assert read_response(sock)[:3:2] == (200, b"POST /fine ")
+        sock.close()
+
+
+def test_client_disconnect_cancels_the_handler() -> None:
+    started, cancelled = threading.Event(), threading.Event()
+
+    async def forever(req: Request) -> Response:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return Response(200)
+
+    with serving(forever) as running:
+        sock = connect(running)
+        sock.sendall(post("/hang", b""))
+        assert started.wait(10)
+        sock.close()
+        assert cancelled.wait(10)
+
+
+def test_idle_connection_is_closed() -> None:
+    with serving(echo, keepalive_timeout=0.2) as running:
+        sock = connect(running)
+        sock.sendall(post("/once", b""))
+        read_response(sock)
+        t0 = time.monotonic()
+        assert closed_by_server(sock)
+        assert time.monotonic() - t0 < 2.0
+        sock.close()
+
+
+def test_stop_drains_then_cancels_and_closes_every_connection() -> None:
+    release = threading.Event()
+    cancelled = threading.Event()
+
+    async def handler(req: Request) -> Response:
+        if req.path == "/warm":
+            return Response(200)
+        if req.path == "/quick":
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+            return Response(200, b"done")
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return Response(200)
+
+    with serving(handler) as running:
+        idle, quick, stuck = connect(running), connect(running), connect(running)
+        idle.sendall(post("/warm", b""))
+        read_response(idle)
+        quick.sendall(post("/quick", b""))
+        stuck.sendall(post("/stuck", b""))
+        time.sleep(0.2)
+        threading.Timer(0.3, release.set).start()
+        took = running.stop(1.0)
+        assert 0.9 <= took < 3.0
+        status, headers, body = read_response(quick)
+        assert (status, body, headers["connection"]) == (200, b"done", "close")
+        assert cancelled.is_set()
+        for sock in (idle, quick, stuck):
+            assert closed_by_server(sock)
+            sock.close()
+        with pytest.raises(OSError):
+            connect(running).close()
