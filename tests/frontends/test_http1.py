@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
+import random
 import socket
 import threading
 import time
@@ -16,7 +18,7 @@ from typing import Any
 import pytest
 
 from tritonpy.frontends import new_event_loop
-from tritonpy.frontends._http1 import BodyTooLarge, HTTPServer, Request, Response
+from tritonpy.frontends._http1 import LARGE_BODY, BodyTooLarge, HTTPServer, Request, Response
 
 LIMIT = 1000
 
@@ -41,10 +43,10 @@ def _refused(err: BaseException) -> Response:
 
 
 @contextmanager
-def serving(handler: Callable[[Request], Any], **kw: Any) -> Iterator[Running]:
+def serving(handler: Callable[[Request], Any], max_body: int = LIMIT, **kw: Any) -> Iterator[Running]:
     """Serve ``handler`` on 127.0.0.1 (a free port) until the block ends."""
     loop = new_event_loop()
-    server = HTTPServer(handler, _refused, LIMIT, **kw)
+    server = HTTPServer(handler, _refused, max_body, **kw)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -139,6 +141,29 @@ def test_pipelined_requests_answer_in_order() -> None:
         bodies = [read_response(sock, buf)[2] for _ in range(3)]
         assert bodies == [b"POST /p slow", b"POST /p fast", b"POST /p last"]
         sock.close()
+
+
+def test_large_bodies_in_pieces_and_pipelined() -> None:
+    """Bodies over LARGE_BODY are read straight into one buffer: whatever the pieces they come
+    in, with a request pipelined right behind, each handler sees exactly its own body."""
+    async def digest(req: Request) -> Response:
+        return Response(200, f"{req.method} {len(req.body)} {hashlib.sha256(req.body).hexdigest()}".encode())
+
+    rng = random.Random(7)
+    bodies = [rng.randbytes(LARGE_BODY + 1), b"small", rng.randbytes(3 * LARGE_BODY + 17), b""]
+    wire = b"".join(post("/b", b) for b in bodies)
+    with serving(digest, max_body=4 * LARGE_BODY) as running:
+        for piece_sizes in ((len(wire),), (1, 7, 100, 5000), (LARGE_BODY - 3, 65536 * 2 + 1)):
+            sock = connect(running)
+            at = 0
+            while at < len(wire):
+                size = piece_sizes[rng.randrange(len(piece_sizes))]
+                sock.sendall(wire[at:at + size])
+                at += size
+            buf = bytearray()
+            got = [read_response(sock, buf)[2] for _ in bodies]
+            assert got == [f"POST {len(b)} {hashlib.sha256(b).hexdigest()}".encode() for b in bodies]
+            sock.close()
 
 
 def test_expect_continue_and_chunked_body() -> None:

@@ -17,7 +17,7 @@ import socket
 import zlib
 from collections import deque
 from http import HTTPStatus
-from typing import Awaitable, Callable, cast
+from typing import Awaitable, Callable, Sequence, Union, cast
 from urllib.parse import unquote
 
 import httptools
@@ -28,6 +28,14 @@ log = logging.getLogger(__name__)
 KEEPALIVE_TIMEOUT = 75.0
 #: Requests parsed ahead on one connection before it stops reading (pipelining backpressure).
 MAX_PIPELINED = 16
+#: A body announced larger than this is read into one buffer of its size.
+LARGE_BODY = 65536
+#: Size of each connection's read buffer for heads and small bodies.
+READ_SIZE = 65536
+#: Bodies up to this size go out in one write with their head.
+SMALL_BODY = 16384
+
+Buffer = Union[bytes, bytearray, memoryview]
 
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
@@ -38,7 +46,7 @@ class Request:
 
     __slots__ = ("method", "path", "headers", "body")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray) -> None:
         self.method = method
         self.path = path
         self.headers = headers
@@ -46,14 +54,20 @@ class Request:
 
 
 class Response:
-    """What a handler answers. ``compress``: gzip/deflate the body when the client accepts it."""
+    """What a handler answers.
 
-    __slots__ = ("status", "body", "content_type", "headers", "compress")
+    ``parts``: buffers sent after ``body`` without joining them first (a large tensor goes
+    from its array to the socket with no copy; the buffers must stay unchanged until sent).
+    ``compress``: gzip/deflate the body when the client accepts it.
+    """
+
+    __slots__ = ("status", "body", "parts", "content_type", "headers", "compress")
 
     def __init__(self, status: int = 200, body: bytes = b"", content_type: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, parts: Sequence[Buffer] = ()) -> None:
         self.status = status
         self.body = body
+        self.parts = parts
         self.content_type = content_type
         self.headers = headers
         self.compress = False
@@ -70,7 +84,7 @@ class BodyTooLarge(Exception):
         self.size = size
 
 
-def _decompress(body: bytes, coding: str, limit: int) -> bytes:
+def _decompress(body: bytes | bytearray, coding: str, limit: int) -> bytes:
     """A gzip or deflate request body, inflated to at most ``limit`` bytes."""
     if coding == "gzip":
         wbits = 16 + zlib.MAX_WBITS
@@ -98,8 +112,15 @@ def _compress(body: bytes, accept: str) -> tuple[bytes, str] | None:
     return None
 
 
-class _Connection(asyncio.Protocol):
-    """One client connection: parse, queue, answer in order, one handler task at a time."""
+class _Connection(asyncio.BufferedProtocol):
+    """One client connection: parse, queue, answer in order, one handler task at a time.
+
+    A buffered protocol: the loop reads into our buffers. Head and small bodies are read into
+    a scratch buffer and parsed; a large body with a Content-Length gets one buffer of that
+    size, and once the parser has seen the head, the rest of the body is read straight into it
+    (no copy per chunk, and no churn of chunk-sized allocations: a 16 MiB body took 3x the
+    CPU through httptools' per-chunk bytes objects).
+    """
 
     def __init__(self, server: HTTPServer) -> None:
         self.server = server
@@ -120,10 +141,16 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
+        self.buffer: bytearray | None = None
         self.size = 0
         self.too_large = False
+        self.keep_alive = True
+        self.method = ""
+        self.scratch = memoryview(bytearray(READ_SIZE))
+        # The part of ``buffer`` still to come, while the body is read straight into it.
+        self.direct: memoryview | None = None
 
-    # -- asyncio.Protocol ----------------------------------------------------------------
+    # -- asyncio.BufferedProtocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's does not subclass it
@@ -136,13 +163,33 @@ class _Connection(asyncio.Protocol):
         self.server.connections.add(self)
         self._arm_idle_timer()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.direct if self.direct is not None else self.scratch
+
+    def buffer_updated(self, nbytes: int) -> None:
+        direct = self.direct
+        if direct is not None:
+            self.size += nbytes
+            if nbytes < len(direct):
+                self.direct = direct[nbytes:]
+                return
+            # The body is complete. The parser never saw its bytes: the next request starts
+            # on a new one.
+            self.direct = None
+            self.parser = httptools.HttpRequestParser(self)
+            self._message_done()
+            return
         try:
-            self.parser.feed_data(data)
+            self.parser.feed_data(self.scratch[:nbytes])
         except httptools.HttpParserUpgrade:
             self._fail_parse("protocol upgrades are not supported")
+            return
         except httptools.HttpParserError as exc:
             self._fail_parse(f"malformed HTTP request: {exc}")
+            return
+        if self.buffer is not None and not self.closing:
+            # The head of a large body is parsed and its body is not all here yet.
+            self.direct = memoryview(self.buffer)[self.size:]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -170,6 +217,7 @@ class _Connection(asyncio.Protocol):
         self.url = b""
         self.headers = {}
         self.chunks = []
+        self.buffer = None
         self.size = 0
         self.too_large = False
         self.active = True
@@ -184,9 +232,14 @@ class _Connection(asyncio.Protocol):
         self.headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
+        self.keep_alive = self.parser.should_keep_alive()
+        self.method = self.parser.get_method().decode("latin-1")
         length = self.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > self.server.max_body:
-            self.too_large = True
+        if length is not None and length.isdigit():
+            if int(length) > self.server.max_body:
+                self.too_large = True
+            elif int(length) > LARGE_BODY and "transfer-encoding" not in self.headers:
+                self.buffer = bytearray(int(length))
         if self.headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             if self.too_large:
                 # Answer now; the client sends no body, so the connection cannot be reused.
@@ -204,24 +257,35 @@ class _Connection(asyncio.Protocol):
         if self.size > self.server.max_body:
             self.too_large = True
             self.chunks = []
+            self.buffer = None
             return
-        self.chunks.append(body)
+        if self.buffer is not None:
+            self.buffer[self.size - len(body):self.size] = body
+        else:
+            self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self._message_done()
+
+    def _message_done(self) -> None:
         if self.closing:
             return
-        keep_alive = self.parser.should_keep_alive() and not self.server.stopping
+        keep_alive = self.keep_alive and not self.server.stopping
         if self.too_large:
             self._enqueue(BodyTooLarge(max(self.size, int(self.headers.get("content-length", 0) or 0))),
                           keep_alive)
             return
-        body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
-        self.chunks = []
+        body: bytes | bytearray
+        if self.buffer is not None:
+            body, self.buffer = self.buffer, None
+        else:
+            body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
+            self.chunks = []
         raw = self.url.decode("latin-1")
         path = raw.partition("?")[0]
         if "%" in path:
             path = unquote(path)
-        method = self.parser.get_method().decode("latin-1")
+        method = self.method
         coding = self.headers.get("content-encoding", "").lower()
         if coding in ("gzip", "deflate") and body:
             try:
@@ -278,27 +342,28 @@ class _Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             return
-        body = response.body
+        body, parts = response.body, response.parts
         lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
         if response.content_type is not None:
             lines.append(f"Content-Type: {response.content_type}")
-        if response.compress and accept and body:
-            packed = _compress(body, accept)
+        if response.compress and accept and (body or parts):
+            packed = _compress(b"".join([body, *parts]) if parts else body, accept)
             if packed is not None:
-                body = packed[0]
+                body, parts = packed[0], ()
                 lines.append(f"Content-Encoding: {packed[1]}")
         if response.headers:
             lines.extend(f"{k}: {v}" for k, v in response.headers.items())
-        lines.append(f"Content-Length: {len(body)}")
+        size = len(body) + sum(memoryview(p).nbytes for p in parts)
+        lines.append(f"Content-Length: {size}")
         if not keep_alive:
             lines.append("Connection: close")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        if head_only or not body:
+        if head_only or not size:
             transport.write(head)
-        elif len(body) <= 16384:
-            transport.write(head + body)
+        elif size <= SMALL_BODY:
+            transport.write(b"".join([head, body, *parts]))
         else:
-            transport.writelines((head, body))
+            transport.writelines([head, body, *parts])
 
     def _fail_parse(self, reason: str) -> None:
         """A request the parser refused: answer 400 after those already queued, then close."""

@@ -358,7 +358,8 @@ class HTTPFrontend:
         response.compress = True  # when the client's Accept-Encoding asks for it
         return response
 
-    def _parse_infer(self, model: str, version: int, body: bytes, header_length: str | None) -> InferRequest:
+    def _parse_infer(self, model: str, version: int, body: bytes | bytearray,
+                     header_length: str | None) -> InferRequest:
         total = len(body)
         if header_length is None:
             hlen = total
@@ -459,7 +460,7 @@ class HTTPFrontend:
             result.append(RequestedOutput(out["name"], binary, ref))
         return result
 
-    def _raw_request(self, model: str, version: int, body: bytes) -> InferRequest:
+    def _raw_request(self, model: str, version: int, body: bytes | bytearray) -> InferRequest:
         """Triton's raw binary request (header length 0): the whole body is the only input."""
         meta = self.plane.model_metadata(model, version)
         inputs = meta.get("inputs", [])
@@ -517,7 +518,7 @@ class HTTPFrontend:
         header = _dumps(doc)
         if not chunks:
             return Response(200, header, "application/json")
-        body = b"".join([header, *chunks])
-        return Response(200, body, "application/octet-stream",
-                        {_HEADER_LENGTH: str(len(header))})
+        # The tensors follow the header as they are (views of the response's arrays), not joined.
+        return Response(200, header, "application/octet-stream", {_HEADER_LENGTH: str(len(header))},
+                        parts=chunks)
 
