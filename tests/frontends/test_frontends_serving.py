@@ -339,15 +339,13 @@ def test_http_system_shared_memory(served: Served, http: httpclient.InferenceSer
     assert http.get_system_shared_memory_status() == []
 
 
-def test_http_cuda_shm_trace_generate_are_unsupported(served: Served, http: httpclient.InferenceServerClient) -> None:
+def test_http_cuda_shm_and_trace_are_unsupported(served: Served, http: httpclient.InferenceServerClient) -> None:
     assert http.get_cuda_shared_memory_status() == []
     with pytest.raises(InferenceServerException, match="GPUs not supported"):
         http.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
     http.unregister_cuda_shared_memory()
     status, body = raw_post(served, "/v2/trace/setting", b"", method="GET")
     assert status == 503 and "does not support tracing" in body["error"]
-    status, body = raw_post(served, "/v2/models/add_sub/generate", b"{}")
-    assert status == 501 and "not supported" in body["error"]  # UNSUPPORTED, as Triton's
     status, body = raw_post(served, "/v2/repository/other/index", b"")
     assert status == 501 and "repository_name" in body["error"]
 

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -328,3 +328,60 @@ def test_stop_drains_then_cancels_and_closes_every_connection() -> None:
             sock.close()
         with pytest.raises(OSError):
             connect(running).close()
+
+
+def test_streamed_responses() -> None:
+    """A handler's stream goes out chunk by chunk: chunked over HTTP/1.1, raw then close over
+    HTTP/1.0; a stream that fails half-way cuts the connection (no last chunk); a client that
+    goes away closes the stream."""
+    closed = threading.Event()
+
+    async def stream(kind: str) -> AsyncGenerator[bytes, None]:
+        try:
+            yield b"one "
+            yield b""
+            yield b"two"
+            if kind == "/broken":
+                raise RuntimeError("half-way")
+            if kind == "/endless":
+                while True:
+                    await asyncio.sleep(0.01)
+                    yield b"more"
+        finally:
+            closed.set()
+
+    async def handler(req: Request) -> Response:
+        return Response(200, content_type="text/plain", stream=stream(req.path))
+
+    with serving(handler) as running:
+        sock = connect(running)
+        sock.sendall(post("/ok", b"") + post("/ok", b""))
+        data = b""
+        while data.count(b"0\r\n\r\n") < 2:
+            data += sock.recv(4096)
+        one = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n" \
+              b"4\r\none \r\n3\r\ntwo\r\n0\r\n\r\n"
+        assert data == one * 2  # keep-alive: both answered on one connection
+        sock.close()
+        sock = connect(running)
+        sock.sendall(post("/ok", b"", version="1.0"))
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+        assert data.endswith(b"Connection: close\r\n\r\none two")
+        sock.close()
+        sock = connect(running)
+        sock.sendall(post("/broken", b""))
+        data = b""
+        while chunk := sock.recv(4096):
+            data += chunk
+        assert data.endswith(b"3\r\ntwo\r\n")  # cut, and the connection closed
+        sock.close()
+        closed.clear()
+        sock = connect(running)
+        sock.sendall(post("/endless", b""))
+        data = b""
+        while b"more" not in data:
+            data += sock.recv(4096)
+        sock.close()
+        assert closed.wait(10)

@@ -17,7 +17,7 @@ import socket
 import zlib
 from collections import deque
 from http import HTTPStatus
-from typing import Awaitable, Callable, Sequence, Union, cast
+from typing import AsyncGenerator, Awaitable, Callable, Sequence, Union, cast
 from urllib.parse import unquote
 
 import httptools
@@ -44,13 +44,15 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Request:
     """One parsed request: method, percent-decoded path, headers (lower-case names), whole body."""
 
-    __slots__ = ("method", "path", "headers", "body")
+    __slots__ = ("method", "path", "headers", "body", "http10")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray) -> None:
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
+                 http10: bool = False) -> None:
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
+        self.http10 = http10
 
 
 class Response:
@@ -58,16 +60,20 @@ class Response:
 
     ``parts``: buffers sent after ``body`` without joining them first (a large tensor goes
     from its array to the socket with no copy; the buffers must stay unchanged until sent).
+    ``stream``: the body comes from this iterator instead, chunk by chunk as it yields
+    (chunked transfer encoding); it is closed when the client goes away.
     ``compress``: gzip/deflate the body when the client accepts it.
     """
 
-    __slots__ = ("status", "body", "parts", "content_type", "headers", "compress")
+    __slots__ = ("status", "body", "parts", "stream", "content_type", "headers", "compress")
 
     def __init__(self, status: int = 200, body: bytes = b"", content_type: str | None = None,
-                 headers: dict[str, str] | None = None, parts: Sequence[Buffer] = ()) -> None:
+                 headers: dict[str, str] | None = None, parts: Sequence[Buffer] = (),
+                 stream: AsyncGenerator[bytes, None] | None = None) -> None:
         self.status = status
         self.body = body
         self.parts = parts
+        self.stream = stream
         self.content_type = content_type
         self.headers = headers
         self.compress = False
@@ -146,6 +152,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.too_large = False
         self.keep_alive = True
         self.method = ""
+        self.http10 = False
         self.scratch = memoryview(bytearray(READ_SIZE))
         # The part of ``buffer`` still to come, while the body is read straight into it.
         self.direct: memoryview | None = None
@@ -234,6 +241,7 @@ class _Connection(asyncio.BufferedProtocol):
     def on_headers_complete(self) -> None:
         self.keep_alive = self.parser.should_keep_alive()
         self.method = self.parser.get_method().decode("latin-1")
+        self.http10 = self.parser.get_http_version() == "1.0"
         length = self.headers.get("content-length")
         if length is not None and length.isdigit():
             if int(length) > self.server.max_body:
@@ -297,7 +305,7 @@ class _Connection(asyncio.BufferedProtocol):
                 self._enqueue(ValueError(f"failed to decompress the {coding} request body: {exc}"),
                               keep_alive)
                 return
-        self._enqueue(Request(method, path, self.headers, body), keep_alive)
+        self._enqueue(Request(method, path, self.headers, body, self.http10), keep_alive)
 
     # -- answering -----------------------------------------------------------------------
 
@@ -326,7 +334,12 @@ class _Connection(asyncio.BufferedProtocol):
                     response = self.server.error(item)
                 if self.server.stopping:
                     keep_alive = False
-                self._write(response, accept, head_only, keep_alive)
+                if response.stream is not None:
+                    http10 = isinstance(item, Request) and item.http10
+                    keep_alive = await self._write_stream(response, response.stream,
+                                                          keep_alive and not http10, chunked=not http10)
+                else:
+                    self._write(response, accept, head_only, keep_alive)
                 if not keep_alive:
                     self._close()
                     return
@@ -364,6 +377,41 @@ class _Connection(asyncio.BufferedProtocol):
             transport.write(b"".join([head, body, *parts]))
         else:
             transport.writelines([head, body, *parts])
+
+    async def _write_stream(self, response: Response, stream: AsyncGenerator[bytes, None],
+                            keep_alive: bool, chunked: bool) -> bool:
+        """Send the head, then each chunk the stream yields as it comes; whether the connection
+        can still be used (not when the stream failed half-way: the client must see the cut)."""
+        lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
+        if response.content_type is not None:
+            lines.append(f"Content-Type: {response.content_type}")
+        if response.headers:
+            lines.extend(f"{k}: {v}" for k, v in response.headers.items())
+        if chunked:
+            lines.append("Transfer-Encoding: chunked")
+        if not keep_alive:
+            lines.append("Connection: close")
+        transport = self.transport
+        try:
+            if transport is None or transport.is_closing():
+                return False
+            transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+            async for chunk in stream:
+                if not chunk:
+                    continue
+                if transport.is_closing():
+                    return False
+                transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if self.writable is not None and not self.writable.done():
+                    await self.writable
+            if chunked and not transport.is_closing():
+                transport.write(b"0\r\n\r\n")
+            return keep_alive
+        except Exception:
+            log.exception("HTTP response stream failed; closing the connection")
+            return False
+        finally:
+            await stream.aclose()
 
     def _fail_parse(self, reason: str) -> None:
         """A request the parser refused: answer 400 after those already queued, then close."""

@@ -10,12 +10,13 @@ methods and error bodies (``{"error": "..."}``) look the same to a client.
 from __future__ import annotations
 
 import base64
+import contextlib
 import binascii
 import json
 import logging
 import re
 import socket
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncGenerator, Awaitable, Callable
 
 from ..shm.dtypes import ITEMSIZE
 from .._errors import (
@@ -26,6 +27,7 @@ from .._errors import (
     UnsupportedError,
 )
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
+from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from .dataplane import (
     DEFAULT_MAX_INPUT_SIZE,
     DataPlane,
@@ -235,7 +237,7 @@ class HTTPFrontend:
         if kind in ("generate", "generate_stream"):
             if request.method != "POST":
                 return _method_not_allowed()
-            raise UnsupportedError(f"the '{kind}' extension is not supported by tritonpy; use /infer")
+            return await self._generate(request, name, parse_version(version_str), kind == "generate_stream")
         if kind == "stats":
             return await self._stats(request, name, version_str)
         if request.method != "GET":
@@ -484,6 +486,44 @@ class HTTPFrontend:
         req = InferRequest(model, version, binary_output_default=True)
         req.inputs[spec["name"]] = array_from_raw(spec["name"], spec["datatype"], shape, body)
         return req
+
+    # -- generate extension ------------------------------------------------------------------
+
+    async def _generate(self, request: Request, model: str, version: int, stream: bool) -> Response:
+        """``/generate`` (exactly one response, as JSON) and ``/generate_stream`` (SSE)."""
+        req = decode_generate(model, version, request.body, self.plane.model_metadata(model, version))
+        decoupled = self.plane.model(model, version).decoupled()
+        responses = self.plane.stream(req)
+        if not stream:
+            async with contextlib.aclosing(responses):
+                results = [r async for r in responses if counts(r, decoupled)]
+            if len(results) != 1:
+                raise InvalidArgumentError(NOT_ONE_RESPONSE)
+            if results[0].error is not None:
+                raise results[0].error
+            return Response(200, encode_generate(results[0]), "application/json")
+        try:
+            # The first response sets the status; an error before it is a plain JSON error.
+            first = None
+            async for result in responses:
+                if counts(result, decoupled):
+                    first = result
+                    break
+        except BaseException:
+            await responses.aclose()
+            raise
+
+        async def events() -> AsyncGenerator[bytes, None]:
+            async with contextlib.aclosing(responses):
+                if first is None:
+                    return
+                yield sse_event(first)
+                async for result in responses:
+                    if counts(result, decoupled):
+                        yield sse_event(result)
+
+        status = 200 if first is None or first.error is None else first.error.http_status
+        return Response(status, content_type=SSE_CONTENT_TYPE, stream=events())
 
     # -- responses ---------------------------------------------------------------------------
 
