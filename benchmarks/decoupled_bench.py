@@ -5,7 +5,11 @@ stream; the rate is timed inside its execute. Two figures per server: responses/
 tiny (16-byte) responses, and MB/s (1 MB = 1e6 bytes) for 1 MiB responses. Each is the median
 of several calls.
 
-A last table gives the same two measures through tritonpy's in-process API (``model.infer``
+A third figure streams the same 1,000 tiny responses to an HTTP client as Server-Sent Events
+(Triton's generate extension, ``POST /v2/models/repeat_decoupled/generate_stream``): events/s
+from sending the request to the last byte, the client reading the whole body.
+
+A last table gives the two BLS measures through tritonpy's in-process API (``model.infer``
 iterating the stream in this process), beside the anchor's BLS figures.
 
 Usage: python benchmarks/decoupled_bench.py [--quick] [--only triton|tritonpy]
@@ -13,6 +17,8 @@ Usage: python benchmarks/decoupled_bench.py [--quick] [--only triton|tritonpy]
 
 from __future__ import annotations
 
+import http.client
+import json
 import logging
 import os
 import statistics
@@ -29,7 +35,7 @@ log = logging.getLogger("decoupled_bench")
 
 TINY = 16
 TINY_COUNT = 1000
-MEASURES = ("tiny responses/s", "1 MiB responses MB/s")
+MEASURES = ("tiny responses/s", "1 MiB responses MB/s", "tiny SSE events/s (HTTP generate_stream)")
 
 
 def decoupled_loop(client: httpclient.InferenceServerClient, count: int, size: int) -> tuple[float, float]:
@@ -41,6 +47,25 @@ def decoupled_loop(client: httpclient.InferenceServerClient, count: int, size: i
         inputs.append(tensor)
     result = client.infer("decoupled_loop", inputs)
     return float(result.as_numpy("RESPONSES_PER_S")[0]), float(result.as_numpy("MB_PER_S")[0])
+
+
+def sse_stream(server: _Server, count: int, size: int) -> float:
+    """One ``generate_stream`` of ``count`` responses read to its end: events/s."""
+    host, port = server.http_url.rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=600)
+    try:
+        body = json.dumps({"COUNT": count, "SIZE": size})
+        start = time.perf_counter()
+        conn.request("POST", "/v2/models/repeat_decoupled/generate_stream", body=body)
+        resp = conn.getresponse()
+        data = resp.read()
+        elapsed = time.perf_counter() - start
+    finally:
+        conn.close()
+    events = data.count(b"data: ")
+    if resp.status != 200 or events != count or b'"error"' in data:
+        raise RuntimeError(f"generate_stream answered {resp.status} with {events} events: {data[:200]!r}")
+    return events / elapsed
 
 
 def run_server(server: _Server, repeats: int, seconds: float) -> dict[str, float | str]:
@@ -64,6 +89,13 @@ def run_server(server: _Server, repeats: int, seconds: float) -> dict[str, float
             results[MEASURES[1]] = statistics.median(samples)
         except InferenceServerException as exc:
             results[MEASURES[1]] = str(exc)
+        try:
+            sse_stream(server, 100, TINY)  # warm-up, untimed
+            samples = [sse_stream(server, TINY_COUNT, TINY) for _ in range(repeats)]
+            log.info("SSE: %s events/s", [round(s) for s in samples])
+            results[MEASURES[2]] = statistics.median(samples)
+        except (OSError, RuntimeError) as exc:
+            results[MEASURES[2]] = str(exc)
     finally:
         client.close()  # an open connection delays the real Triton's shutdown
     return results
@@ -129,7 +161,8 @@ def report(results: dict[str, dict[str, float | str]]) -> None:
         rows.append(row)
     print_table(
         f"Decoupled stream via BLS exec(decoupled=True): {TINY_COUNT:,} responses of {TINY} B, "
-        "and 1 MiB responses (1 MB = 1e6 B; speedup = tritonpy / anchor)",
+        "and 1 MiB responses (1 MB = 1e6 B); the tiny stream as SSE over HTTP "
+        "(speedup = tritonpy / anchor)",
         header,
         rows,
     )
@@ -149,7 +182,7 @@ def main() -> None:
         mine = run_inprocess(repeats, seconds)
         rows = [[m, f"{mine[m]:,.0f}"] + [
             f"{mine[m] / results[a][m]:.2f}×" if isinstance(results[a][m], float) else "—"
-            for a in results if a != "tritonpy"] for m in MEASURES]
+            for a in results if a != "tritonpy"] for m in MEASURES if m in mine]
         print_table(
             "Decoupled stream through tritonpy's in-process API (model.infer, no BLS caller); "
             "ratio = in-process / the anchor's BLS figure above",
