@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tritonpy.frontends import new_event_loop
-from tritonpy.frontends._http1 import LARGE_BODY, BodyTooLarge, HTTPServer, Request, Response
+from tritonpy.frontends._http1 import LARGE_BODY, MAX_HEAD, BodyTooLarge, HTTPServer, Request, Response
 
 LIMIT = 1000
 
@@ -243,6 +243,20 @@ def test_malformed_request_gets_400_and_close() -> None:
         sock = connect(running)  # the server itself goes on
         sock.sendall(post("/after", b""))
         assert read_response(sock)[2] == b"POST /after "
+        sock.close()
+
+
+@pytest.mark.parametrize("head", [
+    b"GET /" + b"a" * (MAX_HEAD + 1) + b" HTTP/1.1\r\nHost: t\r\n\r\n",
+    b"GET / HTTP/1.1\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(MAX_HEAD // 100)) + b"\r\n",
+])
+def test_oversized_request_head_is_refused(head: bytes) -> None:
+    with serving(echo) as running:
+        sock = connect(running)
+        sock.sendall(head)
+        status, _, body = read_response(sock)
+        assert (status, body) == (400, f"refused: the request head exceeds {MAX_HEAD} bytes".encode())
+        assert closed_by_server(sock)
         sock.close()
 
 

@@ -34,6 +34,9 @@ LARGE_BODY = 65536
 READ_SIZE = 65536
 #: Bodies up to this size go out in one write with their head.
 SMALL_BODY = 16384
+#: Largest request head (URL and headers) accepted; a longer one is refused and the
+#: connection closed, so a client cannot grow a connection's memory without end.
+MAX_HEAD = 65536
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -146,6 +149,8 @@ class _Connection(asyncio.BufferedProtocol):
         # The request being parsed.
         self.url = b""
         self.headers: dict[str, str] = {}
+        self.head_size = 0
+        self.head_error = ""
         self.chunks: list[bytes] = []
         self.buffer: bytearray | None = None
         self.size = 0
@@ -192,11 +197,15 @@ class _Connection(asyncio.BufferedProtocol):
             self._fail_parse("protocol upgrades are not supported")
             return
         except httptools.HttpParserError as exc:
-            self._fail_parse(f"malformed HTTP request: {exc}")
+            self._fail_parse(self.head_error or f"malformed HTTP request: {exc}")
             return
         if self.buffer is not None and not self.closing:
             # The head of a large body is parsed and its body is not all here yet.
             self.direct = memoryview(self.buffer)[self.size:]
+
+    # No eof_received: the default closes the transport, so a client that shuts down its
+    # sending side counts as gone and its handler is cancelled. A half-close cannot be told from
+    # a close here, and cancelling the work of a client that went away matters more.
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -223,16 +232,26 @@ class _Connection(asyncio.BufferedProtocol):
     def on_message_begin(self) -> None:
         self.url = b""
         self.headers = {}
+        self.head_size = 0
         self.chunks = []
         self.buffer = None
         self.size = 0
         self.too_large = False
         self.active = True
 
+    def _grow_head(self, size: int) -> None:
+        self.head_size += size
+        if self.head_size > MAX_HEAD:
+            # httptools reports a callback's exception as a bare "callback error": keep ours.
+            self.head_error = f"the request head exceeds {MAX_HEAD} bytes"
+            raise ValueError(self.head_error)
+
     def on_url(self, url: bytes) -> None:
+        self._grow_head(len(url))
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._grow_head(len(name) + len(value) + 4)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)
