@@ -70,6 +70,16 @@ async def echo(req: Request) -> Response:
                     {"X-Seen-Type": req.headers.get("content-type", "-")})
 
 
+async def until_cancelled(cancelled: threading.Event) -> Response:
+    """A handler body that never answers; sets ``cancelled`` when it is cancelled."""
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        cancelled.set()
+        raise
+    return Response(200)
+
+
 def connect(running: Running) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", running.port), timeout=10)
     return sock
@@ -280,12 +290,7 @@ def test_client_disconnect_cancels_the_handler() -> None:
 
     async def forever(req: Request) -> Response:
         started.set()
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return Response(200)
+        return await until_cancelled(cancelled)
 
     with serving(forever) as running:
         sock = connect(running)
@@ -317,12 +322,7 @@ def test_stop_drains_then_cancels_and_closes_every_connection() -> None:
             while not release.is_set():
                 await asyncio.sleep(0.01)
             return Response(200, b"done")
-        try:
-            await asyncio.sleep(60)
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-        return Response(200)
+        return await until_cancelled(cancelled)
 
     with serving(handler) as running:
         idle, quick, stuck = connect(running), connect(running), connect(running)
