@@ -126,7 +126,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 
 def post(served: Served, path: str, body: object) -> tuple[int, dict[str, str], bytes]:
-    """(status, headers with lower-case names, body) of one POST; a dict body is sent as JSON."""
+    """(status, headers with lower-case names, body) of one POST; a dict body is sent as JSON,
+    bytes as they are."""
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
     try:
         data = body if isinstance(body, bytes) else json.dumps(body).encode()
@@ -169,11 +170,22 @@ def test_generate_maps_fields_to_inputs_and_parameters(served: Served) -> None:
     ({"text_input": ["a", "b"]}, 400, "The schema can not convert input 'text_input' to tensor with proper shape"),
     ({"text_input": "x", "c": {"d": 1}}, 400,
      "parameter 'c' has invalid type. It should be either 'int', 'bool', or 'string'."),
-    ({"text_input": "x", "parameters": 3}, 400, "Expected JSON object for keyword: 'parameters'"),
-    # Triton 2.51 answers these three with 500 and JSON-library wording.
+    ({"text_input": "x", "parameters": {"nested": {"twice": 1}}}, 400,
+     "Converting keyword: 'parameters': parameter 'nested' has invalid type."),
+    (b'{"text_input": "a", "max_tokens": 1, "text_input": "b"}', 400,
+     "input 'text_input' already exists in request"),
+    (b'{"text_input": "a", "max_tokens": 1, "max_tokens": 2, "text_input": "b"}', 400,
+     "input 'max_tokens' already exists in request"),  # the first repeat in the body's order
+    # Triton 2.51 answers these with 500 (the same words, less the input's name).
     (b"not json", 400, "failed to parse the request JSON buffer"),
-    ({"text_input": 3}, 400, "input 'text_input': BYTES elements must be strings"),
-    ({"text_input": "x", "max_tokens": 2.5}, 400, "input 'max_tokens': expected INT32 values"),
+    ({"text_input": 3}, 400,
+     "Unable to parse JSON bytes array for input 'text_input': attempt to access JSON non-string as string"),
+    ({"text_input": {"user": "a"}}, 400, "attempt to access JSON non-string as string"),
+    ({"text_input": "x", "max_tokens": 2.5}, 400,
+     "input 'max_tokens' (INT32): attempt to access JSON non-signed-integer as signed-integer"),
+    ({"text_input": "x", "scale": [1, True]}, 400, "attempt to access JSON non-number as double"),
+    ({"text_input": "x", "parameters": 3}, 400,
+     "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object"),
     # Triton 2.51 runs the model without its required input.
     ({"max_tokens": 5}, 400, "missing required inputs ['text_input']"),
     ({"text_input": "fail"}, 400, "asked to fail"),  # the model's INVALID_ARG

@@ -34,6 +34,37 @@ def _invalid_parameter(key: str) -> InvalidArgumentError:
         f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
+# Triton's words for a JSON value of the wrong kind (clients and Triton's own tests look for them).
+_WRONG_KIND = {
+    "BYTES": "attempt to access JSON non-string as string",
+    "BOOL": "attempt to access JSON non-boolean as boolean",
+    "INT": "attempt to access JSON non-signed-integer as signed-integer",
+    "UINT": "attempt to access JSON non-unsigned-integer as unsigned-integer",
+    "FP": "attempt to access JSON non-number as double",
+}
+
+
+def _check_kinds(name: str, datatype: str, data: list[Any]) -> None:
+    """Each element of a flat JSON list is of the kind ``datatype`` reads."""
+    if datatype == "BYTES":
+        ok = all(isinstance(v, str) for v in data)
+        if not ok:
+            raise InvalidArgumentError(
+                f"Unable to parse JSON bytes array for input '{name}': {_WRONG_KIND['BYTES']}")
+        return
+    if datatype == "BOOL":
+        kind, ok = "BOOL", all(isinstance(v, bool) for v in data)
+    elif datatype.startswith("UINT"):
+        kind, ok = "UINT", all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in data)
+    elif datatype.startswith("INT"):
+        kind, ok = "INT", all(isinstance(v, int) and not isinstance(v, bool) for v in data)
+    else:
+        kind, ok = "FP", all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in data)
+    if not ok:
+        raise InvalidArgumentError(
+            f"Unable to parse 'data' of input '{name}' ({datatype}): {_WRONG_KIND[kind]}")
+
+
 def _tensor(name: str, spec: dict[str, Any], value: object) -> np.ndarray:
     """An input from a JSON scalar or list, shaped by the model's dims."""
     data = value if isinstance(value, list) else [value]
@@ -47,14 +78,32 @@ def _tensor(name: str, spec: dict[str, Any], value: object) -> np.ndarray:
     shape = [d if d >= 0 else 1 for d in dims]
     if variable:
         shape[variable[-1]] = count // fixed if fixed else 0
+    if not any(isinstance(v, list) for v in data):  # nested lists: array_from_json says why not
+        _check_kinds(name, spec["datatype"], data)
     return array_from_json(name, spec["datatype"], shape, data)
+
+
+class _Object(dict):  # type: ignore[type-arg]
+    """A JSON object that keeps its members in order, repeated keys included."""
+
+    pairs: list[tuple[str, Any]]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> _Object:
+    obj = _Object(pairs)
+    obj.pairs = pairs
+    return obj
+
+
+def _members(obj: dict[str, Any]) -> list[tuple[str, Any]]:
+    return getattr(obj, "pairs", None) or list(obj.items())
 
 
 def decode_generate(model: str, version: int, body: bytes | bytearray,
                     metadata: dict[str, Any]) -> InferRequest:
     """The inference request a generate body stands for, given the model's metadata."""
     try:
-        doc = json.loads(body) if body else None
+        doc = json.loads(body, object_pairs_hook=_object) if body else None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(doc, dict):
@@ -68,21 +117,25 @@ def decode_generate(model: str, version: int, body: bytes | bytearray,
         spec = inputs.get(key)
         if spec is not None:
             if key in req.inputs:
-                raise InvalidArgumentError(f"input '{key}' appears more than once in the request")
+                raise InvalidArgumentError(f"input '{key}' already exists in request")
             req.inputs[key] = _tensor(key, spec, value)
         elif isinstance(value, (bool, int, float, str)):
             req.parameters[key] = value
         else:
             raise _invalid_parameter(key)
 
-    for key, value in doc.items():
+    for key, value in _members(doc):  # in order: the first repeated input is the one named
         if key != "parameters":
             take(key, value)
             continue
         if not isinstance(value, dict):
-            raise InvalidArgumentError("Expected JSON object for keyword: 'parameters'")
-        for inner, inner_value in value.items():
-            take(inner, inner_value)
+            raise InvalidArgumentError("Expected JSON object for keyword: 'parameters': "
+                                       "attempt to access JSON non-object as object")
+        try:
+            for inner, inner_value in _members(value):
+                take(inner, inner_value)
+        except InvalidArgumentError as exc:
+            raise InvalidArgumentError(f"Converting keyword: 'parameters': {exc.message}") from None
     if "id" in doc and "id" not in inputs:
         if not isinstance(doc["id"], str):
             raise InvalidArgumentError("Unable to parse 'id': expected a string")
