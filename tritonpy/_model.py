@@ -29,6 +29,7 @@ from ._request import HostRequest
 from ._scheduler import REQUEST_TIMEOUT, make_scheduler
 from ._stats import ModelStats
 from ._stubproc import StubProcess
+from . import _warmup
 
 log = logging.getLogger("tritonpy.model")
 
@@ -272,6 +273,12 @@ class ModelRuntime(RuntimeBase):
             raise
         inst.capacity = self.max_async if reply.get("async") else 1
         inst.has_is_ready = bool(reply.get("has_is_ready"))
+        if self.config.model_warmup:
+            try:
+                _warmup.run(self, inst)
+            except TritonpyError:
+                stub.stop(finalize=True, timeout=5)
+                raise
         if inst not in self.instances:
             if inst.state == "STOPPED":  # restarted, but an update removed it meanwhile
                 stub.stop(finalize=True, timeout=5)
