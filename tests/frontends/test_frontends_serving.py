@@ -13,6 +13,7 @@ import json
 import os
 import queue
 import secrets
+import socket
 import textwrap
 import urllib.request
 from dataclasses import dataclass
@@ -34,6 +35,16 @@ import tritonpy
 from tritonpy.frontends import Frontends
 
 MAX_INPUT = 4 * 1024 * 1024
+
+IDENTITY_PY = """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+    """
 
 MODELS: dict[str, tuple[str, str]] = {
     "identity_fp32": ("""
@@ -106,6 +117,19 @@ MODELS: dict[str, tuple[str, str]] = {
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return None
         """),
+    # Batching identities for Triton's raw binary requests (a batch of 1 is deduced).
+    "batched_fp32": ("""
+        backend: "python"
+        max_batch_size: 8
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
+    "one_string": ("""
+        backend: "python"
+        max_batch_size: 8
+        input [ { name: "INPUT0", data_type: TYPE_STRING, dims: [ 1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ 1 ] } ]
+        """, IDENTITY_PY),
     "raiser": ("""
         backend: "python"
         input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
@@ -431,6 +455,93 @@ def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceSe
     conn.close()
     hlen = int(resp.getheader("Inference-Header-Content-Length"))
     assert resp.status == 200 and data[hlen:] == raw
+    assert_still_serving(http)
+
+
+def raw_binary(served: Served, model: str, body: bytes) -> tuple[int, dict[str, Any], bytes]:
+    """A raw binary request (header length 0): (status, response JSON header, tensor bytes)."""
+    conn = http_conn(served)
+    try:
+        conn.request("POST", f"/v2/models/{model}/infer", body=body,
+                     headers={"Inference-Header-Content-Length": "0"})
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    hlen = int(resp.getheader("Inference-Header-Content-Length") or len(data))
+    return resp.status, json.loads(data[:hlen]), data[hlen:]
+
+
+def test_http_raw_binary_requests(served: Served, http: httpclient.InferenceServerClient) -> None:
+    # As Triton 2.51: a batching model gets a batch of 1, its variable dimension deduced.
+    raw = np.arange(8, dtype=np.float32).tobytes()
+    status, header, data = raw_binary(served, "batched_fp32", raw)
+    assert (status, header["outputs"][0]["shape"], data) == (200, [1, 8], raw)
+    # A BYTES input of shape [1] takes the whole body as its one element.
+    status, header, data = raw_binary(served, "one_string", b"427")
+    assert (status, header["outputs"][0]["shape"], data) == (200, [1, 1], b"\x03\x00\x00\x00427")
+    for model, message in [
+        ("identity_bytes", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
+        ("add_sub", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs "
+                    "in 'add_sub' model configuration"),
+    ]:
+        status, header, _ = raw_binary(served, model, b"\0" * 64)
+        assert (status, header["error"]) == (400, message)
+    assert_still_serving(http)
+
+
+@pytest.mark.parametrize("inp, message", [
+    # Checks of later Triton versions (2.51 answers 500, or runs the request).
+    (dict(FP32_4, shape=[2**4, 2**60 + 2], data=[1.0]),
+     "causes total element count to exceed maximum size of 9223372036854775807"),
+    (dict(FP32_4, shape=[2**2, 2**60 + 2], data=[1.0]), "byte size overflow for input 'INPUT0'"),
+    (dict(FP32_4, shape=[1, 1], data=json.loads("[" * 120 + "1.0" + "]" * 120)),
+     "JSON nesting depth exceeds maximum allowed limit (100)"),
+    (dict(name="INPUT0", datatype="BYTES", shape=[1, 1], data=json.loads("[" * 120 + '"x"' + "]" * 120)),
+     "JSON nesting depth exceeds maximum allowed limit (100)"),
+])
+def test_http_json_tensor_limits(served: Served, http: httpclient.InferenceServerClient,
+                                 inp: dict[str, Any], message: str) -> None:
+    model = "identity_bytes" if inp["datatype"] == "BYTES" else "identity_fp32"
+    status, body = raw_post(served, f"/v2/models/{model}/infer", _infer_body([inp]))
+    assert status == 400 and message in body["error"]
+    # Deep but within the limit (and past numpy's own dimension limit): served.
+    deep = json.loads("[" * 70 + "1.5" + "]" * 70)
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer",
+                            _infer_body([dict(FP32_4, shape=[1], data=deep)]))
+    assert status == 200 and body["outputs"][0]["data"] == [1.5]
+    assert_still_serving(http)
+
+
+def test_duplicate_output_names_are_refused(served: Served, http: httpclient.InferenceServerClient,
+                                            grpcc: grpcclient.InferenceServerClient) -> None:
+    message = "Duplicate output name 'OUTPUT0' is not allowed in a request"
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", _infer_body(
+        [dict(FP32_4, data=[1, 2, 3, 4])], outputs=[{"name": "OUTPUT0"}, {"name": "OUTPUT0"}]))
+    assert (status, body["error"]) == (400, message)
+    inp = grpcclient.InferInput("INPUT0", [4], "FP32")
+    inp.set_data_from_numpy(np.ones(4, np.float32))
+    outs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT0")]
+    with pytest.raises(InferenceServerException, match=message) as info:
+        grpcc.infer("identity_fp32", [inp], outputs=outs)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert_still_serving(http)
+
+
+def test_http_chunked_body_with_a_content_length(served: Served, http: httpclient.InferenceServerClient) -> None:
+    # Transfer-Encoding wins over Content-Length (as in Triton), and the connection closes after.
+    body = _infer_body([dict(FP32_4, data=[1, 2, 3, 4])])
+    host, port = served.http.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: x\r\n"
+                     + f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+                     + f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n")
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, payload = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Connection: close" in head
+    assert json.loads(payload)["outputs"][0]["data"] == [1, 2, 3, 4]
     assert_still_serving(http)
 
 

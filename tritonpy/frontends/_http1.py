@@ -135,7 +135,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.server = server
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
+        self.parser = self._new_parser()
         self.pending: deque[tuple[Request | BaseException, bool]] = deque()
         self.task: asyncio.Task[None] | None = None
         self.closing = False
@@ -161,6 +161,14 @@ class _Connection(asyncio.BufferedProtocol):
         self.scratch = memoryview(bytearray(READ_SIZE))
         # The part of ``buffer`` still to come, while the body is read straight into it.
         self.direct: memoryview | None = None
+
+    def _new_parser(self) -> httptools.HttpRequestParser:
+        parser = httptools.HttpRequestParser(self)
+        # A body with both Content-Length and Transfer-Encoding: chunked is read as chunked
+        # (as Triton does, and as RFC 9112 allows), and the connection closes after it.
+        if hasattr(parser, "set_dangerous_leniencies"):
+            parser.set_dangerous_leniencies(lenient_chunked_length=True)
+        return parser
 
     # -- asyncio.BufferedProtocol --------------------------------------------------------
 
@@ -188,7 +196,7 @@ class _Connection(asyncio.BufferedProtocol):
             # The body is complete. The parser never saw its bytes: the next request starts
             # on a new one.
             self.direct = None
-            self.parser = httptools.HttpRequestParser(self)
+            self.parser = self._new_parser()
             self._message_done()
             return
         try:
@@ -258,7 +266,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
-        self.keep_alive = self.parser.should_keep_alive()
+        self.keep_alive = self.parser.should_keep_alive() and not (
+            "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = self.parser.get_method().decode("latin-1")
         self.http10 = self.parser.get_http_version() == "1.0"
         length = self.headers.get("content-length")

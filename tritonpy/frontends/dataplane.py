@@ -152,11 +152,36 @@ def is_uint(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+#: Largest element count and byte size of a tensor (Triton's int64 limit).
+MAX_TENSOR_SIZE = 2**63 - 1
+#: Deepest nesting of a JSON ``data`` list (Triton's limit).
+MAX_JSON_DEPTH = 100
+JSON_TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
+
+
 def element_count(name: str, shape: Sequence[object]) -> int:
     """Validate a shape from the wire and return its element count."""
     if not isinstance(shape, (list, tuple)) or not all(is_uint(d) for d in shape):
         raise InvalidArgumentError(f"Unable to parse 'shape' of input '{name}'")
-    return math.prod(shape)  # type: ignore[arg-type]
+    count = math.prod(shape)  # type: ignore[arg-type]
+    if count > MAX_TENSOR_SIZE:
+        raise InvalidArgumentError(
+            f"shape {list(shape)} of input '{name}' causes total element count to exceed "
+            f"maximum size of {MAX_TENSOR_SIZE}")
+    return count  # type: ignore[no-any-return]
+
+
+def duplicate_output(name: str) -> str:
+    """The error text for an output requested twice (Triton's words)."""
+    return f"Duplicate output name '{name}' is not allowed in a request"
+
+
+def check_byte_size(name: str, datatype: str, count: int) -> None:
+    """Refuse a fixed-size tensor whose byte size does not fit Triton's int64."""
+    if count * ITEMSIZE.get(datatype, 1) > MAX_TENSOR_SIZE:
+        raise InvalidArgumentError(
+            f"byte size overflow for input '{name}': {count} {datatype} elements exceed "
+            f"{MAX_TENSOR_SIZE} bytes")
 
 
 def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: bool) -> None:
@@ -246,6 +271,7 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer) 
         except ProtocolError as exc:
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
+    check_byte_size(name, datatype, count)
     expected = count * ITEMSIZE[datatype]
     if len(buf) != expected:
         raise InvalidArgumentError(
@@ -255,6 +281,8 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer) 
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
+#: numpy 1.x builds arrays of at most 32 dimensions (2.x: 64).
+_NUMPY_DEPTH = 32
 
 
 def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object) -> np.ndarray:
@@ -263,14 +291,26 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
     count = element_count(name, shape)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected a list")
+    depth = 0
+    if datatype != "BYTES":
+        check_byte_size(name, datatype, count)
+        probe: object = data
+        while isinstance(probe, list) and probe:  # rectangular data: its first path is deepest
+            depth, probe = depth + 1, probe[0]
+        if depth > MAX_JSON_DEPTH:
+            raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {JSON_TOO_DEEP}")
     if datatype == "BYTES":
         flat: list[object] = []
-        _flatten(data, flat)
+        _flatten(name, data, flat, 1)
         if not all(isinstance(s, str) for s in flat):
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
         arr = np.empty(len(flat), dtype=object)
         arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
     else:
+        if depth > _NUMPY_DEPTH:  # past numpy's dimension limit: flatten in Python first
+            flat_values: list[object] = []
+            _flatten(name, data, flat_values, 1)
+            data = flat_values
         try:
             arr = np.array(data)
         except ValueError as exc:
@@ -291,12 +331,14 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
     return arr.reshape(tuple(shape))
 
 
-def _flatten(data: object, out: list[object]) -> None:
-    if isinstance(data, list):
-        for item in data:
-            _flatten(item, out)
-    else:
-        out.append(data)
+def _flatten(name: str, data: list[object], out: list[object], depth: int) -> None:
+    if depth > MAX_JSON_DEPTH:
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {JSON_TOO_DEEP}")
+    for item in data:
+        if isinstance(item, list):
+            _flatten(name, item, out, depth + 1)
+        else:
+            out.append(item)
 
 
 def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import InternalError, InvalidArgumentError
-from .dataplane import InferRequest, InferResult, array_from_json
+from .dataplane import JSON_TOO_DEEP, InferRequest, InferResult, array_from_json
 
 #: Triton's words when /generate gets other than one response.
 NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "
@@ -104,6 +104,8 @@ def decode_generate(model: str, version: int, body: bytes | bytearray,
     """The inference request a generate body stands for, given the model's metadata."""
     try:
         doc = json.loads(body, object_pairs_hook=_object) if body else None
+    except RecursionError:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(doc, dict):

@@ -10,13 +10,16 @@ methods and error bodies (``{"error": "..."}``) look the same to a client.
 from __future__ import annotations
 
 import base64
-import contextlib
 import binascii
+import contextlib
 import json
 import logging
+import math
 import re
 import socket
 from typing import Any, AsyncGenerator, Awaitable, Callable
+
+import numpy as np
 
 from ..shm.dtypes import ITEMSIZE
 from .._errors import (
@@ -30,6 +33,7 @@ from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from .dataplane import (
     DEFAULT_MAX_INPUT_SIZE,
+    JSON_TOO_DEEP,
     DataPlane,
     InferRequest,
     InferResult,
@@ -37,6 +41,7 @@ from .dataplane import (
     apply_parameters,
     array_from_json,
     array_from_raw,
+    duplicate_output,
     is_uint,
     json_data,
     parse_version,
@@ -88,6 +93,8 @@ def _json_body(request: Request, *, required: bool = False) -> dict[str, Any]:
         return {}
     try:
         doc = json.loads(raw)
+    except RecursionError:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(doc, dict):
@@ -380,6 +387,8 @@ class HTTPFrontend:
             return self._raw_request(model, version, body)
         try:
             header = json.loads(body[:hlen])
+        except RecursionError:
+            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
         except (ValueError, UnicodeDecodeError) as exc:
             raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
         if not isinstance(header, dict):
@@ -444,7 +453,7 @@ class HTTPFrontend:
     def _parse_outputs(self, outputs: object) -> list[RequestedOutput]:
         if not isinstance(outputs, list):
             raise InvalidArgumentError("Unable to parse 'outputs'")
-        result = []
+        result: list[RequestedOutput] = []
         for out in outputs:
             if not isinstance(out, dict) or not isinstance(out.get("name"), str):
                 raise InvalidArgumentError("Unable to parse 'name'")
@@ -459,32 +468,41 @@ class HTTPFrontend:
                 raise UnsupportedError(
                     f"output '{out['name']}': the classification extension is not supported by tritonpy"
                 )
+            if any(r.name == out["name"] for r in result):
+                raise InvalidArgumentError(duplicate_output(out["name"]))
             result.append(RequestedOutput(out["name"], binary, ref))
         return result
 
     def _raw_request(self, model: str, version: int, body: bytes | bytearray) -> InferRequest:
-        """Triton's raw binary request (header length 0): the whole body is the only input."""
-        meta = self.plane.model_metadata(model, version)
-        inputs = meta.get("inputs", [])
+        """Triton's raw binary request (header length 0): the whole body is the only input, of
+        batch 1 for a batching model; its one variable dimension is deduced from the size."""
+        inputs = self.plane.model_metadata(model, version).get("inputs", [])
         if len(inputs) != 1:
             raise InvalidArgumentError(
-                f"raw binary request requires model '{model}' to have exactly 1 input, it has {len(inputs)}"
-            )
+                f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} "
+                f"inputs in '{model}' model configuration")
         spec = inputs[0]
-        shape = [int(d) for d in spec["shape"]]
-        itemsize = ITEMSIZE.get(spec["datatype"], 0)
-        unknown = [i for i, d in enumerate(shape) if d < 0]
-        if len(unknown) > 1 or (unknown and itemsize == 0):
-            raise InvalidArgumentError(
-                f"raw binary request for model '{model}' needs an input shape with at most one variable dimension"
-            )
-        if unknown:
-            fixed = itemsize
-            for d in shape:
-                fixed *= d if d >= 0 else 1
-            shape[unknown[0]] = len(body) // fixed if fixed else 0
+        name, datatype = spec["name"], spec["datatype"]
+        batching = int(self.plane.model_config(model, version).get("max_batch_size", 0)) > 0
+        dims = [int(d) for d in spec["shape"]][1 if batching else 0:]
+        if datatype == "BYTES":
+            if dims != [1]:
+                raise InvalidArgumentError(
+                    f"For BYTE datatype raw input '{name}', the model must have input shape [1]")
+            arr = np.empty(1, dtype=object)
+            arr[0] = bytes(body)  # the body is the one element, without a length prefix
+        else:
+            variable = [i for i, d in enumerate(dims) if d < 0]
+            if len(variable) > 1:
+                raise InvalidArgumentError(
+                    f"The shape of the raw input '{name}' can not be deduced because there are "
+                    "more than one variable-sized dimension")
+            if variable:
+                fixed = math.prod(d for d in dims if d >= 0) * ITEMSIZE.get(datatype, 1)
+                dims[variable[0]] = len(body) // fixed if fixed else 0
+            arr = array_from_raw(name, datatype, dims, body)
         req = InferRequest(model, version, binary_output_default=True)
-        req.inputs[spec["name"]] = array_from_raw(spec["name"], spec["datatype"], shape, body)
+        req.inputs[name] = arr.reshape([1, *dims] if batching else dims)
         return req
 
     # -- generate extension ------------------------------------------------------------------
