@@ -276,7 +276,9 @@ class HTTPFrontend:
             ready = body.get("ready", False)
             if not isinstance(ready, bool):
                 raise InvalidArgumentError("Unable to parse 'ready'")
-            return json_response(await self.plane.repository_index(ready))
+            # As Triton's JSON: a field with nothing to say (a READY model's reason) is left out.
+            index = await self.plane.repository_index(ready)
+            return json_response([{k: v for k, v in m.items() if v != ""} for m in index])
         assert name is not None
         params = _dict(body.get("parameters"), "parameters")
         if action == "load":
