@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import json
 import math
 import threading
 from dataclasses import dataclass, field
@@ -169,6 +170,19 @@ def element_count(name: str, shape: Sequence[object]) -> int:
             f"shape {list(shape)} of input '{name}' causes total element count to exceed "
             f"maximum size of {MAX_TENSOR_SIZE}")
     return count  # type: ignore[no-any-return]
+
+
+def parse_json_object(raw: bytes | bytearray, **options: Any) -> dict[str, Any]:
+    """A request body's JSON object (``options`` go to ``json.loads``), or Triton's error."""
+    try:
+        doc = json.loads(raw, **options)
+    except RecursionError:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+    return doc
 
 
 def duplicate_output(name: str) -> str:

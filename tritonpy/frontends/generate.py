@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .._errors import InternalError, InvalidArgumentError
-from .dataplane import JSON_TOO_DEEP, InferRequest, InferResult, array_from_json
+from .dataplane import InferRequest, InferResult, array_from_json, parse_json_object
 
 #: Triton's words when /generate gets other than one response.
 NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "
@@ -102,14 +102,7 @@ def _members(obj: dict[str, Any]) -> list[tuple[str, Any]]:
 def decode_generate(model: str, version: int, body: bytes | bytearray,
                     metadata: dict[str, Any]) -> InferRequest:
     """The inference request a generate body stands for, given the model's metadata."""
-    try:
-        doc = json.loads(body, object_pairs_hook=_object) if body else None
-    except RecursionError:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+    doc = parse_json_object(body or b"null", object_pairs_hook=_object)
     inputs = {spec["name"]: spec for spec in metadata.get("inputs", [])}
     if "parameters" in inputs:
         raise InvalidArgumentError("Keyword 'parameters' for nested schema also given as input tensor name")

@@ -33,7 +33,6 @@ from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from .dataplane import (
     DEFAULT_MAX_INPUT_SIZE,
-    JSON_TOO_DEEP,
     DataPlane,
     InferRequest,
     InferResult,
@@ -44,6 +43,7 @@ from .dataplane import (
     duplicate_output,
     is_uint,
     json_data,
+    parse_json_object,
     parse_version,
     shm_ref,
     to_error,
@@ -91,15 +91,7 @@ def _json_body(request: Request, *, required: bool = False) -> dict[str, Any]:
         if required:
             raise InvalidArgumentError("failed to parse the request JSON buffer: the body is empty")
         return {}
-    try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
-    return doc
+    return parse_json_object(raw)
 
 
 def _dict(value: object, what: str) -> dict[str, Any]:
@@ -387,14 +379,7 @@ class HTTPFrontend:
                 )
         if hlen == 0:
             return self._raw_request(model, version, body)
-        try:
-            header = json.loads(body[:hlen])
-        except RecursionError:
-            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {exc}") from None
-        if not isinstance(header, dict):
-            raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
+        header = parse_json_object(body[:hlen])
         req = InferRequest(model, version)
         rid = header.get("id", "")
         if not isinstance(rid, str):
