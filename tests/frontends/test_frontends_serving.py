@@ -370,7 +370,10 @@ def test_http_cuda_shm_and_trace_are_unsupported(served: Served, http: httpclien
     http.unregister_cuda_shared_memory()
     status, body = raw_post(served, "/v2/trace/setting", b"", method="GET")
     assert status == 503 and "does not support tracing" in body["error"]
-    status, body = raw_post(served, "/v2/repository/other/index", b"")
+    # A named repository: Triton 2.51 answers the index and refuses load/unload.
+    status, index = raw_post(served, "/v2/repository/other/index", b"")
+    assert status == 200 and {"name": "add_sub", "version": "1", "state": "READY"} in index
+    status, body = raw_post(served, "/v2/repository/other/models/add_sub/unload", b"")
     assert status == 501 and "repository_name" in body["error"]
 
 

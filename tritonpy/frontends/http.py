@@ -261,7 +261,7 @@ class HTTPFrontend:
                           action: str | None) -> Response:
         if request.method != "POST":
             return _method_not_allowed()
-        if repo:
+        if repo and kind != "index":  # Triton 2.51 answers the index whatever the name
             raise UnsupportedError("'repository_name' specification is not supported")
         body = _json_body(request)
         if kind == "index":
