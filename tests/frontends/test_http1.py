@@ -10,13 +10,16 @@ import random
 import socket
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import AsyncGenerator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 
+from _models import wait_for
 from tritonpy.frontends import new_event_loop
 from tritonpy.frontends._http1 import LARGE_BODY, MAX_HEAD, BodyTooLarge, HTTPServer, Request, Response
 
@@ -399,3 +402,23 @@ def test_streamed_responses() -> None:
             data += sock.recv(4096)
         sock.close()
         assert closed.wait(10)
+
+
+def test_a_client_that_reads_nothing_is_cut_off() -> None:
+    """A response waits in the transport for at most ``stall_timeout`` seconds of no progress:
+    its parts may be views of shared memory that nothing else could then reuse."""
+    big = np.zeros(32 << 20, np.uint8)
+    freed = threading.Event()
+
+    async def handler(req: Request) -> Response:
+        view = big[:]  # released when the transport lets go of the part
+        weakref.finalize(view, freed.set)
+        return Response(200, b"head", "application/octet-stream", parts=[view.data])
+
+    with serving(handler, stall_timeout=0.5) as running:
+        sock = connect(running)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(post("/big", b""))
+        assert freed.wait(10), "the stalled response still holds its parts"
+        assert wait_for(lambda: not running.server.connections, 5)
+        sock.close()

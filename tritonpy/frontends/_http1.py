@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 #: Idle keep-alive connections are closed after this many seconds (aiohttp's default).
 KEEPALIVE_TIMEOUT = 75.0
+#: A client that reads nothing of its response for this long is disconnected.
+STALL_TIMEOUT = 60.0
 #: Requests parsed ahead on one connection before it stops reading (pipelining backpressure).
 MAX_PIPELINED = 16
 #: A body announced larger than this is read into one buffer of its size.
@@ -372,7 +374,7 @@ class _Connection(asyncio.BufferedProtocol):
                     self._close()
                     return
                 if self.writable is not None and not self.writable.done():
-                    await self.writable  # the client reads slowly: do not queue more on it
+                    await self._drained()  # the client reads slowly: do not queue more on it
         except asyncio.CancelledError:
             self._close()
             raise
@@ -431,7 +433,7 @@ class _Connection(asyncio.BufferedProtocol):
                     return False
                 transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
                 if self.writable is not None and not self.writable.done():
-                    await self.writable
+                    await self._drained()
             if chunked and not transport.is_closing():
                 transport.write(b"0\r\n\r\n")
             return keep_alive
@@ -440,6 +442,29 @@ class _Connection(asyncio.BufferedProtocol):
             return False
         finally:
             await stream.aclose()
+
+    async def _drained(self) -> None:
+        """Wait until the transport takes more; abort a client that reads nothing for
+        ``stall_timeout`` seconds. What waits to be sent may be views of shared memory (output
+        tensors go out unjoined), so a stalled client must not hold them for ever."""
+        writable, transport = self.writable, self.transport
+        assert writable is not None and transport is not None
+        timeout = self.server.stall_timeout
+        left = transport.get_write_buffer_size()
+        since = self.loop.time()
+        while not writable.done():
+            await asyncio.wait({writable}, timeout=min(timeout, 10.0))
+            if writable.done():
+                return
+            now, size = self.loop.time(), transport.get_write_buffer_size()
+            if size < left:
+                left, since = size, now
+            elif now - since >= timeout:
+                log.warning("HTTP client read nothing for %.0f s; closing its connection", timeout)
+                self.closing = True
+                self.pending.clear()
+                transport.abort()  # drop what is buffered now; connection_lost follows
+                return
 
     def _fail_parse(self, reason: str) -> None:
         """A request the parser refused: answer 400 after those already queued, then close."""
@@ -491,14 +516,18 @@ class HTTPServer:
         max_body: largest request body kept, in bytes, after decompression; a larger one is
             read and dropped, and answered by ``error``.
         keepalive_timeout: seconds an idle connection is kept open.
+        stall_timeout: seconds a client may read nothing of a response before its
+            connection is aborted.
     """
 
     def __init__(self, handler: Handler, error: Callable[[BaseException], Response], max_body: int,
-                 keepalive_timeout: float = KEEPALIVE_TIMEOUT) -> None:
+                 keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+                 stall_timeout: float = STALL_TIMEOUT) -> None:
         self.handler = handler
         self.error = error
         self.max_body = max_body
         self.keepalive_timeout = keepalive_timeout
+        self.stall_timeout = stall_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
@@ -538,6 +567,10 @@ class HTTPServer:
                 await asyncio.wait(rest)
         for conn in list(self.connections):
             if conn.transport is not None:
-                conn.transport.close()
+                # A client that is not reading would keep a closing transport open for ever.
+                if conn.transport.get_write_buffer_size():
+                    conn.transport.abort()
+                else:
+                    conn.transport.close()
         await self._server.wait_closed()
         self._server = None
