@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repository-poll-secs", type=float, default=15.0)
     s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
     s.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    s.add_argument("--id", default="triton", metavar="NAME",
+                   help="the server's name in its metadata (Triton's default, which clients check)")
     s.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
                    help="ready only while no model has failed to load (as Triton)")
     s.add_argument("--http-max-input-size", type=int, default=None, metavar="BYTES",
@@ -113,7 +115,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     load_models=args.load_model, backend_config=backend_config,
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
-                    strict_readiness=args.strict_readiness, auto_complete=auto_complete)
+                    strict_readiness=args.strict_readiness, auto_complete=auto_complete,
+                    server_id=args.id)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -79,7 +79,8 @@ class Server:
                  model_control_mode: str = "none", load_models: Sequence[str] = (),
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
-                 strict_readiness: bool = True, auto_complete: bool = True) -> None:
+                 strict_readiness: bool = True, auto_complete: bool = True,
+                 server_id: str = "triton") -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -100,6 +101,9 @@ class Server:
         # False: a model's auto_complete_config is never called and config.pbtxt is required
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
+        # The name in the server metadata: Triton's default, which clients written for Triton
+        # check (Triton's --id).
+        self.server_id = server_id
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self.custom_metrics = CustomMetrics()
         self.metrics_registry.register(self.custom_metrics)
@@ -215,7 +219,7 @@ class Server:
         return not (self.strict_readiness and self.repo.not_available())
 
     def metadata(self) -> dict:
-        return {"name": "tritonpy", "version": __version__, "extensions": list(EXTENSIONS)}
+        return {"name": self.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def models(self) -> list[dict]:
         """Repository index: ``{"name", "version", "state", "reason"}`` for every model."""

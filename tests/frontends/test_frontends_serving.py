@@ -238,7 +238,8 @@ def assert_still_serving(http: httpclient.InferenceServerClient) -> None:
 def test_http_health_metadata_config(http: httpclient.InferenceServerClient) -> None:
     assert http.is_server_live() and http.is_server_ready()
     meta = http.get_server_metadata()
-    assert meta["name"] == "tritonpy" and "binary_tensor_data" in meta["extensions"]
+    # Triton's name by default: tritonclient's own example checks it (--id changes it).
+    assert meta["name"] == "triton" and "binary_tensor_data" in meta["extensions"]
     assert http.is_model_ready("add_sub") and http.is_model_ready("add_sub", "1")
     assert not http.is_model_ready("no_such_model")
     md = http.get_model_metadata("add_sub", "1")
@@ -610,7 +611,7 @@ def test_http_aio_client(served: Served) -> None:
 
 def test_grpc_health_metadata_config(grpcc: grpcclient.InferenceServerClient) -> None:
     assert grpcc.is_server_live() and grpcc.is_server_ready()
-    assert grpcc.get_server_metadata().name == "tritonpy"
+    assert grpcc.get_server_metadata().name == "triton"
     assert grpcc.is_model_ready("add_sub") and not grpcc.is_model_ready("no_such_model")
     md = grpcc.get_model_metadata("add_sub", as_json=True)
     assert md["inputs"][0] == {"name": "INPUT0", "datatype": "FP32", "shape": ["16"]}

@@ -218,12 +218,13 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
                    "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                    "--metrics-port", str(metrics_port), "--model-control-mode", "explicit",
                    "--load-model", "slow", f"--backend-config=python,shm-default-byte-size={default_size}",
-                   "--log-verbose", "1", "--exit-timeout-secs", "20")
+                   "--log-verbose", "1", "--exit-timeout-secs", "20", "--id", "edge-7")
     assert server.endpoints() == {"HTTP": f"127.0.0.1:{http_port}", "gRPC": f"127.0.0.1:{grpc_port}",
                                   "metrics": f"127.0.0.1:{metrics_port}"}
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
     grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     try:
+        assert http.get_server_metadata()["name"] == "edge-7"  # --id
         # Explicit mode: only --load-model is loaded; both repositories are indexed.
         assert http.is_server_ready() and http.is_model_ready("slow")
         assert not http.is_model_ready("ident")
