@@ -175,6 +175,14 @@ class RepositoryManager:
             entry.tmpdir = tmp
             entry.directory = mdir
         entry = self.require_known(name)
+        if api and config:
+            from .config import config_from_dict
+
+            try:  # Triton's words for an override it cannot read (clients look for them)
+                config_from_dict(config, os.path.join(entry.directory, "config.pbtxt"))
+            except TritonpyError as exc:
+                raise InvalidArgumentError(f"failed to load '{name}', failed to poll from model "
+                                           f"repository: {exc.message}") from exc
         with entry.lock:
             try:
                 self._load_entry(entry, config)
