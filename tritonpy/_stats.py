@@ -64,5 +64,6 @@ class ModelStats:
                     {"batch_size": bs, **{k: {"count": v[0], "ns": v[1]} for k, v in d.items()}}
                     for bs, d in sorted(self.batch.items())
                 ],
+                "response_stats": {},  # per-response statistics: not kept (Triton's key, empty)
                 "memory_usage": [],
             }

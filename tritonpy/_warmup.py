@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -127,4 +128,8 @@ def _execute(rt: ModelRuntime, inst: Instance, inputs: list[tuple[str, np.ndarra
         inst.running += 1  # as a scheduler's take() does; the execute's end gives it back
     rt._send(inst, batch)  # straight to this instance: it is not serving yet
     finished.wait()  # a stub that dies fails its requests, which ends this too
+    # A decoupled model's final response can come before its execute has returned: wait for
+    # that too, so the execute is counted and over before the next one or the first request.
+    while inst.running and inst.stub is not None and inst.stub.alive:
+        time.sleep(0.001)
     return errors

@@ -103,7 +103,7 @@ class SharedMemoryRegistry:
                     raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
                 regions = [region]
             else:
-                regions = list(self._regions.values())
+                regions = sorted(self._regions.values(), key=lambda r: r.name)  # as Triton lists them
             return [
                 {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
                 for r in regions
