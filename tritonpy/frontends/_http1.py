@@ -422,25 +422,42 @@ class _Connection(asyncio.BufferedProtocol):
         if not keep_alive:
             lines.append("Connection: close")
         transport = self.transport
+        if transport is None or transport.is_closing():
+            await stream.aclose()
+            return False
+        # Chunks that come in one turn of the loop (responses that queued up while the loop was
+        # busy) go out in one write at its end, not a syscall each.
+        out = [("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")]
+        flush_at: list[asyncio.Handle] = []
+
+        def flush() -> None:
+            flush_at.clear()
+            if out and not transport.is_closing():
+                transport.write(b"".join(out))
+            out.clear()
+
         try:
-            if transport is None or transport.is_closing():
-                return False
-            transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
             async for chunk in stream:
                 if not chunk:
                     continue
                 if transport.is_closing():
                     return False
-                transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                out.append(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+                if not flush_at:
+                    flush_at.append(self.loop.call_soon(flush))
                 if self.writable is not None and not self.writable.done():
                     await self._drained()
-            if chunked and not transport.is_closing():
-                transport.write(b"0\r\n\r\n")
+            if chunked:
+                out.append(b"0\r\n\r\n")
+            flush()
             return keep_alive
         except Exception:
             log.exception("HTTP response stream failed; closing the connection")
+            flush()  # what was sent before the failure: the client sees where it was cut
             return False
         finally:
+            for handle in flush_at:
+                handle.cancel()
             await stream.aclose()
 
     async def _drained(self) -> None:
