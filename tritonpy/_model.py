@@ -465,8 +465,9 @@ class ModelRuntime(RuntimeBase):
             inst.running -= 1
             self.sched.finished(inst, batch)
             plans = self._take_locked()
-            if self._draining and not inst.running and not inst.active:
-                self._idle.notify_all()
+            if not inst.running and (self._draining and not inst.active
+                                     or inst.state in ("STARTING", "RESTARTING")):
+                self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
         self._send_plans(plans)
 
     def _cancelled(self, req: HostRequest) -> None:

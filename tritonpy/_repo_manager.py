@@ -175,17 +175,18 @@ class RepositoryManager:
             entry.tmpdir = tmp
             entry.directory = mdir
         entry = self.require_known(name)
-        if api and config:
+        override = None
+        if config:
             from .config import config_from_dict
 
             try:  # Triton's words for an override it cannot read (clients look for them)
-                config_from_dict(config, os.path.join(entry.directory, "config.pbtxt"))
+                override = config_from_dict(config, os.path.join(entry.directory, "config.pbtxt"))
             except TritonpyError as exc:
                 raise InvalidArgumentError(f"failed to load '{name}', failed to poll from model "
                                            f"repository: {exc.message}") from exc
         with entry.lock:
             try:
-                self._load_entry(entry, config)
+                self._load_entry(entry, override)
             except TritonpyError as exc:
                 if not api:
                     raise
@@ -206,9 +207,10 @@ class RepositoryManager:
                         self._load_quietly(ens)
                         progress = True
 
-    def _load_entry(self, entry: ModelEntry, config_override: str | None) -> None:
+    def _load_entry(self, entry: ModelEntry, config_override: Any = None) -> None:
+        """Load ``entry`` from its directory, or with ``config_override`` (a parsed ModelConfig)
+        in place of its config.pbtxt."""
         from .config import (
-            config_from_dict,
             config_to_json,
             load_model_config,
             normalize_config,
@@ -229,8 +231,8 @@ class RepositoryManager:
         cfg_path = os.path.join(entry.directory, "config.pbtxt")
         new: dict[int, ModelRuntime] = {}
         try:
-            if config_override:
-                cfg, exists = config_from_dict(config_override, cfg_path), True
+            if config_override is not None:
+                cfg, exists = config_override, True
             else:
                 cfg, exists = load_model_config(entry.directory)
             ensemble = is_ensemble(cfg)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -130,6 +129,7 @@ def _execute(rt: ModelRuntime, inst: Instance, inputs: list[tuple[str, np.ndarra
     finished.wait()  # a stub that dies fails its requests, which ends this too
     # A decoupled model's final response can come before its execute has returned: wait for
     # that too, so the execute is counted and over before the next one or the first request.
-    while inst.running and inst.stub is not None and inst.stub.alive:
-        time.sleep(0.001)
+    with rt.lock:
+        while inst.running and inst.stub is not None and inst.stub.alive:
+            rt._idle.wait(0.1)  # _finish_execute and the death path notify it
     return errors

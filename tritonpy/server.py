@@ -421,6 +421,11 @@ class Model:
 
         return json.loads(self._rt().config_json)
 
+    @property
+    def max_batch_size(self) -> int:
+        """The config's ``max_batch_size`` (0: the model does not batch)."""
+        return self._rt().max_batch_size
+
     def metadata(self) -> dict:
         from .validation import model_metadata
 

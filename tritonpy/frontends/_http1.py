@@ -123,6 +123,19 @@ def _compress(body: bytes, accept: str) -> tuple[bytes, str] | None:
     return None
 
 
+def _head(response: Response, extra: list[str], keep_alive: bool) -> bytes:
+    """A response's status line and headers, ``extra`` (framing) among them."""
+    lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
+    if response.content_type is not None:
+        lines.append(f"Content-Type: {response.content_type}")
+    if response.headers:
+        lines.extend(f"{k}: {v}" for k, v in response.headers.items())
+    lines.extend(extra)
+    if not keep_alive:
+        lines.append("Connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
 class _Connection(asyncio.BufferedProtocol):
     """One client connection: parse, queue, answer in order, one handler task at a time.
 
@@ -175,13 +188,8 @@ class _Connection(asyncio.BufferedProtocol):
     # -- asyncio.BufferedProtocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)  # uvloop's does not subclass it
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
+        # uvloop's transport does not subclass asyncio.Transport. Both loops set TCP_NODELAY.
+        self.transport = cast(asyncio.Transport, transport)
         self.server.connections.add(self)
         self._arm_idle_timer()
 
@@ -272,17 +280,17 @@ class _Connection(asyncio.BufferedProtocol):
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = self.parser.get_method().decode("latin-1")
         self.http10 = self.parser.get_http_version() == "1.0"
-        length = self.headers.get("content-length")
-        if length is not None and length.isdigit():
-            if int(length) > self.server.max_body:
-                self.too_large = True
-            elif int(length) > LARGE_BODY and "transfer-encoding" not in self.headers:
-                self.buffer = bytearray(int(length))
+        text = self.headers.get("content-length", "")
+        length = int(text) if text.isdigit() else 0
+        if length > self.server.max_body:
+            self.too_large = True
+        elif length > LARGE_BODY and "transfer-encoding" not in self.headers:
+            self.buffer = bytearray(length)
         if self.headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             if self.too_large:
                 # Answer now; the client sends no body, so the connection cannot be reused.
                 self.closing = True
-                self._enqueue(BodyTooLarge(int(length or 0)), keep_alive=False)
+                self._enqueue(BodyTooLarge(length), keep_alive=False)
                 self.transport.pause_reading()
                 self.paused = True
             else:
@@ -386,21 +394,15 @@ class _Connection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         body, parts = response.body, response.parts
-        lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
-        if response.content_type is not None:
-            lines.append(f"Content-Type: {response.content_type}")
+        extra = []
         if response.compress and accept and (body or parts):
             packed = _compress(b"".join([body, *parts]) if parts else body, accept)
             if packed is not None:
                 body, parts = packed[0], ()
-                lines.append(f"Content-Encoding: {packed[1]}")
-        if response.headers:
-            lines.extend(f"{k}: {v}" for k, v in response.headers.items())
+                extra.append(f"Content-Encoding: {packed[1]}")
         size = len(body) + sum(memoryview(p).nbytes for p in parts)
-        lines.append(f"Content-Length: {size}")
-        if not keep_alive:
-            lines.append("Connection: close")
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        extra.append(f"Content-Length: {size}")
+        head = _head(response, extra, keep_alive)
         if head_only or not size:
             transport.write(head)
         elif size <= SMALL_BODY:
@@ -412,22 +414,13 @@ class _Connection(asyncio.BufferedProtocol):
                             keep_alive: bool, chunked: bool) -> bool:
         """Send the head, then each chunk the stream yields as it comes; whether the connection
         can still be used (not when the stream failed half-way: the client must see the cut)."""
-        lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
-        if response.content_type is not None:
-            lines.append(f"Content-Type: {response.content_type}")
-        if response.headers:
-            lines.extend(f"{k}: {v}" for k, v in response.headers.items())
-        if chunked:
-            lines.append("Transfer-Encoding: chunked")
-        if not keep_alive:
-            lines.append("Connection: close")
         transport = self.transport
         if transport is None or transport.is_closing():
             await stream.aclose()
             return False
         # Chunks that come in one turn of the loop (responses that queued up while the loop was
         # busy) go out in one write at its end, not a syscall each.
-        out = [("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")]
+        out = [_head(response, ["Transfer-Encoding: chunked"] if chunked else [], keep_alive)]
         flush_at: list[asyncio.Handle] = []
 
         def flush() -> None:
@@ -577,7 +570,7 @@ class HTTPServer:
             conn.close_if_idle()
         busy = [c.task for c in self.connections if c.task is not None]
         if busy:
-            done, rest = await asyncio.wait(busy, timeout=timeout)
+            _, rest = await asyncio.wait(busy, timeout=timeout)
             for task in rest:
                 task.cancel()
             if rest:

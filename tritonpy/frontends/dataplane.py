@@ -185,11 +185,6 @@ def parse_json_object(raw: bytes | bytearray, **options: Any) -> dict[str, Any]:
     return doc
 
 
-def duplicate_output(name: str) -> str:
-    """The error text for an output requested twice (Triton's words)."""
-    return f"Duplicate output name '{name}' is not allowed in a request"
-
-
 def check_byte_size(name: str, datatype: str, count: int) -> None:
     """Refuse a fixed-size tensor whose byte size does not fit Triton's int64."""
     if count * ITEMSIZE.get(datatype, 1) > MAX_TENSOR_SIZE:
@@ -564,8 +559,14 @@ class DataPlane:
         return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size))
 
     def check_outputs(self, req: InferRequest) -> None:
-        """Fail early (before the model runs) on an output window that does not exist."""
+        """Fail early (before the model runs) on an output asked for twice, or on an output
+        window that does not exist."""
+        names: set[str] = set()
         for out in req.outputs or ():
+            if out.name in names:
+                raise InvalidArgumentError(
+                    f"Duplicate output name '{out.name}' is not allowed in a request")
+            names.add(out.name)
             if out.shm is not None:
                 self.shm.view(out.shm.region, out.shm.offset, out.shm.byte_size).release()
 

@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from .._errors import InternalError, InvalidArgumentError
-from .dataplane import InferRequest, InferResult, array_from_json, parse_json_object
+from .dataplane import (
+    InferRequest,
+    InferResult,
+    OutputTensor,
+    array_from_json,
+    json_data,
+    parse_json_object,
+)
 
 #: Triton's words when /generate gets other than one response.
 NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "
@@ -144,19 +151,19 @@ def counts(result: InferResult, decoupled: bool) -> bool:
                 and not result.parameters)
 
 
-def _value(name: str, datatype: str, array: np.ndarray) -> Any:
-    flat = array.ravel()
-    if datatype == "BYTES":
-        try:
-            values: list[Any] = [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in flat]
-        except UnicodeDecodeError:
-            raise InternalError(f"output '{name}' holds bytes that are not UTF-8 text; "
-                                "read it through /infer") from None
-    else:
-        if flat.dtype.kind == "f" and flat.size and not np.isfinite(flat.astype(np.float64)).all():
-            raise InternalError(f"output '{name}' holds NaN or infinity, which JSON cannot carry; "
+def _value(out: OutputTensor) -> Any:
+    """An output as generate writes it: a scalar for one element, else a flat list."""
+    values = json_data(out)
+    if values is None:  # what /infer would send as binary
+        assert out.array is not None
+        if out.datatype == "BYTES":
+            raise InternalError(f"output '{out.name}' holds bytes that are not UTF-8 text; "
                                 "read it through /infer")
-        values = flat.astype(np.float64).tolist() if datatype in ("FP16", "BF16") else flat.tolist()
+        flat = out.array.ravel().astype(np.float64)  # FP16 / BF16, or not finite
+        if not np.isfinite(flat).all():
+            raise InternalError(f"output '{out.name}' holds NaN or infinity, which JSON cannot "
+                                "carry; read it through /infer")
+        values = flat.tolist()
     return values[0] if len(values) == 1 else values
 
 
@@ -171,8 +178,7 @@ def encode_generate(result: InferResult) -> bytes:
         doc.setdefault(key, value)
     for out in result.outputs:
         if out.name not in doc:
-            assert out.array is not None
-            doc[out.name] = _value(out.name, out.datatype, out.array)
+            doc[out.name] = _value(out)
     return json.dumps(dict(sorted(doc.items())), separators=(",", ":")).encode()
 
 

@@ -35,7 +35,6 @@ from .dataplane import (
     RequestedOutput,
     apply_parameters,
     array_from_raw,
-    duplicate_output,
     element_count,
     parse_version,
     shm_ref,
@@ -147,8 +146,6 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
                 raise UnsupportedError(
                     f"output '{out.name}': the classification extension is not supported by tritonpy"
                 )
-            if any(r.name == out.name for r in req.outputs):
-                raise InvalidArgumentError(duplicate_output(out.name))
             req.outputs.append(RequestedOutput(out.name, None, shm_ref(out.name, params)))
     return req
 

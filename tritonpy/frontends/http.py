@@ -40,7 +40,6 @@ from .dataplane import (
     apply_parameters,
     array_from_json,
     array_from_raw,
-    duplicate_output,
     is_uint,
     json_data,
     parse_json_object,
@@ -455,22 +454,21 @@ class HTTPFrontend:
                 raise UnsupportedError(
                     f"output '{out['name']}': the classification extension is not supported by tritonpy"
                 )
-            if any(r.name == out["name"] for r in result):
-                raise InvalidArgumentError(duplicate_output(out["name"]))
             result.append(RequestedOutput(out["name"], binary, ref))
         return result
 
     def _raw_request(self, model: str, version: int, body: bytes | bytearray) -> InferRequest:
         """Triton's raw binary request (header length 0): the whole body is the only input, of
         batch 1 for a batching model; its one variable dimension is deduced from the size."""
-        inputs = self.plane.model_metadata(model, version).get("inputs", [])
+        handle = self.plane.model(model, version)
+        inputs = handle.metadata().get("inputs", [])
         if len(inputs) != 1:
             raise InvalidArgumentError(
                 f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} "
                 f"inputs in '{model}' model configuration")
         spec = inputs[0]
         name, datatype = spec["name"], spec["datatype"]
-        batching = int(self.plane.model_config(model, version).get("max_batch_size", 0)) > 0
+        batching = handle.max_batch_size > 0
         dims = [int(d) for d in spec["shape"]][1 if batching else 0:]
         if datatype == "BYTES":
             if dims != [1]:
