@@ -170,7 +170,7 @@ class Channel:
                 return
 
     # -- receiving ----------------------------------------------------------------------------
-    def recv(self) -> list | None:
+    def recv(self, spin_s: float = 0.0) -> list | None:
         """The next frame ``[cmd, call_id, body]``; None once the peer has closed or died.
 
         RELEASE frames are handled here and never returned.
@@ -178,7 +178,18 @@ class Channel:
         resets = 0
         while True:
             try:
-                n = self.sock.recv_into(self._buf)
+                n = -1
+                if spin_s:
+                    deadline = time.perf_counter() + spin_s
+                    while True:
+                        try:
+                            n = self.sock.recv_into(self._buf, 0, socket.MSG_DONTWAIT)
+                            break
+                        except BlockingIOError:
+                            if time.perf_counter() > deadline:
+                                break
+                if n < 0:
+                    n = self.sock.recv_into(self._buf)
             except ConnectionResetError:
                 # The peer closed with frames of ours still unread: the kernel reports that once,
                 # ahead of the frames it had sent before closing (its last replies). Read those.

@@ -195,6 +195,11 @@ class StubRuntime:
         self._async_sem: asyncio.Semaphore | None = None
         self.max_async = 1
         self._forked = False  # True in a process the model forked
+        # Sync BLS waits poll before sleeping (see _await); not on a single CPU, where the
+        # peer could not run meanwhile.
+        spin_us = float(options.get("bls_spin_us", 0.0))
+        self._spin_s = spin_us / 1e6 if len(os.sched_getaffinity(0)) > 1 else 0.0
+        self._wait_mean = 0.0  # seconds, moving mean of recent sync waits
 
     def _after_fork_in_child(self) -> None:
         """A process the model forked (e.g. a multiprocessing pool) shares this stub's socket
@@ -273,12 +278,13 @@ class StubRuntime:
                     cv.wait(_TAKEOVER_S)
         return self._read_one()
 
-    def _read_one(self) -> list | None:
-        """Read one frame while holding the read role (released on return)."""
+    def _read_one(self, spin_s: float = 0.0) -> list | None:
+        """Read one frame while holding the read role (released on return); ``spin_s``: poll
+        the socket that long before sleeping in the kernel (see ``_await``)."""
         try:
             while True:
                 try:
-                    msg = self.channel.recv()
+                    msg = self.channel.recv(spin_s)
                 except Exception as exc:  # a malformed frame: report it, keep reading
                     sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
                     continue
@@ -350,6 +356,12 @@ class StubRuntime:
         cv = self._cv
         with self._mu:
             self._sync_waiting += 1
+        # Spinning: a thread that sleeps in recv() until the reply comes costs a wake-up of its
+        # CPU, tens of microseconds on a virtual machine, on top of the peer's own. So it polls
+        # the socket for up to bls-spin-microseconds first, as long as recent replies came within
+        # about twice that (the mean of the last few waits): a slow target costs no spinning.
+        spin = self._spin_s if self._wait_mean <= 2 * self._spin_s else 0.0
+        start = time.perf_counter()
         try:
             while not waiter.items:
                 with self._mu:
@@ -361,12 +373,14 @@ class StubRuntime:
                 if not mine:
                     waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
                     continue
-                msg = self._read_one()
+                msg = self._read_one(spin)
                 if msg is not None and not self._handle_inline(msg):
                     with cv:
                         self._pending.append(msg)
                         cv.notify_all()
         finally:
+            if self._spin_s:
+                self._wait_mean += (time.perf_counter() - start - self._wait_mean) * 0.25
             with cv:
                 self._sync_waiting -= 1
                 self._model_touch = time.monotonic()

@@ -23,6 +23,9 @@ class BackendOptions:
     stub_stderr_lines: int = 20
     restart_backoff_seconds: float = 0.2
     execution_env_path: str = ""
+    # How long a model thread waiting in a sync BLS call (or for any reply of the host) polls
+    # before it sleeps; 0 turns polling off.
+    bls_spin_microseconds: float = 200.0
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, str] | None) -> BackendOptions:
@@ -53,6 +56,9 @@ class BackendOptions:
         opts = cls(**kw)  # type: ignore[arg-type]
         if opts.shm_default_byte_size <= 0 or opts.shm_growth_byte_size <= 0:
             raise InvalidArgumentError("shm-default-byte-size and shm-growth-byte-size must be > 0")
+        if not 0 <= opts.bls_spin_microseconds <= 1e6:
+            raise InvalidArgumentError(
+                f"bls-spin-microseconds must be between 0 and 1000000, got {opts.bls_spin_microseconds:g}")
         if not opts.shm_region_prefix_name.replace("_", "a").replace("-", "a").isalnum():
             raise InvalidArgumentError(
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "

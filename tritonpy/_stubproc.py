@@ -90,6 +90,7 @@ class StubProcess:
             "shm_default_byte_size": min(options.shm_default_byte_size, 16 << 20),
             "shm_growth_byte_size": options.shm_growth_byte_size,
             "shm_cap": options.shm_total_byte_cap,
+            "bls_spin_us": options.bls_spin_microseconds,
             "shm_directory": options.shm_fallback_directory,
             "host_pid": os.getpid(),
         }

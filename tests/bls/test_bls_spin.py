@@ -1,0 +1,64 @@
+"""bls-spin-microseconds: a model thread waiting in a sync BLS call polls its socket for a while
+before it sleeps (a sleeping thread costs a CPU wake-up per reply), and stops polling when its
+recent replies were slow. What a user sees of it is the caller stub's CPU time, measured here
+with psutil on real stubs calling the ``sleeper`` model."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+import tritonpy
+from _bls_models import BLS_REPO, drive, new_prefix, serve
+
+MODELS = ["bls_driver", "sleeper"]
+
+
+@pytest.fixture(scope="module")
+def spinning() -> Iterator[tritonpy.Server]:
+    with serve(BLS_REPO, new_prefix(), model_control_mode="explicit", load_models=MODELS,
+               backend_config={"bls-spin-microseconds": "20000"}) as srv:
+        yield srv
+
+
+def caller_cpu_seconds(server: tritonpy.Server, sleep_ms: int, calls: int) -> float:
+    """CPU seconds the caller's stub spends on ``calls`` sync BLS calls to ``sleeper``."""
+    (inst,) = server.runtime("bls_driver").instances
+    proc = psutil.Process(inst.stub.pid)
+    spec = {"model": "sleeper", "outputs": ["SLEPT"], "repeat": calls,
+            "inputs": {"MS": {"data": [sleep_ms], "dtype": "int32"}}}
+    drive(server, {**spec, "repeat": 1})  # warm: the driver's first call imports and maps
+    before = sum(proc.cpu_times()[:2])
+    report, _ = drive(server, spec)
+    used = sum(proc.cpu_times()[:2]) - before
+    assert report["exception"] is None, report["exception"]
+    (resp,) = report["responses"]
+    assert resp["error"] is None, resp
+    return used
+
+
+def test_a_waiting_caller_polls_up_to_the_configured_time(spinning) -> None:
+    # 10 ms targets, 20 ms of polling allowed: the caller polls through each whole wait.
+    assert caller_cpu_seconds(spinning, sleep_ms=10, calls=8) >= 0.035
+
+
+def test_replies_slower_than_twice_the_spin_stop_the_polling(spinning) -> None:
+    # 100 ms targets: after at most two waits the moving mean is past 2 x 20 ms and the caller
+    # sleeps in the kernel; polling every wait would cost 12 x 20 ms = 240 ms of CPU.
+    assert caller_cpu_seconds(spinning, sleep_ms=100, calls=12) < 0.12
+
+
+def test_zero_turns_polling_off() -> None:
+    with serve(BLS_REPO, new_prefix(), model_control_mode="explicit", load_models=MODELS,
+               backend_config={"bls-spin-microseconds": "0"}) as srv:
+        assert caller_cpu_seconds(srv, sleep_ms=10, calls=8) < 0.03
+
+
+@pytest.mark.parametrize("value, words", [
+    ("-1", "bls-spin-microseconds must be between 0 and 1000000, got -1"),
+    ("lots", "backend option 'bls-spin-microseconds' expects a number, got 'lots'"),
+])
+def test_a_bad_value_is_refused_naming_the_option(value: str, words: str) -> None:
+    with pytest.raises(tritonpy.InvalidArgumentError, match=words):
+        tritonpy.Server(BLS_REPO, backend_config={"bls-spin-microseconds": value})
