@@ -351,16 +351,19 @@ class StubRuntime:
             with self._mu:
                 self._in_model -= 1
 
-    def _await(self, waiter: _Waiter) -> Any:
-        """Wait for the next reply of a sync call, reading the socket ourselves if we can."""
+    def _await(self, waiter: _Waiter, spin: bool = False) -> Any:
+        """Wait for the next reply of a sync call, reading the socket ourselves if we can;
+        ``spin``: poll first (see below)."""
         cv = self._cv
         with self._mu:
             self._sync_waiting += 1
         # Spinning: a thread that sleeps in recv() until the reply comes costs a wake-up of its
-        # CPU, tens of microseconds on a virtual machine, on top of the peer's own. So it polls
-        # the socket for up to bls-spin-microseconds first, as long as recent replies came within
-        # about twice that (the mean of the last few waits): a slow target costs no spinning.
-        spin = self._spin_s if self._wait_mean <= 2 * self._spin_s else 0.0
+        # CPU, tens of microseconds on a virtual machine, on top of the peer's own. A sync BLS
+        # call, one request and its reply, polls the socket for up to bls-spin-microseconds
+        # first, as long as recent replies came within about twice that (the mean of the last
+        # few waits): a slow target costs no spinning. Not the responses of a decoupled stream:
+        # its producer and the host keep both CPUs busy, and a poller would take one from them.
+        spin_s = self._spin_s if spin and self._wait_mean <= 2 * self._spin_s else 0.0
         start = time.perf_counter()
         try:
             while not waiter.items:
@@ -373,13 +376,13 @@ class StubRuntime:
                 if not mine:
                     waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
                     continue
-                msg = self._read_one(spin)
+                msg = self._read_one(spin_s)
                 if msg is not None and not self._handle_inline(msg):
                     with cv:
                         self._pending.append(msg)
                         cv.notify_all()
         finally:
-            if self._spin_s:
+            if spin and self._spin_s:
                 self._wait_mean += (time.perf_counter() - start - self._wait_mean) * 0.25
             with cv:
                 self._sync_waiting -= 1
@@ -714,7 +717,7 @@ class StubRuntime:
             return _ResponseIterator(self, call_id, waiter)
         waiter = _Waiter()
         self._call(Cmd.BLS_INFER, body, waiter)
-        return self._to_response(self._await(waiter))
+        return self._to_response(self._await(waiter, spin=True))
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
