@@ -39,8 +39,9 @@ def caller_cpu_seconds(server: tritonpy.Server, sleep_ms: int, calls: int) -> fl
 
 
 def test_a_waiting_caller_polls_up_to_the_configured_time(spinning) -> None:
-    # 10 ms targets, 20 ms of polling allowed: the caller polls through each whole wait.
-    assert caller_cpu_seconds(spinning, sleep_ms=10, calls=8) >= 0.035
+    # 10 ms targets, 20 ms of polling allowed: the caller polls through each whole wait, 160 ms
+    # in all on an idle CPU (a caller that sleeps in the kernel uses under 15 ms).
+    assert caller_cpu_seconds(spinning, sleep_ms=10, calls=16) >= 0.04
 
 
 def test_replies_slower_than_twice_the_spin_stop_the_polling(spinning) -> None:
@@ -52,7 +53,7 @@ def test_replies_slower_than_twice_the_spin_stop_the_polling(spinning) -> None:
 def test_zero_turns_polling_off() -> None:
     with serve(BLS_REPO, new_prefix(), model_control_mode="explicit", load_models=MODELS,
                backend_config={"bls-spin-microseconds": "0"}) as srv:
-        assert caller_cpu_seconds(srv, sleep_ms=10, calls=8) < 0.03
+        assert caller_cpu_seconds(srv, sleep_ms=10, calls=16) < 0.04
 
 
 @pytest.mark.parametrize("value, words", [
