@@ -51,10 +51,17 @@ def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostReq
 
 
 def _free_instance(instances: list[Instance]) -> Instance | None:
+    """The free instance with the least work in flight, the first of equals: an instance
+    running ``async def execute`` takes several requests at once, but an idle one comes first,
+    as each of Triton's instances takes the next request when it is free."""
+    best = None
     for inst in instances:
         if inst.free():
-            return inst
-    return None
+            if not inst.running:
+                return inst
+            if best is None or inst.running < best.running:
+                best = inst
+    return best
 
 
 class Unbound:
