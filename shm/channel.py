@@ -178,16 +178,7 @@ class Channel:
         resets = 0
         while True:
             try:
-                n = -1
-                if spin_s:
-                    deadline = time.perf_counter() + spin_s
-                    while True:
-                        try:
-                            n = self.sock.recv_into(self._buf, 0, socket.MSG_DONTWAIT)
-                            break
-                        except BlockingIOError:
-                            if time.perf_counter() > deadline:
-                                break
+                n = self._poll_into(spin_s) if spin_s else -1
                 if n < 0:
                     n = self.sock.recv_into(self._buf)
             except ConnectionResetError:
@@ -228,6 +219,17 @@ class Channel:
                     if isinstance(name, str):
                         self.transport.segments.forget(name, owned=False)
             return msg
+
+    def _poll_into(self, spin_s: float) -> int:
+        """Read a datagram without sleeping, polling for up to ``spin_s``; -1 if none came."""
+        recv_into, buf = self.sock.recv_into, self._buf
+        deadline = time.perf_counter() + spin_s
+        while True:
+            try:
+                return recv_into(buf, 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if time.perf_counter() > deadline:
+                    return -1
 
     def _parse(self, data: Any) -> list:
         try:

@@ -363,8 +363,9 @@ class StubRuntime:
         # first, as long as recent replies came within about twice that (the mean of the last
         # few waits): a slow target costs no spinning. Not the responses of a decoupled stream:
         # its producer and the host keep both CPUs busy, and a poller would take one from them.
-        spin_s = self._spin_s if spin and self._wait_mean <= 2 * self._spin_s else 0.0
-        start = time.perf_counter()
+        timed = spin and self._spin_s > 0
+        spin_s = self._spin_s if timed and self._wait_mean <= 2 * self._spin_s else 0.0
+        start = time.perf_counter() if timed else 0.0
         try:
             while not waiter.items:
                 with self._mu:
@@ -382,7 +383,7 @@ class StubRuntime:
                         self._pending.append(msg)
                         cv.notify_all()
         finally:
-            if spin and self._spin_s:
+            if timed:
                 self._wait_mean += (time.perf_counter() - start - self._wait_mean) * 0.25
             with cv:
                 self._sync_waiting -= 1

@@ -23,8 +23,8 @@ class BackendOptions:
     stub_stderr_lines: int = 20
     restart_backoff_seconds: float = 0.2
     execution_env_path: str = ""
-    # How long a model thread waiting in a sync BLS call (or for any reply of the host) polls
-    # before it sleeps; 0 turns polling off.
+    # How long a model thread waiting in a sync BLS call (exec() of a default-mode request)
+    # polls for the reply before it sleeps; 0 turns polling off.
     bls_spin_microseconds: float = 200.0
 
     @classmethod
@@ -57,8 +57,8 @@ class BackendOptions:
         if opts.shm_default_byte_size <= 0 or opts.shm_growth_byte_size <= 0:
             raise InvalidArgumentError("shm-default-byte-size and shm-growth-byte-size must be > 0")
         if not 0 <= opts.bls_spin_microseconds <= 1e6:
-            raise InvalidArgumentError(
-                f"bls-spin-microseconds must be between 0 and 1000000, got {opts.bls_spin_microseconds:g}")
+            raise InvalidArgumentError("bls-spin-microseconds must be between 0 and 1000000, "
+                                       f"got {opts.bls_spin_microseconds:g}")
         if not opts.shm_region_prefix_name.replace("_", "a").replace("-", "a").isalnum():
             raise InvalidArgumentError(
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "
