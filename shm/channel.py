@@ -221,8 +221,13 @@ class Channel:
             return msg
 
     def _poll_into(self, spin_s: float) -> int:
-        """Read a datagram without sleeping, polling for up to ``spin_s``; -1 if none came."""
-        recv_into, buf = self.sock.recv_into, self._buf
+        """Read a datagram without sleeping, polling for up to ``spin_s``; -1 if none came.
+
+        Between polls the thread yields its CPU to any other runnable thread there (the host,
+        the target stub, other callers): with more busy threads than CPUs a poll that did not
+        yield took a whole time slice from the work it waits for.
+        """
+        recv_into, buf, sched_yield = self.sock.recv_into, self._buf, os.sched_yield
         deadline = time.perf_counter() + spin_s
         while True:
             try:
@@ -230,6 +235,7 @@ class Channel:
             except BlockingIOError:
                 if time.perf_counter() > deadline:
                     return -1
+                sched_yield()
 
     def _parse(self, data: Any) -> list:
         try:

@@ -361,8 +361,9 @@ class StubRuntime:
         # CPU, tens of microseconds on a virtual machine, on top of the peer's own. A sync BLS
         # call, one request and its reply, polls the socket for up to bls-spin-microseconds
         # first, as long as recent replies came within about twice that (the mean of the last
-        # few waits): a slow target costs no spinning. Not the responses of a decoupled stream:
-        # its producer and the host keep both CPUs busy, and a poller would take one from them.
+        # few waits): a slow target costs no spinning. Polls yield the CPU to other runnable
+        # threads (Channel._poll_into). Not the responses of a decoupled stream: its producer
+        # and the host keep both CPUs busy, and polling there was measured slower.
         timed = spin and self._spin_s > 0
         spin_s = self._spin_s if timed and self._wait_mean <= 2 * self._spin_s else 0.0
         start = time.perf_counter() if timed else 0.0

@@ -4,6 +4,9 @@ recent replies were slow. What a user sees of it is the caller stub's CPU time, 
 with psutil on real stubs calling the ``sleeper`` model."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import psutil
@@ -48,6 +51,35 @@ def test_replies_slower_than_twice_the_spin_stop_the_polling(spinning) -> None:
     # 100 ms targets: after at most two waits the moving mean is past 2 x 20 ms and the caller
     # sleeps in the kernel; polling every wait would cost 12 x 20 ms = 240 ms of CPU.
     assert caller_cpu_seconds(spinning, sleep_ms=100, calls=12) < 0.12
+
+
+def test_a_polling_caller_leaves_its_cpu_to_other_work(spinning) -> None:
+    # The caller stub and a busy process share one CPU. Polling through 10 ms waits, the caller
+    # yields between polls, so the busy process gets nearly the whole CPU; a poll that did not
+    # yield would take half of it (the scheduler shares a CPU evenly between two busy threads).
+    (inst,) = spinning.runtime("bls_driver").instances
+    cpu = max(os.sched_getaffinity(0))
+    everywhere = os.sched_getaffinity(0)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    tids = [int(t) for t in os.listdir(f"/proc/{inst.stub.pid}/task")]
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        for tid in tids:
+            os.sched_setaffinity(tid, {cpu})
+        hog_proc = psutil.Process(hog.pid)
+        before = sum(hog_proc.cpu_times()[:2])
+        caller = caller_cpu_seconds(spinning, sleep_ms=10, calls=30)
+        hog_cpu = sum(hog_proc.cpu_times()[:2]) - before
+    finally:
+        hog.kill()
+        hog.wait()
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, everywhere)
+            except OSError:  # a thread that has ended since
+                pass
+    assert hog_cpu > 0.1, hog_cpu  # it ran during the 300 ms of calls
+    assert caller < hog_cpu / 3, (caller, hog_cpu)
 
 
 def test_zero_turns_polling_off() -> None:
