@@ -79,7 +79,8 @@ def exception_text(err: BaseException) -> str:
     exception from execute (tritonpy's own frames left out, as Triton's are C++)."""
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not f.filename.startswith(_OWN_DIRS)]
-    text = f"{type(err).__name__}: {err}"
+    # An exception without a message reads "<EMPTY MESSAGE>", as Triton 2.51 writes it.
+    text = f"{type(err).__name__}: {str(err) or '<EMPTY MESSAGE>'}"
     if frames:
         text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n"
                                       for f in reversed(frames))

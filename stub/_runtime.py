@@ -344,7 +344,7 @@ class StubRuntime:
                 with cv:  # only after the reply is out: the main thread exits on this
                     self._stopping = True
                     cv.notify_all()
-        except Exception:  # a bug here must not kill the instance silently
+        except BaseException:  # a bug here, or sys.exit(), must not kill the worker silently
             self._reply(call_id, {"ok": False, "error": _error_body(
                 "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
         finally:
@@ -512,7 +512,7 @@ class StubRuntime:
         try:
             result = self.model.execute(requests)
             err = None
-        except Exception as exc:
+        except BaseException as exc:  # sys.exit() too: the requests get it as their error
             result, err = None, exc
         finally:
             _EXECUTE.reset(token)
@@ -525,7 +525,7 @@ class StubRuntime:
             try:
                 result = await self.model.execute(requests)
                 err = None
-            except Exception as exc:
+            except BaseException as exc:  # also SystemExit, which would stop the stub's loop
                 result, err = None, exc
         self._complete(call_id, requests, result, err)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tritonpy
-from _models import io_config, new_prefix, serving, write_model
+from _models import io_config, new_prefix, serving, serving_models, write_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,6 +23,7 @@ CONFIG = io_config(
 MODEL_PY = '''
 import json
 import os
+import sys
 
 import triton_python_backend_utils as pb_utils
 
@@ -32,6 +33,10 @@ class TritonPythonModel:
         mode = json.loads(requests[0].parameters())["mode"]
         if mode == "raise":
             raise ValueError(f"boom in a batch of {len(requests)}")
+        if mode == "exit":
+            sys.exit(3)
+        if mode == "interrupt":
+            raise KeyboardInterrupt
         responses = [
             pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)],
@@ -86,7 +91,12 @@ def good_batch(model: tritonpy.Model) -> int:
 # '<instance>', message: " and then what went wrong.
 FAILED = "Failed to process the request(s) for model 'batchy_0_0', message: "
 BAD = {
-    "raise": [FAILED + "ValueError: boom in a batch of 4\n\nAt:\n  ", "model.py(12): execute\n"],
+    "raise": [FAILED + "ValueError: boom in a batch of 4\n\nAt:\n  ", "model.py(13): execute\n"],
+    # sys.exit() and other BaseExceptions are answered like any exception (they used to end
+    # the stub's worker thread and leave the batch unanswered); texts as Triton 2.51's.
+    "exit": [FAILED + "SystemExit: 3\n\nAt:\n  ", "model.py(15): execute\n"],
+    "interrupt": [FAILED + "KeyboardInterrupt: <EMPTY MESSAGE>\n\nAt:\n  ",
+                  "model.py(17): execute\n"],
     "single": [FAILED + "Expected a list in the execute return, found type "
                "'<class 'tritonpy.stub.pb_utils.InferenceResponse'>'."],
     "dict": [FAILED + "Expected a list in the execute return, found type '<class 'dict'>'."],
@@ -138,3 +148,63 @@ def test_failures_are_counted_in_statistics(model):
     good_batch(model)
     ok1, fail1 = counts()
     assert (ok1 - ok0, fail1 - fail0) == (4, 4)
+
+
+ASYNC_PY = '''
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+        if x[0] == 1:
+            sys.exit(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]) for r in requests]
+'''
+
+DECOUPLED_PY = '''
+import sys
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            sender = r.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+            if x[0] == 1:
+                sys.exit(3)
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def test_sys_exit_in_async_and_decoupled_execute_is_an_error_and_the_stub_keeps_serving(
+        tmp_path) -> None:
+    models = {"asyncy": (ASYNC_PY, io_config()),
+              "streamy": (DECOUPLED_PY, io_config(
+                  extra="model_transaction_policy { decoupled: true }\n"))}
+    with serving_models(tmp_path, models) as srv:
+        asyncy, streamy = srv.model("asyncy"), srv.model("streamy")
+        pids = {m: srv.runtime(m).instances[0].stub.pid for m in models}
+        err = asyncy.infer({"IN": np.array([1.0], np.float32)}).get(timeout=20).error
+        assert isinstance(err, tritonpy.InternalError)
+        assert "SystemExit: 3" in err.message
+        ok = asyncy.infer({"IN": np.array([2.0], np.float32)}).get(timeout=20)
+        assert ok.error is None and ok.outputs["OUT"].to_numpy().tolist() == [4.0]
+
+        stream = streamy.infer({"IN": np.array([1.0], np.float32)})
+        first, last = stream.get(timeout=20), stream.get(timeout=20)
+        assert first.error is None and first.outputs["OUT"].to_numpy().tolist() == [2.0]
+        assert isinstance(last.error, tritonpy.InternalError) and last.final
+        assert "SystemExit: 3" in last.error.message
+        fine = list(streamy.infer({"IN": np.array([3.0], np.float32)}))
+        assert [r.error for r in fine] == [None, None]
+        assert fine[0].outputs["OUT"].to_numpy().tolist() == [6.0]
+        # The same processes: nothing exited, nothing was restarted.
+        assert {m: srv.runtime(m).instances[0].stub.pid for m in models} == pids
