@@ -628,7 +628,10 @@ class ModelRuntime(RuntimeBase):
         err = UnavailableError(reason)
         with self.lock:
             was = inst.state
-            inst.state = "RESTARTING" if was == "READY" and self.state == READY else "STOPPED"
+            # A replacement that dies while it starts stays RESTARTING: the restart loop that
+            # started it tries again after its back-off.
+            inst.state = ("RESTARTING" if was in ("READY", "RESTARTING") and self.state == READY
+                          else "STOPPED")
             inflight, inst.inflight = inst.inflight, {}
             active, inst.active = inst.active, {}
             calls, inst.bls_calls = inst.bls_calls, {}
@@ -651,7 +654,7 @@ class ModelRuntime(RuntimeBase):
                 req.fail(err)
         for req in calls.values():  # BLS calls the dead stub made: nobody waits for them now
             req.cancel("the calling stub died")
-        if inst.state == "RESTARTING":
+        if inst.state == "RESTARTING" and was == "READY":
             self.server.on_instance_died(self, inst)
             threading.Thread(target=self._restart, args=(inst,), daemon=True,
                              name=f"{inst.name}-restart").start()
@@ -672,6 +675,8 @@ class ModelRuntime(RuntimeBase):
                 return
             except TritonpyError as exc:
                 log.error("restart of %s failed: %s", inst.name, exc.message)
+            except Exception:  # e.g. the spawn itself failed: try again after the back-off
+                log.exception("restart of %s failed", inst.name)
 
     # -- readiness and unloading ------------------------------------------------------------------
     def ready(self) -> bool:

@@ -116,6 +116,7 @@ class StubProcess:
         for t in self._pipes:
             t.start()
         self._hello = threading.Event()
+        self._said_hello = False
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name=f"{name}-reader")
         self._reader.start()
         threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
@@ -152,6 +153,7 @@ class StubProcess:
                 continue
             if cmd == Cmd.HELLO:
                 self.hello_info = msg[2] if isinstance(msg[2], dict) else {}
+                self._said_hello = True
                 self._hello.set()
                 continue
             try:
@@ -190,6 +192,7 @@ class StubProcess:
         for ev, slot in ((s[0], s) for s in calls.values()):
             slot[1] = {"ok": False, "error": err.to_wire()}
             ev.set()
+        self._hello.set()  # a start still waiting for HELLO fails now, not at its timeout
         if was_alive and not self._closing:
             log.error("%s", self.dead_reason)
         self._on_death(self, self.dead_reason)
@@ -219,7 +222,9 @@ class StubProcess:
         return reply
 
     def wait_hello(self, timeout: float) -> None:
-        if not self._hello.wait(timeout):
+        """Wait for the stub's HELLO; raises at once if it dies first (_died sets the event)."""
+        said_hello = self._hello.wait(timeout) and self._said_hello
+        if not said_hello:
             if not self.alive:
                 raise UnavailableError(self.dead_reason or f"stub '{self.name}' died at start")
             raise UnavailableError(f"stub '{self.name}' did not start within {timeout} s")

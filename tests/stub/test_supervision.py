@@ -155,6 +155,50 @@ def test_dead_stub_fails_its_batch_and_is_restarted(repo, tmp_path, shm_prefix, 
         assert [p.pid for p in stub_processes()] == [again["pid"]]
 
 
+SLOW_START_PY = """
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(0.5)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)],
+            parameters={"pid": os.getpid()}) for r in requests]
+"""
+
+
+def test_a_replacement_killed_while_it_starts_is_restarted_again(tmp_path, shm_prefix):
+    # The replacement of a dead stub dies too, before it is ready (here: killed as soon as it
+    # exists, so before its HELLO or during initialize). The instance stays RESTARTING and the
+    # restart loop tries again after its back-off; it used to end STOPPED, never restarted,
+    # with every later request waiting forever.
+    write_model(tmp_path / "repo", "slowstart", SLOW_START_PY)
+    backend = {"restart-backoff-seconds": "0.2"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        model = srv.model("slowstart")
+        (inst,) = srv.runtime("slowstart").instances
+        first = inst.stub.pid
+        os.kill(first, signal.SIGKILL)
+        replacement = wait_for(lambda: inst.stub.pid if inst.stub.pid != first else None,
+                               timeout=15, interval=0.001)
+        os.kill(replacement, signal.SIGKILL)
+        waiting = model.infer({"IN": X[0]})  # queued while no stub can serve it
+        assert inst.state == "RESTARTING"
+        assert wait_for(model.ready, timeout=20), srv.models()
+        third = inst.stub.pid
+        assert third not in (first, replacement)
+        resp = waiting.get(timeout=20)
+        assert resp.error is None, resp.error
+        assert resp.parameters["pid"] == third
+        np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
+
+
 def test_hung_stub_is_killed_after_stub_timeout_and_restarted(repo, shm_prefix):
     backend = {"stub-timeout-seconds": "1", "restart-backoff-seconds": "0.1"}
     with serving(repo, shm_prefix, backend_config=backend) as srv:
