@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from tritonpy.shm import Channel, Cmd, Pool, TensorTransport
+from tritonpy.shm import Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm.messages import PROTOCOL_VERSION
 
 from . import pb_utils
@@ -344,9 +344,14 @@ class StubRuntime:
                 with cv:  # only after the reply is out: the main thread exits on this
                     self._stopping = True
                     cv.notify_all()
+        except ChannelClosedError:
+            pass  # the host is gone (the server stops): nobody is left to answer
         except BaseException:  # a bug here, or sys.exit(), must not kill the worker silently
-            self._reply(call_id, {"ok": False, "error": _error_body(
-                "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
+            try:
+                self._reply(call_id, {"ok": False, "error": _error_body(
+                    "INTERNAL", f"stub {self.name}: {traceback.format_exc()}")})
+            except ChannelClosedError:
+                pass
         finally:
             with self._mu:
                 self._in_model -= 1
