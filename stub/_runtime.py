@@ -534,7 +534,8 @@ class StubRuntime:
                 result, err = None, exc
         self._complete(call_id, requests, result, err)
 
-    def _complete(self, call_id: int, requests: list, result: Any, err: Exception | None) -> None:
+    def _complete(self, call_id: int, requests: list, result: Any,
+                  err: BaseException | None) -> None:
         """Send EXECUTE_DONE: one frame carrying every response of the batch (default mode)."""
         try:
             body = self._done_body(requests, result, err)
@@ -560,7 +561,7 @@ class StubRuntime:
             self._active.pop(r._host_id, None)
         self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
 
-    def _done_body(self, requests: list, result: Any, err: Exception | None) -> dict:
+    def _done_body(self, requests: list, result: Any, err: BaseException | None) -> dict:
         if err is not None:
             return self._failed(exception_text(err))
         if self.decoupled:
