@@ -145,6 +145,10 @@ class RuntimeBase:
         self.max_batch_size = int(config.max_batch_size)
         self.stats = ModelStats(name, version)
         self.validator = RequestValidator(config, name)
+        # A request that names no output asks for every output of the config, as in Triton:
+        # the model sees them in requested_output_names(), and outputs it makes that the
+        # config does not declare are dropped.
+        self.all_outputs = [o.name for o in config.output]
         self.instances: list[Instance] = []
         self.successor: Any = None  # set by a reload that replaced this one
         self.lock = threading.Lock()
@@ -445,7 +449,7 @@ class ModelRuntime(RuntimeBase):
                 "id": req.id, "model": self.name, "version": self.version,
                 "request_id": req.request_id, "correlation_id": req.correlation_id,
                 "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
-                "inputs": inputs, "outputs": req.requested,
+                "inputs": inputs, "outputs": req.requested or self.all_outputs,
             })
         exec_id = inst.next_exec_id()
         if not ok:

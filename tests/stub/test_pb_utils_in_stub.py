@@ -15,7 +15,8 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import tritonpy
-from _models import fp32, infer, new_prefix, serving, wait_for, write_model
+from _models import fp32, infer, io_config, new_prefix, serving, serving_models, wait_for
+from _models import write_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -389,7 +390,8 @@ def test_request_accessors(probe, corr):
     assert p["correlation_id"] == corr
     assert p["correlation_type"] == type(corr).__name__
     assert p["flags"] == 3
-    assert json.loads(p["requested"]) == []
+    # None asked for: every output of the config, as Triton 2.51 (checked against it).
+    assert json.loads(p["requested"]) == ["OUT", "TEXT_OUT", "AUX"]
     assert p["parameters_type"] == "str"
     assert json.loads(p["parameters"]) == {"op": "request", "extra": 5, "flag": True,
                                            "text": "t"}
@@ -567,3 +569,30 @@ def test_is_ready_is_honoured(server, probe):
     finally:
         call(probe, "ready", value=True)
     assert probe.ready()
+
+
+EXTRA_PY = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("EXTRA", x)],
+                parameters={"requested": ",".join(r.requested_output_names())}))
+        return out
+'''
+
+
+def test_an_output_the_config_does_not_declare_is_dropped(tmp_path):
+    # As Triton 2.51 (checked against it): a request that names no output asks for the
+    # config's outputs, so an undeclared one the model makes never reaches the client.
+    with serving_models(tmp_path, {"extra": (EXTRA_PY, io_config())}) as srv:
+        resp = infer(srv.model("extra"), {"IN": fp32(1, 2)})
+        assert resp.error is None, resp.error
+        assert sorted(resp.outputs) == ["OUT"]
+        assert resp.parameters["requested"] == "OUT"
+        np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), fp32(2, 4))
