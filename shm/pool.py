@@ -195,7 +195,7 @@ class Pool:
                 size = max(self.default_size, round_up(n)) if n <= self.growth_size else round_up(n)
             else:
                 size = self.growth_size if n <= self.growth_size else round_up(n)
-            arena = self._grow_locked(size, dedicated=n > self.growth_size)
+            arena = self._grow_locked(size, dedicated=n > self.growth_size, need=round_up(n))
             off = arena.alloc(n)
             return arena.seg, off
 
@@ -228,13 +228,18 @@ class Pool:
         return dst
 
     # -- growth, idling, cap ----------------------------------------------------------------
-    def _grow_locked(self, size: int, dedicated: bool) -> _Arena:
+    def _grow_locked(self, size: int, dedicated: bool, need: int = 0) -> _Arena:
+        """A new segment of ``size`` bytes, or, under the cap, of what the cap leaves if that
+        still holds ``need`` (a cap below the default or growth size must not refuse all)."""
         if self._closed:
             raise RuntimeError(f"{self.label} is closed")
         total = sum(a.seg.size for a in self._arenas)
         if self.cap and total + size > self.cap:
             self._reap_locked(force=True)
             total = sum(a.seg.size for a in self._arenas)
+            room = (self.cap - total) // PAGE * PAGE
+            if not dedicated and 0 < need <= room < size:
+                size = room
             if total + size > self.cap:
                 raise ShmExhaustedError(size, max(self.cap - total, 0), self.label, "pool cap")
         name = f"{self.prefix}_{self._counter}"

@@ -106,3 +106,24 @@ def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
         assert small.nbytes == 100
     finally:
         pool.close()
+
+
+def test_a_cap_under_the_segment_size_still_serves_what_fits(shm_prefix: str) -> None:
+    # The default and growth sizes (16 MiB) exceed the cap (6 MiB): segments shrink to what
+    # the cap leaves instead of refusing every allocation (a server with a small cap and the
+    # default sizes used to fail at start).
+    pool = Pool(prefix=shm_prefix, default_size=16 * MiB, growth_size=16 * MiB, cap=6 * MiB)
+    try:
+        first = pool.new_array(np.uint8, (MiB,))
+        assert pool.usage()["mapped_bytes"] == 6 * MiB
+        rest = pool.new_array(np.uint8, (5 * MiB,))
+        with pytest.raises(ShmExhaustedError, match="pool cap"):
+            pool.new_array(np.uint8, (MiB,))
+        del first, rest
+        again = pool.new_array(np.uint8, (6 * MiB,))
+        assert again.nbytes == 6 * MiB
+        del again
+        with pytest.raises(ShmExhaustedError, match="pool cap"):
+            pool.new_array(np.uint8, (7 * MiB,))
+    finally:
+        pool.close()
