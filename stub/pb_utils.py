@@ -97,6 +97,9 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
             raise TritonModelException(
                 f"Expect parameters values to have type bool/int/str, found type {type(v)} "
                 f"(key '{k}')")
+        if type(v) is int and not -(1 << 63) <= v < (1 << 64):
+            raise TritonModelException(
+                f"Unsupported value type on parameters: {v} does not fit in 64 bits (key '{k}')")
     return parameters
 
 
@@ -176,6 +179,12 @@ class InferenceRequest:
             self._inputs = _expect_list(
                 inputs, Tensor, "inputs", f"Input tensor for request with id "
                 f"'{self._request_id}' and model name '{self._model_name}' should not be empty.")
+        if len(self._inputs) > 1 and len({t._name for t in self._inputs}) < len(self._inputs):
+            seen: set[str] = set()
+            for t in self._inputs:  # Triton's message
+                if t._name in seen:
+                    raise TritonModelException(f"input '{t._name}' already exists in request")
+                seen.add(t._name)
         self._correlation_id = correlation_id
         self._model_version = model_version
         self._flags = flags
@@ -243,7 +252,9 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         """The request parameters as a JSON string (as Triton returns them)."""
-        return json.dumps(self._parameters)
+        # A request that came through the server reads as Triton's core writes it (compact);
+        # one built here, as Triton's stub writes it (json.dumps).
+        return json.dumps(self._parameters, separators=(",", ":") if self._host_id else None)
 
     def trace(self) -> Trace:
         return self._trace

@@ -199,6 +199,8 @@ def test_request_id_parameters_correlation_and_flags_reach_the_target(server) ->
     assert meta["correlation_id"] == "corr-x" and meta["correlation_id_type"] == "str"
     assert meta["parameters"] == params
     assert type(meta["parameters"]["flag"]) is bool
+    # The text, as Triton's core writes it (compact; a model comparing strings sees that).
+    assert meta["parameters_text"] == '{"flag":true,"count":-42,"name":"hello","zero":0}'
     assert meta["requested_outputs"] == ["META", "OUTPUT0"]
     assert meta["timeout"] == 5_000_000
     assert resp["outputs"]["OUTPUT0"]["values"] == [2.0, 4.0]

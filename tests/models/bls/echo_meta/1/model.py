@@ -20,6 +20,7 @@ class TritonPythonModel:
                 "correlation_id_type": type(corr).__name__,
                 "flags": request.flags(),
                 "parameters": json.loads(request.parameters()),
+                "parameters_text": request.parameters(),
                 "requested_outputs": list(request.requested_output_names()),
                 "model_version": self.version,
                 "timeout": request.timeout(),
