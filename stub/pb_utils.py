@@ -162,6 +162,12 @@ class InferenceRequest:
             _expect(flags, int, "flags")
             _expect(timeout, int, "timeout")
             model_version, flags, timeout = int(model_version), int(flags), int(timeout)
+        # Unsigned in Triton (its pybind11 API refuses a negative one with a TypeError).
+        if flags < 0 or timeout < 0 or (type(correlation_id) is int and correlation_id < 0):
+            for what, value in (("flags", flags), ("timeout", timeout),
+                                ("correlation_id", correlation_id)):
+                if type(value) is int and value < 0:
+                    raise TypeError(f"{what} must not be negative, got {value}")
         self._model_name = model_name if type(model_name) is str else _text(
             model_name, "model_name")
         names = requested_output_names

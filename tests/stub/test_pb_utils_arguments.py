@@ -25,6 +25,10 @@ T = pb_utils.Tensor("IN", np.zeros(2, np.float32))
     ({"model_version": 1.5}, "model_version"),
     ({"flags": None}, "flags"),
     ({"timeout": "10"}, "timeout"),
+    # Unsigned in Triton, whose API refuses a negative one (they used to be accepted here).
+    ({"timeout": -1}, "timeout"),
+    ({"flags": -1}, "flags"),
+    ({"correlation_id": -1}, "correlation_id"),
 ])
 def test_inference_request_wrong_argument_types(kwargs, what):
     args = {"model_name": "m", "inputs": [T], "requested_output_names": ["OUT"], **kwargs}
