@@ -185,12 +185,6 @@ class InferenceRequest:
             self._inputs = _expect_list(
                 inputs, Tensor, "inputs", f"Input tensor for request with id "
                 f"'{self._request_id}' and model name '{self._model_name}' should not be empty.")
-        if len(self._inputs) > 1 and len({t._name for t in self._inputs}) < len(self._inputs):
-            seen: set[str] = set()
-            for t in self._inputs:  # Triton's message
-                if t._name in seen:
-                    raise TritonModelException(f"input '{t._name}' already exists in request")
-                seen.add(t._name)
         self._correlation_id = correlation_id
         self._model_version = model_version
         self._flags = flags

@@ -153,3 +153,8 @@ _STATUS_WORDS = {
 def version_failed(version: int, err: TritonpyError) -> str:
     """Why one version failed to load, as Triton says it."""
     return f"version {version} is at UNAVAILABLE state: {_STATUS_WORDS[err.code]}: {err.message}"
+
+
+def input_twice(name: str) -> InvalidArgumentError:
+    """An input named twice in one request, in Triton's words (every way a request comes)."""
+    return InvalidArgumentError(f"input '{name}' already exists in request")

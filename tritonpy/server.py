@@ -29,6 +29,7 @@ from ._errors import (
     NotFoundError,
     TritonpyError,
     UnavailableError,
+    input_twice,
 )
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
@@ -323,6 +324,8 @@ class Server:
         if key not in good:
             shapes = {}
             for n, a in req.inputs:
+                if n in shapes:
+                    raise input_twice(n)
                 shapes[n] = (triton_dtype_of(a), tuple(a.shape))
             validator.validate(shapes, req.requested or None, req.request_id)
             if len(good) < 4096:

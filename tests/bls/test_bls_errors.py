@@ -215,6 +215,19 @@ def test_bad_inputs_are_invalid_arg(server, driver_pid, inputs, outputs, needle)
     assert_driver_still_serves(server, driver_pid)
 
 
+def test_an_input_named_twice_is_invalid_arg(server, driver_pid) -> None:
+    # INPUT0 from the spec and again as the forwarded DATA: Triton 2.51 answers the call with
+    # "input 'INPUT0' already exists in request"; the second one used to win silently.
+    report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"], "data_as": "INPUT0",
+                               "inputs": {"INPUT0": fp32(1), "INPUT1": fp32(1)}},
+                      data=np.array([2.0], np.float32))
+    resp = one(report)
+    assert resp["error"] is not None, resp
+    assert resp["error"]["code"] == INVALID_ARG, resp["error"]
+    assert resp["error"]["message"] == "input 'INPUT0' already exists in request"
+    assert_driver_still_serves(server, driver_pid)
+
+
 def test_many_errors_in_a_row_leave_the_caller_healthy(server, driver_pid) -> None:
     report, _ = drive(server, {"model": "no_such_model", "outputs": ["X"], "repeat": 200,
                                "inputs": {"INPUT0": fp32(1)}})

@@ -532,6 +532,21 @@ def test_duplicate_output_names_are_refused(served: Served, http: httpclient.Inf
     assert_still_serving(http)
 
 
+def test_an_input_named_twice_is_refused(served: Served, http: httpclient.InferenceServerClient,
+                                         grpcc: grpcclient.InferenceServerClient) -> None:
+    message = "input 'INPUT0' already exists in request"  # Triton 2.51's words
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", _infer_body(
+        [dict(FP32_4, data=[1, 2, 3, 4]), dict(FP32_4, data=[5, 6, 7, 8])]))
+    assert (status, body["error"]) == (400, message)
+    inputs = [grpcclient.InferInput("INPUT0", [4], "FP32") for _ in range(2)]
+    for inp in inputs:
+        inp.set_data_from_numpy(np.ones(4, np.float32))
+    with pytest.raises(InferenceServerException, match=message) as info:
+        grpcc.infer("identity_fp32", inputs)
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert_still_serving(http)
+
+
 def test_http_chunked_body_with_a_content_length(served: Served, http: httpclient.InferenceServerClient) -> None:
     # Transfer-Encoding wins over Content-Length (as in Triton), and the connection closes after.
     body = _infer_body([dict(FP32_4, data=[1, 2, 3, 4])])

@@ -109,13 +109,6 @@ def test_parameter_errors_use_tritons_wording(params, message):
         assert message in info.value.message()
 
 
-def test_an_input_named_twice_is_refused_as_triton_does():
-    with pytest.raises(pb_utils.TritonModelException) as info:
-        pb_utils.InferenceRequest(model_name="m", inputs=[T, pb_utils.Tensor("X", np.zeros(1)), T],
-                                  requested_output_names=[])
-    assert info.value.message() == "input 'IN' already exists in request"
-
-
 def test_parameters_read_as_triton_writes_them():
     # Built in the model: Triton's stub writes them with json.dumps; a request that came
     # through the server reads as its core writes them, compact (tests/bls check that side).

@@ -27,6 +27,7 @@ from .._errors import (
     TritonpyError,
     UnavailableError,
     UnsupportedError,
+    input_twice,
 )
 from .dataplane import (
     DataPlane,
@@ -111,7 +112,7 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         ref = shm_ref(name, params)
         has_contents = inp.HasField("contents")
         if name in req.inputs:
-            raise InvalidArgumentError(f"input '{name}' appears more than once in the request")
+            raise input_twice(name)
         if ref is not None:
             if has_contents:
                 raise InvalidArgumentError(

@@ -28,6 +28,7 @@ from .._errors import (
     TritonpyError,
     UnavailableError,
     UnsupportedError,
+    input_twice,
 )
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
@@ -412,7 +413,7 @@ class HTTPFrontend:
                     + ("no field is set" if not has else "set " + " ".join(has))
                 )
             if name in req.inputs:
-                raise InvalidArgumentError(f"input '{name}' appears more than once in the request")
+                raise input_twice(name)
             if "binary_data_size" in params:
                 size = params["binary_data_size"]
                 if not is_uint(size):
