@@ -82,7 +82,7 @@ class StubProcess:
         self.dead_reason = ""
         self._closing = False
         self._last_seen = time.monotonic()
-        self.hello_info: dict = {}
+        self.hello_info: dict | None = None  # the stub's HELLO, once it came
         host_sock, child_sock = socket_pair()
         stub_opts = {
             "instance_name": name,
@@ -116,7 +116,6 @@ class StubProcess:
         for t in self._pipes:
             t.start()
         self._hello = threading.Event()
-        self._said_hello = False
         self._reader = threading.Thread(target=self._read_loop, daemon=True, name=f"{name}-reader")
         self._reader.start()
         threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
@@ -153,7 +152,6 @@ class StubProcess:
                 continue
             if cmd == Cmd.HELLO:
                 self.hello_info = msg[2] if isinstance(msg[2], dict) else {}
-                self._said_hello = True
                 self._hello.set()
                 continue
             try:
@@ -223,8 +221,7 @@ class StubProcess:
 
     def wait_hello(self, timeout: float) -> None:
         """Wait for the stub's HELLO; raises at once if it dies first (_died sets the event)."""
-        said_hello = self._hello.wait(timeout) and self._said_hello
-        if not said_hello:
+        if not self._hello.wait(timeout) or self.hello_info is None:
             if not self.alive:
                 raise UnavailableError(self.dead_reason or f"stub '{self.name}' died at start")
             raise UnavailableError(f"stub '{self.name}' did not start within {timeout} s")
