@@ -42,6 +42,9 @@ from ._pbtensor import Tensor
 
 
 _TAKEOVER_S = 0.02
+# How long after a sync execute started a request sent behind it still waits for it (longer:
+# it goes back to the host's queue, see _run_executes).
+_PREFETCH_WAIT_S = 0.02
 # The execute a BLS call is made from: the host id of its first request (0 outside execute).
 # A context variable, so that it follows an async execute into the tasks it awaits.
 _EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
@@ -183,6 +186,11 @@ class StubRuntime:
         self._sync_waiting = 0  # threads inside _await(): they read the socket themselves
         self._stopping = False
         self._pending: collections.deque[list] = collections.deque()
+        self._exec_busy = False  # a sync execute runs (see _run_executes)
+        self._exec_start = 0.0  # ... since then
+        self._exec_hold = False  # ... and waits on the server: later EXECUTEs go back
+        self._exec_waiters = 0  # threads holding an EXECUTE until it is done
+        self._exec_cv = threading.Condition(self._mu)
         self._calls: dict[int, _Waiter] = {}
         self._call_ids = itertools.count(1)
         self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
@@ -255,7 +263,58 @@ class StubRuntime:
                 return
             if self._handle_inline(msg):
                 continue
+            if msg[0] == Cmd.EXECUTE and self._async_loop is None:
+                self._run_executes(msg)
+            else:
+                self._run_task(msg)
+
+    # A sync model runs one execute at a time. The host may send an instance its next request
+    # while a short execute runs (execute-prefetch-microseconds): its frame waits in the socket
+    # and the thread that ran the execute reads it next, with no round trip to the host in
+    # between. A thread that reads it while the execute still runs waits for that execute,
+    # for at most _PREFETCH_WAIT_S after it started. A request goes back to the host (which
+    # queues it again) if the execute runs longer, or waits on the server (a BLS call, model
+    # loading): another instance may take it, and it may be what the execute waits for.
+    def _run_executes(self, msg: list) -> None:
+        with self._mu:
+            if self._exec_busy and not self._exec_hold:
+                self._exec_waiters += 1
+                try:
+                    while self._exec_busy and not self._exec_hold:
+                        left = self._exec_start + _PREFETCH_WAIT_S - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._exec_cv.wait(left)
+                finally:
+                    self._exec_waiters -= 1
+            back = self._exec_busy
+            if not back:
+                self._exec_busy = True
+                self._exec_start = time.monotonic()
+        if back:
+            self._hand_back(msg)
+            return
+        try:
             self._run_task(msg)
+        finally:
+            with self._mu:
+                self._exec_busy = self._exec_hold = False
+                if self._exec_waiters:
+                    self._exec_cv.notify()
+
+    def _hold_executes(self) -> None:
+        """The running execute (or a thread of the model) is about to wait on the server."""
+        with self._mu:
+            if self._exec_busy:
+                self._exec_hold = True
+                if self._exec_waiters:
+                    self._exec_cv.notify_all()
+
+    def _hand_back(self, msg: list) -> None:
+        _, call_id, body = msg
+        for rb in body.get("requests") or ():
+            self.transport.discard(rb.get("inputs"), self.peer)
+        self.channel.send(Cmd.EXECUTE_DONE, call_id, {"returned": True})
 
     def _next_task(self) -> list | None:
         # The idle worker polls (a timed wait) rather than being notified after every frame:
@@ -705,6 +764,8 @@ class StubRuntime:
         }
 
     def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
+        if self._exec_busy and cmd in _WAITS_ON_SERVER:
+            self._hold_executes()
         call_id = next(self._call_ids)
         self._calls[call_id] = waiter
         try:
@@ -896,6 +957,10 @@ class _LogForwarder(logging.Handler):
             self._rt.log(level, msg)
         except Exception:
             self.handleError(record)
+
+
+# Calls whose answer may need another execute of this model to run first.
+_WAITS_ON_SERVER = frozenset((Cmd.BLS_INFER, Cmd.LOAD_MODEL, Cmd.UNLOAD_MODEL))
 
 
 def _error_body(code: str, message: str) -> dict[str, str]:

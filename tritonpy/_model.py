@@ -26,7 +26,7 @@ from ._errors import (
     version_failed,
 )
 from ._request import HostRequest
-from ._scheduler import REQUEST_TIMEOUT, make_scheduler
+from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, make_scheduler
 from ._stats import ModelStats
 from ._stubproc import StubProcess
 from . import _warmup
@@ -108,6 +108,14 @@ class Instance:
         self.stub: StubProcess | None = None
         self.capacity = 1
         self.running = 0
+        # Prefetch (backend option execute-prefetch-microseconds): a sync default-mode instance
+        # of a model without a batcher takes its next request while its execute still runs, as
+        # long as its recent executes were short; the stub runs it right after, with no
+        # round trip to the host in between. 0: off for this instance.
+        self.prefetch_ns = 0
+        self.exec_mean_ns = 0.0  # moving mean of its recent executes' durations
+        self.last_done_ns = 0  # when its last execute was done (a prefetched one starts then)
+        self.held_back = False  # its stub gave one back: no more until its execute is done
         self.inflight: dict[int, tuple[list[HostRequest], int, int]] = {}
         self.active: dict[int, HostRequest] = {}
         self.waiting_on: set[HostRequest] = set()  # sync BLS calls this instance blocks on
@@ -117,7 +125,14 @@ class Instance:
         self.has_is_ready = False
 
     def free(self) -> bool:
-        return self.state == "READY" and self.running < self.capacity
+        if self.state != "READY":
+            return False
+        if self.running < self.capacity:
+            return True
+        # One request more while a short execute runs, unless that execute waits on the
+        # server (a BLS call, model loading): the request could be what it waits for.
+        return (self.running == 1 and self.exec_mean_ns < self.prefetch_ns
+                and not self.held_back and not self.waiting_on)
 
     def next_exec_id(self) -> int:
         self._exec_ids += 1
@@ -276,6 +291,9 @@ class ModelRuntime(RuntimeBase):
             stub.stop(finalize=False, timeout=2)
             raise
         inst.capacity = self.max_async if reply.get("async") else 1
+        inst.prefetch_ns = (int(self.server.options.execute_prefetch_microseconds * 1000)
+                            if not reply.get("async") and not self.decoupled
+                            and isinstance(self.sched, FifoScheduler) else 0)
         inst.has_is_ready = bool(reply.get("has_is_ready"))
         if self.config.model_warmup:
             try:
@@ -550,7 +568,15 @@ class ModelRuntime(RuntimeBase):
         if entry is None:
             return
         batch, t_sent, input_ns = entry
+        if body.get("returned"):
+            self._returned(inst, batch)
+            return
         t_done = time.monotonic_ns()
+        # A prefetched execute started when the one before it was done, not when it was sent.
+        t_run = max(t_sent, inst.last_done_ns)
+        inst.last_done_ns = t_done
+        inst.exec_mean_ns += (t_done - t_run - inst.exec_mean_ns) / 8
+        inst.held_back = False
         by_id = {r.id: r for r in batch}
         resched = set(body.get("reschedule") or ())
         bad: set[int] = set()  # requests whose response is an error (not timed as successes)
@@ -603,9 +629,10 @@ class ModelRuntime(RuntimeBase):
             good = [r for r in batch if r.id not in resched and r.id not in bad]
         else:
             good = batch
+        waited = t_run - t_sent  # in the stub, behind the execute before it: queued time
         self.stats.execution(sum(r.batch_size for r in batch),
-                             [r.t_start - r.t_enqueue for r in good], input_ns,
-                             t_done - t_sent, t_out - t_done)
+                             [r.t_start - r.t_enqueue + waited for r in good], input_ns,
+                             t_done - t_run, t_out - t_done)
         for req, answer in answers:
             req.respond(*answer)
         if err:
@@ -624,6 +651,25 @@ class ModelRuntime(RuntimeBase):
                 inst.waiting_on.discard(r)
         self._finish_execute(inst, batch)
 
+    def _returned(self, inst: Instance, batch: list[HostRequest]) -> None:
+        """A prefetched execute the stub gave back unrun: the execute before it runs long or
+        waits on the server. Its requests queue again, first; that instance prefetches no more
+        until its execute is done."""
+        inst.held_back = True
+        again = []
+        for req in batch:
+            inst.active.pop(req.id, None)
+            req.instance = None
+            if not req.done:
+                again.append(req)
+        if again:
+            with self.lock:
+                self.sched.requeue(again)
+        self._finish_execute(inst, batch)
+        for req in again:
+            if req.caller_exec and req.caller is not None and not req.done:
+                self.server.bls.watch(req)
+
     # -- death and restart ----------------------------------------------------------------------
     def _on_death(self, stub: StubProcess, reason: str) -> None:
         inst: Instance = stub.instance  # type: ignore[attr-defined]
@@ -641,6 +687,7 @@ class ModelRuntime(RuntimeBase):
             calls, inst.bls_calls = inst.bls_calls, {}
             inst.waiting_on.clear()
             inst.running = 0
+            inst.held_back = False  # its replacement starts afresh
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
             orphans: list[HostRequest] = []

@@ -26,6 +26,9 @@ class BackendOptions:
     # How long a model thread waiting in a sync BLS call (exec() of a default-mode request)
     # polls for the reply before it sleeps; 0 turns polling off.
     bls_spin_microseconds: float = 200.0
+    # An instance of a sync default-mode model without a batcher whose recent executes took
+    # less than this on average gets its next request while its execute runs; 0 turns it off.
+    execute_prefetch_microseconds: float = 1000.0
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, str] | None) -> BackendOptions:
@@ -59,6 +62,9 @@ class BackendOptions:
         if not 0 <= opts.bls_spin_microseconds <= 1e6:
             raise InvalidArgumentError("bls-spin-microseconds must be between 0 and 1000000, "
                                        f"got {opts.bls_spin_microseconds:g}")
+        if not 0 <= opts.execute_prefetch_microseconds <= 1e9:
+            raise InvalidArgumentError("execute-prefetch-microseconds must be between 0 and "
+                                       f"1000000000, got {opts.execute_prefetch_microseconds:g}")
         if not opts.shm_region_prefix_name.replace("_", "a").replace("-", "a").isalnum():
             raise InvalidArgumentError(
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "

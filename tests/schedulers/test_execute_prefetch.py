@@ -1,0 +1,132 @@
+"""execute-prefetch-microseconds: an instance of a sync model whose executes are short gets its
+next request while its execute runs (real stubs). It still runs one execute at a time, and a
+request sent behind an execute that turns out long goes back to the queue, so another instance
+serves it instead of it waiting behind that execute."""
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _models import serving_models, wait_for
+
+MODEL_PY = '''
+import os
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+_lock = threading.Lock()
+_inside = 0
+_peak = 0
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        global _inside, _peak
+        with _lock:
+            _inside += 1
+            _peak = max(_peak, _inside)
+        try:
+            out = []
+            for request in requests:
+                mode = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+                if mode == 1:  # held until the file named by the "gate" parameter exists
+                    import json
+                    gate = json.loads(request.parameters())["gate"]
+                    while not os.path.exists(gate):
+                        time.sleep(0.005)
+                elif mode >= 2:  # busy for mode milliseconds
+                    time.sleep(mode / 1000)
+                out.append(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("PID", np.array([os.getpid()], np.int64)),
+                    pb_utils.Tensor("PEAK", np.array([_peak], np.int64))]))
+            return out
+        finally:
+            with _lock:
+                _inside -= 1
+'''
+
+CONFIG = '''
+name: "m"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT64, dims: [ 1 ] } ]
+output [ { name: "PID", data_type: TYPE_INT64, dims: [ 1 ] },
+         { name: "PEAK", data_type: TYPE_INT64, dims: [ 1 ] } ]
+instance_group [ { count: COUNT, kind: KIND_CPU } ]
+'''
+
+
+def _serve(tmp_path, count: int, prefetch_us: str = "1000"):
+    return serving_models(tmp_path, {"m": (MODEL_PY, CONFIG.replace("COUNT", str(count)))},
+                          backend_config={"execute-prefetch-microseconds": prefetch_us})
+
+
+def _x(mode: int) -> dict:
+    return {"X": np.array([mode], np.int64)}
+
+
+def _answer(stream, timeout: float = 30.0) -> tuple[int, int]:
+    resp = stream.get(timeout=timeout)
+    assert resp.error is None, resp.error
+    return int(resp.outputs["PID"].to_numpy()[0]), int(resp.outputs["PEAK"].to_numpy()[0])
+
+
+def test_a_sync_model_still_runs_one_execute_at_a_time(tmp_path) -> None:
+    # Executes of 5-35 ms with prefetching allowed up to 1 s: requests are sent behind running
+    # executes, and the stub's idle thread reads some of them while the execute runs (it takes
+    # over reading after 20 ms). None may run beside the execute.
+    with _serve(tmp_path, 1, prefetch_us="1000000") as server:
+        model = server.model("m")
+        streams = [model.infer(_x(5 + (i * 7) % 31)) for i in range(24)]
+        peaks = [_answer(s)[1] for s in streams]
+        assert max(peaks) == 1, f"executes overlapped: peaks {peaks}"
+
+
+def test_a_request_sent_behind_a_long_execute_goes_to_another_instance(tmp_path) -> None:
+    gate = tmp_path / "gate"
+    with _serve(tmp_path, 2) as server:
+        model = server.model("m")
+        first, second = (i.stub.pid for i in server.runtime("m").instances)
+        for _ in range(5):  # short executes: both instances prefetch
+            _answer(model.infer(_x(0)))
+        held = model.infer(_x(1), parameters={"gate": str(gate)})  # the first instance
+        assert wait_for(lambda: server.runtime("m").instances[0].running == 1, timeout=10)
+        busy = model.infer(_x(300))  # the second instance, for 0.3 s
+        assert wait_for(lambda: server.runtime("m").instances[1].running == 1, timeout=10)
+        behind = model.infer(_x(0))  # sent behind one of them while both run
+        try:
+            # Back in the queue 20 ms after its execute started, it runs once the second
+            # instance is free, while the first is still held.
+            assert _answer(behind, timeout=10) == (second, 1)
+            assert _answer(busy)[0] == second
+            with pytest.raises(queue.Empty):
+                held.get(timeout=0.05)
+        finally:
+            gate.touch()
+        assert _answer(held)[0] == first
+
+
+def test_prefetch_can_be_turned_off(tmp_path) -> None:
+    with _serve(tmp_path, 1, prefetch_us="0") as server:
+        inst = server.runtime("m").instances[0]
+        assert inst.prefetch_ns == 0
+        model = server.model("m")
+        streams = [model.infer(_x(2)) for _ in range(4)]
+        assert wait_for(lambda: inst.running == 1, timeout=10)
+        assert not inst.free()  # nothing is sent behind its execute
+        assert [_answer(s)[1] for s in streams] == [1] * 4
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "execute-prefetch-microseconds must be between 0 and 1000000000, got -1"),
+    ("soon", "backend option 'execute-prefetch-microseconds' expects a number, got 'soon'"),
+])
+def test_a_bad_prefetch_option_is_refused(tmp_path, value, message) -> None:
+    with pytest.raises(tritonpy.InvalidArgumentError, match=message):
+        tritonpy.Server(str(tmp_path), backend_config={"execute-prefetch-microseconds": value})
