@@ -690,6 +690,15 @@ class ModelRuntime(RuntimeBase):
             inst.held_back = False  # its replacement starts afresh
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
+            # Prefetched requests, sent behind the execute that was running, never started
+            # (the stub runs one execute at a time): they queue again, as if never sent.
+            unstarted = [r for exec_id in sorted(inflight)[1:] for r in inflight[exec_id][0]
+                         if not r.done] if inst.prefetch_ns and inst.state == "RESTARTING" else []
+            for req in unstarted:
+                active.pop(req.id, None)
+                req.instance = None
+            if unstarted:
+                self.sched.requeue(unstarted)
             orphans: list[HostRequest] = []
             if was == "RETIRING":  # removed by an update: its sequences end with it
                 orphans = self.sched.remove_instance(inst)
@@ -705,6 +714,8 @@ class ModelRuntime(RuntimeBase):
                 req.fail(err)
         for req in calls.values():  # BLS calls the dead stub made: nobody waits for them now
             req.cancel("the calling stub died")
+        if unstarted:
+            self.kick()  # another instance may be free for them now
         if inst.state == "RESTARTING" and was == "READY":
             self.server.on_instance_died(self, inst)
             threading.Thread(target=self._restart, args=(inst,), daemon=True,

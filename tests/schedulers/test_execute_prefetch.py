@@ -1,7 +1,8 @@
 """execute-prefetch-microseconds: an instance of a sync model whose executes are short gets its
 next request while its execute runs (real stubs). It still runs one execute at a time, and a
 request sent behind an execute that turns out long goes back to the queue, so another instance
-serves it instead of it waiting behind that execute."""
+serves it instead of it waiting behind that execute; and one sent behind an execute whose stub
+dies is served by the restarted stub, as a request that had waited in the host's queue."""
 from __future__ import annotations
 
 import queue
@@ -35,6 +36,9 @@ class TritonPythonModel:
             out = []
             for request in requests:
                 mode = int(pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0])
+                if mode == -1:  # the stub dies 10 ms into the execute
+                    time.sleep(0.01)
+                    os.kill(os.getpid(), 9)
                 if mode == 1:  # held until the file named by the "gate" parameter exists
                     import json
                     gate = json.loads(request.parameters())["gate"]
@@ -110,6 +114,18 @@ def test_a_request_sent_behind_a_long_execute_goes_to_another_instance(tmp_path)
         finally:
             gate.touch()
         assert _answer(held)[0] == first
+
+
+def test_a_request_sent_behind_an_execute_whose_stub_dies_is_served_after_the_restart(
+        tmp_path) -> None:
+    with _serve(tmp_path, 1) as server:
+        model = server.model("m")
+        dying = model.infer(_x(-1))
+        behind = model.infer(_x(0))  # sent at once, behind the execute that will crash
+        resp = dying.get(timeout=30)
+        assert resp.error is not None and "killed by signal SIGKILL" in resp.error.message
+        pid, _ = _answer(behind)  # it never started: the restarted stub serves it
+        assert pid == server.runtime("m").instances[0].stub.pid
 
 
 def test_prefetch_can_be_turned_off(tmp_path) -> None:
