@@ -176,3 +176,21 @@ def test_two_async_executes_both_waiting_on_their_own_model(server) -> None:
     failed, served = one_refused_one_served(server, ("achain2", "achain2"), ("achain2", "achain2"))
     assert_deadlock_error(failed, "achain2")
     assert path(served) == ["achain2_0_0", "achain2_0_0"]
+
+
+def test_a_call_sent_behind_an_execute_that_then_waits_on_it_is_not_a_deadlock(server) -> None:
+    # chain2's first instance runs X, which calls chain_b after 5 ms; its second runs W for
+    # 300 ms. Meanwhile chain_b's only instance runs Z, which calls chain2: with both chain2
+    # instances busy and short executes so far, that call is sent behind X (execute prefetch).
+    # X then waits on chain_b, which waits on that call: it must go back to chain2's queue
+    # (not sit behind X) and run once W is done. Nothing here can deadlock; all three succeed.
+    before = server.bls.deadlocks
+    for _ in range(3):  # chain2's instances have run short executes: both prefetch
+        path(call(server, "chain2", ""))
+    x = start(server, "chain2", "chain_b", delay_ms=5)
+    w = start(server, "chain2", "", delay_ms=300)
+    z = start(server, "chain_b", "chain2")
+    px, pw, pz = (path(collect(s, timeout=ANSWER_WITHIN_S)[0]) for s in (x, w, z))
+    assert px[1:] == ["chain_b_0_0"] and len(pw) == 1 and pz[0] == "chain_b_0_0"
+    assert px[0] != pw[0] and pz[1] == pw[0]  # Z's call ran where W had run
+    assert server.bls.deadlocks == before
