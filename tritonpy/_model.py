@@ -144,6 +144,7 @@ class RuntimeBase:
     config, state, statistics, request validation, and unloading after in-flight work ends."""
 
     is_ensemble = False
+    queue: Any  # what waits for an instance, deque-like (set by the subclasses)
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
                  model_dir: str) -> None:
@@ -178,6 +179,14 @@ class RuntimeBase:
     def _busy(self) -> bool:
         """Whether requests are queued or in flight (called with ``lock`` held)."""
         raise NotImplementedError
+
+    def pending(self) -> int:
+        """Requests awaiting execution: queued (not cancelled meanwhile), or prefetched behind
+        an instance's running execute."""
+        with self.lock:
+            queued: int = sum(1 for r in self.queue if not r.done)
+            sent_behind: int = sum(max(0, len(i.inflight) - i.capacity) for i in self.instances)
+            return queued + sent_behind
 
     def _unloaded(self, timeout: float) -> None:
         """What is left to do once the version no longer takes requests."""

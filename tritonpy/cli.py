@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     s.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
     s.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    s.add_argument("--allow-cpu-metrics", type=_bool, default=True, metavar="BOOL",
+                   help="serve CPU utilization and memory metrics (as Triton)")
+    s.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL",
+                   help="accepted for Triton's command lines; there are no GPU metrics")
+    s.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
+                   help="how long a CPU utilization sample lasts")
     s.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
     s.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="model to load at start in explicit mode (repeatable; '*' for all)")
@@ -153,6 +159,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         max_input_size=args.http_max_input_size or DEFAULT_MAX_INPUT_SIZE,
         log_settings=LogSettings([handler], verbose=args.log_verbose),
         exit_timeout=args.exit_timeout_secs,
+        cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
     )
     try:
         if not stop.is_set():

@@ -1,8 +1,9 @@
 """Prometheus metrics in Triton's names, served as text on the metrics port (``/metrics``).
 
 On every scrape a collector reads the server's statistics (Triton's per-model counters and
-cumulative durations) and its live shared-memory usage per pool, and the models' own metrics
-(``pb_utils.MetricFamily``) are read from ``server.metrics_registry``.
+cumulative durations), its pending requests, the CPU's utilization and memory, and its live
+shared-memory usage per pool, and the models' own metrics (``pb_utils.MetricFamily``) are read
+from ``server.metrics_registry``.
 
 The text is written in the style of Triton's exporter (prometheus-cpp): a counter's samples are
 named exactly as the family (``nv_inference_count{...}``), without the ``_total`` suffix and the
@@ -14,8 +15,11 @@ import asyncio
 import logging
 import math
 import socket
+import threading
+import time
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+import psutil
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -93,6 +97,16 @@ class TritonStatsCollector:
                 family.add_metric([str(entry.get("name", "")), str(entry.get("version", ""))],
                                   _lookup(entry, path))
             yield family
+        pending = GaugeMetricFamily(
+            "nv_inference_pending_request_count",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            labels=["model", "version"])
+        try:
+            for entry in self.server.pending_requests():
+                pending.add_metric([entry["name"], entry["version"]], float(entry["count"]))
+        except Exception:
+            log.exception("reading pending requests for metrics failed")
+        yield pending
         try:
             pools = self.server.shm_usage()
         except Exception:
@@ -104,6 +118,53 @@ class TritonStatsCollector:
                 if key in pool:  # a stub that did not answer has no used_bytes
                     gauge.add_metric([str(pool.get("pool", ""))], float(pool[key]))
             yield gauge
+
+
+class CpuMetrics:
+    """Triton's CPU families: ``nv_cpu_utilization`` (the share of non-idle CPU time over the
+    last interval, from ``/proc/stat``; 0 until one interval has passed, as with Triton) and the
+    machine's RAM, total and used (total less available).
+
+    Args:
+        interval_s: how long a utilization sample lasts (Triton's ``--metrics-interval-ms``);
+            a scrape after it takes a new one, covering the time since the last.
+    """
+
+    def __init__(self, interval_s: float = 2.0) -> None:
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._times = psutil.cpu_times()
+        self._at = time.monotonic()
+        self._utilization = 0.0
+
+    def utilization(self) -> float:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._at >= self.interval_s:
+                times = psutil.cpu_times()
+                idle = _idle(times) - _idle(self._times)
+                total = sum(times) - sum(self._times) - _guest(times) + _guest(self._times)
+                self._utilization = min(1.0, max(0.0, 1.0 - idle / total)) if total > 0 else 0.0
+                self._times, self._at = times, now
+            return self._utilization
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]",
+                                value=self.utilization())
+        memory = psutil.virtual_memory()
+        yield GaugeMetricFamily("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes",
+                                value=float(memory.total))
+        yield GaugeMetricFamily("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes",
+                                value=float(memory.total - memory.available))
+
+
+def _idle(times: Any) -> float:
+    return float(times.idle + getattr(times, "iowait", 0.0))
+
+
+def _guest(times: Any) -> float:
+    # Linux counts guest time inside user and nice as well: count it once.
+    return float(getattr(times, "guest", 0.0) + getattr(times, "guest_nice", 0.0))
 
 
 def _escape(value: str) -> str:
@@ -139,9 +200,15 @@ def render(families: Iterable[Metric]) -> str:
     return "\n".join(lines) + "\n" if lines else ""
 
 
-def metrics_text(server: Server) -> str:
-    """The full metrics page: Triton's families, shm usage, then the models' custom metrics."""
+def metrics_text(server: Server, cpu: CpuMetrics | None = None) -> str:
+    """The full metrics page: Triton's families (the CPU's too, given ``cpu``), shm usage,
+    then the models' custom metrics."""
     families: list[Metric] = list(TritonStatsCollector(server).collect())
+    if cpu is not None:
+        try:
+            families.extend(cpu.collect())
+        except Exception:
+            log.exception("reading CPU metrics failed")
     registry = getattr(server, "metrics_registry", None)
     if registry is not None:
         try:
@@ -158,12 +225,16 @@ class MetricsFrontend:
         server: the server to report on.
         host: address to listen on.
         port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
+        cpu_metrics: serve Triton's CPU families (``--allow-cpu-metrics``).
+        interval_ms: how long a CPU utilization sample lasts (``--metrics-interval-ms``).
     """
 
-    def __init__(self, server: Server, host: str = "0.0.0.0", port: int = 8002) -> None:
+    def __init__(self, server: Server, host: str = "0.0.0.0", port: int = 8002,
+                 cpu_metrics: bool = True, interval_ms: int = 2000) -> None:
         self.server = server
         self.host = host
         self.port = port
+        self.cpu = CpuMetrics(interval_ms / 1000) if cpu_metrics else None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -197,5 +268,5 @@ class MetricsFrontend:
         if request.path != "/metrics":
             return web.Response(status=400, content_type="text/plain", charset="utf-8")
         # statistics() takes the server's locks: keep it off the event loop.
-        text = await asyncio.to_thread(metrics_text, self.server)
+        text = await asyncio.to_thread(metrics_text, self.server, self.cpu)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

@@ -263,6 +263,14 @@ class Server:
             raise NotFoundError(f"requested model '{name}' is not available")
         return {"model_stats": stats}
 
+    def pending_requests(self) -> list[dict]:
+        """Per loaded model version, the requests awaiting execution (Triton's
+        ``nv_inference_pending_request_count``): queued, or sent behind a running execute."""
+        out = []
+        for rt in self.repo.runtimes():
+            out.append({"name": rt.name, "version": str(rt.version), "count": rt.pending()})
+        return out
+
     def shm_usage(self) -> list[dict]:
         """Usage of the host pool and of each stub's pool (named after its instance).
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from types import SimpleNamespace
 
 import numpy as np
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.utils import shared_memory as shm_utils
@@ -27,7 +29,7 @@ from tritonpy.frontends.dataplane import (
     to_error,
 )
 from tritonpy.frontends.sharedmem import SharedMemoryRegistry
-from tritonpy.metrics import metrics_text, render
+from tritonpy.metrics import CpuMetrics, metrics_text, render
 from tritonpy.shm.dtypes import serialize_bytes
 
 
@@ -205,7 +207,8 @@ def test_metrics_text_uses_triton_names() -> None:
     }]}
     server = SimpleNamespace(statistics=lambda: stats, metrics_registry=registry,
                              shm_usage=lambda: [{"pool": "host", "segments": 2,
-                                                 "mapped_bytes": 1 << 20, "used_bytes": 512}])
+                                                 "mapped_bytes": 1 << 20, "used_bytes": 512}],
+                             pending_requests=lambda: [{"name": "m", "version": "1", "count": 3}])
     text = metrics_text(server)  # type: ignore[arg-type]
     for line in [
         "# TYPE nv_inference_request_success counter",
@@ -218,6 +221,8 @@ def test_metrics_text_uses_triton_names() -> None:
         'nv_inference_compute_input_duration_us{model="m",version="1"} 0',
         'nv_inference_compute_infer_duration_us{model="m",version="1"} 3',
         'nv_inference_compute_output_duration_us{model="m",version="1"} 0',
+        "# TYPE nv_inference_pending_request_count gauge",
+        'nv_inference_pending_request_count{model="m",version="1"} 3',
         'tritonpy_shm_pool_mapped_bytes{pool="host"} 1048576',
         'tritonpy_shm_pool_used_bytes{pool="host"} 512',
         'tritonpy_shm_pool_segments{pool="host"} 2',
@@ -233,13 +238,37 @@ def test_metrics_survive_a_failing_server() -> None:
     def boom() -> dict:
         raise RuntimeError("down")
 
-    server = SimpleNamespace(statistics=boom, shm_usage=boom, metrics_registry=None)
+    server = SimpleNamespace(statistics=boom, shm_usage=boom, pending_requests=boom,
+                             metrics_registry=None)
     text = metrics_text(server)  # type: ignore[arg-type]
     assert "# TYPE nv_inference_count counter" in text
+    assert "# TYPE nv_inference_pending_request_count gauge" in text
     assert render([]) == ""
 
 
 # -- logging settings, CLI ------------------------------------------------------------------------
+
+def test_cpu_metrics_are_triton_families_read_from_the_machine() -> None:
+    before = CpuMetrics(interval_s=3600)
+    assert before.utilization() == 0.0  # no interval has passed yet: 0, as Triton's first value
+    cpu = CpuMetrics(interval_s=0.05)
+    deadline = time.monotonic() + 0.2
+    while time.monotonic() < deadline:  # this process keeps one CPU busy meanwhile
+        pass
+    families = {f.name: f.samples[0].value for f in cpu.collect()}
+    assert set(families) == {"nv_cpu_utilization", "nv_cpu_memory_total_bytes",
+                             "nv_cpu_memory_used_bytes"}
+    assert 0.0 < families["nv_cpu_utilization"] <= 1.0
+    total = psutil.virtual_memory().total
+    assert families["nv_cpu_memory_total_bytes"] == total
+    assert 0 < families["nv_cpu_memory_used_bytes"] < total
+    server = SimpleNamespace(statistics=dict, shm_usage=list, pending_requests=list,
+                             metrics_registry=None)
+    text = metrics_text(server, cpu)  # type: ignore[arg-type]
+    assert "# TYPE nv_cpu_utilization gauge" in text
+    assert f"nv_cpu_memory_total_bytes {total}" in text.splitlines()
+    assert "nv_cpu_" not in metrics_text(server)  # type: ignore[arg-type]
+
 
 def test_log_settings_apply(tmp_path) -> None:
     handler = logging.StreamHandler()

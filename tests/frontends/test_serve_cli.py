@@ -218,7 +218,9 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
                    "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                    "--metrics-port", str(metrics_port), "--model-control-mode", "explicit",
                    "--load-model", "slow", f"--backend-config=python,shm-default-byte-size={default_size}",
-                   "--log-verbose", "1", "--exit-timeout-secs", "20", "--id", "edge-7")
+                   "--log-verbose", "1", "--exit-timeout-secs", "20", "--id", "edge-7",
+                   "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false",
+                   "--metrics-interval-ms", "500")
     assert server.endpoints() == {"HTTP": f"127.0.0.1:{http_port}", "gRPC": f"127.0.0.1:{grpc_port}",
                                   "metrics": f"127.0.0.1:{metrics_port}"}
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
@@ -246,6 +248,8 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
         assert len(mapped) == 3  # host, slow_0_0, ident_0_0
         assert sum(mapped) == len(segs) * default_size
         assert 'nv_inference_request_success{model="ident",version="1"} 1' in metrics
+        assert 'nv_inference_pending_request_count{model="ident",version="1"} 0' in metrics
+        assert "nv_cpu_" not in metrics  # --allow-cpu-metrics false
 
         # --log-verbose 1: the verbose level is reported and debug records reach the log.
         assert http.get_log_settings()["log_verbose_level"] == 1

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import tritonpy
+from tritonpy.metrics import metrics_text
 from _models import serving_models, wait_for
 
 MODEL_PY = '''
@@ -126,6 +127,25 @@ def test_a_request_sent_behind_an_execute_whose_stub_dies_is_served_after_the_re
         assert resp.error is not None and "killed by signal SIGKILL" in resp.error.message
         pid, _ = _answer(behind)  # it never started: the restarted stub serves it
         assert pid == server.runtime("m").instances[0].stub.pid
+
+
+def test_pending_requests_count_those_queued_and_those_sent_behind_an_execute(tmp_path) -> None:
+    gate = tmp_path / "gate"
+    with _serve(tmp_path, 1) as server:
+        model = server.model("m")
+        held = model.infer(_x(1), parameters={"gate": str(gate)})
+        inst = server.runtime("m").instances[0]
+        assert wait_for(lambda: inst.running == 1, timeout=10)
+        waiting = [model.infer(_x(0)) for _ in range(2)]  # one may go behind the held execute
+        try:
+            line = 'nv_inference_pending_request_count{model="m",version="1"} 2'
+            assert line in metrics_text(server).splitlines()
+            assert server.pending_requests() == [{"name": "m", "version": "1", "count": 2}]
+        finally:
+            gate.touch()
+        for stream in [held, *waiting]:
+            _answer(stream)
+        assert server.pending_requests() == [{"name": "m", "version": "1", "count": 0}]
 
 
 def test_prefetch_can_be_turned_off(tmp_path) -> None:

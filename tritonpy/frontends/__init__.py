@@ -61,6 +61,8 @@ class Frontends:
             pools); by default the server's ``shm-region-prefix-name``.
         log_settings: the dynamic logging settings to expose (a default one otherwise).
         exit_timeout: seconds in-flight requests get to finish on stop.
+        cpu_metrics, metrics_interval_ms: Triton's CPU metrics, and how long a CPU utilization
+            sample lasts.
     """
 
     def __init__(
@@ -80,6 +82,8 @@ class Frontends:
         reserved_shm_prefixes: Iterable[str] | None = None,
         log_settings: LogSettings | None = None,
         exit_timeout: float = 30.0,
+        cpu_metrics: bool = True,
+        metrics_interval_ms: int = 2000,
     ) -> None:
         from ..metrics import MetricsFrontend
 
@@ -92,7 +96,8 @@ class Frontends:
         self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes), log_settings)
         self.http = HTTPFrontend(self.plane, http_address, http_port, max_input_size) if allow_http else None
         self.grpc = GRPCFrontend(self.plane, grpc_address, grpc_port) if allow_grpc else None
-        self.metrics = MetricsFrontend(server, metrics_address, metrics_port) if allow_metrics else None
+        self.metrics = (MetricsFrontend(server, metrics_address, metrics_port, cpu_metrics,
+                                        metrics_interval_ms) if allow_metrics else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._started: list[Any] = []
