@@ -235,8 +235,18 @@ def assert_still_serving(http: httpclient.InferenceServerClient) -> None:
 
 # == HTTP ==========================================================================================
 
-def test_http_health_metadata_config(http: httpclient.InferenceServerClient) -> None:
+def test_http_health_metadata_config(served: Served, http: httpclient.InferenceServerClient) -> None:
     assert http.is_server_live() and http.is_server_ready()
+    for path in ("/v2/health/live", "/v2/health/ready", "/v2/models/add_sub/ready"):
+        conn = httplib.HTTPConnection(*served.http.split(":"))
+        try:
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            # As Triton's: an empty text/plain body.
+            assert (resp.status, resp.getheader("Content-Type"), resp.read()) == (
+                200, "text/plain", b""), path
+        finally:
+            conn.close()
     meta = http.get_server_metadata()
     # Triton's name by default: tritonclient's own example checks it (--id changes it).
     assert meta["name"] == "triton" and "binary_tensor_data" in meta["extensions"]

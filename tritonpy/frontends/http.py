@@ -205,7 +205,7 @@ class HTTPFrontend:
         if request.method != "GET":
             return _method_not_allowed()
         ok = self.plane.live() if kind == "live" else self.plane.ready()
-        return Response(200 if ok else 400)
+        return Response(200 if ok else 400, content_type="text/plain")  # as Triton, empty
 
     async def _server_metadata(self, request: Request) -> Response:
         if request.method != "GET":
@@ -244,7 +244,7 @@ class HTTPFrontend:
         version = parse_version(version_str)
         if kind == "ready":
             if self.plane.model_ready(name, version):
-                return Response(200)
+                return Response(200, content_type="text/plain")
             return json_response({"error": "Model version not ready"}, 400)
         if kind == "config":
             return json_response(self.plane.model_config(name, version))
