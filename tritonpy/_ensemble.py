@@ -382,6 +382,8 @@ class EnsembleRuntime(RuntimeBase):
         if self.state != READY:
             req.fail(self.not_ready_error())
             return
+        if req.trace is not None:
+            req.trace.queued(self.version, req.request_id, req.t_enqueue)
         plan = self._plan(req.requested) if req.requested else self._full_plan
         ctx = _Context(self, req, plan)
         with self.lock:

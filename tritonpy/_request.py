@@ -84,7 +84,7 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "queue_deadline", "__weakref__",
+        "queue_deadline", "trace", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -117,6 +117,7 @@ class HostRequest:
         self.on_cancel: Callable[[HostRequest], None] | None = None
         # When its queue timeout passes (time.monotonic_ns; 0: never), set by the batcher.
         self.queue_deadline = 0
+        self.trace: Any = None  # a _trace.Trace when the request is traced
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:
@@ -129,6 +130,11 @@ class HostRequest:
             except IndexError:
                 return
             self.done = True
+        trace = self.trace
+        if trace is not None:
+            trace.at("INFER_RESPONSE_COMPLETE")
+            if final:
+                trace.at("REQUEST_END")
         self.sink(self, outputs, error, parameters, final)
 
     def fail(self, error: TritonpyError) -> None:

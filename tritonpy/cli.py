@@ -15,6 +15,9 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from ._errors import TritonpyError
+from ._trace import Tracing
+
 log = logging.getLogger("tritonpy.cli")
 
 _LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s"
@@ -38,6 +41,46 @@ def _backend_config(text: str) -> tuple[str, str, str]:
             f"--backend-config expects <backend>,<key>=<value>, got {text!r}"
         )
     return backend, key, value
+
+
+def _trace_config(text: str) -> tuple[str, str, str]:
+    """``[mode,]setting=value`` as (mode, setting, value)."""
+    mode, _, setting = text.rpartition(",")
+    key, sep, value = setting.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(
+            f"--trace-config expects [<mode>,]<setting>=<value>, got {text!r}")
+    return mode, key.replace("_", "-"), value
+
+
+def _tracing(args: argparse.Namespace) -> Tracing:
+    """The trace settings of Triton's --trace-config (and its older --trace-* flags)."""
+    levels = list(args.trace_level)
+    given: dict[str, str] = {}
+    for name in ("rate", "count", "log_frequency", "file"):
+        value = getattr(args, f"trace_{name}")
+        if value is not None:
+            given[name.replace("_", "-")] = value
+    for mode, key, value in args.trace_config:
+        if mode not in ("", "triton"):
+            raise SystemExit(f"error: --trace-config {mode}: tritonpy traces in mode 'triton' only")
+        if key == "level":
+            levels.append(value)
+        elif key == "mode":
+            if value != "triton":
+                raise SystemExit(f"error: --trace-config mode={value}: tritonpy traces in "
+                                 "mode 'triton' only")
+        elif key in ("rate", "count", "log-frequency", "file"):
+            given[key] = value
+        else:
+            raise SystemExit(f"error: --trace-config: unknown setting '{key}' (level, rate, "
+                             "count, log-frequency, file, mode)")
+    try:
+        return Tracing(level=levels or "OFF", rate=given.get("rate", 1000),
+                       count=given.get("count", -1),
+                       log_frequency=given.get("log-frequency", 0), file=given.get("file", ""))
+    except TritonpyError as exc:
+        raise SystemExit(f"error: trace settings: {exc.message}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,6 +130,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write the log to this file instead of stderr")
     s.add_argument("--backend-directory", default=None, metavar="DIR",
                    help="accepted for Triton's command lines; the python backend is built in")
+    s.add_argument("--trace-config", action="append", default=[], type=_trace_config,
+                   metavar="[triton,]SETTING=VALUE",
+                   help="trace settings: level (OFF or TIMESTAMPS), rate, count, "
+                        "log-frequency, file (repeatable)")
+    s.add_argument("--trace-level", action="append", default=[], metavar="LEVEL",
+                   help="Triton's older spelling of --trace-config level=")
+    for old_flag in ("rate", "count", "log-frequency", "file"):
+        s.add_argument(f"--trace-{old_flag}", default=None, metavar="VALUE",
+                       help=f"Triton's older spelling of --trace-config {old_flag}=")
     s.add_argument("--rate-limit", default=None, choices=("off", "execution_count"),
                    help="accepted for Triton's command lines; there is no rate limiter: an "
                         "instance runs as soon as it is free")
@@ -122,7 +174,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
-                    server_id=args.id)
+                    server_id=args.id, tracing=_tracing(args))
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

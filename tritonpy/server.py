@@ -35,6 +35,7 @@ from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
 from ._stubproc import StubProcess
+from ._trace import Trace, Tracing
 
 log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
@@ -55,7 +56,7 @@ def _abandon_live_servers() -> None:
             log.exception("cleanup at exit failed")
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
-              "parameters", "statistics", "logging"]
+              "parameters", "statistics", "trace", "logging"]
 
 
 class Server:
@@ -74,6 +75,7 @@ class Server:
             default).
         auto_complete: call a model's ``auto_complete_config`` (and allow a missing
             config.pbtxt); False is Triton's ``--disable-auto-complete-config``.
+        tracing: the trace settings (Triton's ``--trace-config``); tracing is off without.
     """
 
     def __init__(self, model_repository: str | Sequence[str] | None = None, *,
@@ -81,7 +83,7 @@ class Server:
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
                  strict_readiness: bool = True, auto_complete: bool = True,
-                 server_id: str = "triton") -> None:
+                 server_id: str = "triton", tracing: Tracing | None = None) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -105,6 +107,9 @@ class Server:
         # The name in the server metadata: Triton's default, which clients written for Triton
         # check (Triton's --id).
         self.server_id = server_id
+        # Triton's trace extension: requests from the HTTP and gRPC frontends are traced
+        # by these settings (off unless given a level and a file).
+        self.tracing = tracing if tracing is not None else Tracing()
         self.metrics_registry = CollectorRegistry(auto_describe=True)
         self.custom_metrics = CustomMetrics()
         self.metrics_registry.register(self.custom_metrics)
@@ -157,6 +162,7 @@ class Server:
             log.error("exit timeout expired with requests in flight in %s: they were cut off",
                       ", ".join(self.cut_short))
         self.timers.stop()
+        self.tracing.close()
         self._release_shm()
 
     def _abandon(self) -> None:
@@ -449,7 +455,7 @@ class Model:
     def _request(self, sink: Any, inputs: Mapping[str, Any],
                  requested_output_names: Sequence[str] | None, request_id: str,
                  parameters: Mapping[str, Any] | None, correlation_id: int | str, flags: int,
-                 timeout: int, priority: int) -> HostRequest:
+                 timeout: int, priority: int, trace: Trace | None = None) -> HostRequest:
         rt = self._rt()
         if rt.state != READY and rt.successor is None:  # reloaded: submit() forwards it
             raise UnavailableError(f"model '{self.name}' is not ready")
@@ -463,6 +469,7 @@ class Model:
         req = HostRequest(rt, arrays, requested_output_names, sink, request_id=request_id,
                           correlation_id=correlation_id, flags=flags, timeout_us=timeout,
                           priority=priority, parameters=parameters)
+        req.trace = trace
         self.server.validate(rt, req)
         return req
 
@@ -486,11 +493,12 @@ class Model:
                     requested_output_names: Sequence[str] | None = None, *,
                     request_id: str = "", parameters: Mapping[str, Any] | None = None,
                     correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
-                    priority: int = 0) -> AsyncResponseStream:
-        """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``."""
+                    priority: int = 0, trace: Trace | None = None) -> AsyncResponseStream:
+        """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``.
+        ``trace``: record the request's timestamps in it (the frontends' tracing)."""
         stream = AsyncResponseStream(asyncio.get_running_loop())
         req = self._request(stream.sink, inputs, requested_output_names, request_id,
-                            parameters, correlation_id, flags, timeout, priority)
+                            parameters, correlation_id, flags, timeout, priority, trace)
         stream.request = req
         req.model.submit(req)
         return stream

@@ -374,13 +374,17 @@ def test_http_system_shared_memory(served: Served, http: httpclient.InferenceSer
     assert http.get_system_shared_memory_status() == []
 
 
-def test_http_cuda_shm_and_trace_are_unsupported(served: Served, http: httpclient.InferenceServerClient) -> None:
+def test_http_cuda_shm_is_unsupported_and_tracing_off(served: Served,
+                                                     http: httpclient.InferenceServerClient) -> None:
     assert http.get_cuda_shared_memory_status() == []
     with pytest.raises(InferenceServerException, match="GPUs not supported"):
         http.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
     http.unregister_cuda_shared_memory()
+    # Tracing is off unless the server was started with a level and a file (Triton's defaults).
     status, body = raw_post(served, "/v2/trace/setting", b"", method="GET")
-    assert status == 503 and "does not support tracing" in body["error"]
+    assert status == 200 and body == {"trace_level": ["OFF"], "trace_rate": "1000",
+                                      "trace_count": "-1", "log_frequency": "0",
+                                      "trace_file": "", "trace_mode": "triton"}
     # A named repository: Triton 2.51 answers the index and refuses load/unload.
     status, index = raw_post(served, "/v2/repository/other/index", b"")
     assert status == 200 and {"name": "add_sub", "version": "1", "state": "READY"} in index
@@ -702,8 +706,9 @@ def test_grpc_unsupported_and_settings(grpcc: grpcclient.InferenceServerClient) 
     assert len(grpcc.get_cuda_shared_memory_status().regions) == 0
     with pytest.raises(InferenceServerException, match="GPUs not supported"):
         grpcc.register_cuda_shared_memory("c", b"\0" * 64, 0, 64)
-    with pytest.raises(InferenceServerException, match="does not support tracing"):
-        grpcc.get_trace_settings()
+    assert grpcc.get_trace_settings(as_json=True)["settings"]["trace_level"]["value"] == ["OFF"]
+    with pytest.raises(InferenceServerException, match="trace file name is not given"):
+        grpcc.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]})
     settings = grpcc.get_log_settings(as_json=True)["settings"]
     assert settings["log_info"]["bool_param"] is True
     stats = grpcc.get_inference_statistics("add_sub", as_json=True)

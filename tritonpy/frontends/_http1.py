@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 import zlib
 from collections import deque
 from http import HTTPStatus
@@ -49,15 +50,16 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 class Request:
     """One parsed request: method, percent-decoded path, headers (lower-case names), whole body."""
 
-    __slots__ = ("method", "path", "headers", "body", "http10")
+    __slots__ = ("method", "path", "headers", "body", "http10", "received")
 
     def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
-                 http10: bool = False) -> None:
+                 http10: bool = False, received: tuple[int, int] = (0, 0)) -> None:
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
         self.http10 = http10
+        self.received = received  # time.monotonic_ns() when it began and finished arriving
 
 
 class Response:
@@ -70,7 +72,8 @@ class Response:
     ``compress``: gzip/deflate the body when the client accepts it.
     """
 
-    __slots__ = ("status", "body", "parts", "stream", "content_type", "headers", "compress")
+    __slots__ = ("status", "body", "parts", "stream", "content_type", "headers", "compress",
+                 "on_sent")
 
     def __init__(self, status: int = 200, body: bytes = b"", content_type: str | None = None,
                  headers: dict[str, str] | None = None, parts: Sequence[Buffer] = (),
@@ -82,6 +85,8 @@ class Response:
         self.content_type = content_type
         self.headers = headers
         self.compress = False
+        # Called with time.monotonic_ns() before and after the response is written (tracing).
+        self.on_sent: Callable[[int, int], None] | None = None
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -161,6 +166,7 @@ class _Connection(asyncio.BufferedProtocol):
         # since the last one, so an idle connection goes after 1-2 keep-alive timeouts.
         self.idle_timer: asyncio.TimerHandle | None = None
         self.active = False
+        self.t_begin = 0  # when the request being read began to arrive (monotonic ns)
         # The request being parsed.
         self.url = b""
         self.headers: dict[str, str] = {}
@@ -248,6 +254,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.t_begin = time.monotonic_ns()
         self.url = b""
         self.headers = {}
         self.head_size = 0
@@ -343,7 +350,8 @@ class _Connection(asyncio.BufferedProtocol):
                 self._enqueue(ValueError(f"failed to decompress the {coding} request body: {exc}"),
                               keep_alive)
                 return
-        self._enqueue(Request(method, path, self.headers, body, self.http10), keep_alive)
+        self._enqueue(Request(method, path, self.headers, body, self.http10,
+                              (self.t_begin, time.monotonic_ns())), keep_alive)
 
     # -- answering -----------------------------------------------------------------------
 
@@ -376,8 +384,14 @@ class _Connection(asyncio.BufferedProtocol):
                     http10 = isinstance(item, Request) and item.http10
                     keep_alive = await self._write_stream(response, response.stream,
                                                           keep_alive and not http10, chunked=not http10)
-                else:
+                elif response.on_sent is None:
                     self._write(response, accept, head_only, keep_alive)
+                else:
+                    t_send = time.monotonic_ns()
+                    try:
+                        self._write(response, accept, head_only, keep_alive)
+                    finally:
+                        response.on_sent(t_send, time.monotonic_ns())
                 if not keep_alive:
                     self._close()
                     return

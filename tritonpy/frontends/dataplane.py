@@ -28,6 +28,7 @@ from .._errors import (
     UnavailableError,
     UnsupportedError,
 )
+from .._trace import Trace
 from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
 from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
 from .sharedmem import SharedMemoryRegistry
@@ -85,6 +86,9 @@ class InferRequest:
     priority: int = 0
     binary_output_default: bool = False
     enable_empty_final: bool = False
+    # Tracing: the frontend's timestamps so far (name, ns), and the trace once sampled.
+    received: tuple[tuple[str, int], ...] = ()
+    trace: Trace | None = None
 
 
 @dataclass
@@ -504,6 +508,15 @@ class DataPlane:
         """KServe server metadata."""
         return self.server.metadata()
 
+    def trace_settings(self, settings: Mapping[str, Any] | None = None,
+                       model: str = "") -> dict[str, Any]:
+        """The trace settings in effect (for ``model``: its own over the server's), after
+        applying ``settings`` when given."""
+        if model and model not in self.server.repo.entries:
+            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        tracing = self.server.tracing
+        return tracing.update(settings, model) if settings is not None else tracing.settings(model)
+
     def model(self, name: str, version: int = -1) -> Model:
         """The model object; NotFoundError for an unknown model."""
         if not name:
@@ -582,35 +595,49 @@ class DataPlane:
         if model.decoupled():
             raise UnsupportedError(decoupled_error)
         result: InferResult | None = None
-        async with contextlib.aclosing(self.stream(req, model)) as responses:
-            async for result in responses:
-                if result.final:
-                    break
-        if result is None:
-            raise InternalError(f"model '{req.model}' returned no response")
-        if result.error is not None:
-            raise result.error
+        try:
+            async with contextlib.aclosing(self.stream(req, model, own_trace=False)) as responses:
+                async for result in responses:
+                    if result.final:
+                        break
+            if result is None:
+                raise InternalError(f"model '{req.model}' returned no response")
+            if result.error is not None:
+                raise result.error
+        except BaseException:
+            if req.trace is not None:
+                req.trace.finish()
+            raise
         return result
 
-    async def stream(self, req: InferRequest,
-                     model: Model | None = None) -> AsyncGenerator[InferResult, None]:
+    async def stream(self, req: InferRequest, model: Model | None = None,
+                     own_trace: bool = True) -> AsyncGenerator[InferResult, None]:
         """Run one request and yield each response as it arrives (decoupled or not).
 
         A response-level error is yielded as ``InferResult.error``; an error before the model
         runs (validation, unknown model) is raised. If the consumer is cancelled (the client
-        went away) the request is cancelled in the server too.
+        went away) the request is cancelled in the server too. A sampled request's trace is in
+        ``req.trace``; it is finished here when the stream ends, unless ``own_trace`` is false
+        (the caller adds its send timestamps, then finishes it).
         """
         if model is None:
             model = self.model(req.model, req.version)
         self.check_outputs(req)
         names = [o.name for o in req.outputs] if req.outputs is not None else None
+        tracing = self.server.tracing
+        trace = tracing.start(model.name) if tracing.active else None
+        if trace is not None:
+            trace.events.extend(req.received)
+            req.trace = trace
         try:
             responses = model.async_infer(
                 req.inputs, names, request_id=req.request_id, parameters=req.parameters,
                 correlation_id=req.correlation_id, flags=req.flags, timeout=req.timeout,
-                priority=req.priority,
+                priority=req.priority, trace=trace,
             )
         except Exception as exc:  # validation errors raise straight from infer()
+            if own_trace and trace is not None:
+                trace.finish()
             raise to_error(exc) from None
         # The request's inputs may be views of the HTTP body or a client's shm window; the
         # server has its own copy by now, so drop ours (lets an unregister unmap at once).
@@ -628,6 +655,9 @@ class DataPlane:
             raise
         except Exception as exc:
             raise to_error(exc) from None
+        finally:
+            if own_trace and trace is not None:
+                trace.finish()
 
     def _result(self, req: InferRequest, resp: Any) -> InferResult:
         result = InferResult(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
@@ -347,8 +348,22 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
 
     @_rpc
     async def TraceSetting(self, request: Any, context: Any) -> Any:  # noqa: N802
-        """Tracing is not built in."""
-        raise UnavailableError("the server does not support tracing")
+        """Get or update the trace settings (server-wide, or a model's: an empty value clears
+        the model's own)."""
+        new: dict[str, Any] | None = None
+        if request.settings:
+            new = {}
+            for key, setting in request.settings.items():
+                given = list(setting.value)
+                if key == "trace_level":
+                    new[key] = given or None
+                else:
+                    new[key] = given[0] if given else None
+        settings = self.plane.trace_settings(new, request.model_name)
+        resp = service_pb2.TraceSettingResponse()
+        for key, value in settings.items():
+            resp.settings[key].value.extend(value if isinstance(value, list) else [str(value)])
+        return resp
 
     @_rpc
     async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -371,9 +386,26 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
     @_rpc
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         """One request, one response (default-mode models only)."""
+        t_read = time.monotonic_ns()
         req = decode_request(self.plane, request)
+        # grpc.aio hands over a request once read: its wait for it cannot be seen from here.
+        req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
-        return encode_result(result)
+        trace = req.trace
+        if trace is None:
+            return encode_result(result)
+        try:
+            message = encode_result(result)
+        except BaseException:
+            trace.finish()
+            raise
+        trace.at("GRPC_SEND_START")
+
+        def sent(_: Any) -> None:
+            trace.at("GRPC_SEND_END")
+            trace.finish()
+        context.add_done_callback(sent)
+        return message
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
         """Bidirectional stream: any number of requests, each answered as its responses come."""

@@ -219,10 +219,12 @@ class HTTPFrontend:
             return json_response(self.plane.log_settings.update(_json_body(request)))
         return _method_not_allowed()
 
-    async def _trace(self, request: Request) -> Response:
-        if request.method not in ("GET", "POST"):
-            return _method_not_allowed()
-        raise UnavailableError("the server does not support tracing")
+    async def _trace(self, request: Request, model: str = "") -> Response:
+        if request.method == "GET":
+            return json_response(self.plane.trace_settings(None, model))
+        if request.method == "POST":
+            return json_response(self.plane.trace_settings(_json_body(request), model))
+        return _method_not_allowed()
 
     # -- models ------------------------------------------------------------------------------
 
@@ -232,7 +234,7 @@ class HTTPFrontend:
                 return _method_not_allowed()
             return await self._infer(request, name, parse_version(version_str))
         if kind == "trace/setting":
-            return await self._trace(request)
+            return await self._trace(request, name)
         if kind in ("generate", "generate_stream"):
             if request.method != "POST":
                 return _method_not_allowed()
@@ -356,9 +358,22 @@ class HTTPFrontend:
 
     async def _infer(self, request: Request, model: str, version: int) -> Response:
         req = self._parse_infer(model, version, request.body, request.headers.get(_HEADER_LENGTH_KEY))
+        req.received = (("HTTP_RECV_START", request.received[0]),
+                        ("HTTP_RECV_END", request.received[1]))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
-        response = self._encode_result(result)
+        try:
+            response = self._encode_result(result)
+        except BaseException:
+            if req.trace is not None:
+                req.trace.finish()
+            raise
         response.compress = True  # when the client's Accept-Encoding asks for it
+        trace = req.trace
+        if trace is not None:
+            def sent(start: int, end: int) -> None:
+                trace.events += (("HTTP_SEND_START", start), ("HTTP_SEND_END", end))
+                trace.finish()
+            response.on_sent = sent
         return response
 
     def _parse_infer(self, model: str, version: int, body: bytes | bytearray,

@@ -1,0 +1,179 @@
+"""Triton's trace extension: settings over HTTP and gRPC (tritonclient), sampling by rate and
+count, and the trace files in Triton's layout, for requests through the real frontends."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import tritonpy
+from tritonpy._errors import InvalidArgumentError, UnsupportedError
+from tritonpy._trace import Tracing
+from tritonpy.cli import _tracing, build_parser
+from tritonpy.frontends import Frontends
+from _models import new_prefix, serving, write_model
+
+CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
+        "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+
+
+def _load(path: Path) -> list[dict]:
+    return json.loads(path.read_text())
+
+
+def _traces(entries: list[dict]) -> dict[int, dict]:
+    """Per trace id: its header and its timestamps, in the order written."""
+    out: dict[int, dict] = {}
+    for e in entries:
+        t = out.setdefault(e["id"], {"names": [], "ns": []})
+        if "timestamps" in e:
+            (stamp,) = e["timestamps"]
+            t["names"].append(stamp["name"])
+            t["ns"].append(stamp["ns"])
+        else:
+            t["head"] = e
+    return out
+
+
+@pytest.fixture
+def traced(tmp_path: Path) -> Iterator[tuple[tritonpy.Server, Frontends, Path]]:
+    write_model(tmp_path / "repo", "double")
+    trace_file = tmp_path / "trace.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
+    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        try:
+            yield server, fe, trace_file
+        finally:
+            fe.stop_in_thread()
+
+
+def _inputs(mod):
+    inp = mod.InferInput("IN", [3], "FP32")
+    inp.set_data_from_numpy(np.array([1, 2, 3], np.float32))
+    return [inp]
+
+
+def test_http_and_grpc_requests_are_traced_in_tritons_layout(traced) -> None:
+    server, fe, trace_file = traced
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+    try:
+        http.infer("double", _inputs(httpclient), request_id="h1")
+        grpcc.infer("double", _inputs(grpcclient))
+        with pytest.raises(InferenceServerException):  # a failed request is traced too
+            http.infer("double", [httpclient.InferInput("NOPE", [1], "FP32")
+                                  .set_data_from_numpy(np.zeros(1, np.float32))])
+    finally:
+        http.close()
+        grpcc.close()
+    server.stop()  # closes the file: "[" ... "]"
+    traces = _traces(_load(trace_file))
+    assert sorted(traces) == [1, 2, 3]
+    h, g = traces[1], traces[2]
+    assert h["head"] == {"id": 1, "model_name": "double", "model_version": 1, "request_id": "h1"}
+    assert g["head"] == {"id": 2, "model_name": "double", "model_version": 1}
+    assert h["names"] == ["HTTP_RECV_START", "HTTP_RECV_END", *CORE,
+                          "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert g["names"] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE,
+                          "GRPC_SEND_START", "GRPC_SEND_END"]
+    for t in (h, g):
+        assert t["ns"] == sorted(t["ns"]) and t["ns"][0] > 0, t
+    # The request that failed validation never reached the model: no compute timestamps.
+    assert "COMPUTE_START" not in traces[3]["names"]
+    assert traces[3]["names"][:2] == ["HTTP_RECV_START", "HTTP_RECV_END"]
+
+
+def test_settings_over_http_and_grpc(traced) -> None:
+    _, fe, trace_file = traced
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+    try:
+        assert http.get_trace_settings() == {
+            "trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "-1",
+            "log_frequency": "0", "trace_file": str(trace_file), "trace_mode": "triton"}
+        # A model's own settings override the server's; None (HTTP) or an empty value
+        # (gRPC) clears one.
+        assert http.update_trace_settings("double", {"trace_rate": "5"})["trace_rate"] == "5"
+        assert http.get_trace_settings()["trace_rate"] == "1"
+        assert http.update_trace_settings("double", {"trace_rate": None})["trace_rate"] == "1"
+        got = grpcc.update_trace_settings("double", {"trace_count": "4"}, as_json=True)
+        assert got["settings"]["trace_count"]["value"] == ["4"]
+        got = grpcc.update_trace_settings("double", {"trace_count": None}, as_json=True)
+        assert got["settings"]["trace_count"]["value"] == ["-1"]
+        assert http.update_trace_settings(settings={"trace_level": ["OFF"]})["trace_level"] == ["OFF"]
+        for bad, words in [
+            ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc"),
+            ({"trace_count": "-5"}, "Expecting value >= -1, got:-5"),
+            ({"trace_level": ["BOGUS"]}, "expected OFF or TIMESTAMPS, got BOGUS"),
+            ({"trace_level": ["TENSORS"]}, "TENSORS is not supported"),
+            ({"trace_file": "/tmp/elsewhere.json"}, "can not be updated through network"),
+            ({"bogus": "1"}, "unknown trace setting"),
+        ]:
+            with pytest.raises(InferenceServerException, match=words):
+                http.update_trace_settings(settings=bad)
+            with pytest.raises(InferenceServerException, match=words):
+                grpcc.update_trace_settings(settings=bad)
+        with pytest.raises(InferenceServerException, match="Request for unknown model : zzz"):
+            http.get_trace_settings("zzz")
+        assert http.get_trace_settings()["trace_level"] == ["OFF"]  # nothing bad was applied
+    finally:
+        http.close()
+        grpcc.close()
+
+
+def test_rate_count_and_log_frequency(tmp_path: Path) -> None:
+    # Every 2nd request, 3 traces in all, written 2 to a file: trace.0 (2), then trace.1 (1)
+    # when the tracing closes, as Triton writes them.
+    base = tmp_path / "trace"
+    tracing = Tracing(level=["TIMESTAMPS"], rate=2, count=3, log_frequency=2, file=str(base))
+    taken = []
+    for i in range(10):
+        trace = tracing.start("m")
+        if trace is not None:
+            trace.queued(1, f"r{i}", 1)
+            trace.finish()
+            taken.append(i)
+    assert taken == [1, 3, 5]
+    assert tracing.settings()["trace_count"] == "0"
+    assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.0"))).values()] == ["r1", "r3"]
+    assert not Path(f"{base}.1").exists()
+    tracing.close()
+    assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.1"))).values()] == ["r5"]
+    assert not base.exists()
+
+
+def test_a_level_needs_a_file_and_bad_settings_change_nothing() -> None:
+    with pytest.raises(InvalidArgumentError, match="trace file name is not given"):
+        Tracing(level="TIMESTAMPS")
+    tracing = Tracing()
+    assert not tracing.active and tracing.start("m") is None
+    with pytest.raises(InvalidArgumentError, match="trace file name is not given"):
+        tracing.update({"trace_level": ["TIMESTAMPS"]}, "m")
+    with pytest.raises(UnsupportedError, match="can not be updated"):
+        tracing.update({"trace_file": "/tmp/x"})
+    with pytest.raises(InvalidArgumentError, match="cannot be cleared server-wide"):
+        tracing.update({"trace_rate": None})
+    assert tracing.settings("m") == tracing.settings() and tracing.settings()["trace_rate"] == "1000"
+
+
+def test_cli_trace_flags(tmp_path: Path) -> None:
+    args = build_parser().parse_args([
+        "serve", f"--trace-config=triton,file={tmp_path}/t.json", "--trace-config", "level=TIMESTAMPS",
+        "--trace-config", "triton,log-frequency=50", "--trace-rate", "100", "--trace-count", "7"])
+    assert _tracing(args).settings() == {
+        "trace_level": ["TIMESTAMPS"], "trace_rate": "100", "trace_count": "7",
+        "log_frequency": "50", "trace_file": f"{tmp_path}/t.json", "trace_mode": "triton"}
+    for flags, words in [(["--trace-config", "level=TIMESTAMPS"], "trace file name is not given"),
+                         (["--trace-config", "opentelemetry,url=x"], "mode 'triton' only"),
+                         (["--trace-config", "colour=red"], "unknown setting 'colour'")]:
+        with pytest.raises(SystemExit, match=words):
+            _tracing(build_parser().parse_args(["serve", *flags]))

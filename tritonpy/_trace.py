@@ -1,0 +1,291 @@
+"""Triton's trace extension: request tracing, its settings (server-wide and per model), and the
+trace files.
+
+A request is traced when its model's settings have a level other than OFF: every
+``trace_rate``-th request, until ``trace_count`` traces have been taken (-1: no limit). A trace
+records Triton's timestamps (``REQUEST_START``, ``QUEUE_START``, ``COMPUTE_START``,
+``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``INFER_RESPONSE_COMPLETE``,
+``REQUEST_END``, and the frontends' ``HTTP_RECV_START``... ``GRPC_SEND_END``) in nanoseconds of
+the monotonic clock, as Triton's steady clock. They are written as Triton writes them: a JSON
+array with, per trace, one entry naming the model and one entry per timestamp; to
+``trace_file`` itself (``log_frequency`` 0, closed when the server stops) or, every
+``log_frequency`` traces, to ``trace_file.0``, ``trace_file.1``...
+
+Only requests from the HTTP and gRPC frontends are traced (the in-process API and BLS calls
+carry no trace, as requests made without one in Triton). Level TENSORS is not supported.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+from ._errors import InvalidArgumentError, UnsupportedError
+
+log = logging.getLogger(__name__)
+
+_LEVELS = ("OFF", "TIMESTAMPS")
+_NUMBERS = ("trace_rate", "trace_count", "log_frequency")
+
+
+class Trace:
+    """The timestamps of one sampled request."""
+
+    __slots__ = ("id", "model", "version", "request_id", "events", "_sink", "_finished")
+
+    def __init__(self, trace_id: int, model: str, sink: _Sink) -> None:
+        self.id = trace_id
+        self.model = model
+        self.version = -1
+        self.request_id = ""
+        self.events: list[tuple[str, int]] = []
+        self._sink = sink
+        self._finished = False
+
+    def at(self, name: str, ns: int = 0) -> None:
+        """Record timestamp ``name`` (now, unless ``ns`` is given)."""
+        self.events.append((name, ns or time.monotonic_ns()))
+
+    def queued(self, version: int, request_id: str, t_start: int) -> None:
+        """The request reached its model version's scheduler."""
+        self.version, self.request_id = version, request_id
+        self.events += (("REQUEST_START", t_start), ("QUEUE_START", time.monotonic_ns()))
+
+    def finish(self) -> None:
+        """The request is over: hand the trace to its file (once)."""
+        if not self._finished:
+            self._finished = True
+            self._sink.add(self)
+
+    def entries(self) -> list[dict]:
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model,
+                                "model_version": self.version}
+        if self.request_id:
+            head["request_id"] = self.request_id
+        return [head] + [{"id": self.id, "timestamps": [{"name": n, "ns": ns}]}
+                         for n, ns in self.events]
+
+
+class _Sink:
+    """Where the traces of one ``trace_file`` go."""
+
+    def __init__(self, path: str, log_frequency: int) -> None:
+        self.path = path
+        self.log_frequency = log_frequency
+        self._lock = threading.Lock()
+        self._pending: list[Trace] = []
+        self._index = 0
+        self._file: Any = None  # log_frequency 0: the open file, its "[" written
+        self._failed = False
+
+    def add(self, trace: Trace) -> None:
+        with self._lock:
+            if self.log_frequency > 0:
+                self._pending.append(trace)
+                if len(self._pending) >= self.log_frequency:
+                    self._write_part()
+                return
+            text = ",".join(_dumps(e) for e in trace.entries())
+            try:
+                if self._file is None:
+                    if self._failed:
+                        return
+                    self._file = open(self.path, "w", encoding="utf-8")
+                    self._file.write("[" + text)
+                else:
+                    self._file.write("," + text)
+                self._file.flush()
+            except OSError as exc:
+                self._fail(exc)
+
+    def _write_part(self) -> None:
+        traces, self._pending = self._pending, []
+        path = f"{self.path}.{self._index}"
+        self._index += 1
+        try:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write("[" + ",".join(_dumps(e) for t in traces for e in t.entries()) + "]")
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> None:
+        if not self._failed:
+            log.error("cannot write traces to '%s': %s", self.path, exc)
+        self._failed = True
+        self._file = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pending:
+                self._write_part()
+            if self._file is not None:
+                try:
+                    self._file.write("]")
+                    self._file.close()
+                except OSError as exc:
+                    self._fail(exc)
+                self._file = None
+
+
+def _dumps(entry: dict) -> str:
+    return json.dumps(entry, separators=(",", ":"))
+
+
+class Tracing:
+    """The server's trace settings and the traces they take.
+
+    Args:
+        level: "OFF" or "TIMESTAMPS" (a list of levels, as Triton's, is accepted).
+        rate: trace every ``rate``-th request (0: none).
+        count: stop after this many traces (-1: no limit).
+        log_frequency: write every this many traces to a new ``file.N`` (0: all to ``file``).
+        file: the trace file; required unless the level is OFF.
+    """
+
+    def __init__(self, level: str | list[str] = "OFF", rate: int | str = 1000,
+                 count: int | str = -1, log_frequency: int | str = 0, file: str = "") -> None:
+        levels = [level] if isinstance(level, str) else list(level)
+        self._global: dict[str, Any] = {}
+        self._global.update(_checked({"trace_level": levels, "trace_rate": str(rate),
+                                      "trace_count": str(count),
+                                      "log_frequency": str(log_frequency)}))
+        self._global["trace_file"] = file
+        self._check_file(self._global)
+        self._models: dict[str, dict[str, Any]] = {}  # a model's own settings (overrides)
+        self._seen: dict[str, int] = {}  # requests seen per sampling scope
+        self._ids = 0
+        self._sinks: dict[tuple[str, int], _Sink] = {}
+        self._lock = threading.Lock()
+        self.active = False  # whether any scope traces: the hot path reads only this
+        self._refresh()
+
+    # -- settings ------------------------------------------------------------------------------
+    def settings(self, model: str = "") -> dict[str, Any]:
+        """The settings in effect (for ``model``, its own merged over the server's), in
+        Triton's JSON form."""
+        with self._lock:
+            return self._effective(model)
+
+    def update(self, new: Mapping[str, Any], model: str = "") -> dict[str, Any]:
+        """Apply ``new`` settings (Triton's names; for a model, None clears one of its own)
+        and return those in effect. Raises for a bad value; nothing changes then."""
+        if not isinstance(new, Mapping):
+            raise InvalidArgumentError("trace settings must be a JSON object")
+        unknown = sorted(set(new) - {"trace_level", "trace_mode", "trace_file", *_NUMBERS})
+        if unknown:
+            raise InvalidArgumentError(f"unknown trace setting(s): {', '.join(unknown)}")
+        if "trace_file" in new:
+            raise UnsupportedError(
+                "trace file location can not be updated through network protocol")
+        mode = new.get("trace_mode")
+        if mode is not None and mode != "triton":
+            raise InvalidArgumentError(
+                f"trace_mode can not be changed (tritonpy traces in mode 'triton'), got {mode!r}")
+        values = {k: v for k, v in new.items() if k != "trace_mode"}
+        cleared = [k for k, v in values.items() if v is None]
+        if cleared and not model:
+            raise InvalidArgumentError(
+                f"trace setting(s) {', '.join(sorted(cleared))} cannot be cleared server-wide")
+        checked = _checked({k: v for k, v in values.items() if v is not None})
+        with self._lock:
+            trial = dict(self._models.get(model, {}) if model else self._global)
+            trial.update(checked)
+            for k in cleared:
+                trial.pop(k, None)
+            self._check_file(dict(self._global, **trial) if model else trial)
+            if not model:
+                self._global = trial
+            elif trial:
+                self._models[model] = trial
+            else:
+                self._models.pop(model, None)
+            if "trace_rate" in checked or cleared:
+                self._seen.pop(model, None)
+            self._refresh()
+            return self._effective(model)
+
+    @staticmethod
+    def _check_file(values: Mapping[str, Any]) -> None:
+        if values["trace_level"] != ["OFF"] and not values.get("trace_file"):
+            raise InvalidArgumentError(
+                "Attempting to set invalid trace setting :trace file name is not given")
+
+    def _effective(self, model: str) -> dict[str, Any]:
+        values = dict(self._global, **self._models.get(model, {})) if model else self._global
+        return {"trace_level": list(values["trace_level"]),
+                "trace_rate": str(values["trace_rate"]),
+                "trace_count": str(values["trace_count"]),
+                "log_frequency": str(values["log_frequency"]),
+                "trace_file": values["trace_file"], "trace_mode": "triton"}
+
+    def _refresh(self) -> None:
+        self.active = any(s.get("trace_level", ["OFF"]) != ["OFF"]
+                          for s in (self._global, *self._models.values()))
+
+    # -- tracing -------------------------------------------------------------------------------
+    def start(self, model: str) -> Trace | None:
+        """A new trace for a request to ``model`` if it is sampled, else None."""
+        with self._lock:
+            own = self._models.get(model, {})
+            values = dict(self._global, **own) if own else self._global
+            rate, count = int(values["trace_rate"]), int(values["trace_count"])
+            if values["trace_level"] == ["OFF"] or rate <= 0 or count == 0:
+                return None
+            scope = model if "trace_rate" in own else ""
+            seen = self._seen[scope] = self._seen.get(scope, 0) + 1
+            if seen % rate:
+                return None
+            if count > 0:
+                (own if "trace_count" in own else self._global)["trace_count"] = count - 1
+            self._ids += 1
+            key = (values["trace_file"], int(values["log_frequency"]))
+            sink = self._sinks.get(key)
+            if sink is None:
+                sink = self._sinks[key] = _Sink(*key)
+            return Trace(self._ids, model, sink)
+
+    def close(self) -> None:
+        """Write what is left (the server stops)."""
+        with self._lock:
+            sinks, self._sinks = list(self._sinks.values()), {}
+        for sink in sinks:
+            sink.close()
+
+
+def _checked(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings in Triton's JSON form, validated: levels as a list, numbers as strings."""
+    out: dict[str, Any] = {}
+    if "trace_level" in values:
+        levels = values["trace_level"]
+        if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
+            raise InvalidArgumentError("Unable to parse 'trace_level': expected a list of strings")
+        levels = [v.upper() for v in levels] or ["OFF"]
+        if "TENSORS" in levels:
+            raise UnsupportedError("trace level TENSORS is not supported (TIMESTAMPS is)")
+        bad = [v for v in levels if v not in _LEVELS]
+        if bad:
+            raise InvalidArgumentError(
+                f"Unable to parse 'trace_level': expected OFF or TIMESTAMPS, got {bad[0]}")
+        levels = [v for v in levels if v != "OFF"] or ["OFF"]
+        out["trace_level"] = levels
+    for key in _NUMBERS:
+        if key not in values:
+            continue
+        raw = values[key]
+        if not isinstance(raw, str):
+            raise InvalidArgumentError(f"Unable to parse '{key}': expected a string, got {raw!r}")
+        try:
+            number = int(raw)
+        except ValueError:
+            raise InvalidArgumentError(f"Unable to parse '{key}', got: {raw}") from None
+        low = -1 if key == "trace_count" else 0
+        if number < low or number > 0xFFFFFFFF:
+            raise InvalidArgumentError(
+                f"Unable to parse '{key}'. Expecting value >= {low}, got:{raw}")
+        out[key] = number
+    return out
+
+
+__all__ = ["Trace", "Tracing"]
