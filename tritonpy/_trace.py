@@ -16,11 +16,12 @@ carry no trace, as requests made without one in Triton). Level TENSORS is not su
 """
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ._errors import InvalidArgumentError, UnsupportedError
 
@@ -71,17 +72,20 @@ class Trace:
 class _Sink:
     """Where the traces of one ``trace_file`` go."""
 
-    def __init__(self, path: str, log_frequency: int) -> None:
+    def __init__(self, path: str, log_frequency: int, index: Iterator[int]) -> None:
         self.path = path
         self.log_frequency = log_frequency
         self._lock = threading.Lock()
         self._pending: list[Trace] = []
-        self._index = 0
+        self._index = index  # the numbers of path's parts, shared by its sinks
         self._file: Any = None  # log_frequency 0: the open file, its "[" written
         self._failed = False
+        self._closed = False
 
     def add(self, trace: Trace) -> None:
         with self._lock:
+            if self._closed:  # finished after the server stopped: its file is complete
+                return
             if self.log_frequency > 0:
                 self._pending.append(trace)
                 if len(self._pending) >= self.log_frequency:
@@ -102,8 +106,7 @@ class _Sink:
 
     def _write_part(self) -> None:
         traces, self._pending = self._pending, []
-        path = f"{self.path}.{self._index}"
-        self._index += 1
+        path = f"{self.path}.{next(self._index)}"
         try:
             with open(path, "w", encoding="utf-8") as f:
                 f.write("[" + ",".join(_dumps(e) for t in traces for e in t.entries()) + "]")
@@ -118,6 +121,7 @@ class _Sink:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             if self._pending:
                 self._write_part()
             if self._file is not None:
@@ -157,6 +161,7 @@ class Tracing:
         self._seen: dict[str, int] = {}  # requests seen per sampling scope
         self._ids = 0
         self._sinks: dict[tuple[str, int], _Sink] = {}
+        self._parts: dict[str, Iterator[int]] = {}  # per file, the numbers of its parts
         self._lock = threading.Lock()
         self.active = False  # whether any scope traces: the hot path reads only this
         self._refresh()
@@ -243,13 +248,14 @@ class Tracing:
             key = (values["trace_file"], int(values["log_frequency"]))
             sink = self._sinks.get(key)
             if sink is None:
-                sink = self._sinks[key] = _Sink(*key)
+                parts = self._parts.setdefault(key[0], itertools.count())
+                sink = self._sinks[key] = _Sink(key[0], key[1], parts)
             return Trace(self._ids, model, sink)
 
     def close(self) -> None:
         """Write what is left (the server stops)."""
         with self._lock:
-            sinks, self._sinks = list(self._sinks.values()), {}
+            sinks = list(self._sinks.values())
         for sink in sinks:
             sink.close()
 

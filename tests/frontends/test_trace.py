@@ -177,3 +177,27 @@ def test_cli_trace_flags(tmp_path: Path) -> None:
                          (["--trace-config", "colour=red"], "unknown setting 'colour'")]:
         with pytest.raises(SystemExit, match=words):
             _tracing(build_parser().parse_args(["serve", *flags]))
+
+
+def test_a_trace_finished_after_close_leaves_the_file_whole(tmp_path: Path) -> None:
+    base = tmp_path / "t.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(base))
+    first, late = tracing.start("m"), tracing.start("m")
+    assert first is not None and late is not None
+    first.finish()
+    tracing.close()
+    late.finish()  # e.g. a response sent after the server stopped: dropped, not a new file
+    assert [t["head"]["id"] for t in _traces(_load(base)).values()] == [1]
+
+
+def test_parts_of_one_file_are_numbered_across_log_frequencies(tmp_path: Path) -> None:
+    base = tmp_path / "t"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, log_frequency=1, file=str(base))
+    for frequency in ("1", "2", "2"):
+        tracing.update({"log_frequency": frequency})
+        trace = tracing.start("m")
+        assert trace is not None
+        trace.finish()
+    tracing.close()
+    ids = [[t["head"]["id"] for t in _traces(_load(Path(f"{base}.{n}"))).values()] for n in (0, 1)]
+    assert ids == [[1], [2, 3]]
