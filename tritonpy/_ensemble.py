@@ -383,7 +383,7 @@ class EnsembleRuntime(RuntimeBase):
             req.fail(self.not_ready_error())
             return
         if req.trace is not None:
-            req.trace.queued(self.version, req.request_id, req.t_enqueue)
+            req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)
         plan = self._plan(req.requested) if req.requested else self._full_plan
         ctx = _Context(self, req, plan)
         with self.lock:

@@ -412,7 +412,7 @@ class ModelRuntime(RuntimeBase):
             return
         req.on_cancel = self._cancelled
         if req.trace is not None:
-            req.trace.queued(self.version, req.request_id, req.t_enqueue)
+            req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)
         sched = self.sched
         if req.timeout_us > 0 and not sched.owns_timeouts:
             self.server.timers.at_request(time.monotonic() + req.timeout_us / 1e6, req,
@@ -646,7 +646,7 @@ class ModelRuntime(RuntimeBase):
                              t_done - t_run, t_out - t_done)
         for r in batch:
             if r.trace is not None:  # a prefetched execute starts when it stops waiting
-                r.trace.events.extend((("COMPUTE_START", t_run if waited else r.t_start),
+                r.trace.stamps((("COMPUTE_START", t_run if waited else r.t_start),
                                        ("COMPUTE_INPUT_END", t_run),
                                        ("COMPUTE_OUTPUT_START", t_done), ("COMPUTE_END", t_out)))
         for req, answer in answers:

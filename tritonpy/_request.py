@@ -132,6 +132,7 @@ class HostRequest:
             self.done = True
         trace = self.trace
         if trace is not None:
+            trace.outputs(outputs or ())
             trace.at("INFER_RESPONSE_COMPLETE")
             if final:
                 trace.at("REQUEST_END")

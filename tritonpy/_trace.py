@@ -12,7 +12,9 @@ array with, per trace, one entry naming the model and one entry per timestamp; t
 ``log_frequency`` traces, to ``trace_file.0``, ``trace_file.1``...
 
 Only requests from the HTTP and gRPC frontends are traced (the in-process API and BLS calls
-carry no trace, as requests made without one in Triton). Level TENSORS is not supported.
+carry no trace, as requests made without one in Triton). Level TENSORS records each input
+when the request is queued (``TENSOR_QUEUE_INPUT``) and each output of its responses
+(``TENSOR_BACKEND_OUTPUT``), values joined by commas as Triton writes them.
 """
 from __future__ import annotations
 
@@ -21,38 +23,59 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
+
+import numpy as np
 
 from ._errors import InvalidArgumentError, UnsupportedError
+from .shm.dtypes import triton_dtype_of
 
 log = logging.getLogger(__name__)
 
-_LEVELS = ("OFF", "TIMESTAMPS")
+_LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 _NUMBERS = ("trace_rate", "trace_count", "log_frequency")
 
 
 class Trace:
-    """The timestamps of one sampled request."""
+    """What is recorded of one sampled request: its timestamps (level TIMESTAMPS) and its
+    input and output tensors (level TENSORS)."""
 
-    __slots__ = ("id", "model", "version", "request_id", "events", "_sink", "_finished")
+    __slots__ = ("id", "model", "version", "request_id", "events", "tensors", "timestamps",
+                 "_sink", "_finished")
 
-    def __init__(self, trace_id: int, model: str, sink: _Sink) -> None:
+    def __init__(self, trace_id: int, model: str, sink: _Sink, levels: list[str]) -> None:
         self.id = trace_id
         self.model = model
         self.version = -1
         self.request_id = ""
         self.events: list[tuple[str, int]] = []
+        self.timestamps = "TIMESTAMPS" in levels
+        self.tensors: list[dict] | None = [] if "TENSORS" in levels else None
         self._sink = sink
         self._finished = False
 
     def at(self, name: str, ns: int = 0) -> None:
         """Record timestamp ``name`` (now, unless ``ns`` is given)."""
-        self.events.append((name, ns or time.monotonic_ns()))
+        if self.timestamps:
+            self.events.append((name, ns or time.monotonic_ns()))
 
-    def queued(self, version: int, request_id: str, t_start: int) -> None:
-        """The request reached its model version's scheduler."""
+    def stamps(self, pairs: Iterable[tuple[str, int]]) -> None:
+        """Record timestamps given as (name, ns)."""
+        if self.timestamps:
+            self.events.extend(pairs)
+
+    def queued(self, version: int, request_id: str, t_start: int,
+               inputs: Iterable[tuple[str, np.ndarray]] = ()) -> None:
+        """The request, with its ``inputs``, reached its model version's scheduler."""
         self.version, self.request_id = version, request_id
-        self.events += (("REQUEST_START", t_start), ("QUEUE_START", time.monotonic_ns()))
+        self.stamps((("REQUEST_START", t_start), ("QUEUE_START", time.monotonic_ns())))
+        if self.tensors is not None:
+            self.tensors += (_tensor(self.id, "TENSOR_QUEUE_INPUT", n, a) for n, a in inputs)
+
+    def outputs(self, outputs: Iterable[tuple[str, np.ndarray]]) -> None:
+        """A response with these outputs is delivered (level TENSORS)."""
+        if self.tensors is not None:
+            self.tensors += (_tensor(self.id, "TENSOR_BACKEND_OUTPUT", n, a) for n, a in outputs)
 
     def finish(self) -> None:
         """The request is over: hand the trace to its file (once)."""
@@ -61,12 +84,33 @@ class Trace:
             self._sink.add(self)
 
     def entries(self) -> list[dict]:
-        head: dict[str, Any] = {"id": self.id, "model_name": self.model,
-                                "model_version": self.version}
-        if self.request_id:
-            head["request_id"] = self.request_id
-        return [head] + [{"id": self.id, "timestamps": [{"name": n, "ns": ns}]}
-                         for n, ns in self.events]
+        out: list[dict] = []
+        if self.timestamps:  # as Triton: level TENSORS alone writes the tensors only
+            head: dict[str, Any] = {"id": self.id, "model_name": self.model,
+                                    "model_version": self.version}
+            if self.request_id:
+                head["request_id"] = self.request_id
+            out.append(head)
+            out += ({"id": self.id, "timestamps": [{"name": n, "ns": ns}]}
+                    for n, ns in self.events)
+        return out + (self.tensors or [])
+
+
+def _tensor(trace_id: int, activity: str, name: str, array: np.ndarray) -> dict:
+    """A tensor entry as Triton writes it: values joined by commas (floats to 6 significant
+    digits, strings quoted), the shape too, and Triton's datatype name."""
+    flat = np.asarray(array).reshape(-1)
+    kind = flat.dtype.kind
+    if kind == "f":
+        data = ",".join(f"{v:g}" for v in flat.tolist())
+    elif kind in "OSU":
+        data = ",".join(json.dumps(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))
+                        for v in flat.tolist())
+    else:  # integers, and booleans as 1 and 0
+        data = ",".join(str(int(v)) for v in flat.tolist())
+    return {"id": trace_id, "activity": activity,
+            "tensor": {"name": name, "data": data, "shape": ",".join(map(str, array.shape)),
+                       "dtype": triton_dtype_of(array)}}
 
 
 class _Sink:
@@ -250,7 +294,7 @@ class Tracing:
             if sink is None:
                 parts = self._parts.setdefault(key[0], itertools.count())
                 sink = self._sinks[key] = _Sink(key[0], key[1], parts)
-            return Trace(self._ids, model, sink)
+            return Trace(self._ids, model, sink, values["trace_level"])
 
     def close(self) -> None:
         """Write what is left (the server stops)."""
@@ -268,13 +312,11 @@ def _checked(values: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(levels, list) or not all(isinstance(v, str) for v in levels):
             raise InvalidArgumentError("Unable to parse 'trace_level': expected a list of strings")
         levels = [v.upper() for v in levels] or ["OFF"]
-        if "TENSORS" in levels:
-            raise UnsupportedError("trace level TENSORS is not supported (TIMESTAMPS is)")
         bad = [v for v in levels if v not in _LEVELS]
         if bad:
             raise InvalidArgumentError(
-                f"Unable to parse 'trace_level': expected OFF or TIMESTAMPS, got {bad[0]}")
-        levels = [v for v in levels if v != "OFF"] or ["OFF"]
+                f"Unable to parse 'trace_level': expected OFF, TIMESTAMPS or TENSORS, got {bad[0]}")
+        levels = list(dict.fromkeys(v for v in levels if v != "OFF")) or ["OFF"]
         out["trace_level"] = levels
     for key in _NUMBERS:
         if key not in values:

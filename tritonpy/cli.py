@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="accepted for Triton's command lines; the python backend is built in")
     s.add_argument("--trace-config", action="append", default=[], type=_trace_config,
                    metavar="[triton,]SETTING=VALUE",
-                   help="trace settings: level (OFF or TIMESTAMPS), rate, count, "
+                   help="trace settings: level (OFF, TIMESTAMPS, TENSORS), rate, count, "
                         "log-frequency, file (repeatable)")
     s.add_argument("--trace-level", action="append", default=[], metavar="LEVEL",
                    help="Triton's older spelling of --trace-config level=")

@@ -28,11 +28,13 @@ def _load(path: Path) -> list[dict]:
 
 
 def _traces(entries: list[dict]) -> dict[int, dict]:
-    """Per trace id: its header and its timestamps, in the order written."""
+    """Per trace id: its header, its timestamps and its tensors, in the order written."""
     out: dict[int, dict] = {}
     for e in entries:
-        t = out.setdefault(e["id"], {"names": [], "ns": []})
-        if "timestamps" in e:
+        t = out.setdefault(e["id"], {"names": [], "ns": [], "tensors": []})
+        if "activity" in e:
+            t["tensors"].append((e["activity"], e["tensor"]))
+        elif "timestamps" in e:
             (stamp,) = e["timestamps"]
             t["names"].append(stamp["name"])
             t["ns"].append(stamp["ns"])
@@ -113,8 +115,7 @@ def test_settings_over_http_and_grpc(traced) -> None:
         for bad, words in [
             ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc"),
             ({"trace_count": "-5"}, "Expecting value >= -1, got:-5"),
-            ({"trace_level": ["BOGUS"]}, "expected OFF or TIMESTAMPS, got BOGUS"),
-            ({"trace_level": ["TENSORS"]}, "TENSORS is not supported"),
+            ({"trace_level": ["BOGUS"]}, "expected OFF, TIMESTAMPS or TENSORS, got BOGUS"),
             ({"trace_file": "/tmp/elsewhere.json"}, "can not be updated through network"),
             ({"bogus": "1"}, "unknown trace setting"),
         ]:
@@ -128,6 +129,41 @@ def test_settings_over_http_and_grpc(traced) -> None:
     finally:
         http.close()
         grpcc.close()
+
+
+def test_level_tensors_records_inputs_and_outputs(traced) -> None:
+    server, fe, trace_file = traced
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+    try:
+        http.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+        http.infer("double", _inputs(httpclient))
+        http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS", "TENSORS"]})
+        http.infer("double", _inputs(httpclient), request_id="both")
+    finally:
+        http.close()
+    server.stop()
+    traces = _traces(_load(trace_file))
+    tensors = [("TENSOR_QUEUE_INPUT", {"name": "IN", "data": "1,2,3", "shape": "3", "dtype": "FP32"}),
+               ("TENSOR_BACKEND_OUTPUT", {"name": "OUT", "data": "2,4,6", "shape": "3",
+                                          "dtype": "FP32"})]
+    # TENSORS alone: the tensors only, as Triton writes them; with TIMESTAMPS, both.
+    assert traces[1] == {"names": [], "ns": [], "tensors": tensors}
+    assert traces[2]["tensors"] == tensors and traces[2]["head"]["request_id"] == "both"
+    assert "COMPUTE_START" in traces[2]["names"]
+
+
+def test_tensor_values_are_written_as_triton_writes_them() -> None:
+    from tritonpy._trace import _tensor
+    cases = [
+        (np.array([[0.5, -1.25], [1e-7, 3.0]], np.float32), "0.5,-1.25,1e-07,3", "2,2", "FP32"),
+        (np.array([b"ab", b'q"'], dtype=np.object_), '"ab","q\\""', "2", "BYTES"),
+        (np.array([True, False]), "1,0", "2", "BOOL"),
+        (np.arange(3, dtype=np.uint8), "0,1,2", "3", "UINT8"),
+    ]
+    for array, data, shape, dtype in cases:
+        assert _tensor(7, "A", "X", array) == {
+            "id": 7, "activity": "A",
+            "tensor": {"name": "X", "data": data, "shape": shape, "dtype": dtype}}
 
 
 def test_rate_count_and_log_frequency(tmp_path: Path) -> None:

@@ -627,7 +627,7 @@ class DataPlane:
         tracing = self.server.tracing
         trace = tracing.start(model.name) if tracing.active else None
         if trace is not None:
-            trace.events.extend(req.received)
+            trace.stamps(req.received)
             req.trace = trace
         try:
             responses = model.async_infer(

@@ -371,7 +371,7 @@ class HTTPFrontend:
         trace = req.trace
         if trace is not None:
             def sent(start: int, end: int) -> None:
-                trace.events += (("HTTP_SEND_START", start), ("HTTP_SEND_END", end))
+                trace.stamps((("HTTP_SEND_START", start), ("HTTP_SEND_END", end)))
                 trace.finish()
             response.on_sent = sent
         return response
