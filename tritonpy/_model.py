@@ -139,6 +139,15 @@ class Instance:
         return self._exec_ids
 
 
+def _take_back(active: dict[int, HostRequest], batch: list[HostRequest]) -> list[HostRequest]:
+    """Requests an instance was sent but never ran: no longer its (``active``); returns
+    those still waiting for their answer, to queue again."""
+    for req in batch:
+        active.pop(req.id, None)
+        req.instance = None
+    return [req for req in batch if not req.done]
+
+
 class RuntimeBase:
     """What a loaded model version and a loaded ensemble version have alike: identity and
     config, state, statistics, request validation, and unloading after in-flight work ends."""
@@ -672,12 +681,7 @@ class ModelRuntime(RuntimeBase):
         waits on the server. Its requests queue again, first; that instance prefetches no more
         until its execute is done."""
         inst.held_back = True
-        again = []
-        for req in batch:
-            inst.active.pop(req.id, None)
-            req.instance = None
-            if not req.done:
-                again.append(req)
+        again = _take_back(inst.active, batch)
         if again:
             with self.lock:
                 self.sched.requeue(again)
@@ -708,11 +712,9 @@ class ModelRuntime(RuntimeBase):
                 self.sched.finished(inst, batch)
             # Prefetched requests, sent behind the execute that was running, never started
             # (the stub runs one execute at a time): they queue again, as if never sent.
-            unstarted = [r for exec_id in sorted(inflight)[1:] for r in inflight[exec_id][0]
-                         if not r.done] if inst.prefetch_ns and inst.state == "RESTARTING" else []
-            for req in unstarted:
-                active.pop(req.id, None)
-                req.instance = None
+            unstarted = [r for exec_id in sorted(inflight)[1:]
+                         for r in _take_back(active, inflight[exec_id][0])
+                         ] if inst.prefetch_ns and inst.state == "RESTARTING" else []
             if unstarted:
                 self.sched.requeue(unstarted)
             orphans: list[HostRequest] = []

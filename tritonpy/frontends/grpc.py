@@ -388,8 +388,9 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         """One request, one response (default-mode models only)."""
         t_read = time.monotonic_ns()
         req = decode_request(self.plane, request)
-        # grpc.aio hands over a request once read: its wait for it cannot be seen from here.
-        req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
+        if self.plane.server.tracing.active:
+            # grpc.aio hands over a request once read: its wait for it cannot be seen here.
+            req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         trace = req.trace
         if trace is None:

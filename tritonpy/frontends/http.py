@@ -358,8 +358,9 @@ class HTTPFrontend:
 
     async def _infer(self, request: Request, model: str, version: int) -> Response:
         req = self._parse_infer(model, version, request.body, request.headers.get(_HEADER_LENGTH_KEY))
-        req.received = (("HTTP_RECV_START", request.received[0]),
-                        ("HTTP_RECV_END", request.received[1]))
+        if self.plane.server.tracing.active:  # nothing built per request while tracing is off
+            req.received = (("HTTP_RECV_START", request.received[0]),
+                            ("HTTP_RECV_END", request.received[1]))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         try:
             response = self._encode_result(result)
