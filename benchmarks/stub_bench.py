@@ -54,7 +54,7 @@ def startup(srv: tritonpy.Server, n: int) -> tuple[float, float]:
     def bare() -> float:
         t = time.perf_counter()
         stub = StubProcess("bench_bare", "bench_bare", srv.transport, srv.options,
-                           on_frame=lambda s, m: None, on_death=lambda s, r: None)
+                           srv.frames, on_frame=lambda s, m: None, on_death=lambda s, r: None)
         try:
             stub.wait_hello(60)
             return time.perf_counter() - t  # stopping it is not part of start-up

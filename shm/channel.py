@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 _KNOWN = frozenset(int(c) for c in Cmd)
 _packb = msgpack.packb
 _unpackb = msgpack.unpackb
+#: What ``recv(wait=False)`` returns when no frame is there (compare with ``is``).
+EMPTY: list = []
 # Plain ints for the per-frame checks in recv(): an IntEnum member lookup costs ~0.3 µs each.
 _SPILL, _RELEASE, _DROPPED = int(Cmd.SPILL), int(Cmd.RELEASE), int(Cmd.DROPPED)
 # TRITONPY_FRAME_TRACE=<directory>: every process (stubs inherit it) records when each frame is
@@ -170,17 +172,23 @@ class Channel:
                 return
 
     # -- receiving ----------------------------------------------------------------------------
-    def recv(self, spin_s: float = 0.0) -> list | None:
-        """The next frame ``[cmd, call_id, body]``; None once the peer has closed or died.
+    def recv(self, spin_s: float = 0.0, wait: bool = True) -> list | None:
+        """The next frame ``[cmd, call_id, body]``; None once the peer has closed or died;
+        with ``wait=False``, :data:`EMPTY` at once when no frame is there.
 
         RELEASE frames are handled here and never returned.
         """
         resets = 0
         while True:
             try:
-                n = self._poll_into(spin_s) if spin_s else -1
-                if n < 0:
-                    n = self.sock.recv_into(self._buf)
+                if not wait:
+                    n = self.sock.recv_into(self._buf, 0, socket.MSG_DONTWAIT)
+                else:
+                    n = self._poll_into(spin_s) if spin_s else -1
+                    if n < 0:
+                        n = self.sock.recv_into(self._buf)
+            except BlockingIOError:
+                return EMPTY
             except ConnectionResetError:
                 # The peer closed with frames of ours still unread: the kernel reports that once,
                 # ahead of the frames it had sent before closing (its last replies). Read those.

@@ -291,7 +291,7 @@ class ModelRuntime(RuntimeBase):
             from ._gpus import device_for_stub
 
             env["CUDA_VISIBLE_DEVICES"] = device_for_stub(inst.device_id)
-        stub = StubProcess(inst.name, self.name, srv.transport, srv.options,
+        stub = StubProcess(inst.name, self.name, srv.transport, srv.options, srv.frames,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
                            python=self._python())
         inst.stub = stub

@@ -325,7 +325,7 @@ class RepositoryManager:
         d = config_to_dict(cfg)
         d["name"] = d.get("name") or entry.name
         stub = StubProcess(f"{entry.name}_autocomplete", entry.name, self.server.transport,
-                           self.server.options, on_frame=lambda s, m: None,
+                           self.server.options, self.server.frames, on_frame=lambda s, m: None,
                            on_death=lambda s, r: None)
         try:
             stub.wait_hello(60)

@@ -223,6 +223,9 @@ class AsyncResponseStream:
         resp = _make_response(req, outputs, error, parameters, final)
         if final:
             self.request = None  # break the request <-> stream cycle, as ResponseStream does
+        if asyncio._get_running_loop() is self._loop:
+            self._push(resp)
+            return
         try:
             self._loop.call_soon_threadsafe(self._push, resp)
         except RuntimeError:  # the loop is closed: nobody is listening any more

@@ -174,7 +174,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
-                    server_id=args.id, tracing=_tracing(args))
+                    server_id=args.id, tracing=_tracing(args), loop=asyncio.get_running_loop())
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -31,6 +31,7 @@ from ._errors import (
     UnavailableError,
     input_twice,
 )
+from ._loop import FrameLoop
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
@@ -76,6 +77,10 @@ class Server:
         auto_complete: call a model's ``auto_complete_config`` (and allow a missing
             config.pbtxt); False is Triton's ``--disable-auto-complete-config``.
         tracing: the trace settings (Triton's ``--trace-config``); tracing is off without.
+        loop: a running event loop on which to read the stubs' frames, typically the one the
+            caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
+            response then reaches an ``async_infer`` caller there with no hand-off between
+            threads. It must run until :meth:`stop` returns. None: a thread of the server's own.
     """
 
     def __init__(self, model_repository: str | Sequence[str] | None = None, *,
@@ -83,7 +88,8 @@ class Server:
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
                  strict_readiness: bool = True, auto_complete: bool = True,
-                 server_id: str = "triton", tracing: Tracing | None = None) -> None:
+                 server_id: str = "triton", tracing: Tracing | None = None,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -114,6 +120,8 @@ class Server:
         self.custom_metrics = CustomMetrics()
         self.metrics_registry.register(self.custom_metrics)
         self.timers = Timers()
+        self._loop = loop
+        self.frames: FrameLoop = None  # type: ignore[assignment]  # from start()
         self.bls = BlsRouter(self)
         self.transport: TensorTransport = None  # type: ignore[assignment]
         self.pool: Pool = None  # type: ignore[assignment]
@@ -144,6 +152,7 @@ class Server:
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False)
+        self.frames = FrameLoop(self._loop)
         self._started = True
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()
@@ -162,6 +171,7 @@ class Server:
             log.error("exit timeout expired with requests in flight in %s: they were cut off",
                       ", ".join(self.cut_short))
         self.timers.stop()
+        self.frames.close()
         self.tracing.close()
         self._release_shm()
 

@@ -415,3 +415,50 @@ def test_disabled_auto_complete_needs_a_config_and_skips_auto_complete_config(
             http.close()
             server.proc.send_signal(signal.SIGTERM)
         assert server.wait(30) == 0
+
+
+READY_CONFIG = IDENT_CONFIG.replace('"ident"', '"gated"') + (
+    'parameters { key: "NOT_READY_FILE" value: { string_value: "%s" } }\n')
+
+# Ready unless NOT_READY_FILE exists: its is_ready is asked through the stub each time.
+READY_MODEL = IDENT_MODEL.replace("class TritonPythonModel:\n", """import json, os
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        self.flag = cfg["parameters"]["NOT_READY_FILE"]["string_value"]
+
+    def is_ready(self):
+        return not os.path.exists(self.flag)
+
+""")
+
+
+def test_readiness_asked_of_a_stub_under_serve(serve: Callable[..., Serve], tmp_path: Path,
+                                              shm_prefix: str) -> None:
+    # `tritonpy serve` reads the stubs' answers on its HTTP/gRPC loop: the readiness
+    # endpoints, which wait for a stub's is_ready, must not wait on that loop.
+    repo, flag = tmp_path / "repo", tmp_path / "not-ready"
+    write_model(repo, "gated", READY_CONFIG % flag, READY_MODEL)
+    server, http_port, grpc_port = serve_repo(serve, repo)
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        for ready in (True, False, True):
+            if ready:
+                flag.unlink(missing_ok=True)
+            else:
+                flag.touch()
+            assert http.is_model_ready("gated") is ready
+            assert grpcc.is_model_ready("gated") is ready
+            assert http.is_server_ready() is ready
+            assert grpcc.is_server_ready() is ready
+        inp = httpclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(np.array([1.5, 2.5], np.float32))
+        assert http.infer("gated", [inp]).as_numpy("OUTPUT0").tolist() == [1.5, 2.5]
+    finally:
+        http.close()
+        grpcc.close()
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert segments(shm_prefix) == []

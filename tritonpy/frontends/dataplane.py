@@ -500,9 +500,10 @@ class DataPlane:
         """Whether the server is live."""
         return bool(self.server.live())
 
-    def ready(self) -> bool:
-        """Whether the server is ready."""
-        return bool(self.server.ready())
+    async def ready(self) -> bool:
+        """Whether the server is ready (in a thread: a model's ``is_ready`` asks its stub,
+        whose answer is read on the frame loop, maybe this one)."""
+        return bool(await asyncio.to_thread(self.server.ready))
 
     def server_metadata(self) -> dict[str, Any]:
         """KServe server metadata."""
@@ -523,12 +524,14 @@ class DataPlane:
             raise InvalidArgumentError("Missing model name in request")
         return self.server.model(name, version)
 
-    def model_ready(self, name: str, version: int = -1) -> bool:
-        """Whether a model version is ready (False for an unknown model, as Triton)."""
+    async def model_ready(self, name: str, version: int = -1) -> bool:
+        """Whether a model version is ready (False for an unknown model, as Triton); in a
+        thread, as :meth:`ready`."""
         try:
-            return bool(self.model(name, version).ready())
+            model = self.model(name, version)
         except TritonpyError:
             return False
+        return bool(await asyncio.to_thread(model.ready))
 
     def model_metadata(self, name: str, version: int = -1) -> dict[str, Any]:
         """KServe model metadata."""

@@ -217,12 +217,12 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
     @_rpc
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Server readiness."""
-        return service_pb2.ServerReadyResponse(ready=self.plane.ready())
+        return service_pb2.ServerReadyResponse(ready=await self.plane.ready())
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Model readiness (false for an unknown model)."""
-        ready = self.plane.model_ready(request.name, parse_version(request.version))
+        ready = await self.plane.model_ready(request.name, parse_version(request.version))
         return service_pb2.ModelReadyResponse(ready=ready)
 
     @_rpc

@@ -204,7 +204,7 @@ class HTTPFrontend:
     async def _health(self, request: Request, kind: str) -> Response:
         if request.method != "GET":
             return _method_not_allowed()
-        ok = self.plane.live() if kind == "live" else self.plane.ready()
+        ok = self.plane.live() if kind == "live" else await self.plane.ready()
         return Response(200 if ok else 400, content_type="text/plain")  # as Triton, empty
 
     async def _server_metadata(self, request: Request) -> Response:
@@ -245,7 +245,7 @@ class HTTPFrontend:
             return _method_not_allowed()
         version = parse_version(version_str)
         if kind == "ready":
-            if self.plane.model_ready(name, version):
+            if await self.plane.model_ready(name, version):
                 return Response(200, content_type="text/plain")
             return json_response({"error": "Model version not ready"}, 400)
         if kind == "config":

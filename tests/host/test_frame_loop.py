@@ -1,0 +1,107 @@
+"""Where the host reads its stubs' frames: a loop the caller gives the server (``tritonpy serve``
+gives its HTTP/gRPC loop), or a thread of the server's own. Real stubs throughout.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _models import fp32, infer, serving, wait_until, write_model
+from tritonpy._loop import new_event_loop
+from tritonpy.shm import Cmd
+
+pytestmark = pytest.mark.timeout(90)
+
+# OUT = IN * 2; a negative first value ends the stub process at once, as a crash would.
+CRASHY_PY = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if x.size and x[0] < 0:
+                os._exit(3)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2)]))
+        return out
+"""
+
+
+@pytest.fixture
+def running_loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop running in a thread, as an application serving its own clients has."""
+    loop = new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="app-loop", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+def frame_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "tritonpy-frames"]
+
+
+def test_a_server_reads_its_stubs_on_the_loop_it_is_given(
+        tmp_path: Path, shm_prefix: str, running_loop: asyncio.AbstractEventLoop) -> None:
+    write_model(tmp_path, "crashy", CRASHY_PY)
+    before = frame_threads()
+    with serving(tmp_path, shm_prefix, loop=running_loop) as server:
+        assert frame_threads() == before  # no thread of its own: the given loop reads
+        model = server.model("crashy")
+
+        async def concurrent(values: list[float]) -> list[Any]:
+            async def one(v: float) -> Any:
+                return [r async for r in model.async_infer({"IN": fp32(v, v + 1)})]
+            return await asyncio.gather(*(one(v) for v in values))
+
+        answers = asyncio.run_coroutine_threadsafe(
+            concurrent([float(v) for v in range(8)]), running_loop).result(30)
+        for v, responses in enumerate(answers):
+            assert [r.error for r in responses] == [None]
+            np.testing.assert_array_equal(responses[0].outputs["OUT"].to_numpy(), fp32(2 * v, 2 * v + 2))
+        # A sync caller in another thread is answered through the same loop.
+        np.testing.assert_array_equal(infer(model, {"IN": fp32(5)}).outputs["OUT"].to_numpy(), fp32(10))
+
+        # The stub dies: its death (read on the given loop) fails the request and the
+        # instance is restarted.
+        crashed = infer(model, {"IN": fp32(-1)})
+        assert crashed.error is not None and "exited with code 3" in crashed.error.message
+
+        def served() -> bool:
+            r = infer(model, {"IN": fp32(3)})
+            return r.error is None and r.outputs["OUT"].to_numpy().tolist() == [6.0]
+        wait_until(served, 30, "the restarted stub to serve")
+    # serving() checked that no stub process or segment is left.
+
+
+def test_waiting_for_a_stub_on_the_loop_that_reads_it_fails_at_once(
+        tmp_path: Path, shm_prefix: str) -> None:
+    # The answer would be read on that very loop: waiting there could only hang.
+    write_model(tmp_path, "crashy", CRASHY_PY)
+    with serving(tmp_path, shm_prefix) as server:
+        stub = server.runtime("crashy", -1).instances[0].stub
+        assert stub.call(Cmd.PING, None, 10)["ok"]  # from any other thread it works
+
+        async def ping_on_the_frame_loop() -> Any:
+            return stub.call(Cmd.PING, None, 30)
+
+        t0 = time.monotonic()
+        fut = asyncio.run_coroutine_threadsafe(ping_on_the_frame_loop(), server.frames.loop)
+        with pytest.raises(tritonpy.TritonpyError, match="would wait for itself"):
+            fut.result(10)
+        assert time.monotonic() - t0 < 5
+        np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(1)}).outputs["OUT"].to_numpy(),
+                                      fp32(2))
