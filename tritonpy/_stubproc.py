@@ -221,10 +221,11 @@ class StubProcess:
     def call(self, cmd: Cmd, body: Any = None, timeout: float | None = None) -> dict:
         """Send a frame and wait for the stub's REPLY; raises the error the stub reports.
 
-        Not on the frame loop, where the reply would be read: that raises InternalError.
+        Not on the frame loop, where the reply would be read: that raises RuntimeError (a
+        programming error, which no handler of Triton errors takes for the stub's answer).
         """
         if self._frames.on_loop():
-            raise InternalError(f"{Cmd(cmd).name} to stub '{self.name}' was called on the loop "
+            raise RuntimeError(f"{Cmd(cmd).name} to stub '{self.name}' was called on the loop "
                                 "that reads its answers: it would wait for itself")
         ev = threading.Event()
         slot: list = [ev, None]

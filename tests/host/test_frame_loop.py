@@ -12,7 +12,6 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-import tritonpy
 from _models import fp32, infer, serving, wait_until, write_model
 from tritonpy._loop import new_event_loop
 from tritonpy.shm import Cmd
@@ -91,6 +90,8 @@ def test_waiting_for_a_stub_on_the_loop_that_reads_it_fails_at_once(
         tmp_path: Path, shm_prefix: str) -> None:
     # The answer would be read on that very loop: waiting there could only hang.
     write_model(tmp_path, "crashy", CRASHY_PY)
+    write_model(tmp_path, "gated", CRASHY_PY.replace(
+        "    def execute", "    def is_ready(self):\n        return True\n\n    def execute"))
     with serving(tmp_path, shm_prefix) as server:
         stub = server.runtime("crashy", -1).instances[0].stub
         assert stub.call(Cmd.PING, None, 10)["ok"]  # from any other thread it works
@@ -100,8 +101,18 @@ def test_waiting_for_a_stub_on_the_loop_that_reads_it_fails_at_once(
 
         t0 = time.monotonic()
         fut = asyncio.run_coroutine_threadsafe(ping_on_the_frame_loop(), server.frames.loop)
-        with pytest.raises(tritonpy.TritonpyError, match="would wait for itself"):
+        with pytest.raises(RuntimeError, match="would wait for itself"):
             fut.result(10)
         assert time.monotonic() - t0 < 5
+        # Nor does asking readiness there answer "not ready" as if the stub had said so.
+        gated = server.runtime("gated", -1)
+
+        async def ready_on_the_frame_loop() -> Any:
+            return gated.ready()
+
+        fut = asyncio.run_coroutine_threadsafe(ready_on_the_frame_loop(), server.frames.loop)
+        with pytest.raises(RuntimeError, match="would wait for itself"):
+            fut.result(10)
+        assert server.model("gated").ready()  # from any other thread: asked of the stub
         np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(1)}).outputs["OUT"].to_numpy(),
                                       fp32(2))
