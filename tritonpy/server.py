@@ -137,6 +137,7 @@ class Server:
         """Create the shm pool, sweep orphans of our prefix, load models per the control mode."""
         if self._started:
             return self
+        self._not_on_frame_loop("start()")
         opts = self.options
         directory = opts.shm_fallback_directory or None
         removed = sweep_orphans(opts.shm_region_prefix_name, directory)
@@ -164,6 +165,7 @@ class Server:
         """Drain in-flight requests, finalize models; no stub process or segment is left."""
         if not self._started or self._stopping:
             return
+        self._not_on_frame_loop("stop()")
         self._stopping = True
         _LIVE.discard(self)
         self.cut_short = self.repo.shut_down(self.exit_timeout)
@@ -195,6 +197,14 @@ class Server:
         sweep_orphans(self.options.shm_region_prefix_name,
                       self.options.shm_fallback_directory or None)
         self._started = False
+
+    def _not_on_frame_loop(self, what: str) -> None:
+        """Refuse a call that waits for stubs on the loop given to read their answers."""
+        if self._loop is not None and asyncio._get_running_loop() is self._loop:
+            raise RuntimeError(
+                f"Server.{what} waits for the stubs, whose answers are read on this event loop "
+                "(Server(loop=...)): call it from another thread, e.g. "
+                "await loop.run_in_executor(None, ...)")
 
     def __enter__(self) -> Server:
         return self.start()
@@ -250,6 +260,7 @@ class Server:
     def load(self, name: str, config: str | None = None,
              files: Mapping[str, bytes] | None = None) -> None:
         """Load or reload a model (explicit mode): raises with the reason on failure."""
+        self._not_on_frame_loop("load()")
         self.repo.load(name, config=config, files=files, api=True)
 
     def unload(self, name: str, unload_dependents: bool = False) -> None:
@@ -257,6 +268,7 @@ class Server:
         models go too, unless another loaded ensemble still runs them."""
         from ._ensemble import step_models_to_unload
 
+        self._not_on_frame_loop("unload()")
         steps = step_models_to_unload(self.repo, name) if unload_dependents else []
         self.repo.unload(name, api=True)
         for step in steps:
@@ -490,8 +502,11 @@ class Model:
         """Run a request; iterate the result for its responses (one in default mode).
 
         Raises InvalidArgumentError / NotFoundError / UnavailableError for a request that
-        cannot be queued; errors during execution come back as ``response.error``.
+        cannot be queued; errors during execution come back as ``response.error``. On the
+        event loop given as ``Server(loop=...)``, where its responses are read, it raises
+        RuntimeError: use :meth:`async_infer` there.
         """
+        self.server._not_on_frame_loop("model(...).infer() (use async_infer here)")
         stream = ResponseStream()
         req = self._request(stream.sink, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority)

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from _models import fp32, infer, serving, wait_until, write_model
+import tritonpy
+from _models import fp32, infer, segments, serving, wait_until, write_model
 from tritonpy._loop import new_event_loop
 from tritonpy.shm import Cmd
 
@@ -71,6 +72,11 @@ def test_a_server_reads_its_stubs_on_the_loop_it_is_given(
         for v, responses in enumerate(answers):
             assert [r.error for r in responses] == [None]
             np.testing.assert_array_equal(responses[0].outputs["OUT"].to_numpy(), fp32(2 * v, 2 * v + 2))
+        # Waiting there for an answer read there could only hang: refused at once.
+        async def sync_infer_on_the_loop() -> Any:
+            return model.infer({"IN": fp32(1)})
+        with pytest.raises(RuntimeError, match="use async_infer|another thread"):
+            asyncio.run_coroutine_threadsafe(sync_infer_on_the_loop(), running_loop).result(10)
         # A sync caller in another thread is answered through the same loop.
         np.testing.assert_array_equal(infer(model, {"IN": fp32(5)}).outputs["OUT"].to_numpy(), fp32(10))
 
@@ -116,3 +122,27 @@ def test_waiting_for_a_stub_on_the_loop_that_reads_it_fails_at_once(
         assert server.model("gated").ready()  # from any other thread: asked of the stub
         np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(1)}).outputs["OUT"].to_numpy(),
                                       fp32(2))
+
+
+def test_starting_a_server_on_the_loop_it_reads_on_is_refused(
+        tmp_path: Path, shm_prefix: str, running_loop: asyncio.AbstractEventLoop) -> None:
+    # start() waits for the stubs' first answers, which only that loop could read.
+    write_model(tmp_path, "crashy", CRASHY_PY)
+    server = tritonpy.Server(str(tmp_path), loop=running_loop,
+                             backend_config={"shm-region-prefix-name": shm_prefix})
+
+    async def start_on_the_loop() -> Any:
+        return server.start()
+    with pytest.raises(RuntimeError, match="start\\(\\) waits for the stubs"):
+        asyncio.run_coroutine_threadsafe(start_on_the_loop(), running_loop).result(10)
+    assert segments(shm_prefix) == []  # nothing was started
+
+    async def start_beside_the_loop() -> Any:
+        return await asyncio.get_running_loop().run_in_executor(None, server.start)
+    asyncio.run_coroutine_threadsafe(start_beside_the_loop(), running_loop).result(60)
+    try:
+        np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(2)}).outputs["OUT"].to_numpy(),
+                                      fp32(4))
+    finally:
+        server.stop()
+    assert segments(shm_prefix) == []
