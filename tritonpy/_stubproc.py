@@ -2,8 +2,9 @@
 
 The host side of a model instance. Its frames are read on the server's :class:`FrameLoop` and
 handled as they arrive (responses are delivered, BLS requests routed), so there is no hand-off
-on the hot path; ``on_frame`` is the owner's dispatcher. The process's stdout and stderr are read line by line
-into the host log, and the last lines of stderr are kept for the error a crash produces.
+on the hot path; ``on_frame`` is the owner's dispatcher. The process's stdout and stderr are
+read line by line into the host log, and the last lines of stderr are kept for the error a
+crash produces.
 """
 from __future__ import annotations
 

@@ -169,13 +169,13 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
                         backend, key)
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
+    loop = asyncio.get_running_loop()  # the stubs' frames are read on it too
     server = Server(repos, model_control_mode=args.model_control_mode,
                     load_models=args.load_model, backend_config=backend_config,
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
-                    server_id=args.id, tracing=_tracing(args), loop=asyncio.get_running_loop())
-    loop = asyncio.get_running_loop()
+                    server_id=args.id, tracing=_tracing(args), loop=loop)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

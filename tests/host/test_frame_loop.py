@@ -71,14 +71,16 @@ def test_a_server_reads_its_stubs_on_the_loop_it_is_given(
             concurrent([float(v) for v in range(8)]), running_loop).result(30)
         for v, responses in enumerate(answers):
             assert [r.error for r in responses] == [None]
-            np.testing.assert_array_equal(responses[0].outputs["OUT"].to_numpy(), fp32(2 * v, 2 * v + 2))
+            np.testing.assert_array_equal(responses[0].outputs["OUT"].to_numpy(),
+                                          fp32(2 * v, 2 * v + 2))
         # Waiting there for an answer read there could only hang: refused at once.
         async def sync_infer_on_the_loop() -> Any:
             return model.infer({"IN": fp32(1)})
         with pytest.raises(RuntimeError, match="use async_infer|another thread"):
             asyncio.run_coroutine_threadsafe(sync_infer_on_the_loop(), running_loop).result(10)
         # A sync caller in another thread is answered through the same loop.
-        np.testing.assert_array_equal(infer(model, {"IN": fp32(5)}).outputs["OUT"].to_numpy(), fp32(10))
+        answer = infer(model, {"IN": fp32(5)})
+        np.testing.assert_array_equal(answer.outputs["OUT"].to_numpy(), fp32(10))
 
         # The stub dies: its death (read on the given loop) fails the request and the
         # instance is restarted.
@@ -120,8 +122,8 @@ def test_waiting_for_a_stub_on_the_loop_that_reads_it_fails_at_once(
         with pytest.raises(RuntimeError, match="would wait for itself"):
             fut.result(10)
         assert server.model("gated").ready()  # from any other thread: asked of the stub
-        np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(1)}).outputs["OUT"].to_numpy(),
-                                      fp32(2))
+        answer = infer(server.model("crashy"), {"IN": fp32(1)})
+        np.testing.assert_array_equal(answer.outputs["OUT"].to_numpy(), fp32(2))
 
 
 def test_starting_a_server_on_the_loop_it_reads_on_is_refused(
@@ -141,8 +143,8 @@ def test_starting_a_server_on_the_loop_it_reads_on_is_refused(
         return await asyncio.get_running_loop().run_in_executor(None, server.start)
     asyncio.run_coroutine_threadsafe(start_beside_the_loop(), running_loop).result(60)
     try:
-        np.testing.assert_array_equal(infer(server.model("crashy"), {"IN": fp32(2)}).outputs["OUT"].to_numpy(),
-                                      fp32(4))
+        answer = infer(server.model("crashy"), {"IN": fp32(2)})
+        np.testing.assert_array_equal(answer.outputs["OUT"].to_numpy(), fp32(4))
     finally:
         server.stop()
     assert segments(shm_prefix) == []

@@ -494,7 +494,7 @@ class DataPlane:
         self.shm = shm if shm is not None else SharedMemoryRegistry()
         self.log_settings = log_settings if log_settings is not None else LogSettings()
 
-    # -- health and metadata (cheap, called straight from the event loop) -----------------------
+    # -- health and metadata (from the event loop; readiness, which may ask a stub, in a thread)
 
     def live(self) -> bool:
         """Whether the server is live."""
