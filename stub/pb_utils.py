@@ -226,8 +226,9 @@ class InferenceRequest:
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
-    def requested_output_names(self) -> list[str]:
-        return self._requested_output_names
+    def requested_output_names(self) -> set[str]:
+        # A set, as Triton's (its C++ side keeps a std::set): duplicates collapse, no order.
+        return set(self._requested_output_names)
 
     def request_id(self) -> str:
         return self._request_id

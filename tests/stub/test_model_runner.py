@@ -41,7 +41,7 @@ class TritonPythonModel:
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", x * helper.FACTOR)],
                 parameters={"rid": r.request_id(), "params": r.parameters(),
-                            "requested": json.dumps(r.requested_output_names())}))
+                            "requested": json.dumps(sorted(r.requested_output_names()))}))
         return out
 
     def finalize(self):
@@ -349,7 +349,7 @@ def test_bls_raises_a_clear_error_or_uses_the_handler(tmp_path):
     runner.model.finalize = lambda: None
     with runner:
         [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
-    assert seen == [("add_sub", ["OUTPUT0"], False)]
+    assert seen == [("add_sub", {"OUTPUT0"}, False)]
     assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().tolist() == [10] * 4
 
 

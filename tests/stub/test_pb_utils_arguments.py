@@ -48,7 +48,7 @@ def test_inference_request_positional_order_and_bytes_names_as_triton():
     # Triton's order: request_id, correlation_id, inputs, requested_output_names, model_name.
     req = pb_utils.InferenceRequest("rid", 7, [T], [b"OUT"], b"target")
     assert (req.request_id(), req.correlation_id(), req.model_name()) == ("rid", 7, "target")
-    assert req.requested_output_names() == ["OUT"] and req.inputs() == [T]
+    assert req.requested_output_names() == {"OUT"} and req.inputs() == [T]
 
 
 def test_inference_request_accepts_numpy_integers_and_defaults():
@@ -57,7 +57,7 @@ def test_inference_request_accepts_numpy_integers_and_defaults():
     assert req.model_version() == 2 and type(req.model_version()) is int
     assert req.timeout() == 5
     bare = pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[])
-    assert bare.inputs() == [] and bare.requested_output_names() == []
+    assert bare.inputs() == [] and bare.requested_output_names() == set()
 
 
 def test_a_missing_tensor_in_a_list_is_tritons_model_exception():

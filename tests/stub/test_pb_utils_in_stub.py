@@ -156,7 +156,8 @@ class TritonPythonModel:
             "correlation_id": request.correlation_id(),
             "correlation_type": type(request.correlation_id()).__name__,
             "flags": request.flags(),
-            "requested": json.dumps(request.requested_output_names()),
+            "requested": json.dumps(sorted(request.requested_output_names())),
+            "requested_type": type(request.requested_output_names()).__name__,
             "parameters": request.parameters(),
             "parameters_type": type(request.parameters()).__name__,
             "model_name": request.model_name(),
@@ -391,7 +392,8 @@ def test_request_accessors(probe, corr):
     assert p["correlation_type"] == type(corr).__name__
     assert p["flags"] == 3
     # None asked for: every output of the config, as Triton 2.51 (checked against it).
-    assert json.loads(p["requested"]) == ["OUT", "TEXT_OUT", "AUX"]
+    assert json.loads(p["requested"]) == ["AUX", "OUT", "TEXT_OUT"]
+    assert p["requested_type"] == "set"  # as Triton's (a std::set on its C++ side)
     assert p["parameters_type"] == "str"
     assert json.loads(p["parameters"]) == {"op": "request", "extra": 5, "flag": True,
                                            "text": "t"}
@@ -582,7 +584,7 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("EXTRA", x)],
-                parameters={"requested": ",".join(r.requested_output_names())}))
+                parameters={"requested": ",".join(sorted(r.requested_output_names()))}))
         return out
 '''
 

@@ -21,7 +21,7 @@ class TritonPythonModel:
                 "flags": request.flags(),
                 "parameters": json.loads(request.parameters()),
                 "parameters_text": request.parameters(),
-                "requested_outputs": list(request.requested_output_names()),
+                "requested_outputs": sorted(request.requested_output_names()),
                 "model_version": self.version,
                 "timeout": request.timeout(),
             }
