@@ -131,11 +131,17 @@ class Tensor:
         """A Tensor from any object with ``__dlpack__`` (or a DLPack capsule), zero copy."""
         if not isinstance(name, str):
             raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
-        if not (hasattr(dlpack_tensor, "__dlpack__")
-                or type(dlpack_tensor).__name__ == "PyCapsule"):
-            raise TypeError(f"tensor '{name}': from_dlpack needs an object with __dlpack__ or "
-                            f"a DLPack capsule, got {type(dlpack_tensor).__name__}")
-        if hasattr(dlpack_tensor, "__dlpack_device__"):
+        # Triton raises TritonModelException for both of these (a model may catch it).
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        capsule = type(dlpack_tensor).__name__ == "PyCapsule"
+        if not capsule and not (hasattr(dlpack_tensor, "__dlpack__")
+                                and hasattr(dlpack_tensor, "__dlpack_device__")):
+            raise TritonModelException(
+                f"Tensor '{name}': from_dlpack was given a {type(dlpack_tensor).__name__}. "
+                "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
+                "`__dlpack__` and `__dlpack_device__` attributes")
+        if not capsule:
             dev = dlpack_tensor.__dlpack_device__()
             if int(dev[0]) != 1:  # kDLCPU
                 raise TritonModelException(

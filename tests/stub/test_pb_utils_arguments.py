@@ -83,8 +83,13 @@ def test_inference_response_and_tensor_wrong_argument_types():
         pb_utils.Tensor("OUT", None)
     with pytest.raises(TypeError, match="name"):
         pb_utils.Tensor(None, np.zeros(2))
-    with pytest.raises(TypeError, match="from_dlpack"):
+    # As Triton: a TritonModelException (the model may catch it), naming what was given.
+    with pytest.raises(pb_utils.TritonModelException, match="given a NoneType.*DLPack capsule"):
         pb_utils.Tensor.from_dlpack("OUT", None)
+    with pytest.raises(pb_utils.TritonModelException, match="__dlpack_device__"):
+        pb_utils.Tensor.from_dlpack("OUT", type("OnlyDlpack", (), {"__dlpack__": None})())
+    with pytest.raises(pb_utils.TritonModelException, match="name cannot be an empty string"):
+        pb_utils.Tensor.from_dlpack("", np.arange(3))
     assert pb_utils.Tensor.from_dlpack("OUT", np.arange(3)).as_numpy().tolist() == [0, 1, 2]
 
 
