@@ -462,3 +462,42 @@ def test_readiness_asked_of_a_stub_under_serve(serve: Callable[..., Serve], tmp_
         server.proc.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
     assert segments(shm_prefix) == []
+
+
+def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """A client holding an idle gRPC stream open does not keep the server from stopping (it
+    waited out --exit-timeout-secs, as Triton does): the stream ends as soon as it has nothing
+    in flight. A stream with a request in flight still gets that request's answer first."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    server, _, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "60")
+    url = f"127.0.0.1:{grpc_port}"
+    idle = grpcclient.InferenceServerClient(url)
+    busy = grpcclient.InferenceServerClient(url)
+    got: dict[str, list[Any]] = {"idle": [], "busy": []}
+    try:
+        for name, client in (("idle", idle), ("busy", busy)):
+            client.start_stream(callback=lambda result, error, box=got[name]: box.append(
+                error if error is not None else result))
+        inp = grpcclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([0.0], np.float32))
+        idle.async_stream_infer("slow", [inp], request_id="first")
+        wait_until(lambda: got["idle"] or None, 20, "the idle stream's first answer")
+        inp.set_data_from_numpy(np.array([2.0], np.float32))
+        busy.async_stream_infer("slow", [inp], request_id="inflight")
+        wait_until(lambda: (marks / "started-inflight").exists(), 20, "the request to start")
+        t0 = time.monotonic()
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        assert server.wait(30) == 0, server.log()
+        elapsed = time.monotonic() - t0
+    finally:
+        idle.close()
+        busy.close()
+    assert elapsed < 15, f"stopping took {elapsed:.1f} s with an idle stream open"
+    assert [r.as_numpy("OUT").tolist() for r in got["idle"]] == [[0.0]], got["idle"]
+    assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
+        == [[4.0]], got["busy"]
+    assert segments(shm_prefix) == []

@@ -7,7 +7,8 @@ bidirectional stream each request runs concurrently, a failed request becomes an
 ``error_message`` on the stream (the stream stays open), default-mode models answer in request
 order, decoupled models answer as their responses arrive, and every response carries
 ``triton_final_response`` (the flags-only final response only when the request asked for it
-with ``triton_enable_empty_final_response``).
+with ``triton_enable_empty_final_response``). On stop, a stream with nothing in flight ends at
+once and a busy one after its last answer, so an idle client does not hold the shutdown.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 #: Triton sets both gRPC message limits to INT32_MAX.
 MAX_MESSAGE_SIZE = 2**31 - 1
 _END = object()
+_STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Which typed ``contents`` field carries each datatype.
@@ -206,6 +208,16 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.stopping = False
+        self._streams: set[Callable[[], None]] = set()  # wakes each open stream on stop
+
+    def begin_stop(self) -> None:
+        """The server is stopping: a stream with nothing in flight ends now, the others once
+        their last request is answered. (A client idling on an open stream kept Triton from
+        exiting until its exit timeout.)"""
+        self.stopping = True
+        for wake in list(self._streams):
+            wake()
 
     # -- health and metadata -----------------------------------------------------------------
 
@@ -413,6 +425,14 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         queue: asyncio.Queue[Any] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
+        def wake() -> None:
+            queue.put_nowait(_STOP)
+
+        def task_done(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if self.stopping and not tasks:
+                wake()  # after the answer it queued: the stream ends once that is written
+
         async def read() -> None:
             # Default-mode models answer in request order (as Triton): each request waits for
             # the previous one's turn before writing.
@@ -423,7 +443,7 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
                     task = asyncio.create_task(self._stream_one(request, queue, previous, turn))
                     previous = turn
                     tasks.add(task)
-                    task.add_done_callback(tasks.discard)
+                    task.add_done_callback(task_done)
                 while tasks:
                     await asyncio.gather(*list(tasks), return_exceptions=True)
                 queue.put_nowait(_END)
@@ -431,17 +451,25 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
                 queue.put_nowait(exc)
 
         reader = asyncio.create_task(read())
+        self._streams.add(wake)
+        if self.stopping:
+            wake()
         try:
             while True:
                 item = await queue.get()
                 if item is _END:
                     return
+                if item is _STOP:
+                    if not tasks:
+                        return
+                    continue
                 if isinstance(item, BaseException):
                     raise item
                 yield item
         finally:
             # The client went away or the server is stopping: cancel what is still running
             # (DataPlane.stream cancels each request inside the server).
+            self._streams.discard(wake)
             reader.cancel()
             for task in list(tasks):
                 task.cancel()
@@ -512,6 +540,7 @@ class GRPCFrontend:
         self.port = port
         self.max_message_size = max_message_size
         self._server: grpc.aio.Server | None = None
+        self._service: GRPCService | None = None
 
     async def start(self) -> None:
         """Bind and start serving."""
@@ -520,7 +549,8 @@ class GRPCFrontend:
             ("grpc.max_receive_message_length", self.max_message_size),
             ("grpc.so_reuseport", 0),
         ])
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCService(self.plane), server)
+        self._service = GRPCService(self.plane)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self._service, server)
         address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
         try:
             port = server.add_insecure_port(address)
@@ -536,5 +566,7 @@ class GRPCFrontend:
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, give in-flight RPCs up to ``timeout`` seconds, then cancel them."""
         if self._server is not None:
+            if self._service is not None:
+                self._service.begin_stop()
             await self._server.stop(timeout)
             self._server = None
