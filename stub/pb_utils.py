@@ -323,16 +323,16 @@ class ResponseSender:
         self._sent = 0
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException(
-                "Unable to send response. Response sender has been closed."
-            )
+        # Triton's checks, in its order and words: the arguments, then default-mode limits,
+        # then whether the sender is closed.
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
         if response is None and not final:
             raise TritonModelException("Inference Response object must be provided when the "
-                                       "response flags is not COMPLETE_FINAL")
+                                       "response flags is set to zero.")
         if not self._request._decoupled_model and response is not None and self._sent >= 1:
             raise TritonModelException(
                 "Unable to send response. Non-decoupled model cannot send more than one response."
@@ -341,6 +341,10 @@ class ResponseSender:
             raise TritonModelException(
                 "Unable to send response. Non-decoupled model cannot send complete final before "
                 "sending a response."
+            )
+        if self._closed:
+            raise TritonModelException(
+                "Unable to send response. Response sender has been closed."
             )
         if final:
             self._closed = True

@@ -69,6 +69,14 @@ def test_default_model_second_response_raises(server):
     assert stub_pid(server, "misuse_default") == pid
 
 
+def test_default_model_response_after_final_names_the_default_mode_limit(server):
+    # Triton checks the default-mode limit before whether the sender is closed.
+    responses = run(server, "misuse_default", "second_after_final", 4)
+    assert len(responses) == 1 and out(responses[0]) == 4
+    assert report(server, "misuse_default")["message"] == (
+        "Unable to send response. Non-decoupled model cannot send more than one response.")
+
+
 def test_default_model_bare_final_flag_first_raises(server):
     responses = run(server, "misuse_default", "final_only", 9)
     # The refused flag did not end the request: the returned response still reaches the caller.
@@ -141,6 +149,18 @@ def test_final_flag_twice_raises(server):
     assert len(responses) == 1 and responses[0].final and out(responses[0]) == 1
     seen = report(server, "misuse_decoupled")
     assert seen["raised"] == "TritonModelException" and "closed" in seen["message"]
+
+
+def test_bad_send_arguments_raise_in_tritons_words(server):
+    pid = stub_pid(server, "misuse_decoupled")
+    responses = run(server, "misuse_decoupled", "bad_calls")
+    assert len(responses) == 1 and responses[0].final and out(responses[0]) == 9
+    assert report(server, "misuse_decoupled")["messages"] == [
+        "Unable to send response. Unsupported flag provided.",
+        "Inference Response object must be provided when the response flags is set to zero.",
+        "Unable to send response. Unsupported flag provided.",
+    ]
+    assert stub_pid(server, "misuse_decoupled") == pid
 
 
 def test_decoupled_execute_returning_responses_is_an_error(server):

@@ -1,7 +1,8 @@
 """A decoupled model that misuses its response sender on purpose (request parameter 'mode'):
 send_after_final (the exception is kept and reported later), final_twice, return_list (execute
 returns responses), send_then_return (the stream is complete, then execute returns responses),
-raise; 'report' answers with what the last misuse raised (REPORT, JSON)."""
+bad_calls (unsupported flags, no response without the final flag), raise; 'report' answers
+with what the last misuse raised (REPORT, JSON)."""
 import json
 
 import numpy as np
@@ -38,6 +39,17 @@ class TritonPythonModel:
                     self.last = {"raised": None}
                 except pb_utils.TritonModelException as exc:
                     self.last = {"raised": "TritonModelException", "message": exc.message()}
+            elif mode == "bad_calls":
+                # Each refused as Triton refuses it; the stream then completes normally.
+                raised = []
+                for args in ((out(1), 3), (None, 0), (out(1), 2)):
+                    try:
+                        sender.send(*args)
+                        raised.append(None)
+                    except pb_utils.TritonModelException as exc:
+                        raised.append(exc.message())
+                sender.send(out(9), flags=FINAL)
+                self.last = {"messages": raised}
             elif mode == "return_list":
                 return [out(1) for _ in requests]
             elif mode == "send_then_return":

@@ -1,6 +1,7 @@
 """A default-mode (not decoupled) model and the response sender (request parameter 'mode'):
 sender_ok (one response with COMPLETE_FINAL), sender_split (one response, then a bare final
-flag), two_responses (the second send raises; kept for 'report'), final_only (a bare
+flag), two_responses (the second send raises; kept for 'report'), second_after_final (the
+same after a response sent with the final flag), final_only (a bare
 final flag first: raises; kept for 'report'), return_none (returns None
 without sending anything), after_return / after_return_list (the sender answers from a thread
 after execute returned None / a list with None for that request), raise_after_send (one
@@ -45,6 +46,14 @@ class TritonPythonModel:
                 except pb_utils.TritonModelException as exc:
                     self.last = {"raised": "TritonModelException", "message": exc.message()}
                 sender.send(flags=FINAL)
+            elif mode == "second_after_final":
+                sender = request.get_response_sender()
+                sender.send(out(value), flags=FINAL)
+                try:
+                    sender.send(out(value + 1))
+                    self.last = {"raised": None}
+                except pb_utils.TritonModelException as exc:
+                    self.last = {"raised": "TritonModelException", "message": exc.message()}
             elif mode == "final_only":
                 # A bare final flag before any response: refused in default mode; the model
                 # then answers the usual way.
