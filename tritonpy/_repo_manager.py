@@ -45,6 +45,8 @@ class ModelEntry:
         self.reason = "unloaded"
         self.runtimes: dict[int, ModelRuntime] = {}
         self.retired: list[ModelRuntime] = []  # unloaded runtimes whose statistics remain
+        self.tried = False  # a load was attempted (the index lists a never-loaded model bare)
+        self.unloaded: list[int] = []  # the versions its last unload took down
         self.fingerprint = ""
         self.version_files: dict[int, str] = {}  # see repository.version_fingerprints
         self.lock = threading.Lock()
@@ -225,6 +227,7 @@ class RepositoryManager:
 
         srv = self.server
         old = dict(entry.runtimes)
+        entry.tried = True
         if not old:
             entry.state = LOADING
             entry.reason = ""
@@ -383,6 +386,7 @@ class RepositoryManager:
                 return
             entry.state = UNLOADING
             rts, entry.runtimes = entry.runtimes, {}
+            entry.unloaded = sorted(rts)
             for rt in rts.values():
                 rt.unload(timeout)
                 entry.retired.append(rt)
@@ -483,6 +487,13 @@ class RepositoryManager:
                 for v in sorted(e.runtimes):
                     out.append({"name": name, "version": str(v), "state": e.runtimes[v].state,
                                 "reason": ""})
+            elif not e.tried:  # as Triton: a model never loaded is listed by name alone
+                out.append({"name": name, "version": "", "state": "", "reason": ""})
+            elif e.unloaded and (e.state == UNLOADING or e.reason == "unloaded"):
+                # As Triton: the versions the unload took down, each UNAVAILABLE ("unloaded").
+                for v in e.unloaded:
+                    out.append({"name": name, "version": str(v), "state": e.state,
+                                "reason": e.reason})
             else:
                 out.append({"name": name, "version": "", "state": e.state, "reason": e.reason})
         return out

@@ -249,7 +249,9 @@ class Server:
         return {"name": self.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def models(self) -> list[dict]:
-        """Repository index: ``{"name", "version", "state", "reason"}`` for every model."""
+        """Repository index: ``{"name", "version", "state", "reason"}`` for every model, as
+        Triton's: a model never loaded has only its name (the rest ""), an unloaded one its
+        last versions, each ``UNAVAILABLE`` with reason ``"unloaded"``."""
         return self.repo.index()
 
     def model(self, name: str, version: int = -1) -> Model:
