@@ -346,6 +346,12 @@ class RepositoryManager:
             raise UnavailableError(
                 "explicit model load / unload is not allowed unless the model control mode is "
                 "explicit")
+        entry = self.entries.get(name)
+        if entry is None and name not in self.scan_errors:
+            # As Triton: unloading a model that is not loaded succeeds, a name the repository
+            # does not have included (unload is idempotent for scripts that clean up).
+            log.info("unload of '%s': the repository has no such model; nothing to unload", name)
+            return
         entry = self.require_known(name)
         self._orphans.pop(name, None)
         self._unload_with_dependents(entry, self.server.exit_timeout)
