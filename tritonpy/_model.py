@@ -249,6 +249,10 @@ class ModelRuntime(RuntimeBase):
         self.queue: Any = self.sched.queue
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
+        # Why requests are refused at once while no instance is alive: every instance died
+        # and its restart failed, or has not succeeded within stub-timeout-seconds. Cleared
+        # when an instance is back.
+        self.unserviceable = ""
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -418,6 +422,10 @@ class ModelRuntime(RuntimeBase):
                 self._forward(succ, req)
                 return
             req.fail(self.not_ready_error())
+            return
+        if self.unserviceable and not self._alive():
+            self.stats.request_done(False, 0)
+            req.fail(UnavailableError(self.unserviceable))
             return
         req.on_cancel = self._cancelled
         if req.trace is not None:
@@ -738,6 +746,11 @@ class ModelRuntime(RuntimeBase):
             self.server.on_instance_died(self, inst)
             threading.Thread(target=self._restart, args=(inst,), daemon=True,
                              name=f"{inst.name}-restart").start()
+            # Queued requests wait for the restart, but not without end: an initialize that
+            # hangs would hold them (and every later one) for ever.
+            bound = self.server.options.stub_timeout_seconds
+            self.server.timers.at(time.monotonic() + bound, lambda: self._still_restarting(
+                inst, f"instance '{inst.name}' died and has not restarted within {bound:g} s"))
         with self.lock:
             self._idle.notify_all()
 
@@ -752,11 +765,37 @@ class ModelRuntime(RuntimeBase):
                 self._start_instance(inst)
                 log.warning("restarted instance %s of model %s", inst.name, self.name)
                 inst.restarts = 0
+                self.unserviceable = ""
                 return
             except TritonpyError as exc:
                 log.error("restart of %s failed: %s", inst.name, exc.message)
+                if not isinstance(exc, UnavailableError):
+                    # The model's initialize failed: it will most likely fail again, so what
+                    # waits is answered now. (A replacement that died as it started, say
+                    # killed, may well start next time: the stub-timeout bound covers it.)
+                    self._still_restarting(
+                        inst, f"instance '{inst.name}' died and its restart failed: "
+                              f"{exc.message}")
             except Exception:  # e.g. the spawn itself failed: try again after the back-off
                 log.exception("restart of %s failed", inst.name)
+
+    def _alive(self) -> bool:
+        return any(i.state in ("READY", "RETIRING") for i in self.instances)
+
+    def _still_restarting(self, inst: Instance, why: str) -> None:
+        """If ``inst`` is still restarting and no other instance is alive, fail what is
+        queued and refuse new requests at once (with ``why``) until an instance is back; the
+        restart goes on meanwhile. Triton fails them too when its stub will not restart."""
+        with self.lock:
+            if inst.state != "RESTARTING" or self.state != READY or self._alive():
+                return
+            self.unserviceable = f"model '{self.name}' has no ready instance: {why}"
+            leftover = [r for r in self.queue if not r.done]
+            self.queue.clear()
+        err = UnavailableError(self.unserviceable)
+        for req in leftover:
+            self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+            req.fail(err)
 
     # -- readiness and unloading ------------------------------------------------------------------
     def ready(self) -> bool:

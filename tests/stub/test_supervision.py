@@ -387,3 +387,69 @@ def test_stub_dying_while_the_server_stops_does_not_hold_stop(repo, tmp_path, sh
         err = queued.get(timeout=5).error
         assert isinstance(err, tritonpy.UnavailableError)
         assert "unloaded" in err.message
+
+
+# initialize() reads what to do from a file next to the model: "ok", "raise" or "hang".
+FLAKY_INIT_PY = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MODE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "mode")
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        mode = open(MODE).read().strip() if os.path.exists(MODE) else "ok"
+        if mode == "raise":
+            raise RuntimeError("initialize fails on purpose")
+        while mode == "hang":
+            time.sleep(0.05)
+            mode = open(MODE).read().strip()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)],
+            parameters={"pid": os.getpid()}) for r in requests]
+"""
+
+
+@pytest.mark.parametrize("how", ["raise", "hang"])
+def test_requests_are_failed_while_a_dead_stub_cannot_restart(tmp_path, shm_prefix, how):
+    # The only instance dies and its replacement's initialize raises (or hangs). Requests that
+    # queued meanwhile, and new ones, get UNAVAILABLE naming why (after stub-timeout-seconds
+    # for a hang) instead of waiting for ever; once initialize works again the model serves.
+    mdir = write_model(tmp_path / "repo", "flaky", FLAKY_INIT_PY)
+    backend = {"restart-backoff-seconds": "0.2", "stub-timeout-seconds": "2"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        model = srv.model("flaky")
+        (inst,) = srv.runtime("flaky").instances
+        first = inst.stub.pid
+        (mdir / "mode").write_text(how)
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: inst.state == "RESTARTING", timeout=10)
+        queued = [model.infer({"IN": X[0]}) for _ in range(3)]
+        t0 = time.monotonic()
+        answers = [q.get(timeout=20) for q in queued]
+        waited = time.monotonic() - t0
+        why = ("its restart failed: RuntimeError: initialize fails on purpose" if how == "raise"
+               else "has not restarted within 2 s")
+        for resp in answers:
+            assert isinstance(resp.error, tritonpy.UnavailableError), resp
+            assert f"model 'flaky' has no ready instance: instance 'flaky_0' died and " \
+                   f"{why}" in resp.error.message, resp.error.message
+        assert waited < 10
+        # A new request is refused at once while no instance is back.
+        t0 = time.monotonic()
+        late = model.infer({"IN": X[0]}).get(timeout=5)
+        assert isinstance(late.error, tritonpy.UnavailableError) and why in late.error.message
+        assert time.monotonic() - t0 < 1
+        assert not model.ready()
+        (mdir / "mode").write_text("ok")
+        assert wait_for(model.ready, timeout=20), srv.models()
+        resp = model.infer({"IN": X[0]}).get(timeout=20)
+        assert resp.error is None, resp.error
+        assert resp.parameters["pid"] not in (first,)
+        np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
