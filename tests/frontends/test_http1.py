@@ -4,6 +4,7 @@ malformed requests, disconnects, idle connections and the drain on stop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import gzip
 import hashlib
 import random
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from _models import wait_for
@@ -177,6 +179,55 @@ def test_large_bodies_in_pieces_and_pipelined() -> None:
             got = [read_response(sock, buf)[2] for _ in bodies]
             assert got == [f"POST {len(b)} {hashlib.sha256(b).hexdigest()}".encode() for b in bodies]
             sock.close()
+
+
+def test_a_body_holds_memory_for_what_arrived_not_what_was_announced() -> None:
+    """Connections that announce a large Content-Length and send a little hold about what they
+    sent (a client must not make the server allocate the announced size per connection), and
+    let go of it, with the connection itself, as soon as they close; a large body sent whole
+    still arrives intact."""
+    async def digest(req: Request) -> Response:
+        return Response(200, f"{len(req.body)} {hashlib.sha256(req.body).hexdigest()}".encode())
+
+    announced, sent, count = 48 << 20, 70_000, 6
+    head = f"POST /b HTTP/1.1\r\nHost: t\r\nContent-Length: {announced}\r\n\r\n".encode()
+    process = psutil.Process()
+    with serving(digest, max_body=64 << 20) as running:
+        rss = process.memory_info().rss
+        socks = [connect(running) for _ in range(count)]
+        for sock in socks:
+            sock.sendall(head + b"x" * sent)
+
+        def conns() -> list[Any]:
+            return [c for c in list(running.server.connections) if c.size >= sent]
+
+        assert wait_for(lambda: len(conns()) == count)
+        held = [len(c.buffer) for c in conns()]
+        assert max(held) <= 1 << 20, held
+        assert process.memory_info().rss - rss < announced // 2
+        # More of one body: its buffer grows with it, by doubling, not to the announced size.
+        socks[0].sendall(b"y" * (5 << 20))
+        assert wait_for(lambda: [c for c in conns() if c.size >= sent + (5 << 20)])
+        first = [c for c in conns() if c.size >= sent + (5 << 20)]
+        assert sent + (5 << 20) <= len(first[0].buffer) <= 2 * (sent + (5 << 20))
+        # Closed: the buffers go at once, and the connections with them (no cycle left for the
+        # garbage collector, which is off here, to find).
+        refs = [weakref.ref(c) for c in conns()]
+        del first
+        gc.disable()
+        try:
+            for sock in socks:
+                sock.close()
+            assert wait_for(lambda: not running.server.connections)
+            assert wait_for(lambda: all(ref() is None for ref in refs), 5), \
+                [len(c.buffer or b"") for c in (ref() for ref in refs) if c is not None]
+        finally:
+            gc.enable()
+        body = random.Random(3).randbytes(24 << 20)
+        sock = connect(running)
+        sock.sendall(post("/b", body))
+        assert read_response(sock)[2] == f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+        sock.close()
 
 
 def test_expect_continue_and_chunked_body() -> None:

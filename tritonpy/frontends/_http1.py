@@ -31,8 +31,12 @@ KEEPALIVE_TIMEOUT = 75.0
 STALL_TIMEOUT = 60.0
 #: Requests parsed ahead on one connection before it stops reading (pipelining backpressure).
 MAX_PIPELINED = 16
-#: A body announced larger than this is read into one buffer of its size.
+#: A body announced larger than this is read straight into one buffer (see ``_Connection``).
 LARGE_BODY = 65536
+#: That buffer starts at this size (or the body's, if smaller) and doubles as the body arrives:
+#: what a connection holds follows what its client sent, not what it announced (a client could
+#: otherwise make the server allocate ``max_body`` bytes per connection with a few headers).
+BODY_START = 262144
 #: Size of each connection's read buffer for heads and small bodies.
 READ_SIZE = 65536
 #: Bodies up to this size go out in one write with their head.
@@ -145,17 +149,21 @@ class _Connection(asyncio.BufferedProtocol):
     """One client connection: parse, queue, answer in order, one handler task at a time.
 
     A buffered protocol: the loop reads into our buffers. Head and small bodies are read into
-    a scratch buffer and parsed; a large body with a Content-Length gets one buffer of that
-    size, and once the parser has seen the head, the rest of the body is read straight into it
-    (no copy per chunk, and no churn of chunk-sized allocations: a 16 MiB body took 3x the
-    CPU through httptools' per-chunk bytes objects).
+    a scratch buffer and parsed; a large body with a Content-Length gets one buffer, and once
+    the parser has seen the head, the rest of the body is read straight into it (no copy per
+    chunk, and no churn of chunk-sized allocations: a 16 MiB body took 3x the CPU through
+    httptools' per-chunk bytes objects). That buffer starts at ``BODY_START`` bytes and doubles
+    whenever it is full, up to the announced length, which it then has exactly; growing resizes
+    it in place (realloc, which remaps a large block rather than copying it).
     """
 
     def __init__(self, server: HTTPServer) -> None:
         self.server = server
         self.loop = server.loop
         self.transport: asyncio.Transport | None = None
-        self.parser = self._new_parser()
+        # None once the connection is lost: the parser holds our bound callbacks, and the cycle
+        # would keep the connection (and its buffers) alive until the garbage collector ran.
+        self.parser: httptools.HttpRequestParser | None = self._new_parser()
         self.pending: deque[tuple[Request | BaseException, bool]] = deque()
         self.task: asyncio.Task[None] | None = None
         self.closing = False
@@ -175,12 +183,14 @@ class _Connection(asyncio.BufferedProtocol):
         self.chunks: list[bytes] = []
         self.buffer: bytearray | None = None
         self.size = 0
+        self.length = 0  # the Content-Length of a body read into ``buffer``
         self.too_large = False
         self.keep_alive = True
         self.method = ""
         self.http10 = False
         self.scratch = memoryview(bytearray(READ_SIZE))
-        # The part of ``buffer`` still to come, while the body is read straight into it.
+        # The free part of ``buffer``, while the body is read straight into it; empty when the
+        # buffer is full and must grow before the next read.
         self.direct: memoryview | None = None
 
     def _new_parser(self) -> httptools.HttpRequestParser:
@@ -200,14 +210,41 @@ class _Connection(asyncio.BufferedProtocol):
         self._arm_idle_timer()
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        return self.direct if self.direct is not None else self.scratch
+        # No local names ``direct``: a view held here would stop _grow resizing the buffer.
+        if self.direct is None:
+            return self.scratch
+        return self.direct if self.direct else self._grow()
+
+    def _grow(self) -> memoryview:
+        """Double the full body buffer (up to the announced length); its free part.
+
+        Done here, not in ``buffer_updated``: there the loop may still hold the view it read
+        into, and a bytearray with a live view cannot be resized."""
+        buffer = self.buffer
+        assert buffer is not None
+        have = len(buffer)
+        self.direct = None  # our own view of it goes first
+        size = min(self.length, 2 * have)
+        try:
+            # In place (realloc), filled with a copy of what is there rather than zeros: no
+            # temporary, and the body overwrites it as it arrives.
+            if size == 2 * have:
+                buffer *= 2
+            else:
+                buffer += buffer[:size - have]
+        except BufferError:  # a view of it outlived its read: move to a new buffer
+            grown = bytearray(size)
+            grown[:have] = buffer
+            self.buffer = buffer = grown
+        direct = self.direct = memoryview(buffer)[have:]
+        return direct
 
     def buffer_updated(self, nbytes: int) -> None:
         direct = self.direct
         if direct is not None:
             self.size += nbytes
-            if nbytes < len(direct):
-                self.direct = direct[nbytes:]
+            if self.size < self.length:
+                self.direct = direct[nbytes:]  # empty when full: get_buffer grows it
                 return
             # The body is complete. The parser never saw its bytes: the next request starts
             # on a new one.
@@ -215,8 +252,11 @@ class _Connection(asyncio.BufferedProtocol):
             self.parser = self._new_parser()
             self._message_done()
             return
+        parser = self.parser
+        if parser is None:  # the connection is lost
+            return
         try:
-            self.parser.feed_data(self.scratch[:nbytes])
+            parser.feed_data(self.scratch[:nbytes])
         except httptools.HttpParserUpgrade:
             self._fail_parse("protocol upgrades are not supported")
             return
@@ -235,6 +275,11 @@ class _Connection(asyncio.BufferedProtocol):
         self.server.connections.discard(self)
         self.closing = True
         self.pending.clear()
+        # Let go of a body half read (up to max_body) now, and break the cycle through the
+        # parser so that the connection itself goes as soon as the loop lets go of it.
+        self.buffer = self.direct = None
+        self.chunks = []
+        self.parser = None
         if self.idle_timer is not None:
             self.idle_timer.cancel()
         if self.task is not None:
@@ -283,16 +328,20 @@ class _Connection(asyncio.BufferedProtocol):
         self.headers[key] = text if old is None else f"{old}, {text}"
 
     def on_headers_complete(self) -> None:
-        self.keep_alive = self.parser.should_keep_alive() and not (
+        parser = self.parser
+        assert parser is not None  # it is the one calling
+        self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
-        self.method = self.parser.get_method().decode("latin-1")
-        self.http10 = self.parser.get_http_version() == "1.0"
+        self.method = parser.get_method().decode("latin-1")
+        self.http10 = parser.get_http_version() == "1.0"
         text = self.headers.get("content-length", "")
         length = int(text) if text.isdigit() else 0
         if length > self.server.max_body:
             self.too_large = True
         elif length > LARGE_BODY and "transfer-encoding" not in self.headers:
-            self.buffer = bytearray(length)
+            # What arrived with the head (at most READ_SIZE) fits; the rest grows it.
+            self.length = length
+            self.buffer = bytearray(min(length, BODY_START))
         if self.headers.get("expect", "").lower() == "100-continue" and self.transport is not None:
             if self.too_large:
                 # Answer now; the client sends no body, so the connection cannot be reused.
@@ -313,6 +362,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.buffer = None
             return
         if self.buffer is not None:
+            # Past its end, the assignment extends the buffer.
             self.buffer[self.size - len(body):self.size] = body
         else:
             self.chunks.append(body)
