@@ -548,16 +548,46 @@ def test_duplicate_output_names_are_refused(served: Served, http: httpclient.Inf
 
 def test_an_input_named_twice_is_refused(served: Served, http: httpclient.InferenceServerClient,
                                          grpcc: grpcclient.InferenceServerClient) -> None:
-    message = "input 'INPUT0' already exists in request"  # Triton 2.51's words
+    # Triton 2.51's words, with its core's request prefix.
+    message = "[request id: <id_unknown>] input 'INPUT0' already exists in request"
     status, body = raw_post(served, "/v2/models/identity_fp32/infer", _infer_body(
         [dict(FP32_4, data=[1, 2, 3, 4]), dict(FP32_4, data=[5, 6, 7, 8])]))
     assert (status, body["error"]) == (400, message)
     inputs = [grpcclient.InferInput("INPUT0", [4], "FP32") for _ in range(2)]
     for inp in inputs:
         inp.set_data_from_numpy(np.ones(4, np.float32))
-    with pytest.raises(InferenceServerException, match=message) as info:
-        grpcc.infer("identity_fp32", inputs)
+    with pytest.raises(InferenceServerException) as info:
+        grpcc.infer("identity_fp32", inputs, request_id="twice")
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert info.value.message() == "[request id: twice] input 'INPUT0' already exists in request"
+
+
+def test_core_request_errors_carry_the_request_id(served: Served, http: httpclient.InferenceServerClient,
+                                                 grpcc: grpcclient.InferenceServerClient) -> None:
+    # Triton 2.51 starts the core's request checks with "[request id: <id>] " ("<id_unknown>"
+    # without an id); an unknown input or output name, found while looking it up in the model,
+    # has no prefix even with an id.
+    def post(doc: dict[str, Any]) -> tuple[int, str]:
+        status, body = raw_post(served, "/v2/models/identity_fp32/infer", json.dumps(doc).encode())
+        return status, body["error"]
+
+    wrong_type = [dict(FP32_4, datatype="INT32", data=[1, 2, 3, 4])]
+    expects = "inference input 'INPUT0' data-type is 'INT32', but model 'identity_fp32' expects 'FP32'"
+    assert post({"inputs": wrong_type}) == (400, "[request id: <id_unknown>] " + expects)
+    assert post({"id": "my-id", "inputs": wrong_type}) == (400, "[request id: my-id] " + expects)
+    assert post({"id": "my-id", "inputs": [dict(FP32_4, name="X", data=[1, 2, 3, 4])]}) == (
+        400, "unexpected inference input 'X' for model 'identity_fp32'")
+    assert post({"id": "my-id", "inputs": [dict(FP32_4, data=[1, 2, 3, 4])],
+                 "outputs": [{"name": "NOPE"}]}) == (
+        400, "unexpected inference output 'NOPE' for model 'identity_fp32'")
+    inp = grpcclient.InferInput("INPUT0", [16], "FP32")
+    inp.set_data_from_numpy(np.ones(16, np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        grpcc.infer("add_sub", [inp])
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert info.value.message().startswith(
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'.")
+    assert_still_serving(http)
     assert_still_serving(http)
 
 

@@ -31,6 +31,7 @@ from .._errors import (
     UnsupportedError,
     input_twice,
 )
+from ..validation import request_prefix
 from .dataplane import (
     DataPlane,
     InferRequest,
@@ -115,7 +116,7 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         ref = shm_ref(name, params)
         has_contents = inp.HasField("contents")
         if name in req.inputs:
-            raise input_twice(name)
+            raise input_twice(name, request_prefix(req.request_id))
         if ref is not None:
             if has_contents:
                 raise InvalidArgumentError(

@@ -30,6 +30,7 @@ from .._errors import (
     UnsupportedError,
     input_twice,
 )
+from ..validation import request_prefix
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from .dataplane import (
@@ -429,7 +430,7 @@ class HTTPFrontend:
                     + ("no field is set" if not has else "set " + " ".join(has))
                 )
             if name in req.inputs:
-                raise input_twice(name)
+                raise input_twice(name, request_prefix(req.request_id))
             if "binary_data_size" in params:
                 size = params["binary_data_size"]
                 if not is_uint(size):
