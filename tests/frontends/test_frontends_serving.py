@@ -139,6 +139,20 @@ MODELS: dict[str, tuple[str, str]] = {
             def execute(self, requests):
                 raise RuntimeError("boom from execute")
         """),
+    # The request's parameters() JSON, as the model sees it.
+    "params_seen": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ 1 ] } ]
+        """, """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", np.array([r.parameters()], dtype=object))]) for r in requests]
+        """),
 }
 
 
@@ -302,6 +316,30 @@ def test_http_request_and_response_parameters(http: httpclient.InferenceServerCl
     assert params == {"temperature": "hot", "k": 3, "flag": True, "echo_id": "p1"}
     with pytest.raises(InferenceServerException, match="reserved"):
         http.infer("identity_fp32", [inp], parameters={"triton_x": 1})
+    # As Triton 2.51: a JSON number with a fraction is a double parameter, and so is an
+    # integer past int64 (Triton's JSON reader holds it as a double).
+    result = http.infer("params_seen", [inp], parameters={"f": 1.5, "two": 2.0, "big": 2**63 + 5})
+    seen = json.loads(result.as_numpy("OUTPUT0")[0])
+    assert seen == {"f": 1.5, "two": 2.0, "big": 9.223372036854776e18}
+    assert isinstance(seen["two"], float) and isinstance(seen["big"], float)
+
+
+def test_grpc_request_parameter_kinds(served: Served) -> None:
+    # Triton 2.51 takes int64, bool, string and double parameters and refuses uint64.
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="params_seen")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        req.parameters["p"].double_param = 2.5
+        seen = stub.ModelInfer(req).raw_output_contents[0][4:]  # past the length prefix
+        assert json.loads(seen) == {"p": 2.5}
+        req.parameters["p"].uint64_param = 7
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == ("invalid value type for 'p' parameter, expected int64_param, "
+                                     "bool_param, or string_param.")
 
 
 def test_http_compression(http: httpclient.InferenceServerClient) -> None:

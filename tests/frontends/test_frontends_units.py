@@ -168,7 +168,7 @@ def test_request_parameters() -> None:
     assert grpc_req.enable_empty_final and grpc_req.correlation_id == "abc"
     with pytest.raises(InvalidArgumentError, match="Only the following keys"):
         apply_parameters(InferRequest("m"), {"triton_other": True}, http=False)
-    for bad in ({"sequence_start": 1}, {"priority": -1}, {"x": 1.5}, {"x": [1]}):
+    for bad in ({"sequence_start": 1}, {"priority": -1}, {"x": [1]}, {"x": {"y": 1}}):
         with pytest.raises(InvalidArgumentError):
             apply_parameters(InferRequest("m"), bad, http=True)
 

@@ -45,6 +45,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: Request parameters that start with ``triton_`` and that a client may still send.
 RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
@@ -230,8 +231,11 @@ def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: b
                     f"invalid value type for '{key}' parameter, expected bool_param."
                 )
             req.enable_empty_final = value
-        elif isinstance(value, (bool, int, str)):
+        elif isinstance(value, (bool, str, float)):
             req.parameters[key] = value
+        elif isinstance(value, int):
+            # Triton's JSON reader holds an integer past int64 as a double; so does the model.
+            req.parameters[key] = value if INT64_MIN <= value <= INT64_MAX else float(value)
         else:
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."

@@ -103,11 +103,30 @@ def _set_param(target: Any, key: str, value: Any) -> None:
         p.string_param = str(value)
 
 
+#: Request parameters whose value kinds ``apply_parameters`` checks itself.
+_SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+
+
+def _request_parameters(params: Any) -> dict[str, Any]:
+    """A request's parameters as Python values; Triton takes an ordinary one only as int64,
+    bool, string or double (a ``uint64_param`` is refused, as an unset value)."""
+    out = {}
+    for key, p in params.items():
+        kind = p.WhichOneof("parameter_choice")
+        if kind in (None, "uint64_param") and not (
+                key in _SPECIAL_PARAMETERS or key.startswith("triton_")):
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param.")
+        out[key] = None if kind is None else getattr(p, kind)
+    return out
+
+
 def decode_request(plane: DataPlane, request: Any) -> InferRequest:
     """A :class:`InferRequest` from a ``ModelInferRequest`` message."""
     model = request.model_name
     req = InferRequest(model, parse_version(request.model_version), request_id=request.id)
-    apply_parameters(req, {k: _param_value(v) for k, v in request.parameters.items()}, http=False)
+    apply_parameters(req, _request_parameters(request.parameters), http=False)
     raw = request.raw_input_contents
     index = 0
     for inp in request.inputs:
