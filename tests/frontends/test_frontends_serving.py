@@ -139,6 +139,16 @@ MODELS: dict[str, tuple[str, str]] = {
             def execute(self, requests):
                 raise RuntimeError("boom from execute")
         """),
+    "identity_uint64": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
+    "identity_int64": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_INT64, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_INT64, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
     # The request's parameters() JSON, as the model sees it.
     "params_seen": ("""
         backend: "python"
@@ -567,6 +577,19 @@ def test_http_json_tensor_limits(served: Served, http: httpclient.InferenceServe
                             _infer_body([dict(FP32_4, shape=[1], data=deep)]))
     assert status == 200 and body["outputs"][0]["data"] == [1.5]
     assert_still_serving(http)
+
+
+@pytest.mark.parametrize("datatype, values", [
+    ("UINT64", [1, 18446744073709551615]),  # below and above 2**63: numpy would make floats
+    ("UINT64", [2**63, 0, 2**63 + 1]),
+    ("INT64", [-(2**63), 2**63 - 1]),
+    ("INT64", [-1, 9007199254740993]),  # past a double's exact integers
+])
+def test_http_json_64_bit_integers_are_exact(served: Served, datatype: str, values: list[int]) -> None:
+    inp = {"name": "INPUT0", "datatype": datatype, "shape": [len(values)], "data": values}
+    status, body = raw_post(served, f"/v2/models/identity_{datatype.lower()}/infer", _infer_body([inp]))
+    assert status == 200, body
+    assert body["outputs"][0]["data"] == values
 
 
 def test_duplicate_output_names_are_refused(served: Served, http: httpclient.InferenceServerClient,

@@ -332,6 +332,10 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             arr = np.array(data)
         except ValueError as exc:
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {exc}") from None
+        if dtype.kind in "iu" and arr.dtype.kind in "fO":
+            # Integers on both sides of 2**63 have no common numpy integer type: numpy makes
+            # floats of them (or objects), losing the low bits. Build from exact Python ints.
+            arr = _exact_integers(name, datatype, data)
         if arr.size and arr.dtype.kind not in _KINDS[dtype.kind]:
             raise InvalidArgumentError(
                 f"Unable to parse 'data' of input '{name}': expected {datatype} values"
@@ -346,6 +350,18 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             f"Unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field"
         )
     return arr.reshape(tuple(shape))
+
+
+def _exact_integers(name: str, datatype: str, data: list[object]) -> np.ndarray:
+    """``data`` as an array of ``datatype`` when every element is a JSON integer in range."""
+    flat: list[object] = []
+    _flatten(name, data, flat, 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected {datatype} values")
+    info = np.iinfo(TRITON_TO_NUMPY[datatype])
+    if any(v < info.min or v > info.max for v in flat):  # type: ignore[operator]
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': value out of range for {datatype}")
+    return np.array(flat, dtype=TRITON_TO_NUMPY[datatype])
 
 
 def _flatten(name: str, data: list[object], out: list[object], depth: int) -> None:
