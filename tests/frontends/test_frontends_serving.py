@@ -712,6 +712,23 @@ def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
         http.update_log_settings({"log_verbose_level": 0})
 
 
+def test_a_network_client_cannot_choose_the_log_file(served: Served, tmp_path: Path,
+                                                     http: httpclient.InferenceServerClient,
+                                                     grpcc: grpcclient.InferenceServerClient) -> None:
+    # As Triton 2.51: HTTP 501 / UNIMPLEMENTED, and nothing in the update is applied.
+    target = tmp_path / "chosen.log"
+    message = "log file location can not be updated through network protocol"
+    with pytest.raises(InferenceServerException) as e:
+        http.update_log_settings({"log_file": str(target), "log_verbose_level": 1})
+    assert (e.value.status(), e.value.message()) == ("501", message)
+    with pytest.raises(InferenceServerException) as e:
+        grpcc.update_log_settings({"log_file": str(target)})
+    assert (e.value.status(), e.value.message()) == ("StatusCode.UNIMPLEMENTED", message)
+    settings = http.get_log_settings()
+    assert (settings["log_file"], settings["log_verbose_level"]) == ("", 0)
+    assert not target.exists()
+
+
 def test_http_aio_client(served: Served) -> None:
     async def run() -> None:
         client = httpaio.InferenceServerClient(served.http)

@@ -529,6 +529,16 @@ class DataPlane:
         """KServe server metadata."""
         return self.server.metadata()
 
+    def update_log_settings(self, new: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a logging update from a network client; the settings in effect after it.
+
+        As Triton, a client may not choose the log file: where the server writes is the
+        operator's call (``--log-file``), so ``log_file`` is refused and nothing is applied.
+        """
+        if new.get("log_file") is not None:
+            raise UnsupportedError("log file location can not be updated through network protocol")
+        return self.log_settings.update(new)
+
     def trace_settings(self, settings: Mapping[str, Any] | None = None,
                        model: str = "") -> dict[str, Any]:
         """The trace settings in effect (for ``model``: its own over the server's), after

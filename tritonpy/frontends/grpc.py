@@ -401,7 +401,7 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
     async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Get or update the dynamic logging settings."""
         new = {k: _param_value(v) for k, v in request.settings.items()}
-        values = self.plane.log_settings.update(new) if new else self.plane.log_settings.get()
+        values = self.plane.update_log_settings(new) if new else self.plane.log_settings.get()
         resp = service_pb2.LogSettingsResponse()
         for key, value in values.items():
             s = resp.settings[key]

@@ -217,7 +217,7 @@ class HTTPFrontend:
         if request.method == "GET":
             return json_response(self.plane.log_settings.get())
         if request.method == "POST":
-            return json_response(self.plane.log_settings.update(_json_body(request)))
+            return json_response(self.plane.update_log_settings(_json_body(request)))
         return _method_not_allowed()
 
     async def _trace(self, request: Request, model: str = "") -> Response:
