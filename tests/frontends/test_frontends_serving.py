@@ -684,14 +684,24 @@ def test_http_oversized_body(served: Served, http: httpclient.InferenceServerCli
     assert_still_serving(http)
 
 
-def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceServerClient) -> None:
+def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceServerClient,
+                                     grpcc: grpcclient.InferenceServerClient) -> None:
     assert_still_serving(http)
     stats = http.get_inference_statistics("add_sub")["model_stats"]
     assert stats[0]["name"] == "add_sub" and int(stats[0]["inference_stats"]["success"]["count"]) >= 1
     everything = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
     assert {"add_sub", "identity_fp32"} <= everything
-    with pytest.raises(InferenceServerException, match="not available"):
-        http.get_inference_statistics("no_such_model")
+    # Triton 2.51's words and codes: INVALID_ARG (HTTP 400), the model before the version.
+    for client, code in ((http, "400"), (grpcc, "StatusCode.INVALID_ARGUMENT")):
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics("no_such_model")
+        assert (e.value.status(), e.value.message()) == (
+            code, "requested model 'no_such_model' is not available")
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics("add_sub", "7")
+        assert (e.value.status(), e.value.message()) == (
+            code, "requested model version is not available for model 'add_sub'")
+    assert http.get_inference_statistics("add_sub", "1")["model_stats"][0]["version"] == "1"
     text = urllib.request.urlopen(served.metrics).read().decode()
     for family in ("nv_inference_request_success", "nv_inference_request_failure",
                    "nv_inference_count", "nv_inference_exec_count",
