@@ -873,6 +873,35 @@ def test_grpc_stream_decoupled_and_errors(grpcc: grpcclient.InferenceServerClien
         grpcc.stop_stream()
 
 
+def test_grpc_stream_errors_and_empty_finals_name_the_asked_version(served: Served) -> None:
+    # As Triton 2.51: an error or the flags-only final response on the stream carries the
+    # request's model_version (none when the client named none); a response with outputs
+    # names the version that ran.
+    def request(model: str, rid: str, version: str = "") -> Any:
+        req = service_pb2.ModelInferRequest(model_name=model, id=rid, model_version=version)
+        if model == "repeat":
+            req.inputs.add(name="IN", datatype="INT32", shape=[1])
+            req.raw_input_contents.append(np.array([4], np.int32).tobytes())
+            req.parameters["triton_enable_empty_final_response"].bool_param = True
+        else:
+            req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+            req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        return req
+
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        got = {}
+        for rid, version in (("e1", ""), ("e2", "1")):
+            for msg in stub.ModelStreamInfer(iter([request("repeat", rid, version)]), timeout=30):
+                r = msg.infer_response
+                got.setdefault(rid, []).append((len(r.outputs), r.model_version))
+        assert got == {"e1": [(1, "1"), (0, "")], "e2": [(1, "1"), (0, "1")]}
+        [msg] = stub.ModelStreamInfer(iter([request("raiser", "e3")]), timeout=30)
+        assert "boom from execute" in msg.error_message
+        r = msg.infer_response
+        assert (r.id, r.model_name, r.model_version) == ("e3", "raiser", "")
+
+
 def test_grpc_system_shared_memory(grpcc: grpcclient.InferenceServerClient) -> None:
     tag = f"tpyc{secrets.token_hex(4)}"
     handles = _shm_regions(tag, {"io": 256})

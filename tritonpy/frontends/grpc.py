@@ -507,7 +507,8 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
             async for result in self.plane.stream(req, model):
                 if not decoupled and wait_for is not None:
                     await wait_for
-                msg = self._stream_message(result, req.enable_empty_final, decoupled)
+                msg = self._stream_message(result, req.enable_empty_final, decoupled,
+                                           request.model_version)
                 if msg is not None:
                     queue.put_nowait(msg)
         except asyncio.CancelledError:
@@ -526,10 +527,13 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
                 turn.set_result(None)
 
     @staticmethod
-    def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool) -> Any:
+    def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool,
+                        asked_version: str) -> Any:
+        # An error, or the flags-only final response, names the version as the request did
+        # (Triton copies the request's model_version: empty when the client gave none).
         if result.error is not None:
             resp = service_pb2.ModelInferResponse(
-                model_name=result.model, model_version=str(result.version), id=result.request_id
+                model_name=result.model, model_version=asked_version, id=result.request_id
             )
             resp.parameters["triton_final_response"].bool_param = result.final
             return service_pb2.ModelStreamInferResponse(error_message=result.error.message,
@@ -538,6 +542,11 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
             # The flags-only final response of a decoupled model: sent only on request.
             if not enable_empty_final:
                 return None
+            if not result.parameters:
+                resp = service_pb2.ModelInferResponse(
+                    model_name=result.model, model_version=asked_version, id=result.request_id)
+                resp.parameters["triton_final_response"].bool_param = True
+                return service_pb2.ModelStreamInferResponse(infer_response=resp)
         resp = encode_result(result)
         resp.parameters["triton_final_response"].bool_param = result.final
         return service_pb2.ModelStreamInferResponse(infer_response=resp)
