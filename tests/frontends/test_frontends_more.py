@@ -547,7 +547,8 @@ def test_grpc_wrong_names_shapes_and_framing(served: Served, grpcc: grpcclient.I
         with pytest.raises(grpc.RpcError) as err:
             stub.ModelInfer(req)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "unexpected total byte size 12" in err.value.details()
+        assert err.value.details() == ("[request id: <id_unknown>] input byte size mismatch for "
+                                       "input 'INPUT0' for model 'ident'. Expected 16, got 12")
         req.raw_input_contents.append(b"\0" * 16)  # more raw contents than inputs
         with pytest.raises(grpc.RpcError) as err:
             stub.ModelInfer(req)

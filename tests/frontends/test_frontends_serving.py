@@ -510,7 +510,33 @@ def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceSe
     header = _infer_body([dict(FP32_4, parameters={"binary_data_size": 12})])
     hdr = {"Inference-Header-Content-Length": str(len(header))}
     status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + b"\0" * 12, hdr)
-    assert status == 400 and "unexpected total byte size 12" in body["error"]
+    assert (status, body["error"]) == (400, "[request id: <id_unknown>] input byte size mismatch "
+                                            "for input 'INPUT0' for model 'identity_fp32'. "
+                                            "Expected 16, got 12")
+    # A BYTES element whose length runs past the tensor's end, in Triton's words.
+    cut = (4).to_bytes(4, "little") + b"ab"
+    header = _infer_body([{"name": "INPUT0", "datatype": "BYTES", "shape": [1],
+                           "parameters": {"binary_data_size": len(cut)}}])
+    status, body = raw_post(served, "/v2/models/identity_bytes/infer", header + cut,
+                            {"Inference-Header-Content-Length": str(len(header))})
+    incomplete = ("incomplete string data for inference input 'INPUT0', expecting string of "
+                  "length 4 but only 2 bytes available")
+    assert (status, body["error"]) == (400, incomplete)
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="identity_bytes", id="g")
+        req.inputs.add(name="INPUT0", datatype="BYTES", shape=[1])
+        req.raw_input_contents.append(cut)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, incomplete)
+        req = service_pb2.ModelInferRequest(model_name="identity_fp32", id="g")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+        req.raw_input_contents.append(b"\0" * 4)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert err.value.details() == ("[request id: g] input byte size mismatch for input "
+                                       "'INPUT0' for model 'identity_fp32'. Expected 8, got 4")
     # Raw binary request (header length 0): the whole body is the model's only input.
     raw = np.arange(4, dtype=np.float32).tobytes()
     conn = http_conn(served)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import json
 import math
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
@@ -31,6 +32,7 @@ from .._errors import (
 from .._trace import Trace
 from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
 from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
+from ..validation import request_prefix
 from .sharedmem import SharedMemoryRegistry
 
 if TYPE_CHECKING:
@@ -278,23 +280,46 @@ def _numpy_dtype(name: str, datatype: object) -> np.dtype:
     return np.dtype(TRITON_TO_NUMPY[datatype])
 
 
-def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer) -> np.ndarray:
-    """A zero-copy array over ``buf``, after checking its size against the shape."""
+def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, *,
+                   model: str, request_id: str = "") -> np.ndarray:
+    """A zero-copy array over ``buf``, after checking its size against the shape.
+
+    ``model`` and ``request_id`` are for the messages, in Triton's words.
+    """
     dtype = _numpy_dtype(name, datatype)
     count = element_count(name, shape)
     if datatype == "BYTES":
         try:
             arr = deserialize_bytes(buf, count)
         except ProtocolError as exc:
+            cut = _cut_element(buf)
+            if cut is not None:
+                raise InvalidArgumentError(
+                    f"incomplete string data for inference input '{name}', expecting string of "
+                    f"length {cut[0]} but only {cut[1]} bytes available") from None
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
     check_byte_size(name, datatype, count)
     expected = count * ITEMSIZE[datatype]
     if len(buf) != expected:
         raise InvalidArgumentError(
-            f"unexpected total byte size {len(buf)} for input '{name}', expecting {expected}"
+            f"{request_prefix(request_id)}input byte size mismatch for input '{name}' for model "
+            f"'{model}'. Expected {expected}, got {len(buf)}"
         )
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+def _cut_element(buf: Buffer) -> tuple[int, int] | None:
+    """The first BYTES element running past the end: (its length, the bytes left for it)."""
+    mv = memoryview(buf).cast("B")
+    off = 0
+    while off + 4 <= len(mv):
+        (length,) = struct.unpack_from("<I", mv, off)
+        off += 4
+        if off + length > len(mv):
+            return length, len(mv) - off
+        off += length
+    return None
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
@@ -600,9 +625,11 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------------
 
-    def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef) -> np.ndarray:
+    def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
+                       model: str, request_id: str = "") -> np.ndarray:
         """A zero-copy array over a client's shared-memory window."""
-        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size))
+        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
+                              model=model, request_id=request_id)
 
     def check_outputs(self, req: InferRequest) -> None:
         """Fail early (before the model runs) on an output asked for twice, or on an output

@@ -142,7 +142,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
                     f"unexpected 'content' provided when using shared memory for input tensor "
                     f"'{name}' for model '{model}'"
                 )
-            req.inputs[name] = plane.input_from_shm(name, datatype, shape, ref)
+            req.inputs[name] = plane.input_from_shm(name, datatype, shape, ref, model=model,
+                                                    request_id=req.request_id)
         elif has_contents and len(raw):
             raise InvalidArgumentError(
                 f"contents field must not be specified when using raw_input_contents for "
@@ -151,7 +152,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         elif has_contents:
             req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents)
         elif index < len(raw):
-            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index])
+            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index], model=model,
+                                              request_id=req.request_id)
             index += 1
         else:
             raise InvalidArgumentError(

@@ -440,14 +440,16 @@ class HTTPFrontend:
                         f"unexpected size for input '{name}', expecting {offset + size - total} "
                         f"additional bytes for model '{model}'"
                     )
-                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size])
+                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size],
+                                                  model=model, request_id=req.request_id)
                 offset += size
             elif "data" in inp:
                 req.inputs[name] = array_from_json(name, datatype, shape, inp["data"])
             else:
                 ref = shm_ref(name, params)
                 assert ref is not None
-                req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref)
+                req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref, model=model,
+                                                             request_id=req.request_id)
         if offset != total:
             raise InvalidArgumentError(f"unexpected additional input data for model '{model}'")
         if "outputs" in header:
@@ -503,7 +505,7 @@ class HTTPFrontend:
             if variable:
                 fixed = math.prod(d for d in dims if d >= 0) * ITEMSIZE.get(datatype, 1)
                 dims[variable[0]] = len(body) // fixed if fixed else 0
-            arr = array_from_raw(name, datatype, dims, body)
+            arr = array_from_raw(name, datatype, dims, body, model=model)
         req = InferRequest(model, version, binary_output_default=True)
         req.inputs[name] = arr.reshape([1, *dims] if batching else dims)
         return req
