@@ -155,6 +155,10 @@ def version_failed(version: int, err: TritonpyError) -> str:
     return f"version {version} is at UNAVAILABLE state: {_STATUS_WORDS[err.code]}: {err.message}"
 
 
-def input_twice(name: str) -> InvalidArgumentError:
-    """An input named twice in one request, in Triton's words (every way a request comes)."""
-    return InvalidArgumentError(f"input '{name}' already exists in request")
+def input_twice(name: str, prefix: str = "") -> InvalidArgumentError:
+    """An input named twice in one request, in Triton's words (every way a request comes).
+
+    ``prefix`` is the ``[request id: ...] `` Triton's core adds to a request from a network
+    frontend (see :func:`tritonpy.validation.request_prefix`).
+    """
+    return InvalidArgumentError(f"{prefix}input '{name}' already exists in request")

@@ -428,7 +428,11 @@ class RepositoryManager:
         entry = self.require_known(name)
         rts = entry.runtimes
         if not rts:
-            # As Triton: a known model with no loaded version is NOT_FOUND (HTTP 404).
+            # As Triton: a known model with no loaded version is NOT_FOUND (HTTP 404). One
+            # never loaded is not in Triton's model lifecycle at all, so it is "not found";
+            # "no available versions" is for one whose load failed or that was unloaded.
+            if not entry.tried:
+                raise NotFoundError(f"Request for unknown model: '{name}' is not found")
             raise NotFoundError(
                 f"Request for unknown model: '{name}' has no available versions"
                 + (f" ({entry.reason})" if entry.reason and entry.reason != "unloaded" else ""))

@@ -26,7 +26,6 @@ from ._bls import BlsRouter
 from ._custom_metrics import CustomMetrics
 from ._errors import (
     InvalidArgumentError,
-    NotFoundError,
     TritonpyError,
     UnavailableError,
     input_twice,
@@ -282,16 +281,17 @@ class Server:
 
     def statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's ModelStatisticsResponse as JSON."""
-        stats = []
-        for rt in self.repo.runtimes(include_unloaded=True):
-            if name and rt.name != name:
-                continue
-            if version and str(rt.version) != str(version):
-                continue
-            stats.append(rt.stats.as_dict())
-        if name and not stats:
-            raise NotFoundError(f"requested model '{name}' is not available")
-        return {"model_stats": stats}
+        runtimes = [rt for rt in self.repo.runtimes(include_unloaded=True)
+                    if not name or rt.name == name]
+        # Triton's words and code (INVALID_ARG: HTTP 400), for the model, then the version.
+        if name and not runtimes:
+            raise InvalidArgumentError(f"requested model '{name}' is not available")
+        if version:
+            runtimes = [rt for rt in runtimes if str(rt.version) == str(version)]
+            if name and not runtimes:
+                raise InvalidArgumentError(
+                    f"requested model version is not available for model '{name}'")
+        return {"model_stats": [rt.stats.as_dict() for rt in runtimes]}
 
     def pending_requests(self) -> list[dict]:
         """Per loaded model version, the requests awaiting execution (Triton's

@@ -19,6 +19,7 @@ from tritonpy._errors import InvalidArgumentError
 __all__ = [
     "RequestValidator",
     "model_metadata",
+    "request_prefix",
     "triton_type_name",
     "validate_request",
 ]
@@ -45,6 +46,15 @@ def triton_type_name(data_type_enum: int) -> str:
     ``TYPE_FP32`` → ``"FP32"``, ``TYPE_STRING`` → ``"BYTES"``; unknown → ``"INVALID"``.
     """
     return _TYPE_NAMES.get(int(data_type_enum), "INVALID")
+
+
+def request_prefix(request_id: str) -> str:
+    """The ``[request id: ...] `` that Triton's core puts before its request errors.
+
+    Triton writes ``<id_unknown>`` when the request has no id; the checks made while looking
+    a tensor name up in the model (unknown input or output) carry no prefix there.
+    """
+    return f"[request id: {request_id or '<id_unknown>'}] "
 
 
 def _dims_text(dims: Sequence[int]) -> str:
@@ -99,18 +109,20 @@ class RequestValidator:
                 ``"FP32"`` or ``"BYTES"``, the shape with the batch dimension when the model
                 batches.
             requested_outputs: Output names asked for; ``None`` or empty means all.
-            request_id: The request's id, quoted in messages as Triton does.
+            request_id: The request's id, quoted in messages as Triton does (``<id_unknown>``
+                when empty).
 
         Raises:
             InvalidArgumentError: The first problem found, in Triton's words.
         """
         model = self.model_name
-        prefix = f"[request id: {request_id}] " if request_id else ""
+        prefix = request_prefix(request_id)
         if requested_outputs:
             for name in requested_outputs:
                 if name not in self._outputs:
+                    # Triton's Model::GetOutput: no request prefix.
                     raise InvalidArgumentError(
-                        f"{prefix}unexpected inference output '{name}' for model '{model}'"
+                        f"unexpected inference output '{name}' for model '{model}'"
                     )
         specs = self._specs
         count = len(inputs)
@@ -118,8 +130,9 @@ class RequestValidator:
             raise self._count_error(inputs, prefix)
         for name in inputs:
             if name not in specs:
+                # Triton's Model::GetInput: no request prefix.
                 raise InvalidArgumentError(
-                    f"{prefix}unexpected inference input '{name}' for model '{model}'"
+                    f"unexpected inference input '{name}' for model '{model}'"
                 )
         if count < len(specs) and any(r not in inputs for r in self._required):
             # Reached when optional inputs stand in for a required one; Triton lets this

@@ -188,14 +188,14 @@ def test_unknown_model_or_version_is_not_found(server, driver_pid, spec, needle)
 
 
 def test_model_in_the_repository_but_not_loaded_is_not_found(server) -> None:
-    # As Triton's core answers a known model with no loaded version.
+    # As Triton's core answers a model it has never loaded: not in its lifecycle at all.
     report, _ = drive(server, {"model": "lazy_target", "outputs": ["OUTPUT0"],
                                "inputs": {"INPUT0": fp32(1)}})
     resp = one(report)
     assert resp["error"] is not None and resp["error"]["code"] == NOT_FOUND
     assert resp["error"]["message"] == (
         "Failed for execute the inference request. Model 'lazy_target' is not ready. "
-        "(Request for unknown model: 'lazy_target' has no available versions)")
+        "(Request for unknown model: 'lazy_target' is not found)")
 
 
 # -- bad inputs ----------------------------------------------------------------------------------

@@ -241,7 +241,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     marks.mkdir()
     models = {"ident": IDENT, "pair": PAIR, "bls_sync": BLS_SYNC, "bls_async": BLS_ASYNC,
               "cancel_watch": CANCEL_WATCH, "metric_model": METRIC_MODEL, "lazy": LAZY,
-              "error_code": ERROR_CODE}
+              "error_code": ERROR_CODE, "never": LAZY}  # "never": no test loads it
     for name, (config, code) in models.items():
         (repo / name / "1").mkdir(parents=True)
         text = textwrap.dedent(config)
@@ -309,6 +309,23 @@ def test_model_error_codes_map_to_tritons_statuses(
     with pytest.raises(InferenceServerException) as e:
         grpcc.infer("error_code", [fp32_input(grpcclient, [1.0])], parameters={"code": code})
     assert (e.value.status(), e.value.message()) == ("StatusCode." + grpc_code, "told " + code)
+
+
+def test_a_model_never_loaded_is_not_found(http: httpclient.InferenceServerClient,
+                                           grpcc: grpcclient.InferenceServerClient) -> None:
+    # As Triton 2.51: a model not yet loaded is unknown to its core ("has no available
+    # versions" is for one whose load failed, or that was unloaded).
+    message = "Request for unknown model: 'never' is not found"
+    for call in (lambda: http.infer("never", [fp32_input(httpclient, [1.0])]),
+                 lambda: http.get_model_metadata("never"), lambda: http.get_model_config("never")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert (e.value.status(), e.value.message()) == ("404", message)
+    for call in (lambda: grpcc.infer("never", [fp32_input(grpcclient, [1.0])]),
+                 lambda: grpcc.get_model_metadata("never"), lambda: grpcc.get_model_config("never")):
+        with pytest.raises(InferenceServerException) as e:
+            call()
+        assert (e.value.status(), e.value.message()) == ("StatusCode.NOT_FOUND", message)
 
 
 def test_repository_load_unload_over_http(served: Served, http: httpclient.InferenceServerClient) -> None:
@@ -530,7 +547,8 @@ def test_grpc_wrong_names_shapes_and_framing(served: Served, grpcc: grpcclient.I
         with pytest.raises(grpc.RpcError) as err:
             stub.ModelInfer(req)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert "unexpected total byte size 12" in err.value.details()
+        assert err.value.details() == ("[request id: <id_unknown>] input byte size mismatch for "
+                                       "input 'INPUT0' for model 'ident'. Expected 16, got 12")
         req.raw_input_contents.append(b"\0" * 16)  # more raw contents than inputs
         with pytest.raises(grpc.RpcError) as err:
             stub.ModelInfer(req)

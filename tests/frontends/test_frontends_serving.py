@@ -139,6 +139,30 @@ MODELS: dict[str, tuple[str, str]] = {
             def execute(self, requests):
                 raise RuntimeError("boom from execute")
         """),
+    "identity_uint64": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
+    "identity_int64": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_INT64, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_INT64, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
+    # The request's parameters() JSON, as the model sees it.
+    "params_seen": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_STRING, dims: [ 1 ] } ]
+        """, """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                    "OUTPUT0", np.array([r.parameters()], dtype=object))]) for r in requests]
+        """),
 }
 
 
@@ -302,6 +326,30 @@ def test_http_request_and_response_parameters(http: httpclient.InferenceServerCl
     assert params == {"temperature": "hot", "k": 3, "flag": True, "echo_id": "p1"}
     with pytest.raises(InferenceServerException, match="reserved"):
         http.infer("identity_fp32", [inp], parameters={"triton_x": 1})
+    # As Triton 2.51: a JSON number with a fraction is a double parameter, and so is an
+    # integer past int64 (Triton's JSON reader holds it as a double).
+    result = http.infer("params_seen", [inp], parameters={"f": 1.5, "two": 2.0, "big": 2**63 + 5})
+    seen = json.loads(result.as_numpy("OUTPUT0")[0])
+    assert seen == {"f": 1.5, "two": 2.0, "big": 9.223372036854776e18}
+    assert isinstance(seen["two"], float) and isinstance(seen["big"], float)
+
+
+def test_grpc_request_parameter_kinds(served: Served) -> None:
+    # Triton 2.51 takes int64, bool, string and double parameters and refuses uint64.
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="params_seen")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        req.parameters["p"].double_param = 2.5
+        seen = stub.ModelInfer(req).raw_output_contents[0][4:]  # past the length prefix
+        assert json.loads(seen) == {"p": 2.5}
+        req.parameters["p"].uint64_param = 7
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(req)
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.value.details() == ("invalid value type for 'p' parameter, expected int64_param, "
+                                     "bool_param, or string_param.")
 
 
 def test_http_compression(http: httpclient.InferenceServerClient) -> None:
@@ -462,7 +510,33 @@ def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceSe
     header = _infer_body([dict(FP32_4, parameters={"binary_data_size": 12})])
     hdr = {"Inference-Header-Content-Length": str(len(header))}
     status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + b"\0" * 12, hdr)
-    assert status == 400 and "unexpected total byte size 12" in body["error"]
+    assert (status, body["error"]) == (400, "[request id: <id_unknown>] input byte size mismatch "
+                                            "for input 'INPUT0' for model 'identity_fp32'. "
+                                            "Expected 16, got 12")
+    # A BYTES element whose length runs past the tensor's end, in Triton's words.
+    cut = (4).to_bytes(4, "little") + b"ab"
+    header = _infer_body([{"name": "INPUT0", "datatype": "BYTES", "shape": [1],
+                           "parameters": {"binary_data_size": len(cut)}}])
+    status, body = raw_post(served, "/v2/models/identity_bytes/infer", header + cut,
+                            {"Inference-Header-Content-Length": str(len(header))})
+    incomplete = ("incomplete string data for inference input 'INPUT0', expecting string of "
+                  "length 4 but only 2 bytes available")
+    assert (status, body["error"]) == (400, incomplete)
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="identity_bytes", id="g")
+        req.inputs.add(name="INPUT0", datatype="BYTES", shape=[1])
+        req.raw_input_contents.append(cut)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, incomplete)
+        req = service_pb2.ModelInferRequest(model_name="identity_fp32", id="g")
+        req.inputs.add(name="INPUT0", datatype="FP32", shape=[2])
+        req.raw_input_contents.append(b"\0" * 4)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert err.value.details() == ("[request id: g] input byte size mismatch for input "
+                                       "'INPUT0' for model 'identity_fp32'. Expected 8, got 4")
     # Raw binary request (header length 0): the whole body is the model's only input.
     raw = np.arange(4, dtype=np.float32).tobytes()
     conn = http_conn(served)
@@ -531,6 +605,19 @@ def test_http_json_tensor_limits(served: Served, http: httpclient.InferenceServe
     assert_still_serving(http)
 
 
+@pytest.mark.parametrize("datatype, values", [
+    ("UINT64", [1, 18446744073709551615]),  # below and above 2**63: numpy would make floats
+    ("UINT64", [2**63, 0, 2**63 + 1]),
+    ("INT64", [-(2**63), 2**63 - 1]),
+    ("INT64", [-1, 9007199254740993]),  # past a double's exact integers
+])
+def test_http_json_64_bit_integers_are_exact(served: Served, datatype: str, values: list[int]) -> None:
+    inp = {"name": "INPUT0", "datatype": datatype, "shape": [len(values)], "data": values}
+    status, body = raw_post(served, f"/v2/models/identity_{datatype.lower()}/infer", _infer_body([inp]))
+    assert status == 200, body
+    assert body["outputs"][0]["data"] == values
+
+
 def test_duplicate_output_names_are_refused(served: Served, http: httpclient.InferenceServerClient,
                                             grpcc: grpcclient.InferenceServerClient) -> None:
     message = "Duplicate output name 'OUTPUT0' is not allowed in a request"
@@ -548,16 +635,46 @@ def test_duplicate_output_names_are_refused(served: Served, http: httpclient.Inf
 
 def test_an_input_named_twice_is_refused(served: Served, http: httpclient.InferenceServerClient,
                                          grpcc: grpcclient.InferenceServerClient) -> None:
-    message = "input 'INPUT0' already exists in request"  # Triton 2.51's words
+    # Triton 2.51's words, with its core's request prefix.
+    message = "[request id: <id_unknown>] input 'INPUT0' already exists in request"
     status, body = raw_post(served, "/v2/models/identity_fp32/infer", _infer_body(
         [dict(FP32_4, data=[1, 2, 3, 4]), dict(FP32_4, data=[5, 6, 7, 8])]))
     assert (status, body["error"]) == (400, message)
     inputs = [grpcclient.InferInput("INPUT0", [4], "FP32") for _ in range(2)]
     for inp in inputs:
         inp.set_data_from_numpy(np.ones(4, np.float32))
-    with pytest.raises(InferenceServerException, match=message) as info:
-        grpcc.infer("identity_fp32", inputs)
+    with pytest.raises(InferenceServerException) as info:
+        grpcc.infer("identity_fp32", inputs, request_id="twice")
     assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert info.value.message() == "[request id: twice] input 'INPUT0' already exists in request"
+
+
+def test_core_request_errors_carry_the_request_id(served: Served, http: httpclient.InferenceServerClient,
+                                                 grpcc: grpcclient.InferenceServerClient) -> None:
+    # Triton 2.51 starts the core's request checks with "[request id: <id>] " ("<id_unknown>"
+    # without an id); an unknown input or output name, found while looking it up in the model,
+    # has no prefix even with an id.
+    def post(doc: dict[str, Any]) -> tuple[int, str]:
+        status, body = raw_post(served, "/v2/models/identity_fp32/infer", json.dumps(doc).encode())
+        return status, body["error"]
+
+    wrong_type = [dict(FP32_4, datatype="INT32", data=[1, 2, 3, 4])]
+    expects = "inference input 'INPUT0' data-type is 'INT32', but model 'identity_fp32' expects 'FP32'"
+    assert post({"inputs": wrong_type}) == (400, "[request id: <id_unknown>] " + expects)
+    assert post({"id": "my-id", "inputs": wrong_type}) == (400, "[request id: my-id] " + expects)
+    assert post({"id": "my-id", "inputs": [dict(FP32_4, name="X", data=[1, 2, 3, 4])]}) == (
+        400, "unexpected inference input 'X' for model 'identity_fp32'")
+    assert post({"id": "my-id", "inputs": [dict(FP32_4, data=[1, 2, 3, 4])],
+                 "outputs": [{"name": "NOPE"}]}) == (
+        400, "unexpected inference output 'NOPE' for model 'identity_fp32'")
+    inp = grpcclient.InferInput("INPUT0", [16], "FP32")
+    inp.set_data_from_numpy(np.ones(16, np.float32))
+    with pytest.raises(InferenceServerException) as info:
+        grpcc.infer("add_sub", [inp])
+    assert info.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert info.value.message().startswith(
+        "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'.")
+    assert_still_serving(http)
     assert_still_serving(http)
 
 
@@ -593,14 +710,24 @@ def test_http_oversized_body(served: Served, http: httpclient.InferenceServerCli
     assert_still_serving(http)
 
 
-def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceServerClient) -> None:
+def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceServerClient,
+                                     grpcc: grpcclient.InferenceServerClient) -> None:
     assert_still_serving(http)
     stats = http.get_inference_statistics("add_sub")["model_stats"]
     assert stats[0]["name"] == "add_sub" and int(stats[0]["inference_stats"]["success"]["count"]) >= 1
     everything = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
     assert {"add_sub", "identity_fp32"} <= everything
-    with pytest.raises(InferenceServerException, match="not available"):
-        http.get_inference_statistics("no_such_model")
+    # Triton 2.51's words and codes: INVALID_ARG (HTTP 400), the model before the version.
+    for client, code in ((http, "400"), (grpcc, "StatusCode.INVALID_ARGUMENT")):
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics("no_such_model")
+        assert (e.value.status(), e.value.message()) == (
+            code, "requested model 'no_such_model' is not available")
+        with pytest.raises(InferenceServerException) as e:
+            client.get_inference_statistics("add_sub", "7")
+        assert (e.value.status(), e.value.message()) == (
+            code, "requested model version is not available for model 'add_sub'")
+    assert http.get_inference_statistics("add_sub", "1")["model_stats"][0]["version"] == "1"
     text = urllib.request.urlopen(served.metrics).read().decode()
     for family in ("nv_inference_request_success", "nv_inference_request_failure",
                    "nv_inference_count", "nv_inference_exec_count",
@@ -619,6 +746,23 @@ def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
         assert http.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
     finally:
         http.update_log_settings({"log_verbose_level": 0})
+
+
+def test_a_network_client_cannot_choose_the_log_file(served: Served, tmp_path: Path,
+                                                     http: httpclient.InferenceServerClient,
+                                                     grpcc: grpcclient.InferenceServerClient) -> None:
+    # As Triton 2.51: HTTP 501 / UNIMPLEMENTED, and nothing in the update is applied.
+    target = tmp_path / "chosen.log"
+    message = "log file location can not be updated through network protocol"
+    with pytest.raises(InferenceServerException) as e:
+        http.update_log_settings({"log_file": str(target), "log_verbose_level": 1})
+    assert (e.value.status(), e.value.message()) == ("501", message)
+    with pytest.raises(InferenceServerException) as e:
+        grpcc.update_log_settings({"log_file": str(target)})
+    assert (e.value.status(), e.value.message()) == ("StatusCode.UNIMPLEMENTED", message)
+    settings = http.get_log_settings()
+    assert (settings["log_file"], settings["log_verbose_level"]) == ("", 0)
+    assert not target.exists()
 
 
 def test_http_aio_client(served: Served) -> None:
@@ -753,6 +897,35 @@ def test_grpc_stream_decoupled_and_errors(grpcc: grpcclient.InferenceServerClien
         assert results.empty()
     finally:
         grpcc.stop_stream()
+
+
+def test_grpc_stream_errors_and_empty_finals_name_the_asked_version(served: Served) -> None:
+    # As Triton 2.51: an error or the flags-only final response on the stream carries the
+    # request's model_version (none when the client named none); a response with outputs
+    # names the version that ran.
+    def request(model: str, rid: str, version: str = "") -> Any:
+        req = service_pb2.ModelInferRequest(model_name=model, id=rid, model_version=version)
+        if model == "repeat":
+            req.inputs.add(name="IN", datatype="INT32", shape=[1])
+            req.raw_input_contents.append(np.array([4], np.int32).tobytes())
+            req.parameters["triton_enable_empty_final_response"].bool_param = True
+        else:
+            req.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+            req.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        return req
+
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        got = {}
+        for rid, version in (("e1", ""), ("e2", "1")):
+            for msg in stub.ModelStreamInfer(iter([request("repeat", rid, version)]), timeout=30):
+                r = msg.infer_response
+                got.setdefault(rid, []).append((len(r.outputs), r.model_version))
+        assert got == {"e1": [(1, "1"), (0, "")], "e2": [(1, "1"), (0, "1")]}
+        [msg] = stub.ModelStreamInfer(iter([request("raiser", "e3")]), timeout=30)
+        assert "boom from execute" in msg.error_message
+        r = msg.infer_response
+        assert (r.id, r.model_name, r.model_version) == ("e3", "raiser", "")
 
 
 def test_grpc_system_shared_memory(grpcc: grpcclient.InferenceServerClient) -> None:

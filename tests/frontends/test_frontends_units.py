@@ -107,20 +107,20 @@ def test_registry_unregister_while_in_use_defers_unmap(client_region) -> None:
 
 def test_array_from_raw_checks_sizes() -> None:
     a = np.arange(6, dtype=np.int32)
-    got = array_from_raw("x", "INT32", [2, 3], a.tobytes())
+    got = array_from_raw("x", "INT32", [2, 3], a.tobytes(), model="m")
     assert got.shape == (2, 3) and got.ravel().tolist() == list(range(6))
-    with pytest.raises(InvalidArgumentError, match="unexpected total byte size 20 for input 'x', expecting 24"):
-        array_from_raw("x", "INT32", [2, 3], a.tobytes()[:20])
+    with pytest.raises(InvalidArgumentError, match=r"^\[request id: r\] input byte size mismatch for input 'x' for model 'm'\. Expected 24, got 20$"):
+        array_from_raw("x", "INT32", [2, 3], a.tobytes()[:20], model="m", request_id="r")
     words = np.array([b"a", b"", b"\xff\x00"], dtype=object)
-    assert array_from_raw("s", "BYTES", [3], serialize_bytes(words)).tolist() == words.tolist()
+    assert array_from_raw("s", "BYTES", [3], serialize_bytes(words), model="m").tolist() == words.tolist()
     with pytest.raises(InvalidArgumentError, match="input 's'"):
-        array_from_raw("s", "BYTES", [4], serialize_bytes(words))
+        array_from_raw("s", "BYTES", [4], serialize_bytes(words), model="m")
     with pytest.raises(InvalidArgumentError, match="invalid datatype 'FLOAT'"):
-        array_from_raw("x", "FLOAT", [1], b"1234")
+        array_from_raw("x", "FLOAT", [1], b"1234", model="m")
     with pytest.raises(UnsupportedError, match="BF16"):
-        array_from_raw("x", "BF16", [1], b"12")
+        array_from_raw("x", "BF16", [1], b"12", model="m")
     with pytest.raises(InvalidArgumentError, match="shape"):
-        array_from_raw("x", "INT32", [-1], b"")
+        array_from_raw("x", "INT32", [-1], b"", model="m")
 
 
 def test_array_from_json_types_and_shapes() -> None:
@@ -168,7 +168,7 @@ def test_request_parameters() -> None:
     assert grpc_req.enable_empty_final and grpc_req.correlation_id == "abc"
     with pytest.raises(InvalidArgumentError, match="Only the following keys"):
         apply_parameters(InferRequest("m"), {"triton_other": True}, http=False)
-    for bad in ({"sequence_start": 1}, {"priority": -1}, {"x": 1.5}, {"x": [1]}):
+    for bad in ({"sequence_start": 1}, {"priority": -1}, {"x": [1]}, {"x": {"y": 1}}):
         with pytest.raises(InvalidArgumentError):
             apply_parameters(InferRequest("m"), bad, http=True)
 

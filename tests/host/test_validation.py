@@ -57,6 +57,10 @@ def plain() -> RequestValidator:
     return RequestValidator(config(PLAIN), "m")
 
 
+# What Triton's core puts before a request error when the request has no id.
+UNKNOWN = "[request id: <id_unknown>] "
+
+
 def rejected(validator: RequestValidator, inputs: dict[str, Any],
              outputs: list[str] | None = None, request_id: str = "") -> str:
     with pytest.raises(InvalidArgumentError) as info:
@@ -99,11 +103,14 @@ def test_non_batching_model_accepts(plain: RequestValidator, inputs: dict[str, A
 def test_unknown_requested_output(batching: RequestValidator) -> None:
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4)), "TEXT": ("BYTES", (1, 1))},
                        ["OUT", "NOPE"], request_id="r7")
-    assert message == "[request id: r7] unexpected inference output 'NOPE' for model 'm'"
+    # Triton finds an unknown name while looking it up in the model: no request prefix.
+    assert message == "unexpected inference output 'NOPE' for model 'm'"
 
 
 def test_unknown_input(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (2, 1)), "Z": ("BOOL", (3,))})
+    assert message == "unexpected inference input 'Z' for model 'm'"
+    message = rejected(plain, {"A": ("FP32", (2, 1)), "Z": ("BOOL", (3,))}, request_id="r8")
     assert message == "unexpected inference input 'Z' for model 'm'"
 
 
@@ -113,25 +120,25 @@ def test_missing_input_without_optional_inputs(plain: RequestValidator) -> None:
         "[request id: abc] expected 2 inputs but got 1 inputs for model 'm'. Got inputs ['A'], "
         "but missing required inputs ['B']. Please provide all required inputs."
     )
-    assert rejected(plain, {}).startswith("expected 2 inputs but got 0 inputs for model 'm'. "
+    assert rejected(plain, {}).startswith(UNKNOWN + "expected 2 inputs but got 0 inputs for model 'm'. "
                                           "Got inputs [], but missing required inputs ['A','B']")
 
 
 def test_too_many_inputs(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (2, 1)), "B": ("BOOL", (3,)), "X": ("FP32", (1,))})
-    assert message.startswith("expected 2 inputs but got 3 inputs for model 'm'. "
+    assert message.startswith(UNKNOWN + "expected 2 inputs but got 3 inputs for model 'm'. "
                               "Got inputs ['A','B','X'], but missing required inputs []")
 
 
 def test_missing_input_with_optional_inputs(batching: RequestValidator) -> None:
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4))})
-    assert message == (
+    assert message == UNKNOWN + (
         "expected number of inputs between 2 and 3 but got 1 inputs for model 'm'. Got inputs "
         "['IN'], but missing required inputs ['TEXT']. Please provide all required inputs."
     )
     # An optional input standing in for a required one: Triton lets it through, we do not.
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4)), "OPT": ("INT32", (1, 2))})
-    assert message.startswith("expected number of inputs between 2 and 3 but got 2 inputs")
+    assert message.startswith(UNKNOWN + "expected number of inputs between 2 and 3 but got 2 inputs")
     assert "missing required inputs ['TEXT']" in message
 
 
@@ -143,33 +150,33 @@ def test_datatype_mismatch(batching: RequestValidator) -> None:
                        request_id="x")
     assert message == "[request id: x] inference input 'IN' data-type is 'FP64', but model 'm' expects 'FP32'"
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4)), "TEXT": ("STRING", (1, 1))})
-    assert message == "inference input 'TEXT' data-type is 'STRING', but model 'm' expects 'BYTES'"
+    assert message == UNKNOWN + "inference input 'TEXT' data-type is 'STRING', but model 'm' expects 'BYTES'"
 
 
 def test_shape_mismatch_batching(batching: RequestValidator) -> None:
     message = rejected(batching, {"IN": ("FP32", (2, 5, 3)), "TEXT": ("BYTES", (2, 1))})
     assert message.startswith(
-        "unexpected shape for input 'IN' for model 'm'. Expected [-1,-1,4], got [2,5,3]." + NOTE
+        UNKNOWN + "unexpected shape for input 'IN' for model 'm'. Expected [-1,-1,4], got [2,5,3]." + NOTE
     )
     # A forgotten batch dimension is the common case the note is for.
     message = rejected(batching, {"IN": ("FP32", (5, 4)), "TEXT": ("BYTES", (5, 1))})
-    assert message.startswith("unexpected shape for input 'IN' for model 'm'. Expected "
+    assert message.startswith(UNKNOWN + "unexpected shape for input 'IN' for model 'm'. Expected "
                               "[-1,-1,4], got [5,4].")
 
 
 def test_shape_mismatch_non_batching(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (3, 1)), "B": ("BOOL", (3,))})
-    assert message == "unexpected shape for input 'A' for model 'm'. Expected [2,-1], got [3,1]."
+    assert message == UNKNOWN + "unexpected shape for input 'A' for model 'm'. Expected [2,-1], got [3,1]."
     message = rejected(plain, {"A": ("FP32", (2, 1)), "B": ("BOOL", (1, 3))})
-    assert message == "unexpected shape for input 'B' for model 'm'. Expected [3], got [1,3]."
+    assert message == UNKNOWN + "unexpected shape for input 'B' for model 'm'. Expected [3], got [1,3]."
 
 
 def test_unspecified_dimensions(plain: RequestValidator, batching: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (2, -1)), "B": ("BOOL", (3,))})
-    assert message == ("All input dimensions should be specified for input 'A' for model 'm', "
-                       "got [2,-1]")
+    assert message == (UNKNOWN + "All input dimensions should be specified for input 'A' for "
+                       "model 'm', got [2,-1]")
     message = rejected(batching, {"IN": ("FP32", (-1, 1, 4)), "TEXT": ("BYTES", (-1, 1))})
-    assert message.startswith("All input dimensions should be specified for input 'IN'")
+    assert message.startswith(UNKNOWN + "All input dimensions should be specified for input 'IN'")
 
 
 @pytest.mark.parametrize(
@@ -186,7 +193,8 @@ def test_unspecified_dimensions(plain: RequestValidator, batching: RequestValida
     ],
 )
 def test_batch_dimension(batching: RequestValidator, inputs: dict[str, Any], expected: str) -> None:
-    assert rejected(batching, inputs) == expected
+    assert rejected(batching, inputs) == UNKNOWN + expected
+    assert rejected(batching, inputs, request_id="b1") == "[request id: b1] " + expected
 
 
 def test_check_order_follows_triton(batching: RequestValidator) -> None:
@@ -209,7 +217,7 @@ def test_validate_request_caches_per_config_object() -> None:
     first = validation._CACHE[id(cfg)][2]
     validate_request(cfg, "m", good, ["C"], request_id="again")
     assert validation._CACHE[id(cfg)][2] is first
-    with pytest.raises(InvalidArgumentError, match=r"^\[request id: q\] unexpected inference "
+    with pytest.raises(InvalidArgumentError, match=r"^unexpected inference "
                                                    r"input 'Q' for model 'other'$"):
         validate_request(cfg, "other", {"A": ("FP32", (2, 1)), "Q": ("BOOL", (3,))}, None, "q")
     assert validation._CACHE[id(cfg)][2] is not first

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from _models import fp32, infer, io_config, serving, write_model
 
-from tritonpy import NotFoundError
+from tritonpy import InvalidArgumentError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -75,8 +75,12 @@ def test_statistics_per_model_and_version(tmp_path, shm_prefix):
 
         only = server.statistics("st", "2")["model_stats"]
         assert [(s["name"], s["version"]) for s in only] == [("st", "2")]
-        with pytest.raises(NotFoundError):
+        # Triton's INVALID_ARG, for the model, then for a version it does not have.
+        with pytest.raises(InvalidArgumentError, match="^requested model 'nope' is not available$"):
             server.statistics("nope")
+        with pytest.raises(InvalidArgumentError,
+                           match="^requested model version is not available for model 'st'$"):
+            server.statistics("st", "9")
 
 
 def test_a_failed_execute_counts_as_failures_only(tmp_path, shm_prefix):

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import json
 import math
+import struct
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
@@ -31,6 +32,7 @@ from .._errors import (
 from .._trace import Trace
 from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
 from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
+from ..validation import request_prefix
 from .sharedmem import SharedMemoryRegistry
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: Request parameters that start with ``triton_`` and that a client may still send.
 RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
@@ -230,8 +233,11 @@ def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: b
                     f"invalid value type for '{key}' parameter, expected bool_param."
                 )
             req.enable_empty_final = value
-        elif isinstance(value, (bool, int, str)):
+        elif isinstance(value, (bool, str, float)):
             req.parameters[key] = value
+        elif isinstance(value, int):
+            # Triton's JSON reader holds an integer past int64 as a double; so does the model.
+            req.parameters[key] = value if INT64_MIN <= value <= INT64_MAX else float(value)
         else:
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
@@ -274,23 +280,46 @@ def _numpy_dtype(name: str, datatype: object) -> np.dtype:
     return np.dtype(TRITON_TO_NUMPY[datatype])
 
 
-def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer) -> np.ndarray:
-    """A zero-copy array over ``buf``, after checking its size against the shape."""
+def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, *,
+                   model: str, request_id: str = "") -> np.ndarray:
+    """A zero-copy array over ``buf``, after checking its size against the shape.
+
+    ``model`` and ``request_id`` are for the messages, in Triton's words.
+    """
     dtype = _numpy_dtype(name, datatype)
     count = element_count(name, shape)
     if datatype == "BYTES":
         try:
             arr = deserialize_bytes(buf, count)
         except ProtocolError as exc:
+            cut = _cut_element(buf)
+            if cut is not None:
+                raise InvalidArgumentError(
+                    f"incomplete string data for inference input '{name}', expecting string of "
+                    f"length {cut[0]} but only {cut[1]} bytes available") from None
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
     check_byte_size(name, datatype, count)
     expected = count * ITEMSIZE[datatype]
     if len(buf) != expected:
         raise InvalidArgumentError(
-            f"unexpected total byte size {len(buf)} for input '{name}', expecting {expected}"
+            f"{request_prefix(request_id)}input byte size mismatch for input '{name}' for model "
+            f"'{model}'. Expected {expected}, got {len(buf)}"
         )
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+def _cut_element(buf: Buffer) -> tuple[int, int] | None:
+    """The first BYTES element running past the end: (its length, the bytes left for it)."""
+    mv = memoryview(buf).cast("B")
+    off = 0
+    while off + 4 <= len(mv):
+        (length,) = struct.unpack_from("<I", mv, off)
+        off += 4
+        if off + length > len(mv):
+            return length, len(mv) - off
+        off += length
+    return None
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
@@ -328,6 +357,10 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             arr = np.array(data)
         except ValueError as exc:
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {exc}") from None
+        if dtype.kind in "iu" and arr.dtype.kind in "fO":
+            # Integers on both sides of 2**63 have no common numpy integer type: numpy makes
+            # floats of them (or objects), losing the low bits. Build from exact Python ints.
+            arr = _exact_integers(name, datatype, data)
         if arr.size and arr.dtype.kind not in _KINDS[dtype.kind]:
             raise InvalidArgumentError(
                 f"Unable to parse 'data' of input '{name}': expected {datatype} values"
@@ -342,6 +375,18 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             f"Unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field"
         )
     return arr.reshape(tuple(shape))
+
+
+def _exact_integers(name: str, datatype: str, data: list[object]) -> np.ndarray:
+    """``data`` as an array of ``datatype`` when every element is a JSON integer in range."""
+    flat: list[object] = []
+    _flatten(name, data, flat, 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected {datatype} values")
+    info = np.iinfo(TRITON_TO_NUMPY[datatype])
+    if any(v < info.min or v > info.max for v in flat):  # type: ignore[operator]
+        raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': value out of range for {datatype}")
+    return np.array(flat, dtype=TRITON_TO_NUMPY[datatype])
 
 
 def _flatten(name: str, data: list[object], out: list[object], depth: int) -> None:
@@ -509,6 +554,16 @@ class DataPlane:
         """KServe server metadata."""
         return self.server.metadata()
 
+    def update_log_settings(self, new: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a logging update from a network client; the settings in effect after it.
+
+        As Triton, a client may not choose the log file: where the server writes is the
+        operator's call (``--log-file``), so ``log_file`` is refused and nothing is applied.
+        """
+        if new.get("log_file") is not None:
+            raise UnsupportedError("log file location can not be updated through network protocol")
+        return self.log_settings.update(new)
+
     def trace_settings(self, settings: Mapping[str, Any] | None = None,
                        model: str = "") -> dict[str, Any]:
         """The trace settings in effect (for ``model``: its own over the server's), after
@@ -570,9 +625,11 @@ class DataPlane:
 
     # -- inference ---------------------------------------------------------------------------
 
-    def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef) -> np.ndarray:
+    def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
+                       model: str, request_id: str = "") -> np.ndarray:
         """A zero-copy array over a client's shared-memory window."""
-        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size))
+        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
+                              model=model, request_id=request_id)
 
     def check_outputs(self, req: InferRequest) -> None:
         """Fail early (before the model runs) on an output asked for twice, or on an output

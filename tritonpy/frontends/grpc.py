@@ -31,6 +31,7 @@ from .._errors import (
     UnsupportedError,
     input_twice,
 )
+from ..validation import request_prefix
 from .dataplane import (
     DataPlane,
     InferRequest,
@@ -102,11 +103,30 @@ def _set_param(target: Any, key: str, value: Any) -> None:
         p.string_param = str(value)
 
 
+#: Request parameters whose value kinds ``apply_parameters`` checks itself.
+_SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+
+
+def _request_parameters(params: Any) -> dict[str, Any]:
+    """A request's parameters as Python values; Triton takes an ordinary one only as int64,
+    bool, string or double (a ``uint64_param`` is refused, as an unset value)."""
+    out = {}
+    for key, p in params.items():
+        kind = p.WhichOneof("parameter_choice")
+        if kind in (None, "uint64_param") and not (
+                key in _SPECIAL_PARAMETERS or key.startswith("triton_")):
+            raise InvalidArgumentError(
+                f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
+                "or string_param.")
+        out[key] = None if kind is None else getattr(p, kind)
+    return out
+
+
 def decode_request(plane: DataPlane, request: Any) -> InferRequest:
     """A :class:`InferRequest` from a ``ModelInferRequest`` message."""
     model = request.model_name
     req = InferRequest(model, parse_version(request.model_version), request_id=request.id)
-    apply_parameters(req, {k: _param_value(v) for k, v in request.parameters.items()}, http=False)
+    apply_parameters(req, _request_parameters(request.parameters), http=False)
     raw = request.raw_input_contents
     index = 0
     for inp in request.inputs:
@@ -115,14 +135,15 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         ref = shm_ref(name, params)
         has_contents = inp.HasField("contents")
         if name in req.inputs:
-            raise input_twice(name)
+            raise input_twice(name, request_prefix(req.request_id))
         if ref is not None:
             if has_contents:
                 raise InvalidArgumentError(
                     f"unexpected 'content' provided when using shared memory for input tensor "
                     f"'{name}' for model '{model}'"
                 )
-            req.inputs[name] = plane.input_from_shm(name, datatype, shape, ref)
+            req.inputs[name] = plane.input_from_shm(name, datatype, shape, ref, model=model,
+                                                    request_id=req.request_id)
         elif has_contents and len(raw):
             raise InvalidArgumentError(
                 f"contents field must not be specified when using raw_input_contents for "
@@ -131,7 +152,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         elif has_contents:
             req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents)
         elif index < len(raw):
-            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index])
+            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index], model=model,
+                                              request_id=req.request_id)
             index += 1
         else:
             raise InvalidArgumentError(
@@ -381,7 +403,7 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
     async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Get or update the dynamic logging settings."""
         new = {k: _param_value(v) for k, v in request.settings.items()}
-        values = self.plane.log_settings.update(new) if new else self.plane.log_settings.get()
+        values = self.plane.update_log_settings(new) if new else self.plane.log_settings.get()
         resp = service_pb2.LogSettingsResponse()
         for key, value in values.items():
             s = resp.settings[key]
@@ -487,7 +509,8 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
             async for result in self.plane.stream(req, model):
                 if not decoupled and wait_for is not None:
                     await wait_for
-                msg = self._stream_message(result, req.enable_empty_final, decoupled)
+                msg = self._stream_message(result, req.enable_empty_final, decoupled,
+                                           request.model_version)
                 if msg is not None:
                     queue.put_nowait(msg)
         except asyncio.CancelledError:
@@ -506,10 +529,13 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
                 turn.set_result(None)
 
     @staticmethod
-    def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool) -> Any:
+    def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool,
+                        asked_version: str) -> Any:
+        # An error, or the flags-only final response, names the version as the request did
+        # (Triton copies the request's model_version: empty when the client gave none).
         if result.error is not None:
             resp = service_pb2.ModelInferResponse(
-                model_name=result.model, model_version=str(result.version), id=result.request_id
+                model_name=result.model, model_version=asked_version, id=result.request_id
             )
             resp.parameters["triton_final_response"].bool_param = result.final
             return service_pb2.ModelStreamInferResponse(error_message=result.error.message,
@@ -518,6 +544,11 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
             # The flags-only final response of a decoupled model: sent only on request.
             if not enable_empty_final:
                 return None
+            if not result.parameters:
+                resp = service_pb2.ModelInferResponse(
+                    model_name=result.model, model_version=asked_version, id=result.request_id)
+                resp.parameters["triton_final_response"].bool_param = True
+                return service_pb2.ModelStreamInferResponse(infer_response=resp)
         resp = encode_result(result)
         resp.parameters["triton_final_response"].bool_param = result.final
         return service_pb2.ModelStreamInferResponse(infer_response=resp)

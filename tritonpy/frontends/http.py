@@ -30,6 +30,7 @@ from .._errors import (
     UnsupportedError,
     input_twice,
 )
+from ..validation import request_prefix
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from .dataplane import (
@@ -216,7 +217,7 @@ class HTTPFrontend:
         if request.method == "GET":
             return json_response(self.plane.log_settings.get())
         if request.method == "POST":
-            return json_response(self.plane.log_settings.update(_json_body(request)))
+            return json_response(self.plane.update_log_settings(_json_body(request)))
         return _method_not_allowed()
 
     async def _trace(self, request: Request, model: str = "") -> Response:
@@ -429,7 +430,7 @@ class HTTPFrontend:
                     + ("no field is set" if not has else "set " + " ".join(has))
                 )
             if name in req.inputs:
-                raise input_twice(name)
+                raise input_twice(name, request_prefix(req.request_id))
             if "binary_data_size" in params:
                 size = params["binary_data_size"]
                 if not is_uint(size):
@@ -439,14 +440,16 @@ class HTTPFrontend:
                         f"unexpected size for input '{name}', expecting {offset + size - total} "
                         f"additional bytes for model '{model}'"
                     )
-                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size])
+                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size],
+                                                  model=model, request_id=req.request_id)
                 offset += size
             elif "data" in inp:
                 req.inputs[name] = array_from_json(name, datatype, shape, inp["data"])
             else:
                 ref = shm_ref(name, params)
                 assert ref is not None
-                req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref)
+                req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref, model=model,
+                                                             request_id=req.request_id)
         if offset != total:
             raise InvalidArgumentError(f"unexpected additional input data for model '{model}'")
         if "outputs" in header:
@@ -502,7 +505,7 @@ class HTTPFrontend:
             if variable:
                 fixed = math.prod(d for d in dims if d >= 0) * ITEMSIZE.get(datatype, 1)
                 dims[variable[0]] = len(body) // fixed if fixed else 0
-            arr = array_from_raw(name, datatype, dims, body)
+            arr = array_from_raw(name, datatype, dims, body, model=model)
         req = InferRequest(model, version, binary_output_default=True)
         req.inputs[name] = arr.reshape([1, *dims] if batching else dims)
         return req
