@@ -438,7 +438,9 @@ def test_default_mode_response_sender(probe):
     resp = call(probe, "sender")
     np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), fp32(7))
     again = call(probe, "sender_report").parameters["again"]
-    assert "closed" in again
+    # Triton names the default-mode limit before the closed sender.
+    assert again == ("Unable to send response. Non-decoupled model cannot send more than one "
+                     "response.")
 
 
 # -- errors --------------------------------------------------------------------------------------
