@@ -27,3 +27,12 @@ class ChannelClosedError(ShmError, ConnectionError):
 
 class ProtocolError(ShmError, ValueError):
     """A frame or a tensor handle from the peer is malformed or out of range."""
+
+
+class TruncatedElementError(ProtocolError):
+    """A BYTES element whose length prefix says more than the buffer still holds."""
+
+    def __init__(self, length: int, available: int) -> None:
+        super().__init__(f"truncated BYTES tensor: element of {length} bytes runs past the end")
+        self.length = length
+        self.available = available

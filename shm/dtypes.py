@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import ProtocolError
+from ._errors import ProtocolError, TruncatedElementError
 
 TRITON_TO_NUMPY: dict[str, Any] = {
     "BOOL": np.bool_,
@@ -145,7 +145,7 @@ def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = 
         (n,) = unpack("<I", mv, off)
         off += 4
         if off + n > total:
-            raise ProtocolError(f"truncated BYTES tensor: element of {n} bytes runs past the end")
+            raise TruncatedElementError(n, total - off)
         items.append(bytes(mv[off:off + n]))
         off += n
     if count is not None and len(items) != count:

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import json
 import math
-import struct
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
@@ -30,7 +29,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._trace import Trace
-from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
+from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError, TruncatedElementError
 from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
 from ..validation import request_prefix
 from .sharedmem import SharedMemoryRegistry
@@ -47,6 +46,8 @@ Buffer = Union[bytes, bytearray, memoryview]
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: Request parameters that start with ``triton_`` and that a client may still send.
 RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
+#: Request parameters that :func:`apply_parameters` reads itself, each with its own value rules.
+SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 SEQUENCE_START = 1
 SEQUENCE_END = 2
@@ -291,12 +292,11 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
     if datatype == "BYTES":
         try:
             arr = deserialize_bytes(buf, count)
+        except TruncatedElementError as exc:
+            raise InvalidArgumentError(
+                f"incomplete string data for inference input '{name}', expecting string of "
+                f"length {exc.length} but only {exc.available} bytes available") from None
         except ProtocolError as exc:
-            cut = _cut_element(buf)
-            if cut is not None:
-                raise InvalidArgumentError(
-                    f"incomplete string data for inference input '{name}', expecting string of "
-                    f"length {cut[0]} but only {cut[1]} bytes available") from None
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
     check_byte_size(name, datatype, count)
@@ -307,19 +307,6 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
             f"'{model}'. Expected {expected}, got {len(buf)}"
         )
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
-
-
-def _cut_element(buf: Buffer) -> tuple[int, int] | None:
-    """The first BYTES element running past the end: (its length, the bytes left for it)."""
-    mv = memoryview(buf).cast("B")
-    off = 0
-    while off + 4 <= len(mv):
-        (length,) = struct.unpack_from("<I", mv, off)
-        off += 4
-        if off + length > len(mv):
-            return length, len(mv) - off
-        off += length
-    return None
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}

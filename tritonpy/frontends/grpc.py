@@ -33,6 +33,7 @@ from .._errors import (
 )
 from ..validation import request_prefix
 from .dataplane import (
+    SPECIAL_PARAMETERS,
     DataPlane,
     InferRequest,
     InferResult,
@@ -103,10 +104,6 @@ def _set_param(target: Any, key: str, value: Any) -> None:
         p.string_param = str(value)
 
 
-#: Request parameters whose value kinds ``apply_parameters`` checks itself.
-_SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
-
-
 def _request_parameters(params: Any) -> dict[str, Any]:
     """A request's parameters as Python values; Triton takes an ordinary one only as int64,
     bool, string or double (a ``uint64_param`` is refused, as an unset value)."""
@@ -114,7 +111,7 @@ def _request_parameters(params: Any) -> dict[str, Any]:
     for key, p in params.items():
         kind = p.WhichOneof("parameter_choice")
         if kind in (None, "uint64_param") and not (
-                key in _SPECIAL_PARAMETERS or key.startswith("triton_")):
+                key in SPECIAL_PARAMETERS or key.startswith("triton_")):
             raise InvalidArgumentError(
                 f"invalid value type for '{key}' parameter, expected int64_param, bool_param, "
                 "or string_param.")
@@ -222,6 +219,15 @@ def encode_result(result: InferResult) -> Any:
             resp.raw_output_contents.append(b"")
         else:
             resp.raw_output_contents.append(bytes(out.raw()))
+    return resp
+
+
+def _bare(result: InferResult, asked_version: str) -> Any:
+    """A stream's error or flags-only final response: no outputs, and the version as the
+    request named it (Triton copies the request's model_version: empty when none was given)."""
+    resp = service_pb2.ModelInferResponse(
+        model_name=result.model, model_version=asked_version, id=result.request_id)
+    resp.parameters["triton_final_response"].bool_param = result.final
     return resp
 
 
@@ -531,24 +537,16 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
     @staticmethod
     def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool,
                         asked_version: str) -> Any:
-        # An error, or the flags-only final response, names the version as the request did
-        # (Triton copies the request's model_version: empty when the client gave none).
         if result.error is not None:
-            resp = service_pb2.ModelInferResponse(
-                model_name=result.model, model_version=asked_version, id=result.request_id
-            )
-            resp.parameters["triton_final_response"].bool_param = result.final
-            return service_pb2.ModelStreamInferResponse(error_message=result.error.message,
-                                                       infer_response=resp)
+            return service_pb2.ModelStreamInferResponse(
+                error_message=result.error.message, infer_response=_bare(result, asked_version))
         if decoupled and result.final and not result.outputs:
             # The flags-only final response of a decoupled model: sent only on request.
             if not enable_empty_final:
                 return None
             if not result.parameters:
-                resp = service_pb2.ModelInferResponse(
-                    model_name=result.model, model_version=asked_version, id=result.request_id)
-                resp.parameters["triton_final_response"].bool_param = True
-                return service_pb2.ModelStreamInferResponse(infer_response=resp)
+                return service_pb2.ModelStreamInferResponse(
+                    infer_response=_bare(result, asked_version))
         resp = encode_result(result)
         resp.parameters["triton_final_response"].bool_param = result.final
         return service_pb2.ModelStreamInferResponse(infer_response=resp)
