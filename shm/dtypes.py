@@ -65,6 +65,9 @@ def _as_bytes(x: Any) -> bytes:
 
 
 _LEN = struct.Struct("<I").pack
+#: Elements (de)serialized per numpy call for large BYTES tensors, so that no single call holds
+#: the GIL for long (other threads, e.g. the host's event loop, run between chunks).
+_CHUNK = 1 << 18
 _MAX_ELEMENT = (1 << 32) - 1
 
 
@@ -78,6 +81,10 @@ def serialize_bytes(arr: np.ndarray) -> bytes:
     flat = np.asarray(arr).ravel(order="C")
     if flat.size == 0:
         return b""
+    if flat.size > _CHUNK:
+        # The layout is the elements' encodings end to end, so chunks encode independently;
+        # each numpy call then holds the GIL for a chunk only, not for millions of elements.
+        return b"".join([serialize_bytes(flat[i:i + _CHUNK]) for i in range(0, flat.size, _CHUNK)])
     if flat.dtype.kind == "S":
         items = flat.tolist()
     else:
@@ -134,7 +141,9 @@ def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = 
         if np.all(rows[:, :4].copy().view("<u4") == first):
             out = np.empty(n, dtype=object)
             payload = rows[:, 4:].tobytes()
-            out[:] = [payload[i * first:(i + 1) * first] for i in range(n)]
+            for start in range(0, n, _CHUNK):  # chunks: see serialize_bytes
+                end = min(n, start + _CHUNK)
+                out[start:end] = [payload[i * first:(i + 1) * first] for i in range(start, end)]
             return out
     items = []
     off = 0

@@ -356,20 +356,27 @@ class Server:
 
     # -- requests --------------------------------------------------------------------------------
     def validate(self, rt: ModelRuntime, req: HostRequest) -> None:
+        self.check_signature(rt, req.inputs, req.requested, req.request_id)
+        if rt.max_batch_size > 0 and req.inputs:
+            req.batch_size = int(req.inputs[0][1].shape[0]) if req.inputs[0][1].ndim else 1
+
+    @staticmethod
+    def check_signature(rt: ModelRuntime, inputs: Sequence[tuple[str, Any]],
+                        requested: Sequence[str], request_id: str) -> None:
+        """Check each input's name, datatype and shape against the model (``inputs``: pairs of
+        a name and anything with a numpy ``dtype`` and a ``shape``, data not needed)."""
         validator = rt.validator
-        key = (tuple([(n, a.dtype, a.shape) for n, a in req.inputs]), tuple(req.requested))
+        key = (tuple([(n, a.dtype, a.shape) for n, a in inputs]), tuple(requested))
         good = validator.known_good
         if key not in good:
             shapes = {}
-            for n, a in req.inputs:
+            for n, a in inputs:
                 if n in shapes:
                     raise input_twice(n)
                 shapes[n] = (triton_dtype_of(a), tuple(a.shape))
-            validator.validate(shapes, req.requested or None, req.request_id)
+            validator.validate(shapes, requested or None, request_id)
             if len(good) < 4096:
                 good[key] = True
-        if rt.max_batch_size > 0 and req.inputs:
-            req.batch_size = int(req.inputs[0][1].shape[0]) if req.inputs[0][1].ndim else 1
 
     def on_stub_frame(self, rt: ModelRuntime, inst: Any, stub: StubProcess, msg: list) -> None:
         cmd, call_id, body = msg
@@ -457,6 +464,13 @@ class Model:
     def ready(self) -> bool:
         return self.server.repo.is_ready(self.name, self.version)
 
+    def check(self, inputs: Mapping[str, Any], requested: Sequence[str] | None,
+              request_id: str = "") -> None:
+        """Validate a request from its inputs' datatypes and shapes alone (each value needs a
+        numpy ``dtype`` and a ``shape``), before their data is decoded."""
+        self.server.check_signature(self._rt(), list(inputs.items()), list(requested or ()),
+                                    request_id)
+
     def config(self) -> dict:
         import json
 
@@ -520,10 +534,12 @@ class Model:
                     requested_output_names: Sequence[str] | None = None, *,
                     request_id: str = "", parameters: Mapping[str, Any] | None = None,
                     correlation_id: int | str = 0, flags: int = 0, timeout: int = 0,
-                    priority: int = 0, trace: Trace | None = None) -> AsyncResponseStream:
+                    priority: int = 0, trace: Trace | None = None,
+                    loop: asyncio.AbstractEventLoop | None = None) -> AsyncResponseStream:
         """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``.
-        ``trace``: record the request's timestamps in it (the frontends' tracing)."""
-        stream = AsyncResponseStream(asyncio.get_running_loop())
+        ``trace``: record the request's timestamps in it (the frontends' tracing). ``loop``:
+        the loop that will iterate the stream, when called from another thread."""
+        stream = AsyncResponseStream(loop or asyncio.get_running_loop())
         req = self._request(stream.sink, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority, trace)
         stream.request = req

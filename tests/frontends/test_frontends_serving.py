@@ -550,6 +550,45 @@ def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceSe
     assert_still_serving(http)
 
 
+def test_a_bytes_input_is_checked_against_the_model_before_its_elements(served: Served) -> None:
+    """As in Triton, a BYTES input sent to a model that expects another datatype is refused for
+    its datatype before its elements are read: a cut element in it does not matter. (A large
+    one is not decoded at all; a bad request with millions of elements costs nothing.)"""
+    cut = (4).to_bytes(4, "little") + b"ab"
+    header = _infer_body([{"name": "INPUT0", "datatype": "BYTES", "shape": [1],
+                           "parameters": {"binary_data_size": len(cut)}}])
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", header + cut,
+                            {"Inference-Header-Content-Length": str(len(header))})
+    wrong = ("inference input 'INPUT0' data-type is 'BYTES', but model 'identity_fp32' "
+             "expects 'FP32'")
+    assert (status, body["error"]) == (400, "[request id: <id_unknown>] " + wrong)
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        req = service_pb2.ModelInferRequest(model_name="identity_fp32", id="g")
+        req.inputs.add(name="INPUT0", datatype="BYTES", shape=[1])
+        req.raw_input_contents.append(cut)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(req)
+        assert (err.value.code(), err.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                           "[request id: g] " + wrong)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_large_bytes_tensors_round_trip(served: Served, protocol: str) -> None:
+    """A BYTES input of over a MiB and hundreds of thousands of elements of mixed lengths (the
+    host decodes and encodes it off its event loop, in chunks) arrives whole and in order."""
+    words = np.array([b"w" * (i % 7) + bytes([i % 251]) for i in range(300_000)], dtype=object)
+    mod: Any = httpclient if protocol == "http" else grpcclient
+    client = mod.InferenceServerClient(served.http if protocol == "http" else served.grpc)
+    try:
+        inp = mod.InferInput("INPUT0", [len(words)], "BYTES")
+        inp.set_data_from_numpy(words)
+        got = client.infer("identity_bytes", [inp]).as_numpy("OUTPUT0")
+    finally:
+        client.close()
+    assert got.tolist() == words.tolist()
+
+
 def raw_binary(served: Served, model: str, body: bytes) -> tuple[int, dict[str, Any], bytes]:
     """A raw binary request (header length 0): (status, response JSON header, tensor bytes)."""
     conn = http_conn(served)

@@ -39,6 +39,9 @@ CASES = {
     "many-small": [bytes([i % 256]) * (i % 7) for i in range(5000)],
     "many-equal": [bytes([i % 256]) * 3 for i in range(5000)],
     "equal-long": [b"z" * 5000] * 3,
+    # More elements than one chunk (dtypes._CHUNK): encoded and decoded chunk by chunk.
+    "chunks-mixed": [bytes([i % 256]) * (i % 5) for i in range(300_000)],
+    "chunks-equal": [bytes([i % 256]) * 2 for i in range(300_000)],
 }
 
 

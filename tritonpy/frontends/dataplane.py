@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import json
 import math
@@ -49,6 +50,9 @@ RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
 #: Request parameters that :func:`apply_parameters` reads itself, each with its own value rules.
 SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: BYTES inputs of at least this many wire bytes in one request are decoded in a worker thread:
+#: millions of elements take a second, which the event loop must not spend.
+BYTES_OFF_LOOP = 1 << 20
 SEQUENCE_START = 1
 SEQUENCE_END = 2
 
@@ -63,6 +67,27 @@ class ShmRef:
     region: str
     offset: int
     byte_size: int
+
+
+class PendingBytes:
+    """A BYTES input as it came off the wire, decoded only once the request has been checked
+    against the model (as Triton, which checks datatype and shape before the elements).
+
+    It has the ``dtype`` and ``shape`` its decoded array will have, which is all validation
+    reads.
+    """
+
+    __slots__ = ("name", "shape", "buf", "model", "request_id")
+    dtype = np.dtype(object)
+
+    def __init__(self, name: str, shape: tuple[int, ...], buf: Buffer, model: str,
+                 request_id: str) -> None:
+        self.name, self.shape, self.buf = name, shape, buf
+        self.model, self.request_id = model, request_id
+
+    def decode(self) -> np.ndarray:
+        return array_from_raw(self.name, "BYTES", self.shape, self.buf, model=self.model,
+                              request_id=self.request_id)
 
 
 @dataclass
@@ -80,7 +105,7 @@ class InferRequest:
 
     model: str
     version: int = -1
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    inputs: dict[str, np.ndarray | PendingBytes] = field(default_factory=dict)
     outputs: list[RequestedOutput] | None = None
     request_id: str = ""
     parameters: dict[str, ParamValue] = field(default_factory=dict)
@@ -279,6 +304,16 @@ def _numpy_dtype(name: str, datatype: object) -> np.dtype:
             raise UnsupportedError(f"input '{name}': BF16 tensors are not supported (numpy has no bfloat16)")
         raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
     return np.dtype(TRITON_TO_NUMPY[datatype])
+
+
+def input_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, *,
+                   model: str, request_id: str = "") -> np.ndarray | PendingBytes:
+    """:func:`array_from_raw`, except that a BYTES input is left as :class:`PendingBytes`
+    (its shape checked) for :meth:`DataPlane.stream` to decode after validation."""
+    if datatype == "BYTES":
+        element_count(name, shape)
+        return PendingBytes(name, tuple(shape), buf, model, request_id)
+    return array_from_raw(name, datatype, shape, buf, model=model, request_id=request_id)
 
 
 def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, *,
@@ -613,10 +648,25 @@ class DataPlane:
     # -- inference ---------------------------------------------------------------------------
 
     def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
-                       model: str, request_id: str = "") -> np.ndarray:
-        """A zero-copy array over a client's shared-memory window."""
-        return array_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
+                       model: str, request_id: str = "") -> np.ndarray | PendingBytes:
+        """A zero-copy array over a client's shared-memory window (BYTES: decoded later)."""
+        return input_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
                               model=model, request_id=request_id)
+
+    async def _decode_pending(self, req: InferRequest, model: Model, names: list[str] | None) -> bool:
+        """Check the request against the model, then decode its BYTES inputs: in a worker
+        thread when they are large (:data:`BYTES_OFF_LOOP`), so other clients are served.
+        Returns whether they were large."""
+        model.check(req.inputs, names, req.request_id)
+        pending = [p for p in req.inputs.values() if isinstance(p, PendingBytes)]
+        large = sum(len(p.buf) for p in pending) >= BYTES_OFF_LOOP
+        if large:
+            arrays = await asyncio.to_thread(lambda: [p.decode() for p in pending])
+        else:
+            arrays = [p.decode() for p in pending]
+        for p, arr in zip(pending, arrays):
+            req.inputs[p.name] = arr
+        return large
 
     def check_outputs(self, req: InferRequest) -> None:
         """Fail early (before the model runs) on an output asked for twice, or on an output
@@ -671,17 +721,25 @@ class DataPlane:
             model = self.model(req.model, req.version)
         self.check_outputs(req)
         names = [o.name for o in req.outputs] if req.outputs is not None else None
+        large = False
+        for value in req.inputs.values():
+            if type(value) is PendingBytes:
+                large = await self._decode_pending(req, model, names)
+                break
         tracing = self.server.tracing
         trace = tracing.start(model.name) if tracing.active else None
         if trace is not None:
             trace.stamps(req.received)
             req.trace = trace
         try:
-            responses = model.async_infer(
-                req.inputs, names, request_id=req.request_id, parameters=req.parameters,
-                correlation_id=req.correlation_id, flags=req.flags, timeout=req.timeout,
-                priority=req.priority, trace=trace,
+            submit = functools.partial(
+                model.async_infer, req.inputs, names, request_id=req.request_id,
+                parameters=req.parameters, correlation_id=req.correlation_id, flags=req.flags,
+                timeout=req.timeout, priority=req.priority, trace=trace,
             )
+            # Large BYTES inputs are encoded for the stub as they are sent: off the loop too.
+            responses = (await asyncio.to_thread(submit, loop=asyncio.get_running_loop())
+                         if large else submit())
         except Exception as exc:  # validation errors raise straight from infer()
             if own_trace and trace is not None:
                 trace.finish()

@@ -39,8 +39,8 @@ from .dataplane import (
     InferResult,
     RequestedOutput,
     apply_parameters,
-    array_from_raw,
     element_count,
+    input_from_raw,
     parse_version,
     shm_ref,
     to_error,
@@ -149,7 +149,7 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         elif has_contents:
             req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents)
         elif index < len(raw):
-            req.inputs[name] = array_from_raw(name, datatype, shape, raw[index], model=model,
+            req.inputs[name] = input_from_raw(name, datatype, shape, raw[index], model=model,
                                               request_id=req.request_id)
             index += 1
         else:

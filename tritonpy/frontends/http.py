@@ -42,6 +42,7 @@ from .dataplane import (
     apply_parameters,
     array_from_json,
     array_from_raw,
+    input_from_raw,
     is_uint,
     json_data,
     parse_json_object,
@@ -440,7 +441,7 @@ class HTTPFrontend:
                         f"unexpected size for input '{name}', expecting {offset + size - total} "
                         f"additional bytes for model '{model}'"
                     )
-                req.inputs[name] = array_from_raw(name, datatype, shape, view[offset:offset + size],
+                req.inputs[name] = input_from_raw(name, datatype, shape, view[offset:offset + size],
                                                   model=model, request_id=req.request_id)
                 offset += size
             elif "data" in inp:
