@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import http.client as httplib
 import json
+import logging
 import os
 import queue
 import secrets
 import socket
+import subprocess
+import sys
 import textwrap
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -485,6 +489,9 @@ FP32_4 = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
      {}, 501, "decoupled transaction policy"),  # as Triton 2.51
     ("/v2/models/raiser/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]), {}, 500,
      "boom from execute"),
+    ("/v2/models/identity_fp32/infer",
+     _infer_body([dict(FP32_4, shape=[1] * 70, data=[1])]), {}, 400,
+     "input 'INPUT0' has 70 dimensions; tensors have at most"),
     ("/v2/nothing/here", b"", {}, 404, "Not Found"),
     ("/v2/health/live", b"", {}, 405, "Method Not Allowed"),
     ("/v2/models/add_sub/config", b"", {}, 405, "Method Not Allowed"),
@@ -493,11 +500,15 @@ FP32_4 = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
     ("/v2/logging", b'{"log_info": 3}', {}, 400, "Unable to parse 'log_info'"),
 ])
 def test_http_bad_requests(served: Served, http: httpclient.InferenceServerClient, path: str,
-                           body: bytes, headers: dict[str, str], status: int, message: str) -> None:
+                           body: bytes, headers: dict[str, str], status: int, message: str,
+                           caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
     got_status, got = raw_post(served, path, body, headers)
     assert got_status == status, got
     assert message in got["error"]
     assert_still_serving(http)
+    # The client's mistake is answered, not logged as the server's failure.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
 
 
 def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceServerClient) -> None:

@@ -193,10 +193,26 @@ MAX_JSON_DEPTH = 100
 JSON_TOO_DEEP = f"JSON nesting depth exceeds maximum allowed limit ({MAX_JSON_DEPTH})"
 
 
+def _numpy_max_dims() -> int:
+    try:
+        np.empty((1,) * 64)
+    except ValueError:
+        return 32  # numpy 1.x
+    return 64
+
+
+#: The most dimensions a numpy array (so a tensor here) can have.
+MAX_DIMS = _numpy_max_dims()
+
+
 def element_count(name: str, shape: Sequence[object]) -> int:
     """Validate a shape from the wire and return its element count."""
     if not isinstance(shape, (list, tuple)) or not all(is_uint(d) for d in shape):
         raise InvalidArgumentError(f"Unable to parse 'shape' of input '{name}'")
+    if len(shape) > MAX_DIMS:
+        raise InvalidArgumentError(
+            f"input '{name}' has {len(shape)} dimensions; tensors have at most {MAX_DIMS} "
+            "here (numpy's limit)")
     count = math.prod(shape)  # type: ignore[arg-type]
     if count > MAX_TENSOR_SIZE:
         raise InvalidArgumentError(
@@ -345,8 +361,6 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
-#: numpy 1.x builds arrays of at most 32 dimensions (2.x: 64).
-_NUMPY_DEPTH = 32
 
 
 def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object) -> np.ndarray:
@@ -371,7 +385,7 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
         arr = np.empty(len(flat), dtype=object)
         arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
     else:
-        if depth > _NUMPY_DEPTH:  # past numpy's dimension limit: flatten in Python first
+        if depth > MAX_DIMS:  # past numpy's dimension limit: flatten in Python first
             flat_values: list[object] = []
             _flatten(name, data, flat_values, 1)
             data = flat_values
