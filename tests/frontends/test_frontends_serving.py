@@ -121,6 +121,28 @@ MODELS: dict[str, tuple[str, str]] = {
                     sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return None
         """),
+    # IN[0] responses of 64 KiB each: enough to fill a stream's flow-control window.
+    "repeat_big": ("""
+        backend: "python"
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
+        output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+        """, """
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        class TritonPythonModel:
+            def execute(self, requests):
+                for r in requests:
+                    sender = r.get_response_sender()
+                    for _ in range(int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])):
+                        if sender.is_cancelled():
+                            break
+                        sender.send(pb_utils.InferenceResponse(
+                            [pb_utils.Tensor("OUT", np.zeros(65536, np.uint8))]))
+                    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return None
+        """),
     # Batching identities for Triton's raw binary requests (a batch of 1 is deduced).
     "batched_fp32": ("""
         backend: "python"
@@ -947,6 +969,49 @@ def test_grpc_stream_decoupled_and_errors(grpcc: grpcclient.InferenceServerClien
         assert results.empty()
     finally:
         grpcc.stop_stream()
+
+
+_VANISHING_STREAM_CLIENT = """
+import os, sys, threading, time, numpy as np, tritonclient.grpc as g
+got = []
+def stall(result, error):  # reads one response, then nothing more: the server's writes wait
+    got.append(error)
+    threading.Event().wait()
+client = g.InferenceServerClient(sys.argv[1])
+client.start_stream(callback=stall)
+x = g.InferInput("IN", [1], "INT32")
+x.set_data_from_numpy(np.array([2000], dtype=np.int32))
+for _ in range(3):
+    client.async_stream_infer("repeat_big", [x])
+while not got:
+    time.sleep(0.01)
+time.sleep(0.5)
+os._exit(0)  # gone mid-stream, without closing anything
+"""
+
+
+def test_a_stream_whose_client_vanishes_ends_without_an_error_in_the_log(
+        served: Served, grpcc: grpcclient.InferenceServerClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A client that stops reading its stream, then dies: the server drops the stream and logs
+    nothing at error level (grpc used to log a traceback for the write that failed)."""
+    caplog.set_level(logging.WARNING)
+    subprocess.run([sys.executable, "-c", _VANISHING_STREAM_CLIENT, served.grpc], timeout=60,
+                   check=True)
+    streams = served.frontends.grpc._service._streams  # type: ignore[union-attr]  # open streams
+    deadline = time.monotonic() + 20
+    while streams and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not streams, "the stream of the vanished client is still open"
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+    x = grpcclient.InferInput("IN", [2], "INT32")
+    x.set_data_from_numpy(np.array([5, 6], np.int32))
+    got: queue.Queue[Any] = queue.Queue()
+    grpcc.start_stream(callback=lambda result, error: got.put((result, error)))
+    grpcc.async_stream_infer("repeat", [x])
+    values = [got.get(timeout=10)[0].as_numpy("OUT").tolist() for _ in range(2)]
+    grpcc.stop_stream()
+    assert values == [[5], [6]]
 
 
 def test_grpc_stream_errors_and_empty_finals_name_the_asked_version(served: Served) -> None:

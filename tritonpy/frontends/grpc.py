@@ -448,8 +448,12 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         context.add_done_callback(sent)
         return message
 
-    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> AsyncIterator[Any]:  # noqa: N802
-        """Bidirectional stream: any number of requests, each answered as its responses come."""
+    async def ModelStreamInfer(self, request_iterator: AsyncIterator[Any], context: Any) -> None:  # noqa: N802
+        """Bidirectional stream: any number of requests, each answered as its responses come.
+
+        Answers go out through ``context.write`` rather than ``yield``: a write to a client
+        that went away fails here, where it ends the stream quietly, instead of inside grpc,
+        which logs a traceback for it."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
 
@@ -493,7 +497,11 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
                     continue
                 if isinstance(item, BaseException):
                     raise item
-                yield item
+                try:
+                    await context.write(item)
+                except Exception as exc:  # the client is gone: nobody to answer
+                    log.debug("stream ended: a response could not be written: %r", exc)
+                    return
         finally:
             # The client went away or the server is stopping: cancel what is still running
             # (DataPlane.stream cancels each request inside the server).
