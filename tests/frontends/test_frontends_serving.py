@@ -899,6 +899,35 @@ def test_grpc_infer_raw_and_typed(served: Served, grpcc: grpcclient.InferenceSer
             stub.ModelInfer(req)
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_grpc_compressed_requests(grpcc: grpcclient.InferenceServerClient, algorithm: str) -> None:
+    inputs, a, b = add_sub_inputs(grpcclient)
+    result = grpcc.infer("add_sub", inputs, compression_algorithm=algorithm)
+    assert np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+    assert np.array_equal(result.as_numpy("OUTPUT1"), a - b)
+
+
+def test_grpc_large_tensors_both_ways(grpcc: grpcclient.InferenceServerClient) -> None:
+    """20 MiB each way: more than the HTTP/2 windows and frame sizes, so the client's message
+    arrives in many frames and the answer waits for the client's window updates."""
+    x = np.random.default_rng(0).random(5 << 20, dtype=np.float32)
+    inp = grpcclient.InferInput("INPUT0", [x.size], "FP32")
+    inp.set_data_from_numpy(x)
+    for _ in range(2):
+        assert np.array_equal(grpcc.infer("identity_fp32", [inp]).as_numpy("OUTPUT0"), x)
+
+
+def test_grpc_unknown_method_is_unimplemented(served: Served,
+                                              grpcc: grpcclient.InferenceServerClient) -> None:
+    with grpc.insecure_channel(served.grpc) as channel:
+        nope = channel.unary_unary("/inference.GRPCInferenceService/NoSuchMethod")
+        with pytest.raises(grpc.RpcError) as err:
+            nope(b"")
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "NoSuchMethod" in (err.value.details() or "")
+    assert grpcc.is_server_live()
+
+
 @pytest.mark.parametrize("model, datatype, shape, code, message", [
     ("no_such_model", "FP32", [2], "StatusCode.NOT_FOUND", "unknown model"),
     ("identity_fp32", "INT32", [2], "StatusCode.INVALID_ARGUMENT", "INPUT0"),

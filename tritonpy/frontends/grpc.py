@@ -1,4 +1,5 @@
-"""KServe v2 gRPC frontend (``inference.GRPCInferenceService``) on ``grpc.aio``.
+"""KServe v2 gRPC frontend (``inference.GRPCInferenceService``) on our HTTP/2 server
+(:mod:`._http2`, the ``h2`` state machine on the frontends' event loop).
 
 The service definition is the one ``tritonclient[grpc]`` ships, so the real client talks to it
 unchanged. Behaviour follows Triton's ``src/grpc``: every output travels in
@@ -21,7 +22,7 @@ from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 import grpc
 import numpy as np
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+from tritonclient.grpc import model_config_pb2, service_pb2
 
 from .._errors import (
     InvalidArgumentError,
@@ -32,6 +33,7 @@ from .._errors import (
     input_twice,
 )
 from ..validation import request_prefix
+from ._http2 import Http2GrpcServer, Method
 from .dataplane import (
     SPECIAL_PARAMETERS,
     DataPlane,
@@ -48,8 +50,6 @@ from .dataplane import (
 
 log = logging.getLogger(__name__)
 
-#: Triton sets both gRPC message limits to INT32_MAX.
-MAX_MESSAGE_SIZE = 2**31 - 1
 _END = object()
 _STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
@@ -72,7 +72,7 @@ def _rpc(fn: F) -> F:
     """Turn any error of a unary RPC into the gRPC status its Triton code maps to."""
 
     @functools.wraps(fn)
-    async def wrapper(self: GRPCService, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def wrapper(self: GRPCService, request: Any, context: Any) -> Any:
         try:
             return await fn(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
@@ -231,7 +231,7 @@ def _bare(result: InferResult, asked_version: str) -> Any:
     return resp
 
 
-class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+class GRPCService:
     """``GRPCInferenceService`` over a :class:`DataPlane`."""
 
     def __init__(self, plane: DataPlane) -> None:
@@ -429,7 +429,7 @@ class GRPCService(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignor
         t_read = time.monotonic_ns()
         req = decode_request(self.plane, request)
         if self.plane.server.tracing.active:
-            # grpc.aio hands over a request once read: its wait for it cannot be seen here.
+            # The HTTP/2 server hands over a request once read: its wait is not timed here.
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         trace = req.trace
@@ -570,33 +570,30 @@ class GRPCFrontend:
         max_message_size: gRPC send/receive message limit in bytes.
     """
 
-    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001,
-                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
+    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001) -> None:
         self.plane = plane
         self.host = host
         self.port = port
-        self.max_message_size = max_message_size
-        self._server: grpc.aio.Server | None = None
+        self._server: Http2GrpcServer | None = None
         self._service: GRPCService | None = None
 
     async def start(self) -> None:
         """Bind and start serving."""
-        server = grpc.aio.server(options=[
-            ("grpc.max_send_message_length", self.max_message_size),
-            ("grpc.max_receive_message_length", self.max_message_size),
-            ("grpc.so_reuseport", 0),
-        ])
-        self._service = GRPCService(self.plane)
-        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self._service, server)
-        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        service = GRPCService(self.plane)
+        described = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        methods = {
+            f"/{described.full_name}/{m.name}": Method(
+                getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
+                m.client_streaming)
+            for m in described.methods
+        }
+        server = Http2GrpcServer(methods)
         try:
-            port = server.add_insecure_port(address)
-        except RuntimeError as exc:
+            self.port = await server.start(self.host, self.port)
+        except OSError as exc:
+            address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
             raise UnavailableError(f"Socket '{address}' already in use: {exc}") from None
-        if port == 0:
-            raise UnavailableError(f"Socket '{address}' already in use")
-        self.port = port
-        await server.start()
+        self._service = service
         self._server = server
         log.info("Started GRPCInferenceService at %s:%d", self.host, self.port)
 
