@@ -52,7 +52,7 @@ class Method:
 
     __slots__ = ("handler", "parse", "streaming")
 
-    def __init__(self, handler: Callable[..., Awaitable[Any]], parse: Callable[[bytes], Any],
+    def __init__(self, handler: Callable[..., Awaitable[Any]], parse: Callable[[Any], Any],
                  streaming: bool) -> None:
         self.handler, self.parse, self.streaming = handler, parse, streaming
 
@@ -125,15 +125,18 @@ class _Call:
             flag, size = _PREFIX.unpack_from(buf)
             if len(buf) < 5 + size:
                 break
-            payload = bytes(buf[5:5 + size])
-            del buf[:5 + size]
-            if flag:
-                payload = self._decompress(payload)
             assert self.method is not None
-            out.append(self.method.parse(payload))
+            view = memoryview(buf)
+            part = view[5:5 + size]
+            try:  # protobuf copies what it keeps: parse in place, no copy of the message
+                out.append(self.method.parse(self._decompress(part) if flag else part))
+            finally:
+                part.release()
+                view.release()
+            del buf[:5 + size]
         return out
 
-    def _decompress(self, payload: bytes) -> bytes:
+    def _decompress(self, payload: memoryview) -> bytes:
         if self.encoding == b"gzip":
             return gzip.decompress(payload)
         if self.encoding == b"deflate":
@@ -142,7 +145,9 @@ class _Call:
                                       "is not supported")
 
     # -- sending ---------------------------------------------------------------------------------
-    async def send_message(self, payload: bytes) -> None:
+    async def send_message(self, payload: bytes, flush: bool = True) -> None:
+        """Send one message (its headers first if none went yet); ``flush=False`` leaves the
+        bytes for the next write (a unary call's trailers follow at once)."""
         if self.closed:
             raise _Closed("the call is over")
         conn = self.conn
@@ -153,7 +158,8 @@ class _Call:
             except h2.exceptions.StreamClosedError:
                 raise _Closed("the client closed the stream") from None
         await self._send_data(_PREFIX.pack(0, len(payload)) + payload)
-        conn.flush()
+        if flush:
+            conn.flush()
 
     async def _send_data(self, data: bytes) -> None:
         h2c = self.conn.h2
@@ -447,7 +453,7 @@ class Http2GrpcServer:
         try:
             response = await call.method.handler(request, context)
             if not call.closed:
-                await call.send_message(response.SerializeToString())
+                await call.send_message(response.SerializeToString(), flush=False)
         except grpc.aio.AbortError:
             call.finish(context.code or _UNKNOWN, context.details)
             return
