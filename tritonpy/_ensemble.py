@@ -391,10 +391,12 @@ class EnsembleRuntime(RuntimeBase):
         ctx.start()
 
     def _finished(self, ctx: _Context, ok: bool) -> None:
-        now = time.monotonic_ns()
-        self.stats.request_done(ok, now - ctx.request.t_enqueue)
+        total_ns = time.monotonic_ns() - ctx.request.t_enqueue
         if ok:
-            self.stats.execution(ctx.request.batch_size, [0], 0, ctx.compute_ns, 0)
+            rows = ctx.request.batch_size
+            self.stats.execution(rows, [(rows, total_ns, 0)], (), 0, ctx.compute_ns, 0)
+        else:
+            self.stats.request_failed(total_ns)
         with self.lock:
             self._active.discard(ctx)
             if not self._active:

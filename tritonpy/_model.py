@@ -424,7 +424,7 @@ class ModelRuntime(RuntimeBase):
             req.fail(self.not_ready_error())
             return
         if self.unserviceable and not self._alive():
-            self.stats.request_done(False, 0)
+            self.stats.request_failed(0)
             req.fail(UnavailableError(self.unserviceable))
             return
         req.on_cancel = self._cancelled
@@ -443,7 +443,7 @@ class ModelRuntime(RuntimeBase):
             self.submit(req)  # forwarded to the successor, or failed
             return
         if err is not None:
-            self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue)
             req.fail(err)
             return
         if plans:
@@ -552,8 +552,8 @@ class ModelRuntime(RuntimeBase):
 
     def _answer(self, inst: Instance, stub: StubProcess, req: HostRequest,
                 body: dict) -> tuple | None:
-        """``req.respond`` arguments for a response frame (None: held until its final flag);
-        a final one is counted in the statistics here, before the caller can see it."""
+        """``req.respond`` arguments for a response frame (None: held until its final flag).
+        Statistics count the request when its execute ends (``_on_done``), not here."""
         err = body.get("error")
         error = error_from_wire(err) if err else None
         try:
@@ -579,7 +579,6 @@ class ModelRuntime(RuntimeBase):
                 outputs, error, params = held
         if final:
             inst.active.pop(req.id, None)
-            self.stats.request_done(error is None, time.monotonic_ns() - req.t_enqueue)
         return outputs, error, params, final
 
     def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
@@ -607,14 +606,13 @@ class ModelRuntime(RuntimeBase):
         inst.held_back = False
         by_id = {r.id: r for r in batch}
         resched = set(body.get("reschedule") or ())
-        bad: set[int] = set()  # requests whose response is an error (not timed as successes)
-        # Every statistic is counted before any caller sees its response: a caller that reads
-        # the statistics right after its answer finds its execution in them.
+        # Every statistic is counted before any caller sees a response in this body: a caller
+        # that reads the statistics right after its answer finds its execution in them. (One
+        # answered earlier through its response sender may look before they are counted, as
+        # with Triton, whose backend also reports them only once execute has returned.)
         answers = []
         for rb in body.get("responses") or ():
             rid = rb.get("id")
-            if rb.get("error"):
-                bad.add(rid)
             req = by_id.get(rid)
             if req is not None and rid not in resched:
                 answer = self._answer(inst, stub, req, rb)
@@ -638,7 +636,6 @@ class ModelRuntime(RuntimeBase):
                         logged = True
                         continue
                     self._held.pop(req.id, None)
-                    self.stats.request_done(False, t_done - req.t_enqueue)
                     failed.append(req)
         requeue = [r for r in batch if r.id in resched and not r.done]
         for r in requeue:
@@ -650,17 +647,20 @@ class ModelRuntime(RuntimeBase):
                 if r.done:
                     inst.active.pop(r.id, None)
         t_out = time.monotonic_ns()
-        # Queue and compute times count the requests that succeeded, as Triton's do.
-        if err:
-            good = []
-        elif resched or bad:
-            good = [r for r in batch if r.id not in resched and r.id not in bad]
-        else:
-            good = batch
+        # As Triton counts them: each request this execute ran (a rescheduled one runs again)
+        # succeeded unless the execute failed, whatever its responses say (a decoupled one too,
+        # whether or not its final flag has come); queue and compute times count successes.
+        ran = [r for r in batch if r.id not in resched] if resched else batch
         waited = t_run - t_sent  # in the stub, behind the execute before it: queued time
-        self.stats.execution(sum(r.batch_size for r in batch),
-                             [r.t_start - r.t_enqueue + waited for r in good], input_ns,
-                             t_done - t_run, t_out - t_done)
+        if err:
+            self.stats.execution(sum(r.batch_size for r in batch), (),
+                                 [t_out - r.t_enqueue for r in ran], input_ns, t_done - t_run,
+                                 t_out - t_done)
+        else:
+            self.stats.execution(sum(r.batch_size for r in batch),
+                                 [(r.batch_size, t_out - r.t_enqueue,
+                                   r.t_start - r.t_enqueue + waited) for r in ran], (),
+                                 input_ns, t_done - t_run, t_out - t_done)
         for r in batch:
             if r.trace is not None:  # a prefetched execute starts when it stops waiting
                 r.trace.stamps((("COMPUTE_START", t_run if waited else r.t_start),
@@ -720,23 +720,29 @@ class ModelRuntime(RuntimeBase):
                 self.sched.finished(inst, batch)
             # Prefetched requests, sent behind the execute that was running, never started
             # (the stub runs one execute at a time): they queue again, as if never sent.
-            unstarted = [r for exec_id in sorted(inflight)[1:]
-                         for r in _take_back(active, inflight[exec_id][0])
-                         ] if inst.prefetch_ns and inst.state == "RESTARTING" else []
+            back = (sorted(inflight)[1:] if inst.prefetch_ns and inst.state == "RESTARTING"
+                    else [])
+            unstarted = [r for exec_id in back for r in _take_back(active, inflight[exec_id][0])]
             if unstarted:
                 self.sched.requeue(unstarted)
+            # The requests of an execute that never ended fail with it (the statistics count
+            # one whose execute ended, e.g. a decoupled one still streaming, already).
+            died = [r for exec_id, (batch, _, _) in inflight.items() if exec_id not in back
+                    for r in batch]
             orphans: list[HostRequest] = []
             if was == "RETIRING":  # removed by an update: its sequences end with it
                 orphans = self.sched.remove_instance(inst)
                 self.instances = [i for i in self.instances if i is not inst]
+        now = time.monotonic_ns()
+        for req in died:
+            self.stats.request_failed(now - req.t_enqueue)
         for req in orphans:
             if not req.done:
-                self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+                self.stats.request_failed(now - req.t_enqueue)
                 req.fail(err)
         for req in active.values():
             self._held.pop(req.id, None)
             if not req.done:
-                self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
                 req.fail(err)
         for req in calls.values():  # BLS calls the dead stub made: nobody waits for them now
             req.cancel("the calling stub died")
@@ -794,7 +800,7 @@ class ModelRuntime(RuntimeBase):
             self.queue.clear()
         err = UnavailableError(self.unserviceable)
         for req in leftover:
-            self.stats.request_done(False, time.monotonic_ns() - req.t_enqueue)
+            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue)
             req.fail(err)
 
     # -- readiness and unloading ------------------------------------------------------------------

@@ -1,9 +1,17 @@
-"""Per-model statistics in the shape of Triton's ModelStatistics (counts and nanoseconds)."""
+"""Per-model statistics in the shape of Triton's ModelStatistics (counts and nanoseconds).
+
+They count what Triton 2.51 counts: a request the model's ``execute`` ran is a success unless
+``execute`` itself failed (raised, or returned what the backend rejects), even when its
+response carries a ``pb_utils.TritonError``; its rows count in ``inference_count`` and its
+times in queue and compute. A failure is counted with its duration only. Every execute counts
+in ``execution_count`` and ``batch_stats``, a failed one too, and stamps ``last_inference``.
+``response_stats`` stays empty: Triton 2.51's Python backend reports none, decoupled or not.
+"""
 from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from typing import Any, Iterable
 
 _KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
          "cache_hit", "cache_miss")
@@ -22,26 +30,46 @@ class ModelStats:
         self.stats = {k: [0, 0] for k in _KEYS}
         self.batch: dict[int, dict[str, list[int]]] = {}
 
-    def request_done(self, ok: bool, total_ns: int) -> None:
+    def request_failed(self, total_ns: int) -> None:
+        """A request failed after ``total_ns``: before its execute, or with it."""
         with self._lock:
-            s = self.stats["success" if ok else "fail"]
+            s = self.stats["fail"]
             s[0] += 1
             s[1] += total_ns
-            self.last_inference_ms = int(time.time() * 1000)
 
-    def execution(self, batch_size: int, queue_ns: list[int], input_ns: int, infer_ns: int,
-                  output_ns: int) -> None:
+    def execution(self, batch_size: int, succeeded: Iterable[tuple[int, int, int]],
+                  failed: Iterable[int], input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One execute of ``batch_size`` rows ended.
+
+        Args:
+            batch_size: the rows it ran (its batch statistics entry).
+            succeeded: ``(rows, request ns, queue ns)`` of each request it ran that counts as a
+                success.
+            failed: the request ns of each request that failed with it.
+            input_ns: time to prepare its inputs.
+            infer_ns: time in ``execute``.
+            output_ns: time to take its outputs.
+        """
         with self._lock:
             self.execution_count += 1
-            self.inference_count += batch_size
-            n = len(queue_ns)
-            q = self.stats["queue"]
+            self.last_inference_ms = int(time.time() * 1000)
+            stats = self.stats
+            ok, q, fail = stats["success"], stats["queue"], stats["fail"]
+            n = 0
+            for rows, total_ns, queue_ns in succeeded:
+                n += 1
+                self.inference_count += rows
+                ok[1] += total_ns
+                q[1] += queue_ns
+            ok[0] += n
             q[0] += n
-            q[1] += sum(queue_ns)
+            for total_ns in failed:
+                fail[0] += 1
+                fail[1] += total_ns
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
                             ("compute_output", output_ns)):
-                self.stats[key][0] += n
-                self.stats[key][1] += ns * n
+                stats[key][0] += n
+                stats[key][1] += ns * n
             b = self.batch.get(batch_size)
             if b is None:
                 b = self.batch[batch_size] = {k: [0, 0] for k in (
@@ -64,6 +92,6 @@ class ModelStats:
                     {"batch_size": bs, **{k: {"count": v[0], "ns": v[1]} for k, v in d.items()}}
                     for bs, d in sorted(self.batch.items())
                 ],
-                "response_stats": {},  # per-response statistics: not kept (Triton's key, empty)
+                "response_stats": {},  # Triton 2.51's Python backend reports none either
                 "memory_usage": [],
             }

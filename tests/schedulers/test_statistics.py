@@ -1,11 +1,18 @@
 """Statistics per model and version in Triton's ModelStatistics shape, from real stubs:
-success and failure counts, queue and compute times (counted for successful requests, as
-Triton counts them), execution and inference counts, batch statistics.
+success and failure counts, queue and compute times, execution and inference counts, batch
+statistics. The counts are Triton 2.51's, measured side by side with it: a request that
+``execute`` ran is a success unless ``execute`` failed, even when its response is an error
+(``InferenceResponse(error=...)``), decoupled or not; only successes add to
+``inference_count`` and are timed; every execute counts in ``execution_count`` and
+``batch_stats``, a failed one too; ``response_stats`` stays empty (Triton 2.51's Python
+backend reports none).
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from _models import fp32, infer, io_config, serving, write_model
+from _bls_models import collect
+from _models import fp32, infer, io_config, serving, wait_until, write_model
 
 from tritonpy import InvalidArgumentError
 
@@ -55,9 +62,11 @@ def test_statistics_per_model_and_version(tmp_path, shm_prefix):
         inf = one["inference_stats"]
         assert set(inf) >= {"success", "fail", "queue", "compute_input", "compute_infer",
                             "compute_output"}
-        assert (inf["success"]["count"], inf["fail"]["count"]) == (3, 1)
+        # The error response is the model's answer, not a failed request: Triton counts (and
+        # times) it as a success.
+        assert (inf["success"]["count"], inf["fail"]["count"]) == (4, 0)
         for key in _TIMES:
-            assert inf[key]["count"] == 3, key  # the failed request is not timed
+            assert inf[key]["count"] == 4, key
             assert inf[key]["ns"] > 0, key
         assert inf["success"]["ns"] >= inf["compute_infer"]["ns"]
         assert one["execution_count"] == 4
@@ -83,7 +92,7 @@ def test_statistics_per_model_and_version(tmp_path, shm_prefix):
             server.statistics("st", "9")
 
 
-def test_a_failed_execute_counts_as_failures_only(tmp_path, shm_prefix):
+def test_a_failed_execute_is_an_execution_but_no_inference(tmp_path, shm_prefix):
     write_model(tmp_path, "boom", """
 import triton_python_backend_utils as pb_utils
 
@@ -94,6 +103,171 @@ class TritonPythonModel:
     with serving(tmp_path, shm_prefix) as server:
         resp = infer(server.model("boom"), {"IN": fp32(1)})
         assert resp.error is not None and "execute failed" in resp.error.message
-        inf = server.statistics("boom")["model_stats"][0]["inference_stats"]
+        st = server.statistics("boom")["model_stats"][0]
+        inf = st["inference_stats"]
         assert (inf["success"]["count"], inf["fail"]["count"]) == (0, 1)
+        assert inf["fail"]["ns"] > 0
         assert all(inf[k]["count"] == 0 for k in _TIMES)
+        # As Triton: the execute happened (execution and batch statistics), but a request's
+        # rows count as inferences only when it succeeds.
+        assert (st["execution_count"], st["inference_count"]) == (1, 0)
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [
+            (1, 1)]
+        assert st["last_inference"] > 0
+
+
+# Default mode, answering through the response sender: IN < 0 sends an error response.
+SENDER_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            sender = r.get_response_sender()
+            if (x < 0).any():
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative")))
+            else:
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def _counts(server, model: str) -> tuple[int, int]:
+    inf = server.statistics(model)["model_stats"][0]["inference_stats"]
+    return inf["success"]["count"], inf["fail"]["count"]
+
+
+def test_an_error_response_through_the_sender_is_a_success(tmp_path, shm_prefix):
+    write_model(tmp_path, "sender", SENDER_PY)
+    with serving(tmp_path, shm_prefix) as server:
+        model = server.model("sender")
+        assert infer(model, {"IN": fp32(1)}).error is None
+        assert infer(model, {"IN": fp32(-1)}).error.message == "negative"
+        # Counted when execute returns, which may be just after the response went out.
+        wait_until(lambda: sum(_counts(server, "sender")) == 2, 10, "two requests counted")
+        assert _counts(server, "sender") == (2, 0)
+        st = server.statistics("sender")["model_stats"][0]
+        assert (st["execution_count"], st["inference_count"]) == (2, 2)
+
+
+# Decoupled, by IN[0]: 1 a response, an error response, then the final flag alone; 2 an error
+# response with the final flag; 3 a response, then execute raises; 5 a response with the final
+# flag, then execute raises.
+DECOUPLED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for r in requests:
+            k = int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])
+            sender = r.get_response_sender()
+            ok = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))])
+            bad = pb_utils.InferenceResponse(error=pb_utils.TritonError("bad response"))
+            if k == 1:
+                sender.send(ok)
+                sender.send(bad)
+                sender.send(flags=final)
+            elif k == 2:
+                sender.send(bad, flags=final)
+            elif k == 3:
+                sender.send(ok)
+                raise pb_utils.TritonModelException("raised after a response")
+            elif k == 5:
+                sender.send(ok, flags=final)
+                raise pb_utils.TritonModelException("raised after the final flag")
+        return None
+"""
+
+
+def test_a_decoupled_request_fails_only_when_its_execute_fails(tmp_path, shm_prefix):
+    write_model(tmp_path, "dec", DECOUPLED_PY,
+                io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    with serving(tmp_path, shm_prefix) as server:
+        model = server.model("dec")
+        got = [collect(model.infer({"IN": fp32(k)}), 20) for k in (1, 2, 2, 3, 5)]
+        assert [r.error.message if r.error else "ok" for r in got[0]] == [
+            "ok", "bad response", "ok"]
+        assert [r.error.message for r in got[1] + got[2]] == ["bad response"] * 2
+        assert "raised after a response" in got[3][-1].error.message
+        assert [r.error for r in got[4]] == [None]
+        wait_until(lambda: sum(_counts(server, "dec")) == 5, 10, "five requests counted")
+        st = server.statistics("dec")["model_stats"][0]
+        inf = st["inference_stats"]
+        # Triton 2.51: requests 1, 2 and 2 succeeded (error responses are answers); 3 and 5
+        # failed, 5 although its final response went out before execute raised.
+        assert (inf["success"]["count"], inf["fail"]["count"]) == (3, 2)
+        assert all(inf[k]["count"] == 3 for k in _TIMES)
+        assert (st["execution_count"], st["inference_count"]) == (5, 3)
+        assert st["response_stats"] == {}
+
+
+BATCH_PY = STATS_PY.replace('self.version = int(args["model_version"])', "self.version = 1")
+
+
+def test_an_error_response_in_a_batch_leaves_its_batch_all_successes(tmp_path, shm_prefix):
+    write_model(tmp_path, "db", BATCH_PY, io_config(
+        max_batch_size=4, extra="dynamic_batching { preferred_batch_size: [ 3 ] "
+                                "max_queue_delay_microseconds: 5000000 }\n"))
+    with serving(tmp_path, shm_prefix) as server:
+        model = server.model("db")
+        streams = [model.infer({"IN": np.array([[v]], np.float32)}) for v in (1, -1, 2)]
+        answers = [s.get(timeout=20) for s in streams]
+        assert [a.error.message if a.error else "ok" for a in answers] == ["ok", "negative", "ok"]
+        st = server.statistics("db")["model_stats"][0]
+        inf = st["inference_stats"]
+        assert (inf["success"]["count"], inf["fail"]["count"]) == (3, 0)
+        assert all(inf[k]["count"] == 3 for k in _TIMES)
+        assert (st["execution_count"], st["inference_count"]) == (1, 3)
+        assert [(b["batch_size"], b["compute_infer"]["count"]) for b in st["batch_stats"]] == [
+            (3, 1)]
+
+
+# Decoupled: a response, then the stub dies: in a thread after execute returned (MODE
+# "after"), or within execute ("during").
+DIES_PY = """
+import os
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MODE = "{mode}"
+
+def die():
+    time.sleep(0.2)
+    os.kill(os.getpid(), 9)
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            r.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))]))
+        if MODE == "during":
+            die()
+        threading.Thread(target=die).start()
+        return None
+"""
+
+
+def test_a_dead_stub_fails_only_the_requests_whose_execute_had_not_ended(tmp_path, shm_prefix):
+    for mode in ("after", "during"):
+        write_model(tmp_path, mode, DIES_PY.replace("{mode}", mode),
+                    io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    with serving(tmp_path, shm_prefix) as server:
+        for mode in ("after", "during"):
+            got = collect(server.model(mode).infer({"IN": fp32(1)}), 20)
+            assert got[0].error is None and "killed by signal" in got[-1].error.message
+        # As Triton 2.51: "after" was counted when its execute returned (a success, an
+        # execution); "during" fails with its execute, which is no execution.
+        after, during = (server.statistics(m)["model_stats"][0] for m in ("after", "during"))
+        assert _counts(server, "after") == (1, 0)
+        assert (after["execution_count"], after["inference_count"]) == (1, 1)
+        assert _counts(server, "during") == (0, 1)
+        assert (during["execution_count"], during["inference_count"]) == (0, 0)
+        # Not stopped while the dead stubs restart (that would race the stop).
+        wait_until(server.ready, 15, "the dead stubs restarted")
