@@ -198,7 +198,7 @@ class _Call:
                 h2c.send_headers(self.sid, trailers, end_stream=True)
         except h2.exceptions.H2Error:  # the client reset the stream meanwhile
             pass
-        self.conn.flush()
+        self.conn.flush_soon()
         self.conn.calls.pop(self.sid, None)
         self.context.finish()
 
@@ -262,6 +262,7 @@ class _Connection(asyncio.Protocol):
         # H2Connection read these from its default settings when it was made.
         self.h2.max_inbound_frame_size = _MAX_FRAME
         self.calls: dict[int, _Call] = {}
+        self.flush_pending = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no asyncio.Transport
@@ -280,6 +281,17 @@ class _Connection(asyncio.Protocol):
         data = self.h2.data_to_send()
         if data and self.transport is not None:
             self.transport.write(data)
+
+    def flush_soon(self) -> None:
+        """Flush at the end of this turn of the loop: the answers of the calls that end in
+        it (many clients share a connection) leave in one write."""
+        if not self.flush_pending:
+            self.flush_pending = True
+            asyncio.get_running_loop().call_soon(self._deferred_flush)
+
+    def _deferred_flush(self) -> None:
+        self.flush_pending = False
+        self.flush()
 
     def data_received(self, data: bytes) -> None:
         try:
