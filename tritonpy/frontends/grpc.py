@@ -1,5 +1,5 @@
 """KServe v2 gRPC frontend (``inference.GRPCInferenceService``) on our HTTP/2 server
-(:mod:`._http2`, the ``h2`` state machine on the frontends' event loop).
+(:mod:`._http2`, HTTP/2 framed on the frontends' event loop, ``hpack`` for headers).
 
 The service definition is the one ``tritonclient[grpc]`` ships, so the real client talks to it
 unchanged. Behaviour follows Triton's ``src/grpc``: every output travels in
@@ -33,7 +33,7 @@ from .._errors import (
     input_twice,
 )
 from ..validation import request_prefix
-from ._http2 import Http2GrpcServer, Method
+from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, Method
 from .dataplane import (
     SPECIAL_PARAMETERS,
     DataPlane,
@@ -567,13 +567,16 @@ class GRPCFrontend:
         plane: the shared data plane.
         host: address to listen on.
         port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
-        max_message_size: gRPC send/receive message limit in bytes.
+        max_message_size: largest request message in bytes (Triton's 2^31-1 by default); a
+            larger one is answered RESOURCE_EXHAUSTED.
     """
 
-    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001) -> None:
+    def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001,
+                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
         self.plane = plane
         self.host = host
         self.port = port
+        self.max_message_size = max_message_size
         self._server: Http2GrpcServer | None = None
         self._service: GRPCService | None = None
 
@@ -587,7 +590,7 @@ class GRPCFrontend:
                 m.client_streaming)
             for m in described.methods
         }
-        server = Http2GrpcServer(methods)
+        server = Http2GrpcServer(methods, self.max_message_size)
         try:
             self.port = await server.start(self.host, self.port)
         except OSError as exc:

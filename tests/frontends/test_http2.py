@@ -1,0 +1,297 @@
+"""Our HTTP/2 gRPC server (``tritonpy.frontends._http2``) on its own, with toy methods: the real
+``grpcio`` client for calls, deadlines, cancels and limits, and a raw socket for what a
+misbehaving or slow client sends (protocol violations, a small receive window, PING)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import struct
+import threading
+import time
+from typing import Any, AsyncIterator, Iterator
+
+import grpc
+import hpack
+import pytest
+from google.protobuf.wrappers_pb2 import BytesValue
+
+from tritonpy.frontends._http2 import MAX_HEADER_BLOCK, Http2GrpcServer, Method
+
+MAX_MESSAGE = 1 << 16
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
+END_STREAM, ACK, END_HEADERS, PADDED = 0x1, 0x1, 0x4, 0x8
+PROTOCOL_ERROR, FRAME_SIZE_ERROR, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x1, 0x6, 0x9, 0xB
+
+
+class Toy:
+    """The methods served, and what the test can see of their handlers."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+        self.slow_started = threading.Event()
+
+    async def echo(self, request: BytesValue, context: Any) -> BytesValue:
+        return BytesValue(value=request.value)
+
+    async def big(self, request: BytesValue, context: Any) -> BytesValue:
+        return BytesValue(value=b"x" * int(request.value))
+
+    async def slow(self, request: BytesValue, context: Any) -> BytesValue:
+        self.slow_started.set()
+        try:
+            await asyncio.sleep(float(request.value))
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+        return BytesValue(value=b"done")
+
+    async def stream(self, requests: AsyncIterator[BytesValue], context: Any) -> None:
+        async for request in requests:
+            await context.write(BytesValue(value=request.value[::-1]))
+
+
+class Running:
+    def __init__(self, server: Http2GrpcServer, loop: asyncio.AbstractEventLoop, port: int,
+                 toy: Toy) -> None:
+        self.server, self.loop, self.port, self.toy = server, loop, port, toy
+        self.address = f"127.0.0.1:{port}"
+
+    def stop(self, grace: float) -> None:
+        asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop).result(grace + 10)
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    toy = Toy()
+    parse = BytesValue.FromString
+    server = Http2GrpcServer({
+        "/t.T/Echo": Method(toy.echo, parse, False),
+        "/t.T/Big": Method(toy.big, parse, False),
+        "/t.T/Slow": Method(toy.slow, parse, False),
+        "/t.T/Stream": Method(toy.stream, parse, True),
+    }, max_message=MAX_MESSAGE)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    port = asyncio.run_coroutine_threadsafe(server.start("127.0.0.1", 0), loop).result(10)
+    run = Running(server, loop, port, toy)
+    try:
+        yield run
+    finally:
+        if server._server is not None:
+            run.stop(1.0)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def unary(channel: grpc.Channel, name: str) -> Any:
+    return channel.unary_unary(f"/t.T/{name}", request_serializer=BytesValue.SerializeToString,
+                               response_deserializer=BytesValue.FromString)
+
+
+def test_real_client_unary_and_bidirectional_stream(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        assert unary(channel, "Echo")(BytesValue(value=b"hello")).value == b"hello"
+        big = unary(channel, "Big")(BytesValue(value=b"3000000"))  # many frames, window updates
+        assert big.value == b"x" * 3_000_000
+        stream = channel.stream_stream("/t.T/Stream", request_serializer=BytesValue.SerializeToString,
+                                       response_deserializer=BytesValue.FromString)
+        answers = [r.value for r in stream(iter([BytesValue(value=v) for v in (b"ab", b"cde", b"")]))]
+        assert answers == [b"ba", b"edc", b""]
+
+
+def test_a_deadline_answers_deadline_exceeded_and_cancels_the_handler(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            unary(channel, "Slow")(BytesValue(value=b"30"), timeout=0.3)
+        assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert running.toy.cancelled.wait(5), "the handler went on after the deadline"
+        assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
+
+
+def test_a_client_cancel_cancels_the_handler(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        future = unary(channel, "Slow").future(BytesValue(value=b"30"))
+        assert running.toy.slow_started.wait(5)
+        future.cancel()
+        assert running.toy.cancelled.wait(5), "the handler went on after the client's cancel"
+        assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
+
+
+def test_a_message_over_the_limit_is_resource_exhausted(running: Running,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            unary(channel, "Echo")(BytesValue(value=b"y" * (MAX_MESSAGE + 10)))
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert f"vs. {MAX_MESSAGE}" in (err.value.details() or "")
+        # The same connection serves on.
+        assert unary(channel, "Echo")(BytesValue(value=b"ok")).value == b"ok"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_unknown_method_and_compressed_requests(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            unary(channel, "Nope")(BytesValue(value=b""))
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        assert "/t.T/Nope" in (err.value.details() or "")
+        payload = b"compress me " * 1000
+        for algorithm in (grpc.Compression.Gzip, grpc.Compression.Deflate):
+            echoed = unary(channel, "Echo")(BytesValue(value=payload), compression=algorithm)
+            assert echoed.value == payload
+
+
+def test_stop_lets_a_running_call_finish(running: Running) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        future = unary(channel, "Slow").future(BytesValue(value=b"0.5"))
+        assert running.toy.slow_started.wait(5)
+        started = time.monotonic()
+        running.stop(5.0)
+        assert future.result(5).value == b"done"
+        assert time.monotonic() - started < 4
+    with pytest.raises(OSError):  # the listener is closed
+        socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
+
+
+# -- a raw HTTP/2 client ---------------------------------------------------------------------------
+def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
+    return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", ftype, flags, sid) + payload
+
+
+def setting(key: int, value: int) -> bytes:
+    return struct.pack(">HI", key, value)
+
+
+class Raw:
+    """A socket speaking HTTP/2 frame by frame."""
+
+    def __init__(self, port: int, preface: bytes = PREFACE, settings: bytes = b"") -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        self.buf = b""
+        self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
+        self.sock.sendall(preface + (frame(SETTINGS, 0, 0, settings) if preface == PREFACE else b""))
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def request_headers(self, path: str) -> bytes:
+        return self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path),
+                                    (":authority", "x"), ("content-type", "application/grpc"),
+                                    ("te", "trailers")])
+
+    def read_frame(self, timeout: float = 5.0) -> tuple[int, int, int, bytes] | None:
+        """The next frame, or None once the server closed the connection."""
+        self.sock.settimeout(timeout)
+        while True:
+            if len(self.buf) >= 9:
+                length = int.from_bytes(self.buf[:3], "big")
+                if len(self.buf) >= 9 + length:
+                    ftype, flags, sid = struct.unpack(">BBI", self.buf[3:9])
+                    payload = self.buf[9:9 + length]
+                    self.buf = self.buf[9 + length:]
+                    return ftype, flags, sid & 0x7FFFFFFF, payload
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                return None
+            self.buf += chunk
+
+    def frames_until_quiet(self, quiet: float) -> list[tuple[int, int, int, bytes]]:
+        out = []
+        while True:
+            try:
+                got = self.read_frame(quiet)
+            except socket.timeout:
+                return out
+            if got is None:
+                return out
+            out.append(got)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_ping_is_answered_with_its_payload(running: Running) -> None:
+    raw = Raw(running.port)
+    try:
+        raw.send(frame(PING, 0, 0, b"12345678"))
+        for _ in range(10):
+            got = raw.read_frame()
+            assert got is not None
+            if got[0] == PING:
+                assert got[1] & ACK and got[3] == b"12345678"
+                break
+        else:
+            pytest.fail("no PING ACK")
+    finally:
+        raw.close()
+
+
+def test_a_small_client_window_gets_the_answer_as_the_window_opens(running: Running) -> None:
+    raw = Raw(running.port, settings=setting(0x4, 1000))  # SETTINGS_INITIAL_WINDOW_SIZE
+    try:
+        message = BytesValue(value=b"50000").SerializeToString()
+        raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Big"))
+                 + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+        first = raw.frames_until_quiet(0.5)
+        sent = sum(len(p) for t, _, sid, p in first if t == DATA and sid == 1)
+        assert sent == 1000, "the server sent past the stream's window"
+        raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100_000))
+                 + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 100_000)))
+        rest = raw.frames_until_quiet(0.5)
+        body = b"".join(p for t, _, sid, p in first + rest if t == DATA and sid == 1)
+        flag, size = struct.unpack(">BI", body[:5])
+        assert (flag, size) == (0, len(body) - 5)
+        assert BytesValue.FromString(body[5:]).value == b"x" * 50000
+        blocks = [(f, p) for t, f, sid, p in first + rest if t == HEADERS and sid == 1]
+        trailers = dict(raw.decoder.decode(blocks[0][1]) + raw.decoder.decode(blocks[-1][1]))
+        assert trailers["grpc-status"] == "0" and blocks[-1][0] & END_STREAM
+    finally:
+        raw.close()
+
+
+def _violations() -> list[Any]:
+    block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.T/Echo")])
+    big = b"\x00" * (MAX_HEADER_BLOCK // 2 + 1)
+    return [
+        pytest.param(None, PROTOCOL_ERROR, id="not-a-preface"),
+        pytest.param(frame(DATA, PADDED, 1, b"\x09abc"), PROTOCOL_ERROR, id="padding-too-long"),
+        pytest.param(frame(DATA, 0, 0, b"abc"), PROTOCOL_ERROR, id="data-on-stream-0"),
+        pytest.param(frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"), FRAME_SIZE_ERROR,
+                     id="short-window-update"),
+        pytest.param(frame(PING, 0, 0, b"1234"), FRAME_SIZE_ERROR, id="short-ping"),
+        pytest.param(frame(CONTINUATION, END_HEADERS, 1, block), PROTOCOL_ERROR,
+                     id="continuation-alone"),
+        pytest.param(frame(HEADERS, END_HEADERS, 2, block), PROTOCOL_ERROR, id="even-stream"),
+        pytest.param(frame(HEADERS, END_HEADERS, 1, b"\xff\xff\xff\xff\x0f"), COMPRESSION_ERROR,
+                     id="bad-hpack"),
+        pytest.param(frame(HEADERS, 0, 1, big) + frame(CONTINUATION, 0, 1, big), ENHANCE_YOUR_CALM,
+                     id="header-block-too-big"),
+    ]
+
+
+@pytest.mark.parametrize("bad, code", _violations())
+def test_a_protocol_violation_ends_only_its_connection(running: Running, bad: bytes | None,
+                                                      code: int,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    with grpc.insecure_channel(running.address) as channel:
+        assert unary(channel, "Echo")(BytesValue(value=b"before")).value == b"before"
+        raw = Raw(running.port, preface=b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" if bad is None else PREFACE)
+        try:
+            if bad is not None:
+                raw.send(bad)
+            frames = []
+            while (got := raw.read_frame()) is not None:  # until the server closes
+                frames.append(got)
+            goaways = [p for t, _, _, p in frames if t == GOAWAY]
+            assert goaways, "no GOAWAY before the close"
+            assert struct.unpack(">I", goaways[-1][4:8])[0] == code
+        finally:
+            raw.close()
+        # Other connections are untouched.
+        assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
