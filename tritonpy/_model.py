@@ -122,6 +122,7 @@ class Instance:
         self.bls_calls: dict[int, HostRequest] = {}  # call id -> request, for BLS_CANCEL
         self._exec_ids = 0
         self.restarts = 0
+        self.restarter: threading.Thread | None = None  # the restart of its dead stub
         self.has_is_ready = False
 
     def free(self) -> bool:
@@ -177,6 +178,7 @@ class RuntimeBase:
         self.instances: list[Instance] = []
         self.successor: Any = None  # set by a reload that replaced this one
         self.lock = threading.Lock()
+        self._halt = threading.Event()  # set by the unload: restarts end
         self._idle = threading.Condition(self.lock)
         self._draining = 0  # threads in drain(): only then is _idle worth notifying
         self.cut_short = False  # unloaded with requests still in flight (the drain timed out)
@@ -298,8 +300,14 @@ class ModelRuntime(RuntimeBase):
         stub = StubProcess(inst.name, self.name, srv.transport, srv.options, srv.frames,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
                            python=self._python())
-        inst.stub = stub
         stub.instance = inst  # type: ignore[attr-defined]
+        with self.lock:  # an unload stops what it finds here: this one, or none at all
+            stopped = inst.state == "STOPPED"
+            if not stopped:
+                inst.stub = stub
+        if stopped:
+            stub.stop(finalize=False, timeout=2)
+            raise UnavailableError(f"instance '{inst.name}' was stopped as it started")
         try:
             stub.wait_hello(60)
             reply = stub.call(Cmd.INITIALIZE, {
@@ -323,16 +331,19 @@ class ModelRuntime(RuntimeBase):
             except TritonpyError:
                 stub.stop(finalize=True, timeout=5)
                 raise
-        if inst not in self.instances:
-            if inst.state == "STOPPED":  # restarted, but an update removed it meanwhile
-                stub.stop(finalize=True, timeout=5)
-            else:  # a new instance of an update: it serves once swapped in
-                inst.state = "READY"
-            return
         with self.lock:
-            inst.state = "READY"
-            plans = self._take_locked()
-        self._send_plans(plans)
+            stopped = inst.state == "STOPPED"  # restarted, but unloaded or removed meanwhile
+            if stopped or inst not in self.instances:
+                plans = None
+                if not stopped:  # a new instance of an update: it serves once swapped in
+                    inst.state = "READY"
+            else:
+                inst.state = "READY"
+                plans = self._take_locked()
+        if stopped:
+            stub.stop(finalize=True, timeout=5)
+        elif plans is not None:
+            self._send_plans(plans)
 
     def _python(self) -> str | None:
         return self.server.execution_env(self)
@@ -750,8 +761,9 @@ class ModelRuntime(RuntimeBase):
             self.kick()  # another instance may be free for them now
         if inst.state == "RESTARTING" and was == "READY":
             self.server.on_instance_died(self, inst)
-            threading.Thread(target=self._restart, args=(inst,), daemon=True,
-                             name=f"{inst.name}-restart").start()
+            inst.restarter = threading.Thread(target=self._restart, args=(inst,), daemon=True,
+                                              name=f"{inst.name}-restart")
+            inst.restarter.start()
             # Queued requests wait for the restart, but not without end: an initialize that
             # hangs would hold them (and every later one) for ever.
             bound = self.server.options.stub_timeout_seconds
@@ -763,8 +775,9 @@ class ModelRuntime(RuntimeBase):
     def _restart(self, inst: Instance) -> None:
         delay = self.server.options.restart_backoff_seconds
         while self.state == READY and inst.state == "RESTARTING":
-            time.sleep(min(delay * (2 ** min(inst.restarts, 5)), 10.0))
-            if self.state != READY:
+            if self._halt.wait(min(delay * (2 ** min(inst.restarts, 5)), 10.0)):
+                break  # unloaded during the back-off
+            if self.state != READY or inst.state != "RESTARTING":
                 break
             inst.restarts += 1
             try:
@@ -774,6 +787,8 @@ class ModelRuntime(RuntimeBase):
                 self.unserviceable = ""
                 return
             except TritonpyError as exc:
+                if self._restart_stopped(inst):
+                    return
                 log.error("restart of %s failed: %s", inst.name, exc.message)
                 if not isinstance(exc, UnavailableError):
                     # The model's initialize failed: it will most likely fail again, so what
@@ -783,7 +798,17 @@ class ModelRuntime(RuntimeBase):
                         inst, f"instance '{inst.name}' died and its restart failed: "
                               f"{exc.message}")
             except Exception:  # e.g. the spawn itself failed: try again after the back-off
+                if self._restart_stopped(inst):
+                    return
                 log.exception("restart of %s failed", inst.name)
+
+    def _restart_stopped(self, inst: Instance) -> bool:
+        """Whether a restart that failed was stopped (an unload or an update): nothing to
+        report, and nothing to try again."""
+        if inst.state == "RESTARTING" and self.state == READY:
+            return False
+        log.info("restart of %s ended: the instance was stopped", inst.name)
+        return True
 
     def _alive(self) -> bool:
         return any(i.state in ("READY", "RETIRING") for i in self.instances)
@@ -838,7 +863,16 @@ class ModelRuntime(RuntimeBase):
         # After a drain cut short (its exit timeout spent, as Triton then exits at once), a
         # finalize gets a moment only.
         grace = 1.0 if self.cut_short else min(timeout, 10.0)
-        for inst in self.instances:
-            inst.state = "STOPPED"
-            if inst.stub is not None:
-                inst.stub.stop(finalize=True, timeout=grace)
+        with self.lock:  # a restart under way sees STOPPED and stops what it started
+            # A restarting instance's stub is dead or has not finished initialize: nothing to
+            # finalize, it is ended at once.
+            stubs = [(i.stub, i.state != "RESTARTING") for i in self.instances
+                     if i.stub is not None]
+            for inst in self.instances:
+                inst.state = "STOPPED"
+            restarters = [i.restarter for i in self.instances if i.restarter is not None]
+            self._halt.set()
+        for stub, finalize in stubs:
+            stub.stop(finalize=finalize, timeout=grace)
+        for thread in restarters:  # so that no stub outlives the unload
+            thread.join(grace + 5.0)

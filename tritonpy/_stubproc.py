@@ -116,18 +116,25 @@ class StubProcess:
         finally:
             child_sock.close()
         self.pid = self.proc.pid
-        self.channel = Channel(host_sock, transport, f"host:{name}")
-        self.alive = True
-        self._pipes = [
-            threading.Thread(target=self._pump, args=(self.proc.stdout, False), daemon=True,
-                             name=f"{name}-stdout"),
-            threading.Thread(target=self._pump, args=(self.proc.stderr, True), daemon=True,
-                             name=f"{name}-stderr"),
-        ]
-        for t in self._pipes:
-            t.start()
-        self._hello = threading.Event()
-        frames.watch(self.channel.sock.fileno(), self._readable)
+        try:
+            self.channel = Channel(host_sock, transport, f"host:{name}")
+            self.alive = True
+            self._pipes = [
+                threading.Thread(target=self._pump, args=(self.proc.stdout, False), daemon=True,
+                                 name=f"{name}-stdout"),
+                threading.Thread(target=self._pump, args=(self.proc.stderr, True), daemon=True,
+                                 name=f"{name}-stderr"),
+            ]
+            for t in self._pipes:
+                t.start()
+            self._hello = threading.Event()
+            frames.watch(self.channel.sock.fileno(), self._readable)
+        except BaseException:  # e.g. the frame loop is closed (the server stopped meanwhile)
+            self.alive = False
+            self.proc.kill()
+            self.proc.wait()
+            host_sock.close()
+            raise
         threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
 
     # -- output -----------------------------------------------------------------------------

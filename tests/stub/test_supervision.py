@@ -453,3 +453,55 @@ def test_requests_are_failed_while_a_dead_stub_cannot_restart(tmp_path, shm_pref
         assert resp.error is None, resp.error
         assert resp.parameters["pid"] not in (first,)
         np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
+
+
+@pytest.mark.parametrize("when", ["spawning", "initializing"])
+def test_stop_while_a_dead_stub_restarts_leaves_no_stub(tmp_path, shm_prefix, monkeypatch, when):
+    # The server stops while the restart of a dead stub is under way: its replacement is
+    # being spawned, or runs initialize. stop() returns with no stub of the model left. A
+    # replacement spawned after the unload used to live on (its frame loop already closed).
+    import threading
+
+    from tritonpy import _model
+
+    mdir = write_model(tmp_path / "repo", "flaky", FLAKY_INIT_PY)
+    spawning, release = threading.Event(), threading.Event()
+    real = _model.StubProcess
+
+    class SlowSpawn(real):  # type: ignore[misc,valid-type]
+        """The real stub, spawned only once the test says so (holds the restart at the
+        moment the race needs; the process and everything after are real)."""
+
+        def __init__(self, *args, **kwargs):
+            spawning.set()
+            release.wait(20)
+            super().__init__(*args, **kwargs)
+
+    backend = {"restart-backoff-seconds": "0.05"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        (inst,) = srv.runtime("flaky").instances
+        first = inst.stub.pid
+        if when == "spawning":
+            monkeypatch.setattr(_model, "StubProcess", SlowSpawn)
+        else:
+            (mdir / "mode").write_text("hang")
+        os.kill(first, signal.SIGKILL)
+        if when == "spawning":
+            assert spawning.wait(15)
+        else:
+            assert wait_for(lambda: inst.stub.pid != first and inst.stub.alive, timeout=15)
+        stopper = threading.Thread(target=srv.stop, name="test-stop")
+        stopper.start()
+        try:
+            assert wait_for(lambda: inst.state == "STOPPED", timeout=10)
+            release.set()  # the replacement is spawned after the unload stopped the instance
+            stopper.join(timeout=30)
+            assert not stopper.is_alive(), "stop() hung"
+            assert wait_for(lambda: not stub_processes(), timeout=3), \
+                [p.cmdline() for p in stub_processes()]
+            time.sleep(0.5)  # nothing is started after stop() returned
+            assert not stub_processes()
+            assert inst.state == "STOPPED"
+        finally:
+            release.set()
+            stopper.join(timeout=30)
