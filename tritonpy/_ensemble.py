@@ -396,7 +396,7 @@ class EnsembleRuntime(RuntimeBase):
             rows = ctx.request.batch_size
             self.stats.execution(rows, [(rows, total_ns, 0)], (), 0, ctx.compute_ns, 0)
         else:
-            self.stats.request_failed(total_ns)
+            self.stats.request_failed(total_ns, "OTHER")
         with self.lock:
             self._active.discard(ctx)
             if not self._active:
@@ -613,7 +613,7 @@ class _Context:
         for sreq in launches:
             sreq.model.submit(sreq)
 
-    def _cancelled(self, req: HostRequest) -> None:
+    def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
         with self.lock:
             pending = list(self.pending)
         for r in pending:

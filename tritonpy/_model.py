@@ -18,6 +18,7 @@ from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm.messages import RequestBody
 
 from ._errors import (
+    CancelledError,
     InternalError,
     InvalidArgumentError,
     TritonpyError,
@@ -435,7 +436,7 @@ class ModelRuntime(RuntimeBase):
             req.fail(self.not_ready_error())
             return
         if self.unserviceable and not self._alive():
-            self.stats.request_failed(0)
+            self.stats.request_failed(0, "BACKEND")
             req.fail(UnavailableError(self.unserviceable))
             return
         req.on_cancel = self._cancelled
@@ -453,8 +454,7 @@ class ModelRuntime(RuntimeBase):
         if late:
             self.submit(req)  # forwarded to the successor, or failed
             return
-        if err is not None:
-            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue)
+        if err is not None:  # refused as it is queued: not counted, as in Triton
             req.fail(err)
             return
         if plans:
@@ -472,7 +472,11 @@ class ModelRuntime(RuntimeBase):
         succ.submit(req)
 
     def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
-        return self.sched.take(self.instances)
+        plans = self.sched.take(self.instances)
+        for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)
+            for req in batch:
+                req.instance = inst
+        return plans
 
     def kick(self) -> None:
         """Form and send whatever batches can go now (a scheduler's timer calls this)."""
@@ -497,6 +501,7 @@ class ModelRuntime(RuntimeBase):
             try:
                 inputs = [encode(n, a, peer) for n, a in req.inputs]
             except ShmExhaustedError as exc:
+                self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
                 req.fail(UnavailableError(str(exc)))
                 continue
             req.t_start = t0
@@ -531,9 +536,15 @@ class ModelRuntime(RuntimeBase):
                 self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
         self._send_plans(plans)
 
-    def _cancelled(self, req: HostRequest) -> None:
-        inst = req.instance
-        if inst is not None and inst.stub is not None and inst.stub.alive:
+    def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
+        with self.lock:
+            inst = req.instance
+        if inst is None:  # still queued: it will not run (taking a batch skips it)
+            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue,
+                                      "CANCELED" if isinstance(error, CancelledError)
+                                      else "REJECTED")
+            return
+        if inst.stub is not None and inst.stub.alive:
             try:
                 inst.stub.send(Cmd.CANCEL, 0, [req.id])
             except Exception:
@@ -746,10 +757,10 @@ class ModelRuntime(RuntimeBase):
                 self.instances = [i for i in self.instances if i is not inst]
         now = time.monotonic_ns()
         for req in died:
-            self.stats.request_failed(now - req.t_enqueue)
+            self.stats.request_failed(now - req.t_enqueue, "BACKEND")
         for req in orphans:
             if not req.done:
-                self.stats.request_failed(now - req.t_enqueue)
+                self.stats.request_failed(now - req.t_enqueue, "BACKEND")
                 req.fail(err)
         for req in active.values():
             self._held.pop(req.id, None)
@@ -825,7 +836,7 @@ class ModelRuntime(RuntimeBase):
             self.queue.clear()
         err = UnavailableError(self.unserviceable)
         for req in leftover:
-            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue)
+            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
             req.fail(err)
 
     # -- readiness and unloading ------------------------------------------------------------------

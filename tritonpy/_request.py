@@ -114,7 +114,8 @@ class HostRequest:
         # The caller's execute that waits for it (deadlock detection); 0: nobody blocks on it.
         self.caller_exec = 0
         self.batch_size = 1
-        self.on_cancel: Callable[[HostRequest], None] | None = None
+        # Called with the error once the request is aborted (cancel, timeout).
+        self.on_cancel: Callable[[HostRequest, TritonpyError], None] | None = None
         # When its queue timeout passes (time.monotonic_ns; 0: never), set by the batcher.
         self.queue_deadline = 0
         self.trace: Any = None  # a _trace.Trace when the request is traced
@@ -157,7 +158,7 @@ class HostRequest:
         self.fail(error)
         cb = self.on_cancel
         if cb is not None:
-            cb(self)
+            cb(self, error)
 
 
 def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,

@@ -274,7 +274,7 @@ class DynamicBatcher(Unbound):
         stats = self.rt.stats
         for req in reqs:
             if not req.done:
-                stats.request_failed(time.monotonic_ns() - req.t_enqueue)
+                stats.request_failed(time.monotonic_ns() - req.t_enqueue, "REJECTED")
                 req.fail(UnavailableError(REQUEST_TIMEOUT))
 
     def _expire(self, expired: list[HostRequest]) -> None:

@@ -6,6 +6,12 @@ response carries a ``pb_utils.TritonError``; its rows count in ``inference_count
 times in queue and compute. A failure is counted with its duration only. Every execute counts
 in ``execution_count`` and ``batch_stats``, a failed one too, and stamps ``last_inference``.
 ``response_stats`` stays empty: Triton 2.51's Python backend reports none, decoupled or not.
+
+Failures also count by Triton's reasons (the ``reason`` label of ``nv_inference_request_failure``):
+BACKEND (an execute failed, or the model's stub died or cannot serve), REJECTED (a queue or
+request timeout passed), CANCELED (cancelled while queued), OTHER (an ensemble that failed). A
+request refused as it is queued (a full queue, a sequence without its START) is not counted,
+as in Triton.
 """
 from __future__ import annotations
 
@@ -15,6 +21,8 @@ from typing import Any, Iterable
 
 _KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
          "cache_hit", "cache_miss")
+#: Triton's failure reasons, in the order its exporter lists them.
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 
 class ModelStats:
@@ -29,13 +37,20 @@ class ModelStats:
         self.last_inference_ms = 0
         self.stats = {k: [0, 0] for k in _KEYS}
         self.batch: dict[int, dict[str, list[int]]] = {}
+        self.failures = dict.fromkeys(FAILURE_REASONS, 0)
 
-    def request_failed(self, total_ns: int) -> None:
-        """A request failed after ``total_ns``: before its execute, or with it."""
+    def request_failed(self, total_ns: int, reason: str) -> None:
+        """A request failed after ``total_ns`` for ``reason`` (one of :data:`FAILURE_REASONS`)
+        outside an execute that ended (those count in :meth:`execution`)."""
         with self._lock:
             s = self.stats["fail"]
             s[0] += 1
             s[1] += total_ns
+            self.failures[reason] += 1
+
+    def failures_by_reason(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.failures)
 
     def execution(self, batch_size: int, succeeded: Iterable[tuple[int, int, int]],
                   failed: Iterable[int], input_ns: int, infer_ns: int, output_ns: int) -> None:
@@ -66,6 +81,7 @@ class ModelStats:
             for total_ns in failed:
                 fail[0] += 1
                 fail[1] += total_ns
+                self.failures["BACKEND"] += 1
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
                             ("compute_output", output_ns)):
                 stats[key][0] += n

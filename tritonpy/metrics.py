@@ -36,8 +36,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _MODEL_FAMILIES = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
      ("inference_stats", "success", "count")),
-    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
-     ("inference_stats", "fail", "count")),
     ("nv_inference_count", "Number of inferences performed (a batch of n counts n)",
      ("inference_count",)),
     ("nv_inference_exec_count", "Number of model executions performed",
@@ -97,6 +95,17 @@ class TritonStatsCollector:
                 family.add_metric([str(entry.get("name", "")), str(entry.get("version", ""))],
                                   _lookup(entry, path))
             yield family
+        # Failures by Triton's reason label; every reason of every model, zeros included.
+        failures = CounterMetricFamily(
+            "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+            labels=["model", "reason", "version"])
+        try:
+            for entry in self.server.failures():
+                for reason, count in entry["reasons"].items():
+                    failures.add_metric([entry["name"], reason, entry["version"]], float(count))
+        except Exception:
+            log.exception("reading failures for metrics failed")
+        yield failures
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",

@@ -293,6 +293,13 @@ class Server:
                     f"requested model version is not available for model '{name}'")
         return {"model_stats": [rt.stats.as_dict() for rt in runtimes]}
 
+    def failures(self) -> list[dict]:
+        """Per model version (unloaded ones too, as :meth:`statistics`), its failed requests by
+        Triton's reason (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``)."""
+        return [{"name": rt.name, "version": str(rt.version),
+                 "reasons": rt.stats.failures_by_reason()}
+                for rt in self.repo.runtimes(include_unloaded=True)]
+
     def pending_requests(self) -> list[dict]:
         """Per loaded model version, the requests awaiting execution (Triton's
         ``nv_inference_pending_request_count``): queued, or sent behind a running execute."""

@@ -44,8 +44,14 @@ def caller_cpu_seconds(server: tritonpy.Server, sleep_ms: int, calls: int) -> fl
 def test_a_waiting_caller_polls_up_to_the_configured_time(spinning) -> None:
     # 10 ms targets, 20 ms of polling allowed: the caller polls through each whole wait, 320 ms
     # in all on an idle CPU (a caller that sleeps in the kernel uses under 15 ms). Its polls
-    # yield to other work: with another test busy beside it, it gets less than all of that.
-    assert caller_cpu_seconds(spinning, sleep_ms=10, calls=32) >= 0.04
+    # yield to other work: with other tests busy beside it, it gets less than all of that, so
+    # the best of three rounds is what is asked (one got 0.02 s beside a full parallel run).
+    best = 0.0
+    for _ in range(3):
+        best = max(best, caller_cpu_seconds(spinning, sleep_ms=10, calls=32))
+        if best >= 0.04:
+            break
+    assert best >= 0.04
 
 
 def test_replies_slower_than_twice_the_spin_stop_the_polling(spinning) -> None:

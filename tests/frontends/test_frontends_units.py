@@ -208,12 +208,15 @@ def test_metrics_text_uses_triton_names() -> None:
     server = SimpleNamespace(statistics=lambda: stats, metrics_registry=registry,
                              shm_usage=lambda: [{"pool": "host", "segments": 2,
                                                  "mapped_bytes": 1 << 20, "used_bytes": 512}],
-                             pending_requests=lambda: [{"name": "m", "version": "1", "count": 3}])
+                             pending_requests=lambda: [{"name": "m", "version": "1", "count": 3}],
+                             failures=lambda: [{"name": "m", "version": "1", "reasons": {
+                                 "REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 0}}])
     text = metrics_text(server)  # type: ignore[arg-type]
     for line in [
         "# TYPE nv_inference_request_success counter",
         'nv_inference_request_success{model="m",version="1"} 5',
-        'nv_inference_request_failure{model="m",version="1"} 1',
+        'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 1',
+        'nv_inference_request_failure{model="m",reason="REJECTED",version="1"} 0',
         'nv_inference_count{model="m",version="1"} 5',
         'nv_inference_exec_count{model="m",version="1"} 4',
         'nv_inference_request_duration_us{model="m",version="1"} 5',

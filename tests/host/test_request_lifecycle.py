@@ -18,7 +18,7 @@ def _request(got: list[tuple[Any, Any, bool]]) -> HostRequest:
     return HostRequest(SimpleNamespace(name="m", version=1), [], None, sink)
 
 
-def _answers_at_once(req: HostRequest) -> None:
+def _answers_at_once(req: HostRequest, error: Any) -> None:
     # Stands in for the host telling the stub: a model that polls is_cancelled() returns early
     # with a normal response, which can reach the host before the cancelling thread goes on.
     req.respond([("OUT", np.ones(1, np.float32))], None, None, True)

@@ -294,8 +294,9 @@ def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
     held.get(timeout=30)
     assert [_value(r) for r in _all(queued)] == [0, 1]
     assert _value(infer(model, {"IN": _row(3)})) == 3  # room again once the queue drained
+    # A request refused as it is queued is no failure in Triton 2.51's statistics (measured).
     stats = server.statistics("db_full")["model_stats"][0]["inference_stats"]
-    assert (stats["success"]["count"], stats["fail"]["count"]) == (4, 1)
+    assert (stats["success"]["count"], stats["fail"]["count"]) == (4, 0)
 
 
 def test_queue_size_is_per_priority_level(server, gate):

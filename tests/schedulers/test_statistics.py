@@ -271,3 +271,101 @@ def test_a_dead_stub_fails_only_the_requests_whose_execute_had_not_ended(tmp_pat
         assert (during["execution_count"], during["inference_count"]) == (0, 0)
         # Not stopped while the dead stubs restart (that would race the stop).
         wait_until(server.ready, 15, "the dead stubs restarted")
+
+
+# Answers with IN; a request whose parameters name a "gate" file holds its instance until the
+# file exists (it touches "<gate>.in" first, so the test knows it runs).
+GATED_PY = """
+import json
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            gate = json.loads(r.parameters()).get("gate")
+            if gate:
+                open(gate + ".in", "w").close()
+                deadline = time.monotonic() + 20
+                while not os.path.exists(gate) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]))
+        return out
+"""
+
+BOOM_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("execute failed")
+"""
+
+
+def test_failures_count_by_triton_reason(tmp_path, shm_prefix):
+    # The reasons of Triton 2.51's nv_inference_request_failure, as it gives them (measured):
+    # an execute that fails is BACKEND, a queue or request timeout REJECTED, a request
+    # cancelled while queued CANCELED, a failed ensemble OTHER; a request refused as it is
+    # queued (full queue, sequence without START) is no failure at all.
+    import os
+    import time
+
+    write_model(tmp_path, "boom", BOOM_PY)
+    write_model(tmp_path, "gated", GATED_PY)
+    write_model(tmp_path, "capped", GATED_PY, io_config(
+        max_batch_size=1, extra="dynamic_batching { default_queue_policy { max_queue_size: 1 "
+                                "timeout_action: REJECT default_timeout_microseconds: 100000 } }\n"))
+    write_model(tmp_path, "seq", GATED_PY, io_config(max_batch_size=1,
+                                                     extra="sequence_batching { }\n"))
+    (tmp_path / "ens" / "1").mkdir(parents=True)
+    (tmp_path / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "boom" model_version: -1 '
+        'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n')
+
+    def held(model, gate, x):
+        stream = model.infer({"IN": x}, parameters={"gate": str(gate)})
+        wait_until(lambda: os.path.exists(str(gate) + ".in"), 15, "the gated execute started")
+        return stream
+
+    with serving(tmp_path, shm_prefix) as server:
+        assert infer(server.model("boom"), {"IN": fp32(1)}).error is not None
+        assert infer(server.model("ens"), {"IN": fp32(1)}).error is not None
+
+        gated, gate = server.model("gated"), tmp_path / "gate1"
+        first = held(gated, gate, fp32(1))
+        late = gated.infer({"IN": fp32(2)}, timeout=50_000)  # 50 ms, no batcher: the host's timer
+        dropped = gated.infer({"IN": fp32(3)})
+        time.sleep(0.2)
+        dropped.cancel()
+        assert late.get(timeout=10).error.message == "Request timeout expired"
+        gate.touch()
+        assert first.get(timeout=20).error is None
+
+        capped, gate = server.model("capped"), tmp_path / "gate2"
+        row = np.ones((1, 1), np.float32)
+        first = held(capped, gate, row)
+        queued = capped.infer({"IN": row})  # times out in the queue after 100 ms
+        over = capped.infer({"IN": row}).get(timeout=10)
+        assert over.error is not None and over.error.message == "Exceeds maximum queue size"
+        assert queued.get(timeout=10).error.message == "Request timeout expired"
+        gate.touch()
+        assert first.get(timeout=20).error is None
+
+        refused = infer(server.model("seq"), {"IN": row}, correlation_id=5)
+        assert refused.error is not None and "START flag" in refused.error.message
+
+        reasons = {(f["name"], reason): n for f in server.failures()
+                   for reason, n in f["reasons"].items() if n}
+        assert reasons == {("boom", "BACKEND"): 2, ("ens", "OTHER"): 1,
+                           ("gated", "REJECTED"): 1, ("gated", "CANCELED"): 1,
+                           ("capped", "REJECTED"): 1}
+        # The statistics' failure counts are the same requests.
+        assert {m: _counts(server, m)[1] for m in ("boom", "ens", "gated", "capped", "seq")} == {
+            "boom": 2, "ens": 1, "gated": 2, "capped": 1, "seq": 0}
