@@ -28,6 +28,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
 from ._errors import TritonpyError, UnavailableError
+from .validation import request_prefix
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -224,7 +225,8 @@ class DynamicBatcher(Unbound):
             # Requests already answered (cancelled, timed out) still sit in the deques.
             self._purge(lv)
             if len(lv) >= lv.max_size:
-                return UnavailableError(QUEUE_FULL)
+                # Triton's words, with its request id prefix (measured with 2.51).
+                return UnavailableError(request_prefix(req.request_id) + QUEUE_FULL)
         timeout_us = lv.timeout_us
         if lv.override and req.timeout_us and (not timeout_us or req.timeout_us < timeout_us):
             # A request may shorten the default timeout, never lengthen it (as Triton); with

@@ -289,7 +289,7 @@ def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
     queued = [model.infer({"IN": _row(i)}) for i in range(2)]
     over = model.infer({"IN": _row(9)}).get(timeout=10)
     assert over.error is not None and over.error.code.name == "UNAVAILABLE"
-    assert over.error.message == "Exceeds maximum queue size"
+    assert over.error.message == "[request id: <id_unknown>] Exceeds maximum queue size"
     gate.open()
     held.get(timeout=30)
     assert [_value(r) for r in _all(queued)] == [0, 1]
@@ -304,7 +304,8 @@ def test_queue_size_is_per_priority_level(server, gate):
     held = _hold(model, gate)
     low = model.infer({"IN": _row(1)}, priority=2)
     over = model.infer({"IN": _row(2)}, priority=2).get(timeout=10)
-    assert over.error is not None and over.error.message == "Exceeds maximum queue size"
+    assert over.error is not None
+    assert over.error.message == "[request id: <id_unknown>] Exceeds maximum queue size"
     high = [model.infer({"IN": _row(v)}, priority=1) for v in (3, 4)]  # level 1: no limit
     gate.open()
     held.get(timeout=30)

@@ -316,9 +316,9 @@ def test_failures_count_by_triton_reason(tmp_path, shm_prefix):
 
     write_model(tmp_path, "boom", BOOM_PY)
     write_model(tmp_path, "gated", GATED_PY)
-    write_model(tmp_path, "capped", GATED_PY, io_config(
-        max_batch_size=1, extra="dynamic_batching { default_queue_policy { max_queue_size: 1 "
-                                "timeout_action: REJECT default_timeout_microseconds: 100000 } }\n"))
+    policy = ("dynamic_batching { default_queue_policy { max_queue_size: 1 timeout_action: "
+              "REJECT default_timeout_microseconds: 100000 } }\n")
+    write_model(tmp_path, "capped", GATED_PY, io_config(max_batch_size=1, extra=policy))
     write_model(tmp_path, "seq", GATED_PY, io_config(max_batch_size=1,
                                                      extra="sequence_batching { }\n"))
     (tmp_path / "ens" / "1").mkdir(parents=True)
@@ -353,7 +353,8 @@ def test_failures_count_by_triton_reason(tmp_path, shm_prefix):
         first = held(capped, gate, row)
         queued = capped.infer({"IN": row})  # times out in the queue after 100 ms
         over = capped.infer({"IN": row}).get(timeout=10)
-        assert over.error is not None and over.error.message == "Exceeds maximum queue size"
+        assert over.error is not None
+        assert over.error.message == "[request id: <id_unknown>] Exceeds maximum queue size"
         assert queued.get(timeout=10).error.message == "Request timeout expired"
         gate.touch()
         assert first.get(timeout=20).error is None
