@@ -52,12 +52,13 @@ def is_ensemble(cfg: Any) -> bool:
     return cfg.platform == ENSEMBLE_PLATFORM or cfg.HasField("ensemble_scheduling")
 
 
-def is_ensemble_dir(model_dir: str) -> bool:
-    """A cheap look at ``config.pbtxt``: does it declare an ensemble? (False when unreadable.)"""
+def is_ensemble_dir(model_dir: str, config_name: str = "") -> bool:
+    """A cheap look at the model's configuration file: does it declare an ensemble? (False
+    when unreadable.)"""
     from .config import load_model_config
 
     try:
-        cfg, _ = load_model_config(model_dir)
+        cfg, _ = load_model_config(model_dir, config_name)
     except (TritonpyError, OSError):
         return False
     return is_ensemble(cfg)

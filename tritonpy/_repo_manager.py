@@ -116,7 +116,8 @@ class RepositoryManager:
         if not names:
             return
         # Ensembles after the models they run: they are checked against the loaded configs.
-        ensembles = [n for n in names if is_ensemble_dir(self.entries[n].directory)]
+        ensembles = [n for n in names if is_ensemble_dir(self.entries[n].directory,
+                                                          self.server.model_config_name)]
         plain = [n for n in names if n not in ensembles]
         if plain:
             with concurrent.futures.ThreadPoolExecutor(min(8, len(plain))) as ex:
@@ -213,6 +214,7 @@ class RepositoryManager:
         """Load ``entry`` from its directory, or with ``config_override`` (a parsed ModelConfig)
         in place of its config.pbtxt."""
         from .config import (
+            config_path,
             config_to_json,
             load_model_config,
             normalize_config,
@@ -231,13 +233,13 @@ class RepositoryManager:
         if not old:
             entry.state = LOADING
             entry.reason = ""
-        cfg_path = os.path.join(entry.directory, "config.pbtxt")
+        cfg_path = config_path(entry.directory, srv.model_config_name)
         new: dict[int, ModelRuntime] = {}
         try:
             if config_override is not None:
                 cfg, exists = config_override, True
             else:
-                cfg, exists = load_model_config(entry.directory)
+                cfg, exists = load_model_config(entry.directory, srv.model_config_name)
             ensemble = is_ensemble(cfg)
             files = version_fingerprints(entry.directory) if entry.directory else {}
             if cfg.backend and cfg.backend != "python":

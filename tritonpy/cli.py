@@ -83,6 +83,62 @@ def _tracing(args: argparse.Namespace) -> Tracing:
         raise SystemExit(f"error: trace settings: {exc.message}") from None
 
 
+#: Triton flags taken so that its command lines run, though they change nothing here: flag ->
+#: (argparse type, repeatable, why). Each one given is named in a warning at start.
+_NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
+    "--model-load-thread-count": (int, False, "models load in parallel, up to 8 at a time"),
+    "--model-load-retry-count": (int, False, "a failed load is not retried"),
+    "--enable-peer-access": (_bool, False, "no GPU memory is used"),
+    "--http-thread-count": (int, False, "HTTP is served on one event loop"),
+    "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
+    "--grpc-keepalive-time": (int, False, "the gRPC server answers pings and sends none"),
+    "--grpc-keepalive-timeout": (int, False, "the gRPC server answers pings and sends none"),
+    "--grpc-keepalive-permit-without-calls": (_bool, False, "pings are always answered"),
+    "--grpc-http2-max-pings-without-data": (int, False, "pings are always answered"),
+    "--grpc-http2-min-recv-ping-interval-without-data": (int, False,
+                                                          "pings are always answered"),
+    "--grpc-http2-max-ping-strikes": (int, False, "pings are always answered"),
+    "--grpc-max-connection-age": (int, False, "connections are kept while the client keeps them"),
+    "--grpc-max-connection-age-grace": (int, False,
+                                        "connections are kept while the client keeps them"),
+    "--metrics-config": (str, True, "the metrics families are fixed (no summaries)"),
+    "--repoagent-directory": (str, False, "there are no repository agents"),
+    "--cache-config": (str, True, "there is no response cache: every request runs its model"),
+    "--cache-directory": (str, False, "there is no response cache: every request runs its model"),
+    "--response-cache-byte-size": (int, False,
+                                   "there is no response cache: every request runs its model"),
+    "--rate-limit-resource": (str, True, "there is no rate limiter"),
+    "--pinned-memory-pool-byte-size": (int, False, "no CUDA pinned memory is used"),
+    "--cuda-memory-pool-byte-size": (str, True, "no CUDA memory pool is used"),
+    "--cuda-virtual-address-size": (str, True, "no CUDA memory pool is used"),
+    "--min-supported-compute-capability": (float, False, "GPUs are not checked"),
+    "--buffer-manager-thread-count": (int, False, "there is no buffer manager"),
+    "--host-policy": (str, True, "there are no host policies"),
+    "--model-load-gpu-limit": (str, True, "no GPU memory is counted"),
+}
+#: Triton frontends and modes not served: taken when off, refused when turned on.
+_NOT_SERVED = ("--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing")
+_NOT_SERVED_SETTINGS = ("--sagemaker-port", "--sagemaker-safe-port-range",
+                        "--sagemaker-thread-count", "--vertex-ai-port",
+                        "--vertex-ai-thread-count", "--vertex-ai-default-model")
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def no_effect_warnings(args: argparse.Namespace) -> list[str]:
+    """One line for each flag of :data:`_NO_EFFECT` given on the command line."""
+    out = []
+    for flag, (_, _, why) in _NO_EFFECT.items():
+        value = getattr(args, _dest(flag))
+        if value is not None:
+            shown = ",".join(map(str, value)) if isinstance(value, list) else value
+            out.append(f"{flag}={shown} is accepted for Triton's command lines and has no "
+                       f"effect: {why}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tritonpy`` (subcommand ``serve``)."""
     parser = argparse.ArgumentParser(prog="tritonpy", description=__doc__.splitlines()[0])
@@ -142,6 +198,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rate-limit", default=None, choices=("off", "execution_count"),
                    help="accepted for Triton's command lines; there is no rate limiter: an "
                         "instance runs as soon as it is free")
+    s.add_argument("--model-config-name", default="", metavar="NAME",
+                   help="configure each model by <model>/configs/NAME.pbtxt where it exists "
+                        "(else its config.pbtxt)")
+    for level in ("info", "warning", "error"):
+        s.add_argument(f"--log-{level}", type=_bool, default=True, metavar="BOOL",
+                       help=f"log messages of level {level} (as Triton)")
+    s.add_argument("--log-format", default="default", choices=("default", "ISO8601"),
+                   help="timestamps as Triton's default (MMDD hh:mm:ss) or ISO8601")
+    for flag, (kind, repeat, why) in _NO_EFFECT.items():
+        s.add_argument(flag, type=kind, default=None, action="append" if repeat else "store",
+                       metavar="VALUE", help=f"accepted for Triton's command lines: {why}")
+    for flag in _NOT_SERVED:
+        s.add_argument(flag, type=_bool, default=False, metavar="BOOL",
+                       help="accepted when false, as Triton's; not served")
+    for flag in _NOT_SERVED_SETTINGS:
+        s.add_argument(flag, default=None, metavar="VALUE", help=argparse.SUPPRESS)
     return parser
 
 
@@ -161,6 +233,16 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from .frontends import Frontends
     from .frontends.dataplane import DEFAULT_MAX_INPUT_SIZE, LogSettings
 
+    for flag in _NOT_SERVED:
+        if getattr(args, _dest(flag)):
+            what = "model namespacing" if flag == "--model-namespacing" else \
+                f"the {flag[len('--allow-'):]} frontend"
+            raise SystemExit(f"error: {flag} true: tritonpy does not serve {what}")
+    log_settings = LogSettings([handler], verbose=args.log_verbose)
+    log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
+                         "log_error": args.log_error, "log_format": args.log_format})
+    for line in no_effect_warnings(args):
+        log.warning("%s", line)
     repos = args.model_repository or [str(default_repository())]
     backend_config = {key: value for backend, key, value in args.backend_config
                       if backend in ("", "python")}
@@ -175,7 +257,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     log_verbose=args.log_verbose, exit_timeout=args.exit_timeout_secs,
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
-                    server_id=args.id, tracing=_tracing(args), loop=loop)
+                    server_id=args.id, tracing=_tracing(args), loop=loop,
+                    model_config_name=args.model_config_name)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -209,7 +292,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         grpc_address=args.grpc_address,
         metrics_address=args.metrics_address or args.http_address,
         max_input_size=args.http_max_input_size or DEFAULT_MAX_INPUT_SIZE,
-        log_settings=LogSettings([handler], verbose=args.log_verbose),
+        log_settings=log_settings,
         exit_timeout=args.exit_timeout_secs,
         cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
     )

@@ -100,11 +100,23 @@ def _describe_parse_error(exc: text_format.ParseError, text: str, path: str) -> 
     return f"{where}: {detail}"
 
 
-def load_model_config(model_dir: str) -> tuple[ModelConfig, bool]:
-    """Read ``<model_dir>/config.pbtxt``.
+def config_path(model_dir: str, config_name: str = "") -> str:
+    """The configuration file of a model: ``configs/<config_name>.pbtxt`` when a name is given
+    and that file exists (Triton's ``--model-config-name``), else ``config.pbtxt``."""
+    if config_name:
+        custom = os.path.join(model_dir, "configs", config_name + ".pbtxt")
+        if os.path.lexists(custom):
+            return custom
+    return os.path.join(model_dir, CONFIG_FILENAME)
+
+
+def load_model_config(model_dir: str, config_name: str = "") -> tuple[ModelConfig, bool]:
+    """Read the model's configuration file (see :func:`config_path`).
 
     Args:
         model_dir: A model directory inside a repository.
+        config_name: Triton's ``--model-config-name``: ``configs/<name>.pbtxt`` is read in
+            place of ``config.pbtxt`` where it exists.
 
     Returns:
         ``(config, True)`` when the file exists, else ``(ModelConfig(), False)``: Triton
@@ -116,7 +128,7 @@ def load_model_config(model_dir: str) -> tuple[ModelConfig, bool]:
     """
     if not os.path.isdir(model_dir):
         raise NotFoundError(f"model directory '{model_dir}' does not exist")
-    path = os.path.join(model_dir, CONFIG_FILENAME)
+    path = config_path(model_dir, config_name)
     if not os.path.lexists(path):
         return ModelConfig(), False
     try:

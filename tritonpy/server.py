@@ -76,6 +76,8 @@ class Server:
         auto_complete: call a model's ``auto_complete_config`` (and allow a missing
             config.pbtxt); False is Triton's ``--disable-auto-complete-config``.
         tracing: the trace settings (Triton's ``--trace-config``); tracing is off without.
+        model_config_name: Triton's ``--model-config-name``: a model whose directory has
+            ``configs/<name>.pbtxt`` is configured by it instead of its ``config.pbtxt``.
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -88,7 +90,8 @@ class Server:
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
                  strict_readiness: bool = True, auto_complete: bool = True,
                  server_id: str = "triton", tracing: Tracing | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 model_config_name: str = "") -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -109,6 +112,7 @@ class Server:
         # False: a model's auto_complete_config is never called and config.pbtxt is required
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
+        self.model_config_name = model_config_name
         # The name in the server metadata: Triton's default, which clients written for Triton
         # check (Triton's --id).
         self.server_id = server_id

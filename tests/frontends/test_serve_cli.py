@@ -501,3 +501,64 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
     assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
         == [[4.0]], got["busy"]
     assert segments(shm_prefix) == []
+
+
+def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # A Triton command line as deployments write it runs unchanged: --model-config-name picks
+    # <model>/configs/<name>.pbtxt where it exists (Triton 2.51, checked side by side), the
+    # log flags apply, and each flag that changes nothing here is named in a warning.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    write_model(repo, "plain", IDENT_CONFIG.replace('"ident"', '"plain"'), IDENT_MODEL)
+    (repo / "ident" / "configs").mkdir()
+    (repo / "ident" / "configs" / "alt.pbtxt").write_text(textwrap.dedent(IDENT_CONFIG) + (
+        "instance_group [ { count: 2, kind: KIND_CPU } ]\n"))
+    no_effect = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
+                 "--http-thread-count", "4", "--grpc-keepalive-time", "7200000",
+                 "--response-cache-byte-size", "0", "--allow-sagemaker", "false"]
+    server, http_port, _ = serve_repo(serve, repo, "--model-config-name=alt",
+                                      "--log-format", "ISO8601", *no_effect)
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    try:
+        assert http.get_model_config("ident")["instance_group"][0]["count"] == 2
+        assert http.get_model_config("plain")["instance_group"][0]["count"] == 1
+        assert len([p for p in server.stubs() if "tritonpy.stub" in " ".join(p.cmdline())]) == 3
+    finally:
+        http.close()
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    text = server.log()
+    for flag in ("--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
+                 "--http-thread-count=4", "--grpc-keepalive-time=7200000",
+                 "--response-cache-byte-size=0"):
+        assert re.search(rf"^W.*{re.escape(flag)} is accepted for Triton's command lines and "
+                         "has no effect: ", text, re.M), (flag, text)
+    assert re.search(r"^I\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d .*listening: HTTP", text, re.M), text
+
+    # --log-info false: the warnings stay, the info lines go.
+    ports = free_ports(3)
+    quiet = serve("--model-repository", str(repo), "--http-port", str(ports[0]),
+                  "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
+                  "--log-info", "false", "--http-thread-count", "2")
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}", network_timeout=30)
+    try:
+        wait_until(lambda: _ready(http), START_TIMEOUT, "the quiet server to be ready")
+    finally:
+        http.close()
+        quiet.proc.send_signal(signal.SIGTERM)
+    assert quiet.wait(30) == 0
+    text = quiet.log()
+    assert "--http-thread-count=2 is accepted" in text
+    assert not re.search(r"^I", text, re.M), text
+
+    # A Triton frontend that is not served is refused when turned on, naming it.
+    refused = serve("--model-repository", str(repo), "--allow-vertex-ai", "true")
+    assert refused.wait(START_TIMEOUT) != 0
+    assert "--allow-vertex-ai true: tritonpy does not serve the vertex-ai frontend" in refused.log()
+
+
+def _ready(client: httpclient.InferenceServerClient) -> bool:
+    try:
+        return bool(client.is_server_ready())
+    except Exception:  # not listening yet
+        return False
