@@ -139,6 +139,28 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def grpc_ssl_context(args: argparse.Namespace) -> Any:
+    """The server TLS context of ``--grpc-use-ssl`` / ``--grpc-use-ssl-mutual``, or None."""
+    if not (args.grpc_use_ssl or args.grpc_use_ssl_mutual):
+        return None
+    import ssl
+
+    if not args.grpc_server_cert or not args.grpc_server_key:
+        raise SystemExit("error: --grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(args.grpc_server_cert, args.grpc_server_key)
+        if args.grpc_use_ssl_mutual:
+            if not args.grpc_root_cert:
+                raise SystemExit("error: --grpc-use-ssl-mutual needs --grpc-root-cert (the "
+                                 "certificate that signs the clients')")
+            context.verify_mode = ssl.CERT_REQUIRED
+            context.load_verify_locations(args.grpc_root_cert)
+    except (OSError, ssl.SSLError) as exc:
+        raise SystemExit(f"error: gRPC TLS certificates: {exc}") from None
+    return context
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``tritonpy`` (subcommand ``serve``)."""
     parser = argparse.ArgumentParser(prog="tritonpy", description=__doc__.splitlines()[0])
@@ -198,6 +220,36 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--rate-limit", default=None, choices=("off", "execution_count"),
                    help="accepted for Triton's command lines; there is no rate limiter: an "
                         "instance runs as soon as it is free")
+    s.add_argument("--reuse-http-port", type=_bool, default=False, metavar="BOOL",
+                   help="bind the HTTP port with SO_REUSEPORT (several servers may share it)")
+    s.add_argument("--reuse-grpc-port", type=_bool, default=False, metavar="BOOL",
+                   help="bind the gRPC port with SO_REUSEPORT (several servers may share it)")
+    s.add_argument("--http-header-forward-pattern", default=None, metavar="REGEX",
+                   help="HTTP headers whose names match (case-insensitive unless it starts "
+                        "with (?-i)) reach the model as request parameters")
+    s.add_argument("--grpc-header-forward-pattern", default=None, metavar="REGEX",
+                   help="gRPC metadata whose names match reach the model as request parameters")
+    s.add_argument("--http-restricted-api", action="append", default=[],
+                   metavar="API[,API...]:KEY=VALUE",
+                   help="requests to these APIs must carry header KEY: VALUE, else 403 "
+                        "(APIs: health, metadata, inference, shared-memory, model-config, "
+                        "model-repository, statistics, trace, logging; repeatable)")
+    s.add_argument("--grpc-restricted-protocol", action="append", default=[],
+                   metavar="API[,API...]:KEY=VALUE",
+                   help="calls to these APIs must carry metadata triton-grpc-protocol-KEY: "
+                        "VALUE, else UNAVAILABLE (repeatable)")
+    s.add_argument("--grpc-use-ssl", type=_bool, default=False, metavar="BOOL",
+                   help="serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key)")
+    s.add_argument("--grpc-use-ssl-mutual", type=_bool, default=False, metavar="BOOL",
+                   help="serve gRPC over TLS and require client certificates signed by "
+                        "--grpc-root-cert")
+    s.add_argument("--grpc-server-cert", default=None, metavar="PEM")
+    s.add_argument("--grpc-server-key", default=None, metavar="PEM")
+    s.add_argument("--grpc-root-cert", default=None, metavar="PEM")
+    s.add_argument("--grpc-infer-response-compression-level", default="none",
+                   choices=("none", "low", "medium", "high"),
+                   help="compress gRPC inference responses (gzip or deflate, as the client "
+                        "accepts)")
     s.add_argument("--model-config-name", default="", metavar="NAME",
                    help="configure each model by <model>/configs/NAME.pbtxt where it exists "
                         "(else its config.pbtxt)")
@@ -231,13 +283,27 @@ def default_repository() -> Path:
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
     from .frontends import Frontends
-    from .frontends.dataplane import DEFAULT_MAX_INPUT_SIZE, LogSettings
+    from .frontends.dataplane import (
+        DEFAULT_MAX_INPUT_SIZE,
+        LogSettings,
+        header_pattern,
+        parse_restrictions,
+    )
 
     for flag in _NOT_SERVED:
         if getattr(args, _dest(flag)):
             what = "model namespacing" if flag == "--model-namespacing" else \
                 f"the {flag[len('--allow-'):]} frontend"
             raise SystemExit(f"error: {flag} true: tritonpy does not serve {what}")
+    try:
+        http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
+        grpc_restricted = parse_restrictions(args.grpc_restricted_protocol,
+                                             "--grpc-restricted-protocol")
+        header_pattern(args.http_header_forward_pattern)
+        header_pattern(args.grpc_header_forward_pattern)
+    except TritonpyError as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+    grpc_ssl = grpc_ssl_context(args)
     log_settings = LogSettings([handler], verbose=args.log_verbose)
     log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
                          "log_error": args.log_error, "log_format": args.log_format})
@@ -295,6 +361,11 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         log_settings=log_settings,
         exit_timeout=args.exit_timeout_secs,
         cpu_metrics=args.allow_cpu_metrics, metrics_interval_ms=args.metrics_interval_ms,
+        http_restricted=http_restricted, grpc_restricted=grpc_restricted,
+        http_header_forward=args.http_header_forward_pattern,
+        grpc_header_forward=args.grpc_header_forward_pattern,
+        grpc_compression=args.grpc_infer_response_compression_level, grpc_ssl=grpc_ssl,
+        reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
     )
     try:
         if not stop.is_set():

@@ -62,16 +62,15 @@ class Running:
         asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop).result(grace + 10)
 
 
-@pytest.fixture
-def running() -> Iterator[Running]:
+def _running(compression: str = "none") -> Iterator[Running]:
     toy = Toy()
     parse = BytesValue.FromString
     server = Http2GrpcServer({
         "/t.T/Echo": Method(toy.echo, parse, False),
-        "/t.T/Big": Method(toy.big, parse, False),
+        "/t.T/Big": Method(toy.big, parse, False, compressible=True),
         "/t.T/Slow": Method(toy.slow, parse, False),
         "/t.T/Stream": Method(toy.stream, parse, True),
-    }, max_message=MAX_MESSAGE)
+    }, max_message=MAX_MESSAGE, compression=compression)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -85,6 +84,16 @@ def running() -> Iterator[Running]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+@pytest.fixture
+def running() -> Iterator[Running]:
+    yield from _running()
+
+
+@pytest.fixture
+def compressing() -> Iterator[Running]:
+    yield from _running("low")
 
 
 def unary(channel: grpc.Channel, name: str) -> Any:
@@ -179,10 +188,30 @@ class Raw:
     def send(self, data: bytes) -> None:
         self.sock.sendall(data)
 
-    def request_headers(self, path: str) -> bytes:
+    def request_headers(self, path: str, *extra: tuple[str, str]) -> bytes:
         return self.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", path),
                                     (":authority", "x"), ("content-type", "application/grpc"),
-                                    ("te", "trailers")])
+                                    ("te", "trailers"), *extra])
+
+    def unary(self, sid: int, path: str, message: bytes, *extra: tuple[str, str]) -> tuple[
+            dict[str, str], bytes]:
+        """One call on stream ``sid``: its response headers, and its DATA bytes."""
+        self.send(frame(HEADERS, END_HEADERS, sid, self.request_headers(path, *extra))
+                  + frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message))
+        headers: dict[str, str] = {}
+        data = b""
+        while True:
+            got = self.read_frame()
+            assert got is not None, "the connection closed"
+            ftype, flags, fsid, payload = got
+            if fsid != sid:
+                continue
+            if ftype == HEADERS:
+                headers.update(self.decoder.decode(payload))
+            elif ftype == DATA:
+                data += payload
+            if flags & END_STREAM:
+                return headers, data
 
     def read_frame(self, timeout: float = 5.0) -> tuple[int, int, int, bytes] | None:
         """The next frame, or None once the server closed the connection."""
@@ -295,3 +324,35 @@ def test_a_protocol_violation_ends_only_its_connection(running: Running, bad: by
         # Other connections are untouched.
         assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_responses_are_compressed_with_an_algorithm_the_client_accepts(
+        compressing: Running) -> None:
+    import gzip
+
+    raw = Raw(compressing.port, settings=setting(0x4, 1 << 20))  # windows wide enough
+    raw.send(frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", 1 << 20)))
+    try:
+        message = BytesValue(value=b"100000").SerializeToString()
+        # Level low takes gzip first (gRPC core's ranking), when the client accepts it.
+        headers, data = raw.unary(1, "/t.T/Big", message, ("grpc-accept-encoding",
+                                                           "identity,deflate,gzip"))
+        assert headers["grpc-encoding"] == "gzip" and headers["grpc-status"] == "0"
+        flag, size = struct.unpack(">BI", data[:5])
+        assert flag == 1 and size == len(data) - 5 < 1000  # 100,000 x's, compressed
+        assert BytesValue.FromString(gzip.decompress(data[5:])).value == b"x" * 100_000
+        # A client that accepts only deflate gets deflate; one that names none, plain bytes.
+        headers, data = raw.unary(3, "/t.T/Big", message, ("grpc-accept-encoding", "deflate"))
+        assert headers["grpc-encoding"] == "deflate" and data[0] == 1
+        headers, data = raw.unary(5, "/t.T/Big", message)
+        assert "grpc-encoding" not in headers and data[0] == 0
+        assert BytesValue.FromString(data[5:]).value == b"x" * 100_000
+        # A method that is not compressible answers plain bytes whatever the client accepts.
+        headers, data = raw.unary(7, "/t.T/Echo", BytesValue(value=b"hi").SerializeToString(),
+                                  ("grpc-accept-encoding", "gzip"))
+        assert "grpc-encoding" not in headers and data[0] == 0
+    finally:
+        raw.close()
+    # The real client reads compressed answers.
+    with grpc.insecure_channel(compressing.address) as channel:
+        assert unary(channel, "Big")(BytesValue(value=b"200000")).value == b"x" * 200_000

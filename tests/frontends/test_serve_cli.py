@@ -562,3 +562,45 @@ def _ready(client: httpclient.InferenceServerClient) -> bool:
         return bool(client.is_server_ready())
     except Exception:  # not listening yet
         return False
+
+
+def test_frontend_security_flags(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # Triton's TLS, restriction and compression flags reach the frontends; a bad one stops the
+    # server at once, naming what is wrong.
+    tls = Path(__file__).parent / "tls"
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    server, http_port, grpc_port = serve_repo(
+        serve, repo, "--grpc-use-ssl", "true", "--grpc-server-cert", str(tls / "server.pem"),
+        "--grpc-server-key", str(tls / "server.key"),
+        "--grpc-infer-response-compression-level", "medium",
+        "--http-restricted-api", "model-repository,statistics:admin-key=secret",
+        "--reuse-http-port", "true")
+    try:
+        req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/repository/index",
+                                     data=b"{}")
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 403
+        client = grpcclient.InferenceServerClient(f"localhost:{grpc_port}", ssl=True,
+                                                  root_certificates=str(tls / "ca.pem"))
+        try:
+            inp = grpcclient.InferInput("INPUT0", [3], "FP32")
+            inp.set_data_from_numpy(np.arange(3, dtype=np.float32))
+            out = client.infer("ident", [inp]).as_numpy("OUTPUT0")
+            assert out.tolist() == [0.0, 1.0, 2.0]
+        finally:
+            client.close()
+    finally:
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+
+    for flags, message in (
+            (["--http-restricted-api", "nope:k=v"], "--http-restricted-api: unknown API 'nope'"),
+            (["--grpc-restricted-protocol", "health"], "--grpc-restricted-protocol expects "
+                                                        "<API>[,<API>...]:<key>=<value>"),
+            (["--grpc-use-ssl", "true"], "--grpc-use-ssl needs --grpc-server-cert"),
+            (["--grpc-header-forward-pattern", "("], "invalid header forward pattern")):
+        bad = serve("--model-repository", str(repo), *flags)
+        assert bad.wait(START_TIMEOUT) != 0
+        assert message in bad.log(), bad.log()

@@ -13,7 +13,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .._loop import new_event_loop, run_loop
-from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
 from .grpc import GRPCFrontend
 from .http import HTTPFrontend
 from .sharedmem import SharedMemoryRegistry
@@ -45,6 +45,14 @@ class Frontends:
         exit_timeout: seconds in-flight requests get to finish on stop.
         cpu_metrics, metrics_interval_ms: Triton's CPU metrics, and how long a CPU utilization
             sample lasts.
+        http_restricted, grpc_restricted: API group -> (key, value) a request must carry
+            (Triton's ``--http-restricted-api`` / ``--grpc-restricted-protocol``, see
+            :func:`.dataplane.parse_restrictions`).
+        http_header_forward, grpc_header_forward: header-forwarding patterns (Triton's
+            ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``).
+        grpc_compression: the gRPC inference responses' compression level.
+        grpc_ssl: a server ``ssl.SSLContext``: gRPC is served over TLS.
+        reuse_http_port, reuse_grpc_port: bind those ports with SO_REUSEPORT.
     """
 
     def __init__(
@@ -66,6 +74,14 @@ class Frontends:
         exit_timeout: float = 30.0,
         cpu_metrics: bool = True,
         metrics_interval_ms: int = 2000,
+        http_restricted: dict[str, tuple[str, str]] | None = None,
+        grpc_restricted: dict[str, tuple[str, str]] | None = None,
+        http_header_forward: str | None = None,
+        grpc_header_forward: str | None = None,
+        grpc_compression: str = "none",
+        grpc_ssl: Any = None,
+        reuse_http_port: bool = False,
+        reuse_grpc_port: bool = False,
     ) -> None:
         from ..metrics import MetricsFrontend
 
@@ -76,8 +92,14 @@ class Frontends:
         self.server = server
         self.exit_timeout = exit_timeout
         self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes), log_settings)
-        self.http = HTTPFrontend(self.plane, http_address, http_port, max_input_size) if allow_http else None
-        self.grpc = GRPCFrontend(self.plane, grpc_address, grpc_port) if allow_grpc else None
+        self.http = HTTPFrontend(
+            self.plane, http_address, http_port, max_input_size, restricted=http_restricted,
+            header_forward=header_pattern(http_header_forward),
+            reuse_port=reuse_http_port) if allow_http else None
+        self.grpc = GRPCFrontend(
+            self.plane, grpc_address, grpc_port, restricted=grpc_restricted,
+            header_forward=header_pattern(grpc_header_forward), compression=grpc_compression,
+            ssl=grpc_ssl, reuse_port=reuse_grpc_port) if allow_grpc else None
         self.metrics = (MetricsFrontend(server, metrics_address, metrics_port, cpu_metrics,
                                         metrics_interval_ms) if allow_metrics else None)
         self._loop: asyncio.AbstractEventLoop | None = None

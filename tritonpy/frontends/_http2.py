@@ -11,15 +11,19 @@ message and trailers in one send, and runs the servicer methods of
 
 Served: unary and bidirectional-streaming calls, deadlines (``grpc-timeout``), compressed
 requests (gzip, deflate), flow control both ways, padding, CONTINUATION, PING, SETTINGS,
-RST_STREAM (a client's cancel), GOAWAY both ways and a drained stop. Responses are sent
-uncompressed, and response headers never use the HPACK dynamic table (its size is set to 0
-once per connection). Not served: TLS, server push, priorities (ignored), reflection.
+RST_STREAM (a client's cancel), GOAWAY both ways and a drained stop; TLS (ALPN h2, client
+certificates as the given context asks); responses compressed at a level, for the methods that
+allow it, with an algorithm the client accepts; a method restricted to calls that carry a
+header; a method's matching metadata handed to its handler. Response headers never use the
+HPACK dynamic table (its size is set to 0 once per connection). Not served: server push,
+priorities (ignored), reflection.
 """
 from __future__ import annotations
 
 import asyncio
 import gzip
 import logging
+import re
 import struct
 import zlib
 from typing import Any, AsyncIterator, Awaitable, Callable
@@ -53,6 +57,8 @@ MAX_HEADER_BLOCK = 1 << 16
 #: The largest request message, in bytes (Triton's, gRPC's signed 32-bit limit).
 MAX_MESSAGE_SIZE = (1 << 31) - 1
 _HIGH_BYTES = bytes(range(0x80, 0x100))
+#: Request headers that are HTTP/2 or gRPC plumbing, not a call's metadata.
+_NOT_METADATA = frozenset((b"te", b"content-type", b"user-agent"))
 _TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _OK = 0
 _UNKNOWN = grpc.StatusCode.UNKNOWN.value[0]
@@ -88,6 +94,31 @@ _STATUS_200 = b"\x88"  # static table entry 8, ":status: 200"
 _TABLE_SIZE_0 = b"\x20"  # a dynamic table size update to 0: ours stays empty
 _RESPONSE_HEADERS = (_STATUS_200 + _literal(b"content-type", b"application/grpc")
                      + _literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+#: Response headers of a call whose messages are compressed, by algorithm.
+_COMPRESSED_HEADERS = {algo: _RESPONSE_HEADERS + _literal(b"grpc-encoding", algo)
+                       for algo in (b"gzip", b"deflate")}
+#: Triton's --grpc-infer-response-compression-level: the algorithm for each level among those
+#: the client accepts, as gRPC's core ranks them (gzip, then deflate: low takes the first, medium
+#: the middle one, high the last).
+COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+
+
+def _algorithm(level: str, accepted: bytes | None) -> bytes | None:
+    """The algorithm to compress a response with at ``level`` for a client that accepts
+    ``accepted`` (its grpc-accept-encoding), or None."""
+    if level == "none" or not accepted:
+        return None
+    names = {a.strip() for a in accepted.split(b",")}
+    ranked = [a for a in (b"gzip", b"deflate") if a in names]
+    if not ranked:
+        return None
+    return ranked[{"low": 0, "medium": len(ranked) // 2, "high": len(ranked) - 1}[level]]
+
+
+def _compress(algo: bytes, payload: bytes) -> bytes:
+    if algo == b"gzip":
+        return gzip.compress(payload, compresslevel=6)
+    return zlib.compress(payload)
 _TRAILERS_OK = _literal(b"grpc-status", b"0")
 
 
@@ -98,13 +129,23 @@ def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
 
 class Method:
     """One RPC: its handler (a servicer's bound method), how to read its requests and write its
-    responses, and whether the client streams (bidirectional) or sends one request."""
+    responses, whether the client streams (bidirectional) or sends one request, and whether
+    its responses are compressed at the server's compression level (inference calls)."""
 
-    __slots__ = ("handler", "parse", "streaming")
+    __slots__ = ("handler", "parse", "streaming", "compressible", "restricted", "forward")
 
     def __init__(self, handler: Callable[..., Awaitable[Any]], parse: Callable[[Any], Any],
-                 streaming: bool) -> None:
+                 streaming: bool, compressible: bool = False,
+                 restricted: tuple[str, str] | None = None,
+                 forward: re.Pattern[str] | None = None) -> None:
         self.handler, self.parse, self.streaming = handler, parse, streaming
+        self.compressible = compressible
+        # (header, value) a call must carry, else it is refused UNAVAILABLE (Triton's
+        # --grpc-restricted-protocol); the header is already the full, prefixed name.
+        self.restricted = (None if restricted is None
+                           else (restricted[0].lower().encode(), restricted[1].encode()))
+        # Metadata whose names match it are handed to the handler (context.forwarded).
+        self.forward = forward
 
 
 class _Closed(Exception):
@@ -112,15 +153,17 @@ class _Closed(Exception):
 
 
 class Context:
-    """What a servicer method sees of its call (a subset of ``grpc.aio.ServicerContext``)."""
+    """What a servicer method sees of its call (a subset of ``grpc.aio.ServicerContext``),
+    and ``forwarded``: the call's metadata that its method's forward pattern matched."""
 
-    __slots__ = ("_call", "code", "details", "_done")
+    __slots__ = ("_call", "code", "details", "_done", "forwarded")
 
     def __init__(self, call: _Call) -> None:
         self._call = call
         self.code = _OK
         self.details = ""
         self._done: list[Callable[[Any], None]] = []
+        self.forwarded: list[tuple[str, str]] = []
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         """End the call with ``code`` and ``details`` (raises, as grpc's does)."""
@@ -150,11 +193,13 @@ class _Call:
     """One stream of a connection: its request bytes, its handler task, its sends."""
 
     __slots__ = ("conn", "sid", "method", "buf", "messages", "ended", "closed", "headers_sent",
-                 "task", "deadline", "encoding", "window", "send_window", "unacked", "context")
+                 "task", "deadline", "encoding", "window", "send_window", "unacked", "context",
+                 "compress")
 
     def __init__(self, conn: _Connection, sid: int, method: Method | None,
-                 encoding: bytes | None) -> None:
+                 encoding: bytes | None, compress: bytes | None = None) -> None:
         self.conn, self.sid, self.method, self.encoding = conn, sid, method, encoding
+        self.compress = compress  # the algorithm its response messages use, if any
         self.buf = bytearray()
         self.messages: asyncio.Queue[Any] | None = None  # streaming: parsed requests, then None
         self.ended = False  # the client has sent all it will (END_STREAM)
@@ -207,10 +252,16 @@ class _Call:
         if self.closed:
             raise _Closed("the call is over")
         conn = self.conn
+        algo = self.compress
         if not self.headers_sent:
             self.headers_sent = True
-            conn.send_headers(self.sid, _RESPONSE_HEADERS, end_stream=False)
-        data = _PREFIX.pack(0, len(payload)) + payload
+            conn.send_headers(self.sid, _RESPONSE_HEADERS if algo is None
+                              else _COMPRESSED_HEADERS[algo], end_stream=False)
+        if algo is None:
+            data = _PREFIX.pack(0, len(payload)) + payload
+        else:
+            payload = _compress(algo, payload)
+            data = _PREFIX.pack(1, len(payload)) + payload
         size = len(data)
         if size <= self.send_window and size <= conn.send_window and size <= conn.peer_max_frame:
             self.send_window -= size
@@ -557,11 +608,28 @@ class _Connection(asyncio.Protocol):
             elif name == b"grpc-timeout":
                 timeout = value
         method = self.server.methods.get(path) if path is not None else None
-        call = _Call(self, sid, method, encoding if encoding != b"identity" else None)
+        compress = None
+        level = self.server.compression
+        if method is not None and method.compressible and level != "none":
+            compress = _algorithm(level, next(
+                (v for n, v in headers if n == b"grpc-accept-encoding"), None))
+        call = _Call(self, sid, method, encoding if encoding != b"identity" else None, compress)
         self.calls[sid] = call
         if method is None:
             call.finish(_UNIMPLEMENTED, f"Method not found: {(path or b'').decode(errors='replace')}")
             return
+        if method.restricted is not None and method.restricted not in headers:
+            call.finish(_UNAVAILABLE, "This protocol is restricted, expecting header "
+                                      f"'{method.restricted[0].decode()}'")
+            return
+        if method.forward is not None:
+            search = method.forward.search
+            call.context.forwarded = [
+                (n, v.decode(errors="replace")) for n, v in (
+                    (name.decode(errors="replace"), value) for name, value in headers
+                    if name[:1] != b":" and name not in _NOT_METADATA
+                    and not name.startswith(b"grpc-"))
+                if search(n)]
         if self.server.stopping:
             call.finish(_UNAVAILABLE, "the server is stopping")
             return
@@ -653,21 +721,36 @@ def _parse_timeout(value: bytes) -> float | None:
 
 
 class Http2GrpcServer:
-    """Serve ``methods`` (path → :class:`Method`) on ``host:port``; a request message over
-    ``max_message`` bytes is answered RESOURCE_EXHAUSTED."""
+    """Serve ``methods`` (path → :class:`Method`) on ``host:port``.
 
-    def __init__(self, methods: dict[str, Method], max_message: int = MAX_MESSAGE_SIZE) -> None:
+    A request message over ``max_message`` bytes is answered RESOURCE_EXHAUSTED. The responses
+    of compressible methods are compressed at ``compression`` (one of
+    :data:`COMPRESSION_LEVELS`) with an algorithm the client accepts. ``ssl`` (a server
+    context) serves TLS, its ALPN set to ``h2``.
+    """
+
+    def __init__(self, methods: dict[str, Method], max_message: int = MAX_MESSAGE_SIZE,
+                 compression: str = "none", ssl: Any = None) -> None:
+        if compression not in COMPRESSION_LEVELS:
+            raise ValueError(f"compression level must be one of {COMPRESSION_LEVELS}, "
+                             f"not {compression!r}")
         self.methods = {path.encode(): m for path, m in methods.items()}
         self.max_message = max_message
+        self.compression = compression
+        self.ssl = ssl
+        if ssl is not None:
+            ssl.set_alpn_protocols(["h2"])
         self.connections: set[_Connection] = set()
         self.stopping = False
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Listen; return the port (the one picked when ``port`` is 0)."""
+    async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
+        """Listen (with SO_REUSEPORT when asked); return the port (the one picked when
+        ``port`` is 0)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
-                                                reuse_address=True)
+                                                reuse_address=True, reuse_port=reuse_port or None,
+                                                ssl=self.ssl)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace: float) -> None:

@@ -15,6 +15,7 @@ import functools
 import logging
 import json
 import math
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
@@ -284,6 +285,59 @@ def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: b
             raise InvalidArgumentError(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
             )
+
+
+# -- Triton's restricted APIs and forwarded headers (shared by HTTP and gRPC) --------------------
+
+#: The API groups ``--http-restricted-api`` / ``--grpc-restricted-protocol`` can restrict.
+RESTRICTED_CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config",
+                         "model-repository", "statistics", "trace", "logging")
+
+
+def parse_restrictions(specs: Sequence[str], flag: str) -> dict[str, tuple[str, str]]:
+    """Each ``<api>[,<api>...]:<key>=<value>`` of ``specs``, as category -> (key, value).
+
+    Raises:
+        InvalidArgumentError: a malformed spec, an unknown API, or one restricted twice.
+    """
+    out: dict[str, tuple[str, str]] = {}
+    for spec in specs:
+        apis, sep, setting = spec.partition(":")
+        key, eq, value = setting.partition("=")
+        if not sep or not eq or not key or not apis:
+            raise InvalidArgumentError(
+                f"{flag} expects <API>[,<API>...]:<key>=<value>, got '{spec}'")
+        for api in apis.split(","):
+            api = api.strip()
+            if api not in RESTRICTED_CATEGORIES:
+                raise InvalidArgumentError(f"{flag}: unknown API '{api}' (one of "
+                                           f"{', '.join(RESTRICTED_CATEGORIES)})")
+            if api in out:
+                raise InvalidArgumentError(f"{flag}: API '{api}' is restricted more than once")
+            out[api] = (key.strip(), value)
+    return out
+
+
+def header_pattern(pattern: str | None) -> re.Pattern[str] | None:
+    """A header-forwarding pattern as Triton reads it: searched anywhere in a header's name,
+    ignoring case unless it starts with ``(?-i)``. None or empty: no forwarding."""
+    if not pattern:
+        return None
+    flags = re.IGNORECASE
+    if pattern.startswith("(?-i)"):
+        pattern, flags = pattern[len("(?-i)"):], re.RegexFlag(0)
+    try:
+        return re.compile(pattern, flags)
+    except re.error as exc:
+        raise InvalidArgumentError(f"invalid header forward pattern '{pattern}': {exc}") from None
+
+
+def forward_headers(req: InferRequest, headers: Any, pattern: re.Pattern[str]) -> None:
+    """Add the ``(name, value)`` pairs of ``headers`` whose name matches ``pattern`` to the
+    request's parameters, as strings (parameters the request names itself are kept)."""
+    for name, value in headers:
+        if pattern.search(name) and name not in req.parameters:
+            req.parameters[name] = value
 
 
 def shm_ref(name: str, params: Mapping[str, object]) -> ShmRef | None:

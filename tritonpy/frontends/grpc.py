@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
@@ -428,6 +429,8 @@ class GRPCService:
         """One request, one response (default-mode models only)."""
         t_read = time.monotonic_ns()
         req = decode_request(self.plane, request)
+        for name, value in context.forwarded:  # --grpc-header-forward-pattern
+            req.parameters.setdefault(name, value)
         if self.plane.server.tracing.active:
             # The HTTP/2 server hands over a request once read: its wait is not timed here.
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
@@ -456,6 +459,7 @@ class GRPCService:
         which logs a traceback for it."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
+        forwarded = context.forwarded
 
         def wake() -> None:
             queue.put_nowait(_STOP)
@@ -472,7 +476,8 @@ class GRPCService:
             try:
                 async for request in request_iterator:
                     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    task = asyncio.create_task(self._stream_one(request, queue, previous, turn))
+                    task = asyncio.create_task(self._stream_one(request, queue, previous, turn,
+                                                                forwarded))
                     previous = turn
                     tasks.add(task)
                     task.add_done_callback(task_done)
@@ -512,10 +517,13 @@ class GRPCService:
             await asyncio.gather(reader, *tasks, return_exceptions=True)
 
     async def _stream_one(self, request: Any, queue: asyncio.Queue[Any],
-                          wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None]) -> None:
+                          wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None],
+                          forwarded: list[tuple[str, str]]) -> None:
         decoupled = False
         try:
             req = decode_request(self.plane, request)
+            for name, value in forwarded:  # the stream's metadata, for each of its requests
+                req.parameters.setdefault(name, value)
             model = self.plane.model(req.model, req.version)
             decoupled = bool(model.decoupled())
             if decoupled:
@@ -560,6 +568,21 @@ class GRPCService:
         return service_pb2.ModelStreamInferResponse(infer_response=resp)
 
 
+#: The API group of each method, as --grpc-restricted-protocol names them.
+_CATEGORIES = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config", "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace", "LogSettings": "logging",
+}
+
+
 class GRPCFrontend:
     """The gRPC endpoint of one :class:`DataPlane`.
 
@@ -569,14 +592,31 @@ class GRPCFrontend:
         port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
         max_message_size: largest request message in bytes (Triton's 2^31-1 by default); a
             larger one is answered RESOURCE_EXHAUSTED.
+        restricted: API group -> (key, value): a call to the group must carry the metadata
+            ``triton-grpc-protocol-<key>: <value>``, else it is refused UNAVAILABLE (Triton's
+            ``--grpc-restricted-protocol``).
+        header_forward: metadata whose names match it reach the model as request parameters
+            (``--grpc-header-forward-pattern``).
+        compression: the inference responses' compression level (``none``, ``low``,
+            ``medium``, ``high``: Triton's ``--grpc-infer-response-compression-level``).
+        ssl: a server ``ssl.SSLContext`` to serve TLS with (``--grpc-use-ssl``).
+        reuse_port: bind with SO_REUSEPORT (``--reuse-grpc-port``).
     """
 
     def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001,
-                 max_message_size: int = MAX_MESSAGE_SIZE) -> None:
+                 max_message_size: int = MAX_MESSAGE_SIZE,
+                 restricted: dict[str, tuple[str, str]] | None = None,
+                 header_forward: re.Pattern[str] | None = None, compression: str = "none",
+                 ssl: Any = None, reuse_port: bool = False) -> None:
         self.plane = plane
         self.host = host
         self.port = port
         self.max_message_size = max_message_size
+        self.restricted = restricted or {}
+        self.header_forward = header_forward
+        self.compression = compression
+        self.ssl = ssl
+        self.reuse_port = reuse_port
         self._server: Http2GrpcServer | None = None
         self._service: GRPCService | None = None
 
@@ -584,15 +624,18 @@ class GRPCFrontend:
         """Bind and start serving."""
         service = GRPCService(self.plane)
         described = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-        methods = {
-            f"/{described.full_name}/{m.name}": Method(
+        methods = {}
+        for m in described.methods:
+            need = self.restricted.get(_CATEGORIES.get(m.name, ""))
+            infer = m.name in ("ModelInfer", "ModelStreamInfer")
+            methods[f"/{described.full_name}/{m.name}"] = Method(
                 getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
-                m.client_streaming)
-            for m in described.methods
-        }
-        server = Http2GrpcServer(methods, self.max_message_size)
+                m.client_streaming, compressible=infer,
+                restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
+                forward=self.header_forward if infer else None)
+        server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl)
         try:
-            self.port = await server.start(self.host, self.port)
+            self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:
             address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
             raise UnavailableError(f"Socket '{address}' already in use: {exc}") from None

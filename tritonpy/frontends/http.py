@@ -41,6 +41,7 @@ from .dataplane import (
     RequestedOutput,
     apply_parameters,
     array_from_json,
+    forward_headers,
     array_from_raw,
     input_from_raw,
     is_uint,
@@ -104,6 +105,26 @@ def _dict(value: object, what: str) -> dict[str, Any]:
     return value
 
 
+def _category(path: str) -> str:
+    """The API group of a path, as ``--http-restricted-api`` names them ("" for none)."""
+    if path == "/v2/models/stats":
+        return "statistics"
+    m = _MODEL_RE.fullmatch(path)
+    if m is not None:
+        kind = m.group(3) or ""
+        return {"": "metadata", "ready": "health", "config": "model-config",
+                "stats": "statistics", "trace/setting": "trace"}.get(kind, "inference")
+    if path == "/v2":
+        return "metadata"
+    for prefix, category in (("/v2/health/", "health"), ("/v2/repository", "model-repository"),
+                             ("/v2/systemsharedmemory", "shared-memory"),
+                             ("/v2/cudasharedmemory", "shared-memory"),
+                             ("/v2/trace/", "trace"), ("/v2/logging", "logging")):
+        if path.startswith(prefix):
+            return category
+    return ""
+
+
 class HTTPFrontend:
     """The HTTP/REST endpoint of one :class:`DataPlane`.
 
@@ -112,14 +133,25 @@ class HTTPFrontend:
         host: address to listen on.
         port: port to listen on (0 picks a free one; see :attr:`port` after :meth:`start`).
         max_input_size: largest request body accepted, in bytes (``--http-max-input-size``).
+        restricted: API group -> (header, value) a request to it must carry (Triton's
+            ``--http-restricted-api``); others are refused with 403.
+        header_forward: headers whose names match it reach the model as request parameters
+            (``--http-header-forward-pattern``; see :func:`.dataplane.header_pattern`).
+        reuse_port: bind with SO_REUSEPORT (``--reuse-http-port``): several servers share it.
     """
 
     def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8000,
-                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+                 restricted: dict[str, tuple[str, str]] | None = None,
+                 header_forward: re.Pattern[str] | None = None, reuse_port: bool = False) -> None:
         self.plane = plane
         self.host = host
         self.port = port
         self.max_input_size = max_input_size
+        # Header names are lower-case here (HTTP headers are case-insensitive).
+        self.restricted = {c: (k.lower(), v) for c, (k, v) in (restricted or {}).items()}
+        self.header_forward = header_forward
+        self.reuse_port = reuse_port
         self._server: HTTPServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -130,6 +162,8 @@ class HTTPFrontend:
         server = HTTPServer(self._dispatch, self._refused, self.max_input_size)
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if self.reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             sock.bind((self.host, self.port))
         except OSError as exc:
@@ -157,6 +191,13 @@ class HTTPFrontend:
 
     async def _dispatch(self, request: Request) -> Response:
         path = request.path
+        if self.restricted:
+            need = self.restricted.get(_category(path))
+            if need is not None and request.headers.get(need[0]) != need[1]:
+                # Triton's answer, content type included.
+                return Response(403, json.dumps(
+                    {"error": f"This API is restricted, expecting header '{need[0]}'"}).encode(),
+                    "text/plain")
         try:
             handler = self._route(request, path)
             if handler is None:
@@ -360,6 +401,8 @@ class HTTPFrontend:
 
     async def _infer(self, request: Request, model: str, version: int) -> Response:
         req = self._parse_infer(model, version, request.body, request.headers.get(_HEADER_LENGTH_KEY))
+        if self.header_forward is not None:
+            forward_headers(req, request.headers.items(), self.header_forward)
         if self.plane.server.tracing.active:  # nothing built per request while tracing is off
             req.received = (("HTTP_RECV_START", request.received[0]),
                             ("HTTP_RECV_END", request.received[1]))
@@ -516,6 +559,8 @@ class HTTPFrontend:
     async def _generate(self, request: Request, model: str, version: int, stream: bool) -> Response:
         """``/generate`` (exactly one response, as JSON) and ``/generate_stream`` (SSE)."""
         req = decode_generate(model, version, request.body, self.plane.model_metadata(model, version))
+        if self.header_forward is not None:
+            forward_headers(req, request.headers.items(), self.header_forward)
         decoupled = self.plane.model(model, version).decoupled()
         responses = self.plane.stream(req)
         if not stream:
