@@ -256,6 +256,9 @@ class ModelRuntime(RuntimeBase):
         # and its restart failed, or has not succeeded within stub-timeout-seconds. Cleared
         # when an instance is back.
         self.unserviceable = ""
+        # The server's response cache, when this model asks for it (a decoupled one cannot).
+        self.cache = (server.response_cache if config.response_cache.enable
+                      and not self.decoupled else None)
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -439,6 +442,8 @@ class ModelRuntime(RuntimeBase):
             self.stats.request_failed(0, "BACKEND")
             req.fail(UnavailableError(self.unserviceable))
             return
+        if self.cache is not None and self._answered_from_cache(req, self.cache):
+            return
         req.on_cancel = self._cancelled
         if req.trace is not None:
             req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)
@@ -461,6 +466,29 @@ class ModelRuntime(RuntimeBase):
             self._send_plans(plans)
         elif req.caller_exec and req.caller is not None and not req.done:
             self.server.bls.watch(req)
+
+    def _answered_from_cache(self, req: HostRequest, cache: Any) -> bool:
+        """Answer ``req`` from the response cache if it holds its answer; else arrange for
+        its successful answer to be kept there."""
+        t0 = time.monotonic_ns()
+        key = cache.key(self.name, self.version, req.inputs)
+        hit = cache.lookup(key, req.requested or self.all_outputs)
+        t1 = time.monotonic_ns()
+        if hit is not None:
+            self.stats.cache_hit(t1 - req.t_enqueue, t1 - t0)
+            req.respond(hit[0], None, hit[1], True)
+            return True
+        self.stats.cache_miss(t1 - t0)
+        sink, stats = req.sink, self.stats
+
+        def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
+            if final and error is None and outputs:
+                t = time.monotonic_ns()
+                cache.insert(key, outputs, params)  # copies: before the caller takes them
+                stats.cache_inserted(time.monotonic_ns() - t)
+            sink(r, outputs, error, params, final)
+        req.sink = keep
+        return False
 
     def _forward(self, succ: ModelRuntime, req: HostRequest) -> None:
         try:

@@ -48,6 +48,27 @@ class ModelStats:
             s[1] += total_ns
             self.failures[reason] += 1
 
+    def cache_hit(self, total_ns: int, lookup_ns: int) -> None:
+        """A request answered from the response cache: a success (and a queue entry, as
+        Triton counts it), and a hit timed by its lookup."""
+        with self._lock:
+            s = self.stats
+            s["success"][0] += 1
+            s["success"][1] += total_ns
+            s["queue"][0] += 1
+            s["cache_hit"][0] += 1
+            s["cache_hit"][1] += lookup_ns
+
+    def cache_miss(self, lookup_ns: int) -> None:
+        with self._lock:
+            self.stats["cache_miss"][0] += 1
+            self.stats["cache_miss"][1] += lookup_ns
+
+    def cache_inserted(self, ns: int) -> None:
+        """A miss's answer was kept: its insertion counts in the miss's time, as Triton's."""
+        with self._lock:
+            self.stats["cache_miss"][1] += ns
+
     def failures_by_reason(self) -> dict[str, int]:
         with self._lock:
             return dict(self.failures)

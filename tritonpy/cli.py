@@ -103,10 +103,7 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
                                         "connections are kept while the client keeps them"),
     "--metrics-config": (str, True, "the metrics families are fixed (no summaries)"),
     "--repoagent-directory": (str, False, "there are no repository agents"),
-    "--cache-config": (str, True, "there is no response cache: every request runs its model"),
-    "--cache-directory": (str, False, "there is no response cache: every request runs its model"),
-    "--response-cache-byte-size": (int, False,
-                                   "there is no response cache: every request runs its model"),
+    "--cache-directory": (str, False, "the local response cache is built in"),
     "--rate-limit-resource": (str, True, "there is no rate limiter"),
     "--pinned-memory-pool-byte-size": (int, False, "no CUDA pinned memory is used"),
     "--cuda-memory-pool-byte-size": (str, True, "no CUDA memory pool is used"),
@@ -137,6 +134,27 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
             out.append(f"{flag}={shown} is accepted for Triton's command lines and has no "
                        f"effect: {why}")
     return out
+
+
+def cache_size(args: argparse.Namespace) -> int:
+    """Bytes of the local response cache that ``--cache-config`` (or the older
+    ``--response-cache-byte-size``) asks for; 0: none."""
+    size = args.response_cache_byte_size or 0
+    for spec in args.cache_config:
+        cache, _, setting = spec.partition(",")
+        key, eq, value = setting.partition("=")
+        if cache != "local":
+            raise SystemExit(f"error: --cache-config {spec}: tritonpy has the local cache only")
+        if key != "size" or not eq:
+            raise SystemExit(f"error: --cache-config {spec}: the local cache takes size=BYTES")
+        try:
+            size = int(value)
+        except ValueError:
+            raise SystemExit(f"error: --cache-config {spec}: size must be a number of bytes") \
+                from None
+    if size < 0:
+        raise SystemExit("error: the response cache size must not be negative")
+    return size
 
 
 def grpc_ssl_context(args: argparse.Namespace) -> Any:
@@ -250,6 +268,11 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC inference responses (gzip or deflate, as the client "
                         "accepts)")
+    s.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                   help="the response cache for models with response_cache enabled (the "
+                        "local cache: its size in bytes)")
+    s.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+                   help="Triton's older spelling of --cache-config local,size=BYTES")
     s.add_argument("--model-config-name", default="", metavar="NAME",
                    help="configure each model by <model>/configs/NAME.pbtxt where it exists "
                         "(else its config.pbtxt)")
@@ -324,7 +347,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
                     server_id=args.id, tracing=_tracing(args), loop=loop,
-                    model_config_name=args.model_config_name)
+                    model_config_name=args.model_config_name,
+                    response_cache_size=cache_size(args))
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -50,6 +50,15 @@ _MODEL_FAMILIES = (
      ("inference_stats", "compute_infer", "ns")),
     ("nv_inference_compute_output_duration_us", "Cumulative time spent handling outputs, in microseconds",
      ("inference_stats", "compute_output", "ns")),
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model",
+     ("inference_stats", "cache_hit", "count")),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     ("inference_stats", "cache_hit", "ns")),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model",
+     ("inference_stats", "cache_miss", "count")),
+    ("nv_cache_miss_duration_per_model",
+     "Total cache miss (insert+lookup) duration per model, in microseconds",
+     ("inference_stats", "cache_miss", "ns")),
 )
 _SHM_FAMILIES = (
     ("tritonpy_shm_pool_mapped_bytes", "Bytes of shared memory mapped by the pool", "mapped_bytes"),

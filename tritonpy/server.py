@@ -23,6 +23,7 @@ from tritonpy.shm.dtypes import triton_dtype_of
 
 from . import _repo_manager
 from ._bls import BlsRouter
+from ._cache import ResponseCache
 from ._custom_metrics import CustomMetrics
 from ._errors import (
     InvalidArgumentError,
@@ -78,6 +79,9 @@ class Server:
         tracing: the trace settings (Triton's ``--trace-config``); tracing is off without.
         model_config_name: Triton's ``--model-config-name``: a model whose directory has
             ``configs/<name>.pbtxt`` is configured by it instead of its ``config.pbtxt``.
+        response_cache_size: bytes of Triton's local response cache (``--cache-config
+            local,size=N``) for the models whose config enables ``response_cache``; 0: none
+            (those models run every request, as in Triton).
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -91,7 +95,7 @@ class Server:
                  strict_readiness: bool = True, auto_complete: bool = True,
                  server_id: str = "triton", tracing: Tracing | None = None,
                  loop: asyncio.AbstractEventLoop | None = None,
-                 model_config_name: str = "") -> None:
+                 model_config_name: str = "", response_cache_size: int = 0) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -113,6 +117,9 @@ class Server:
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
         self.model_config_name = model_config_name
+        # Triton's local response cache (--cache-config local,size=N); None: no cache.
+        self.response_cache = ResponseCache(response_cache_size) if response_cache_size > 0 \
+            else None
         # The name in the server metadata: Triton's default, which clients written for Triton
         # check (Triton's --id).
         self.server_id = server_id

@@ -100,7 +100,8 @@ def _get(url: str, headers: dict[str, str] | None = None,
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
     except urllib.error.HTTPError as err:
-        return err.code, err.headers.get("Content-Type", ""), err.read()
+        with err:  # closes its connection
+            return err.code, err.headers.get("Content-Type", ""), err.read()
 
 
 def _input(module: Any) -> Any:

@@ -515,7 +515,8 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
         "instance_group [ { count: 2, kind: KIND_CPU } ]\n"))
     no_effect = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
                  "--http-thread-count", "4", "--grpc-keepalive-time", "7200000",
-                 "--response-cache-byte-size", "0", "--allow-sagemaker", "false"]
+                 "--cache-directory", "/opt/tritonserver/caches", "--allow-sagemaker", "false",
+                 "--cache-config", "local,size=1048576"]
     server, http_port, _ = serve_repo(serve, repo, "--model-config-name=alt",
                                       "--log-format", "ISO8601", *no_effect)
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
@@ -530,7 +531,7 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     text = server.log()
     for flag in ("--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
                  "--http-thread-count=4", "--grpc-keepalive-time=7200000",
-                 "--response-cache-byte-size=0"):
+                 "--cache-directory=/opt/tritonserver/caches"):
         assert re.search(rf"^W.*{re.escape(flag)} is accepted for Triton's command lines and "
                          "has no effect: ", text, re.M), (flag, text)
     assert re.search(r"^I\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d .*listening: HTTP", text, re.M), text
@@ -551,10 +552,16 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     assert "--http-thread-count=2 is accepted" in text
     assert not re.search(r"^I", text, re.M), text
 
-    # A Triton frontend that is not served is refused when turned on, naming it.
-    refused = serve("--model-repository", str(repo), "--allow-vertex-ai", "true")
-    assert refused.wait(START_TIMEOUT) != 0
-    assert "--allow-vertex-ai true: tritonpy does not serve the vertex-ai frontend" in refused.log()
+    # A Triton frontend that is not served is refused when turned on, naming it; so is a
+    # cache other than the local one.
+    for flags, message in (
+            (["--allow-vertex-ai", "true"],
+             "--allow-vertex-ai true: tritonpy does not serve the vertex-ai frontend"),
+            (["--cache-config", "redis,host=localhost"],
+             "--cache-config redis,host=localhost: tritonpy has the local cache only")):
+        refused = serve("--model-repository", str(repo), *flags)
+        assert refused.wait(START_TIMEOUT) != 0
+        assert message in refused.log(), refused.log()
 
 
 def _ready(client: httpclient.InferenceServerClient) -> bool:
@@ -581,6 +588,7 @@ def test_frontend_security_flags(serve: Callable[..., Serve], tmp_path: Path) ->
                                      data=b"{}")
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(req, timeout=10)
+        err.value.close()
         assert err.value.code == 403
         client = grpcclient.InferenceServerClient(f"localhost:{grpc_port}", ssl=True,
                                                   root_certificates=str(tls / "ca.pem"))

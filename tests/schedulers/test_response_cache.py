@@ -1,0 +1,113 @@
+"""The response cache with real stubs: Triton's ``--cache-config local,size=N`` and a model's
+``response_cache { enable: true }``. What is seen: whether the model ran (it answers how many
+requests it has executed), the statistics and metrics Triton 2.51 gives for hits and misses
+(measured side by side), eviction, and what is never cached."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _models import infer, io_config, serving, write_model
+
+from tritonpy.metrics import metrics_text
+
+pytestmark = pytest.mark.timeout(60)
+
+# OUT = IN * 2 and N = how many requests this instance has executed; IN < 0 fails.
+COUNTING_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.n = 0
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            self.n += 1
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if (x < 0).any():
+                raise pb_utils.TritonModelException("negative input")
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("N", np.array([self.n], np.int64))]))
+        return out
+"""
+CONFIG = (io_config() + 'output [ { name: "N", data_type: TYPE_INT64, dims: [ 1 ] } ]\n'
+          "instance_group [ { count: 1, kind: KIND_CPU } ]\n")
+
+
+def _n(model, x, **kwargs) -> int:
+    resp = infer(model, {"IN": np.asarray(x, np.float32)}, **kwargs)
+    assert resp.error is None, resp.error
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), np.asarray(x) * 2)
+    return int(resp.outputs["N"].to_numpy()[0])
+
+
+@pytest.fixture
+def repo(tmp_path):
+    write_model(tmp_path, "cached", COUNTING_PY, CONFIG + "response_cache { enable: true }\n")
+    write_model(tmp_path, "plain", COUNTING_PY, CONFIG)
+    return tmp_path
+
+
+def test_a_repeated_request_is_answered_from_the_cache(repo, shm_prefix):
+    with serving(repo, shm_prefix, response_cache_size=1 << 20) as server:
+        model = server.model("cached")
+        assert _n(model, [1, 2, 3]) == 1
+        # The same inputs: the first answer, without running the model; ids and parameters
+        # are not part of the key (as Triton).
+        assert _n(model, [1, 2, 3]) == 1
+        assert _n(model, [1, 2, 3], request_id="other", parameters={"p": 1}) == 1
+        assert _n(model, [1, 2, 4]) == 2  # other inputs run the model
+        assert _n(server.model("plain"), [1, 2, 3]) == 1
+        assert _n(server.model("plain"), [1, 2, 3]) == 2  # its config does not ask for it
+
+        st = server.statistics("cached")["model_stats"][0]
+        inf = st["inference_stats"]
+        assert (inf["success"]["count"], inf["cache_hit"]["count"],
+                inf["cache_miss"]["count"]) == (4, 2, 2)
+        assert inf["cache_hit"]["ns"] > 0 and inf["cache_miss"]["ns"] > 0
+        assert inf["queue"]["count"] == 4 and inf["compute_infer"]["count"] == 2
+        assert (st["execution_count"], st["inference_count"]) == (2, 2)
+        text = metrics_text(server)
+        for family in ("nv_cache_num_hits_per_model", "nv_cache_num_misses_per_model"):
+            assert f'{family}{{model="cached",version="1"}} 2\n' in text, text
+
+
+def test_what_a_hit_answers_and_what_is_not_kept(repo, shm_prefix):
+    with serving(repo, shm_prefix, response_cache_size=1 << 20) as server:
+        model = server.model("cached")
+        # An entry made for OUT alone cannot answer a request for every output: a miss.
+        only = infer(model, {"IN": np.float32([5, 6])}, requested_output_names=["OUT"])
+        assert list(only.outputs) == ["OUT"]
+        assert _n(model, [5, 6]) == 2
+        hit = infer(model, {"IN": np.float32([5, 6])}, requested_output_names=["OUT"])
+        assert list(hit.outputs) == ["OUT"]  # a hit answers what its request asks for
+        # A caller that writes to an answer writes to its own copy.
+        hit.outputs["OUT"].to_numpy()[:] = -1
+        assert _n(model, [5, 6]) == 2
+        # A failed execute is not kept: the same request runs again.
+        for _ in range(2):
+            failed = infer(model, {"IN": np.float32([-1])})
+            assert failed.error is not None and "negative input" in failed.error.message
+        assert server.statistics("cached")["model_stats"][0]["execution_count"] == 4
+
+
+def test_the_least_recently_used_answers_go_first(repo, shm_prefix):
+    # Each answer is 12 bytes of OUT and 8 of N: a 64-byte cache keeps three.
+    with serving(repo, shm_prefix, response_cache_size=64) as server:
+        model = server.model("cached")
+        rows = [[float(i)] * 3 for i in range(4)]
+        assert [_n(model, r) for r in rows[:3]] == [1, 2, 3]
+        assert _n(model, rows[0]) == 1  # a hit: rows[0] is now the most recently used
+        assert _n(model, rows[3]) == 4  # evicts rows[1], the least recently used
+        assert _n(model, rows[0]) == 1 and _n(model, rows[2]) == 3
+        assert _n(model, rows[1]) == 5  # it was evicted: the model runs again
+
+
+def test_without_a_server_cache_the_model_runs_every_request(repo, shm_prefix):
+    with serving(repo, shm_prefix) as server:
+        model = server.model("cached")
+        assert [_n(model, [1.0]) for _ in range(3)] == [1, 2, 3]
+        inf = server.statistics("cached")["model_stats"][0]["inference_stats"]
+        assert inf["cache_hit"]["count"] == inf["cache_miss"]["count"] == 0

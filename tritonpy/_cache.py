@@ -1,0 +1,98 @@
+"""The response cache (Triton's ``--cache-config local,size=N`` with a model's
+``response_cache { enable: true }``): a request whose model, version and inputs (names, types,
+shapes and bytes) match an earlier successful one is answered with that one's outputs, without
+running the model.
+
+As in Triton 2.51 (measured side by side): request ids and parameters are not part of the key;
+a hit counts as a success and in ``cache_hit`` (its lookup time), a miss in ``cache_miss`` (its
+lookup and insertion time), and only executions count in ``inference_count`` and the compute
+times. Unlike Triton, a hit answers only the outputs its request asks for, and an entry that
+lacks one of them is a miss (Triton answers whatever the entry holds).
+
+Entries are kept least recently used first and evicted to stay within the size, counted as
+their output bytes (BYTES elements by length); an answer bigger than the whole cache is not
+kept. Cached arrays are read-only: a caller that writes to an output gets its own copy.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import threading
+from typing import Any, Iterable
+
+import numpy as np
+
+
+def _nbytes(arr: np.ndarray) -> int:
+    if arr.dtype == np.object_:
+        return sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in arr.flat) + arr.size * 8
+    return int(arr.nbytes)
+
+
+class ResponseCache:
+    """An LRU of successful answers, at most ``size`` bytes of outputs."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.used = 0
+        self._entries: collections.OrderedDict[bytes, tuple[dict[str, np.ndarray], Any, int]] = \
+            collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(model: str, version: int, inputs: Iterable[tuple[str, np.ndarray]]) -> bytes:
+        """The digest of a request's model, version and inputs (in name order)."""
+        h = hashlib.blake2b(digest_size=20)
+        h.update(f"{model}\0{version}\0".encode())
+        for name, arr in sorted(inputs, key=lambda item: item[0]):
+            h.update(f"{name}\0{arr.dtype.str}\0{arr.shape}\0".encode())
+            if arr.dtype == np.object_:
+                for x in arr.flat:
+                    b = x if isinstance(x, bytes) else str(x).encode()
+                    h.update(len(b).to_bytes(8, "little"))
+                    h.update(b)
+            else:
+                h.update(np.ascontiguousarray(arr).data)
+        return h.digest()
+
+    def lookup(self, key: bytes, wanted: Iterable[str]) -> tuple[list[tuple[str, np.ndarray]],
+                                                                 Any] | None:
+        """The outputs named in ``wanted`` and the parameters of the entry for ``key``, or None
+        (no entry, or one without all of them)."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is None:
+                return None
+            outputs, params, _ = entry
+            try:
+                found = [(name, outputs[name]) for name in wanted]
+            except KeyError:
+                return None
+            self._entries.move_to_end(key)
+            return found, dict(params) if params else None
+
+    def insert(self, key: bytes, outputs: list[tuple[str, np.ndarray]], params: Any) -> bool:
+        """Keep a copy of a successful answer; False when it is larger than the cache."""
+        kept: dict[str, np.ndarray] = {}
+        size = 0
+        for name, arr in outputs:
+            copy = np.array(arr, copy=True)
+            copy.flags.writeable = False
+            kept[name] = copy
+            size += _nbytes(copy)
+        if size > self.size:
+            return False
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self.used -= old[2]
+            while self._entries and self.used + size > self.size:
+                _, (_, _, gone) = self._entries.popitem(last=False)
+                self.used -= gone
+            self._entries[key] = (kept, dict(params) if params else None, size)
+            self.used += size
+        return True
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
