@@ -101,6 +101,7 @@ _COMPRESSED_HEADERS = {algo: _RESPONSE_HEADERS + _literal(b"grpc-encoding", algo
 #: the client accepts, as gRPC's core ranks them (gzip, then deflate: low takes the first, medium
 #: the middle one, high the last).
 COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+_COMPRESS_OFF_LOOP = 1 << 20
 
 
 def _algorithm(level: str, accepted: bytes | None) -> bytes | None:
@@ -260,7 +261,11 @@ class _Call:
         if algo is None:
             data = _PREFIX.pack(0, len(payload)) + payload
         else:
-            payload = _compress(algo, payload)
+            # A large message is compressed off the loop: the other calls go on meanwhile.
+            payload = (_compress(algo, payload) if len(payload) < _COMPRESS_OFF_LOOP
+                       else await asyncio.to_thread(_compress, algo, payload))
+            if self.closed:
+                raise _Closed("the call is over")
             data = _PREFIX.pack(1, len(payload)) + payload
         size = len(data)
         if size <= self.send_window and size <= conn.send_window and size <= conn.peer_max_frame:
