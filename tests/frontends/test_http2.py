@@ -137,9 +137,24 @@ def test_a_message_over_the_limit_is_resource_exhausted(running: Running,
             unary(channel, "Echo")(BytesValue(value=b"y" * (MAX_MESSAGE + 10)))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert f"vs. {MAX_MESSAGE}" in (err.value.details() or "")
+        # A compressed message small on the wire that inflates past the limit: refused the
+        # same way, without inflating it all (1 GB of zeros is ~1 MB of gzip).
+        with pytest.raises(grpc.RpcError) as err:
+            unary(channel, "Echo")(BytesValue(value=bytes(MAX_MESSAGE * 4)),
+                                   compression=grpc.Compression.Gzip)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         # The same connection serves on.
         assert unary(channel, "Echo")(BytesValue(value=b"ok")).value == b"ok"
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.parametrize("value, seconds", [
+    (b"100m", 0.1), (b"5S", 5.0), (b"99999999H", 99999999 * 3600.0),
+    (b"123456789S", None), (b"5x", None), (b"S", None)])
+def test_grpc_timeouts_are_read_as_grpc_writes_them(value: bytes, seconds: float | None) -> None:
+    from tritonpy.frontends._http2 import _parse_timeout
+
+    assert _parse_timeout(value) == seconds
 
 
 def test_unknown_method_and_compressed_requests(running: Running) -> None:

@@ -239,12 +239,22 @@ class _Call:
         return out
 
     def _decompress(self, payload: memoryview) -> bytes:
-        if self.encoding == b"gzip":
-            return gzip.decompress(payload)
-        if self.encoding == b"deflate":
-            return zlib.decompress(payload)
-        raise _Status(_UNIMPLEMENTED, f"Compression algorithm '{(self.encoding or b'identity').decode()}' "
-                                      "is not supported")
+        """The message, inflated to at most the server's message limit (a small message that
+        inflates past it is RESOURCE_EXHAUSTED, not memory spent)."""
+        wbits = {b"gzip": 31, b"deflate": 15}.get(self.encoding or b"")
+        if wbits is None:
+            raise _Status(_UNIMPLEMENTED, "Compression algorithm "
+                          f"'{(self.encoding or b'identity').decode()}' is not supported")
+        limit = self.conn.server.max_message
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out = inflater.decompress(payload, limit + 1)
+        except zlib.error as exc:
+            raise _Status(_INTERNAL, f"Failed to decompress the request: {exc}") from None
+        if len(out) > limit:
+            raise _Status(_RESOURCE_EXHAUSTED,
+                          f"Received message larger than max ({len(out)}+ vs. {limit})")
+        return out
 
     # -- sending ---------------------------------------------------------------------------------
     async def send_message(self, payload: bytes, flush: bool = True) -> None:
@@ -719,10 +729,13 @@ def _padding(flags: int, payload: Any, start: int) -> int:
 
 
 def _parse_timeout(value: bytes) -> float | None:
+    """A grpc-timeout in seconds: at most 8 digits and a unit (gRPC's form); None when it is
+    not one (the call then has no deadline)."""
     unit = _TIMEOUT_UNITS.get(value[-1:])
-    if unit is None or not value[:-1].isdigit():
+    digits = value[:-1]
+    if unit is None or not digits.isdigit() or len(digits) > 8:
         return None
-    return int(value[:-1]) * unit
+    return int(digits) * unit
 
 
 class Http2GrpcServer:
