@@ -16,6 +16,7 @@ import hpack
 import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 
+from _models import wait_for
 from tritonpy.frontends._http2 import MAX_HEADER_BLOCK, Http2GrpcServer, Method
 
 MAX_MESSAGE = 1 << 16
@@ -301,9 +302,20 @@ def test_a_small_client_window_gets_the_answer_as_the_window_opens(running: Runn
 def _violations() -> list[Any]:
     block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.T/Echo")])
     big = b"\x00" * (MAX_HEADER_BLOCK // 2 + 1)
+    opened = frame(HEADERS, END_HEADERS, 1, block)
     return [
         pytest.param(None, PROTOCOL_ERROR, id="not-a-preface"),
-        pytest.param(frame(DATA, PADDED, 1, b"\x09abc"), PROTOCOL_ERROR, id="padding-too-long"),
+        pytest.param(opened + frame(DATA, PADDED, 1, b"\x09abc"), PROTOCOL_ERROR,
+                     id="padding-too-long"),
+        pytest.param(frame(DATA, 0, 5, b"abc"), PROTOCOL_ERROR, id="data-on-a-stream-never-opened"),
+        pytest.param(frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x00\x00"), PROTOCOL_ERROR,
+                     id="window-update-of-0"),
+        pytest.param(frame(SETTINGS, 0, 1, b""), PROTOCOL_ERROR, id="settings-on-a-stream"),
+        pytest.param(frame(PING, 0, 1, b"12345678"), PROTOCOL_ERROR, id="ping-on-a-stream"),
+        pytest.param(frame(RST_STREAM, 0, 0, b"\x00\x00\x00\x08"), PROTOCOL_ERROR,
+                     id="rst-stream-on-0"),
+        pytest.param(frame(HEADERS, 0, 1, block[:1]) + frame(CONTINUATION, 0, 1, b"") * 70,
+                     ENHANCE_YOUR_CALM, id="continuation-flood"),
         pytest.param(frame(DATA, 0, 0, b"abc"), PROTOCOL_ERROR, id="data-on-stream-0"),
         pytest.param(frame(WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"), FRAME_SIZE_ERROR,
                      id="short-window-update"),
@@ -373,3 +385,77 @@ def test_responses_are_compressed_with_an_algorithm_the_client_accepts(
         for size in (200_000, 3_000_000):
             assert unary(channel, "Big")(BytesValue(value=str(size).encode())).value == \
                 b"x" * size
+
+
+def test_a_client_that_sends_but_never_reads_is_not_read_either(running: Running) -> None:
+    # Each request for an unknown method of a long name gets an answer ~40x its size. A client
+    # that floods them without reading its answers: once our write buffer passes its mark
+    # we stop reading its frames, so what the server holds for it stays bounded; others are
+    # served meanwhile, and its close frees everything.
+    from tritonpy.frontends import _http2
+
+    raw = Raw(running.port)
+    raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+    encoder = hpack.Encoder()
+    headers = [(":method", "POST"), (":scheme", "http"), (":path", "/t.T/" + "x" * 250),
+               (":authority", "x"), ("content-type", "application/grpc")]
+    flood = b"".join(frame(HEADERS, END_HEADERS | END_STREAM, sid, encoder.encode(headers))
+                     for sid in range(1, 120_001, 2))
+    raw.sock.settimeout(3.0)
+    try:
+        try:
+            raw.sock.sendall(flood)  # ~1 MB asking for ~25 MB of answers
+        except socket.timeout:
+            pass  # the server stopped reading: what is left waits in the socket buffers
+        conn = next(iter(running.server.connections))
+        assert wait_for(lambda: conn.write_paused, 5), "the server kept reading"
+        held = conn.transport.get_write_buffer_size()
+        assert held <= _http2._WRITE_HIGH + (1 << 20), held
+        assert conn.last_sid < 119_999  # frames left unread
+        with grpc.insecure_channel(running.address) as channel:
+            assert unary(channel, "Echo")(BytesValue(value=b"served"), timeout=5).value == \
+                b"served"
+    finally:
+        raw.close()
+    assert wait_for(lambda: not running.server.connections, 5)
+
+
+def test_streams_past_the_advertised_limit_are_refused(running: Running,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonpy.frontends import _http2
+
+    monkeypatch.setattr(_http2, "MAX_STREAMS", 4)
+    raw = Raw(running.port)
+    try:
+        message = BytesValue(value=b"30").SerializeToString()
+        for sid in (1, 3, 5, 7, 9):  # five slow calls held open; the limit is four
+            raw.send(frame(HEADERS, END_HEADERS, sid, raw.request_headers("/t.T/Slow"))
+                     + frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message))
+        frames = raw.frames_until_quiet(0.5)
+        settings = next(p for t, f, _, p in frames if t == SETTINGS and not f & ACK)
+        advertised = dict(struct.iter_unpack(">HI", settings))
+        assert advertised[0x3] == 4  # SETTINGS_MAX_CONCURRENT_STREAMS
+        resets = [(sid, struct.unpack(">I", p)[0]) for t, _, sid, p in frames if t == RST_STREAM]
+        assert resets == [(9, 0x7)]  # REFUSED_STREAM: the client may retry it
+    finally:
+        raw.close()
+
+
+def test_a_connection_without_a_preface_is_closed(running: Running,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from tritonpy.frontends import _http2
+
+    monkeypatch.setattr(_http2, "PREFACE_TIMEOUT", 0.3)
+    sock = socket.create_connection(("127.0.0.1", running.port), timeout=5)
+    try:
+        t0 = time.monotonic()
+        got = b""
+        try:
+            while chunk := sock.recv(4096):  # our SETTINGS, then the close
+                got += chunk
+        except ConnectionResetError:
+            pass
+        assert time.monotonic() - t0 < 3
+        assert got[3] == SETTINGS
+    finally:
+        sock.close()

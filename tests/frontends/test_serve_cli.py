@@ -491,6 +491,11 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
         wait_until(lambda: (marks / "started-inflight").exists(), 20, "the request to start")
         t0 = time.monotonic()
         os.killpg(server.proc.pid, signal.SIGTERM)
+        wait_until(lambda: "signal received" in server.log(), 10, "the server to begin stopping")
+        # A request sent on the busy stream after the stop began is refused (in its turn),
+        # not run: the drain waits for what was running, not for what comes after.
+        inp.set_data_from_numpy(np.array([5.0], np.float32))
+        busy.async_stream_infer("slow", [inp], request_id="late")
         assert server.wait(30) == 0, server.log()
         elapsed = time.monotonic() - t0
     finally:
@@ -500,6 +505,9 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
     assert [r.as_numpy("OUT").tolist() for r in got["idle"]] == [[0.0]], got["idle"]
     assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
         == [[4.0]], got["busy"]
+    refused = [str(r) for r in got["busy"] if isinstance(r, Exception)]
+    assert any("this stream takes no new requests" in r for r in refused), refused
+    assert not (marks / "started-late").exists()
     assert segments(shm_prefix) == []
 
 

@@ -44,16 +44,27 @@ _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWA
     _WINDOW_UPDATE, _CONTINUATION = range(10)
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # Error codes and settings.
-_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _FRAME_SIZE_ERROR, _CANCEL, \
-    _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = 0x0, 0x1, 0x3, 0x6, 0x8, 0x9, 0xB
+_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _FRAME_SIZE_ERROR, _REFUSED_STREAM, _CANCEL, \
+    _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = 0x0, 0x1, 0x3, 0x6, 0x7, 0x8, 0x9, 0xB
 _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS = 0x4, 0x5, 0x3
 _DEFAULT_WINDOW = 65535
 #: Our receive windows: large, so a client sending big tensors rarely waits for an update.
 _WINDOW = 1 << 24
 _MAX_FRAME = (1 << 24) - 1
 _MAX_WINDOW = (1 << 31) - 1
-#: The largest header block (HEADERS and its CONTINUATIONs, still compressed) a client may send.
-MAX_HEADER_BLOCK = 1 << 16
+#: The largest header block (HEADERS and its CONTINUATIONs) a client may send, compressed and
+#: decoded: gRPC's own hard limit on a call's metadata.
+MAX_HEADER_BLOCK = 1 << 14
+#: Streams open at once on a connection (advertised; more are refused with REFUSED_STREAM).
+MAX_STREAMS = 4096
+#: A connection whose client preface has not come by then is closed.
+PREFACE_TIMEOUT = 10.0
+#: Write buffer (bytes) past which a connection stops reading its client's frames until the
+#: client reads what it was sent: a client that sends but never reads costs bounded memory.
+_WRITE_HIGH = 1 << 22
+_MAX_CONTINUATIONS = 64
+#: On stop, how long a client gets to close its end after ours is closed.
+_CLOSE_WAIT = 1.0
 #: The largest request message, in bytes (Triton's, gRPC's signed 32-bit limit).
 MAX_MESSAGE_SIZE = (1 << 31) - 1
 _HIGH_BYTES = bytes(range(0x80, 0x100))
@@ -286,6 +297,8 @@ class _Call:
             await self._send_in_frames(data)
         if flush:
             conn.flush()
+            if conn.write_paused:  # the client is not reading: wait until it does
+                await conn.writable()
 
     async def _send_in_frames(self, data: bytes) -> None:
         conn = self.conn
@@ -293,6 +306,11 @@ class _Call:
         while view:
             if self.closed:
                 raise _Closed("the call is over")
+            if conn.write_paused:  # the client is not reading: wait until it does
+                conn.flush()
+                await conn.writable()
+                if self.closed:
+                    raise _Closed("the call is over")
             size = min(len(view), self.send_window, conn.send_window, conn.peer_max_frame)
             if size <= 0:  # the client's window is full: wait for its WINDOW_UPDATE
                 conn.flush()
@@ -332,6 +350,7 @@ class _Call:
         conn.send_headers(self.sid, trailers, end_stream=True)
         conn.flush_soon()
         conn.calls.pop(self.sid, None)
+        self.buf = bytearray()  # a message cut short: its bytes go now, not with the GC
         self.context.finish()
 
     def cancel_deadline(self) -> None:
@@ -346,6 +365,7 @@ class _Call:
         self.closed = True
         self.cancel_deadline()
         self.conn.calls.pop(self.sid, None)
+        self.buf = bytearray()
         if self.window is not None and not self.window.done():
             self.window.set_exception(_Closed("the call is over"))
         if self.task is not None:
@@ -392,7 +412,7 @@ class _Connection(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}
         self.inbuf = bytearray()
         self.preface = False  # the client's preface has arrived
-        self.decoder = hpack.Decoder()
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
         self.header_cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self.continued: tuple[int, bytearray, bool] | None = None  # a header block in parts
         self.out: list[bytes] = []
@@ -404,26 +424,85 @@ class _Connection(asyncio.Protocol):
         self.unacked = 0  # bytes received since our last connection WINDOW_UPDATE
         self.last_sid = 0
         self.goaway_received = False
+        self.continuations = 0  # CONTINUATION frames of the header block in parts
+        self.write_paused = False  # the client is not reading: we stop reading it too
+        self.drained: asyncio.Future[None] | None = None  # writers waiting for resume_writing
+        self.preface_timer: asyncio.TimerHandle | None = None
+        self.eof_sent = False  # stopping: our side is closed, the client's is read to its end
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
         self.server.connections.add(self)
+        transport.set_write_buffer_limits(high=_WRITE_HIGH)
+        self.preface_timer = asyncio.get_running_loop().call_later(
+            PREFACE_TIMEOUT, self._no_preface)
         settings = b"".join(_SETTING.pack(k, v) for k, v in (
-            (_MAX_CONCURRENT_STREAMS, 1 << 16), (_INITIAL_WINDOW_SIZE, _WINDOW),
+            (_MAX_CONCURRENT_STREAMS, MAX_STREAMS), (_INITIAL_WINDOW_SIZE, _WINDOW),
             (_MAX_FRAME_SIZE, _MAX_FRAME)))
         self.out.append(_frame(_SETTINGS, 0, 0, settings))
         self.out.append(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(_WINDOW - _DEFAULT_WINDOW)))
         self.flush()
 
+    def _no_preface(self) -> None:
+        self.preface_timer = None
+        if not self.preface and self.transport is not None:
+            log.debug("gRPC connection closed: no client preface within %g s", PREFACE_TIMEOUT)
+            self.transport.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if not self.lost.done():
+            self.lost.set_result(None)
+        if self.preface_timer is not None:
+            self.preface_timer.cancel()
+            self.preface_timer = None
         for call in list(self.calls.values()):
             call.abandon()
         self.transport = None
+        self.inbuf = bytearray()
+        self.out.clear()
+        self._wake_writers(_Closed("the connection is gone"))
+
+    # -- back-pressure -----------------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        """The client reads slower than we write: stop reading its frames (each may call for
+        an answer) until it catches up."""
+        self.write_paused = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._wake_writers(None)
+        if self.transport is not None:
+            self.transport.resume_reading()
+            if self.inbuf:
+                self._process()  # frames left unread when writing paused
+
+    def _wake_writers(self, exc: BaseException | None) -> None:
+        waiter, self.drained = self.drained, None
+        if waiter is not None and not waiter.done():
+            if exc is None:
+                waiter.set_result(None)
+            else:
+                waiter.set_exception(exc)
+                waiter.exception()  # retrieved: no "never retrieved" warning if none waits
+
+    async def writable(self) -> None:
+        """Wait while the client is not reading what it was sent."""
+        if not self.write_paused or self.transport is None:
+            return
+        if self.drained is None:
+            self.drained = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self.drained)
 
     # -- writing ---------------------------------------------------------------------------------
     def flush(self) -> None:
         out = self.out
+        if self.eof_sent:
+            out.clear()
+            return
         if out:
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
@@ -455,8 +534,14 @@ class _Connection(asyncio.Protocol):
 
     # -- reading ---------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
+        if self.eof_sent:  # stopping: read to the client's end, nothing more is answered
+            return
+        self.inbuf += data
+        if not self.write_paused:
+            self._process()
+
+    def _process(self) -> None:
         buf = self.inbuf
-        buf += data
         try:
             pos = self._frames(buf)
         except _ConnectionError as exc:
@@ -479,9 +564,16 @@ class _Connection(asyncio.Protocol):
             if buf[:len(_PREFACE)] != _PREFACE:
                 raise _ConnectionError(_PROTOCOL_ERROR, "not an HTTP/2 connection preface")
             self.preface = True
+            if self.preface_timer is not None:
+                self.preface_timer.cancel()
+                self.preface_timer = None
             pos = len(_PREFACE)
         total = len(buf)
-        while total - pos >= 9:
+        handled = 0
+        while total - pos >= 9 and not self.write_paused:
+            handled += 1
+            if handled % 64 == 0:
+                self.flush()  # answers so far: may pause us (pause_writing) if unread
             high, low, ftype, flags, sid = _FRAME.unpack_from(buf, pos)
             length = (high << 16) | low
             if length > _MAX_FRAME:
@@ -515,10 +607,15 @@ class _Connection(asyncio.Protocol):
                 self._headers(sid, block, bool(flags & _END_STREAM))
             else:
                 self.continued = (sid, bytearray(block), bool(flags & _END_STREAM))
+                self.continuations = 0
         elif ftype == _CONTINUATION:
             if self.continued is None or self.continued[0] != sid:
                 raise _ConnectionError(_PROTOCOL_ERROR, "an unexpected CONTINUATION frame")
             self.continued[1].extend(payload)
+            self.continuations += 1
+            if self.continuations > _MAX_CONTINUATIONS:
+                raise _ConnectionError(_ENHANCE_YOUR_CALM,
+                                       f"a header block in over {_MAX_CONTINUATIONS} frames")
             if len(self.continued[1]) > MAX_HEADER_BLOCK:
                 raise _ConnectionError(_ENHANCE_YOUR_CALM,
                                        f"a header block over {MAX_HEADER_BLOCK} bytes")
@@ -527,12 +624,16 @@ class _Connection(asyncio.Protocol):
                 self.continued = None
                 self._headers(csid, bytes(parts), end_stream)
         elif ftype == _SETTINGS:
+            if sid != 0:
+                raise _ConnectionError(_PROTOCOL_ERROR, "SETTINGS on a stream")
             if not flags & _ACK:
                 self._settings(payload)
         elif ftype == _WINDOW_UPDATE:
             if len(payload) != 4:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a WINDOW_UPDATE of the wrong size")
             increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+            if increment == 0:
+                raise _ConnectionError(_PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             if sid == 0:
                 self.send_window += increment
                 if self.send_window > _MAX_WINDOW:
@@ -543,8 +644,14 @@ class _Connection(asyncio.Protocol):
                 target = self.calls.get(sid)
                 if target is not None:
                     target.send_window += increment
-                    target.wake()
+                    if target.send_window > _MAX_WINDOW:
+                        self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_FLOW_CONTROL_ERROR)))
+                        target.abandon()
+                    else:
+                        target.wake()
         elif ftype == _PING:
+            if sid != 0:
+                raise _ConnectionError(_PROTOCOL_ERROR, "PING on a stream")
             if len(payload) != 8:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a PING that is not 8 bytes")
             if not flags & _ACK:
@@ -552,6 +659,8 @@ class _Connection(asyncio.Protocol):
         elif ftype == _RST_STREAM:
             if len(payload) != 4:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a RST_STREAM that is not 4 bytes")
+            if sid == 0:
+                raise _ConnectionError(_PROTOCOL_ERROR, "RST_STREAM on stream 0")
             reset = self.calls.get(sid)
             if reset is not None:
                 reset.abandon()
@@ -609,6 +718,9 @@ class _Connection(asyncio.Protocol):
         if sid % 2 == 0:
             raise _ConnectionError(_PROTOCOL_ERROR, f"a client opened even stream {sid}")
         self.last_sid = sid
+        if len(self.calls) >= MAX_STREAMS:  # past what we advertised: refused, not served
+            self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_REFUSED_STREAM)))
+            return
         self._request(sid, headers)
         if end_stream:
             self._ended(sid)
@@ -631,7 +743,8 @@ class _Connection(asyncio.Protocol):
         call = _Call(self, sid, method, encoding if encoding != b"identity" else None, compress)
         self.calls[sid] = call
         if method is None:
-            call.finish(_UNIMPLEMENTED, f"Method not found: {(path or b'').decode(errors='replace')}")
+            shown = (path or b"")[:256].decode(errors="replace")
+            call.finish(_UNIMPLEMENTED, f"Method not found: {shown}")
             return
         if method.restricted is not None and method.restricted not in headers:
             call.finish(_UNAVAILABLE, "This protocol is restricted, expecting header "
@@ -659,8 +772,8 @@ class _Connection(asyncio.Protocol):
     def _data(self, sid: int, flags: int, payload: memoryview, length: int) -> None:
         # Flow control counts the whole payload, padding included; our windows are refilled
         # once half of them is used.
-        if sid == 0:
-            raise _ConnectionError(_PROTOCOL_ERROR, "DATA on stream 0")
+        if sid == 0 or sid > self.last_sid:
+            raise _ConnectionError(_PROTOCOL_ERROR, f"DATA on stream {sid}, never opened")
         self.unacked += length
         if self.unacked >= _WINDOW // 2:
             self.out.append(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(self.unacked)))
@@ -768,7 +881,7 @@ class Http2GrpcServer:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port,
                                                 reuse_address=True, reuse_port=reuse_port or None,
-                                                ssl=self.ssl)
+                                                ssl=self.ssl, backlog=1024)
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace: float) -> None:
@@ -786,8 +899,24 @@ class Http2GrpcServer:
                 task.cancel()
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
+        # Our last bytes, then our end of each connection (FIN), reading on until the client
+        # closes its own: closing a socket with bytes still coming in sends a reset, and the
+        # client may then lose answers it had not read yet.
+        closing = []
         for conn in list(self.connections):
             conn.flush()
+            transport = conn.transport
+            if transport is None:
+                continue
+            if transport.can_write_eof():
+                conn.eof_sent = True
+                transport.write_eof()
+                closing.append(conn.lost)
+            else:
+                transport.close()
+        if closing:
+            await asyncio.wait(closing, timeout=_CLOSE_WAIT)
+        for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
         if self._server is not None:

@@ -521,6 +521,9 @@ class GRPCService:
                           forwarded: list[tuple[str, str]]) -> None:
         decoupled = False
         try:
+            if self.stopping:  # the drain waits for what runs, not for what comes after it
+                raise UnavailableError("the server is stopping: this stream takes no new "
+                                       "requests")
             req = decode_request(self.plane, request)
             for name, value in forwarded:  # the stream's metadata, for each of its requests
                 req.parameters.setdefault(name, value)
