@@ -486,7 +486,8 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
         inp.set_data_from_numpy(np.array([0.0], np.float32))
         idle.async_stream_infer("slow", [inp], request_id="first")
         wait_until(lambda: got["idle"] or None, 20, "the idle stream's first answer")
-        inp.set_data_from_numpy(np.array([2.0], np.float32))
+        # 4 s: the stop must begin while it runs, on a loaded machine too.
+        inp.set_data_from_numpy(np.array([4.0], np.float32))
         busy.async_stream_infer("slow", [inp], request_id="inflight")
         wait_until(lambda: (marks / "started-inflight").exists(), 20, "the request to start")
         t0 = time.monotonic()
@@ -504,7 +505,7 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
     assert elapsed < 15, f"stopping took {elapsed:.1f} s with an idle stream open"
     assert [r.as_numpy("OUT").tolist() for r in got["idle"]] == [[0.0]], got["idle"]
     assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
-        == [[4.0]], got["busy"]
+        == [[8.0]], got["busy"]
     refused = [str(r) for r in got["busy"] if isinstance(r, Exception)]
     assert any("this stream takes no new requests" in r for r in refused), refused
     assert not (marks / "started-late").exists()

@@ -908,11 +908,13 @@ class Http2GrpcServer:
             transport = conn.transport
             if transport is None:
                 continue
-            if transport.can_write_eof():
-                conn.eof_sent = True
+            conn.eof_sent = True
+            try:
+                if not transport.can_write_eof():
+                    raise OSError("no half-close on this transport")
                 transport.write_eof()
                 closing.append(conn.lost)
-            else:
+            except OSError:  # TLS, or the client is gone already
                 transport.close()
         if closing:
             await asyncio.wait(closing, timeout=_CLOSE_WAIT)
