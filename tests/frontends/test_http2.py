@@ -459,3 +459,21 @@ def test_a_connection_without_a_preface_is_closed(running: Running,
         assert got[3] == SETTINGS
     finally:
         sock.close()
+
+
+def test_a_call_that_ends_while_its_client_still_sends_is_reset_after_its_trailers(
+        running: Running) -> None:
+    # As gRPC's own servers: trailers, then RST_STREAM(NO_ERROR), so that the client's call
+    # ends on those trailers even if the connection closes next (a server stopping). Without
+    # it a streaming client could see "Socket closed" instead of its last answers.
+    raw = Raw(running.port)
+    try:
+        message = BytesValue(value=b"hi").SerializeToString()
+        raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Echo"))
+                 + frame(DATA, 0, 1, struct.pack(">BI", 0, len(message)) + message))
+        frames = [(t, f, p) for t, f, sid, p in raw.frames_until_quiet(0.5) if sid == 1]
+        kinds = [t for t, _, _ in frames]
+        assert kinds == [HEADERS, DATA, HEADERS, RST_STREAM], kinds
+        assert frames[2][1] & END_STREAM and struct.unpack(">I", frames[3][2])[0] == 0
+    finally:
+        raw.close()

@@ -329,8 +329,9 @@ class _Call:
         if self.window is not None and not self.window.done():
             self.window.set_result(None)
 
-    def finish(self, code: int, details: str = "") -> None:
-        """Send the trailers (or a trailers-only response) and end the stream."""
+    def finish(self, code: int, details: str = "", reset: int = _NO_ERROR) -> None:
+        """Send the trailers (or a trailers-only response) and end the stream; a client still
+        sending gets RST_STREAM with ``reset`` after them."""
         if self.closed:
             return
         self.closed = True
@@ -348,6 +349,10 @@ class _Call:
             self.headers_sent = True
             trailers = _RESPONSE_HEADERS + trailers
         conn.send_headers(self.sid, trailers, end_stream=True)
+        if not self.ended:
+            # The client is still sending (a stream): tell it to stop, as gRPC's own servers
+            # do, so that its call ends on these trailers whatever happens to the connection.
+            conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(reset)))
         conn.flush_soon()
         conn.calls.pop(self.sid, None)
         self.buf = bytearray()  # a message cut short: its bytes go now, not with the GC
@@ -381,9 +386,7 @@ class _Call:
             self.task.cancel()
         if self.window is not None and not self.window.done():
             self.window.set_exception(_Closed("the call is over"))
-        self.finish(_DEADLINE, "Deadline Exceeded")
-        if not self.ended:  # the client is still sending: tell it to stop
-            self.conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(_CANCEL)))
+        self.finish(_DEADLINE, "Deadline Exceeded", reset=_CANCEL)
         self.conn.flush()
 
 
@@ -721,11 +724,11 @@ class _Connection(asyncio.Protocol):
         if len(self.calls) >= MAX_STREAMS:  # past what we advertised: refused, not served
             self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_REFUSED_STREAM)))
             return
-        self._request(sid, headers)
+        self._request(sid, headers, end_stream)
         if end_stream:
             self._ended(sid)
 
-    def _request(self, sid: int, headers: list[tuple[bytes, bytes]]) -> None:
+    def _request(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         path = encoding = timeout = None
         for name, value in headers:
             if name == b":path":
@@ -741,6 +744,7 @@ class _Connection(asyncio.Protocol):
             compress = _algorithm(level, next(
                 (v for n, v in headers if n == b"grpc-accept-encoding"), None))
         call = _Call(self, sid, method, encoding if encoding != b"identity" else None, compress)
+        call.ended = end_stream  # a refusal below then needs no RST_STREAM after its trailers
         self.calls[sid] = call
         if method is None:
             shown = (path or b"")[:256].decode(errors="replace")
@@ -810,12 +814,10 @@ class _Connection(asyncio.Protocol):
             self._refuse(call, _UNIMPLEMENTED, "a unary method got more than one request message")
 
     def _refuse(self, call: _Call, code: int, details: str) -> None:
-        """End a call for what its client sent, and tell the client to stop sending."""
+        """End a call for what its client sent (finish tells a client still sending to stop)."""
         call.finish(code, details)
         if call.task is not None:
             call.task.cancel()
-        if not call.ended:
-            self.out.append(_frame(_RST_STREAM, 0, call.sid, _U32.pack(_NO_ERROR)))
 
     def _ended(self, sid: int) -> None:
         call = self.calls.get(sid)
