@@ -533,7 +533,6 @@ class ModelRuntime(RuntimeBase):
                 req.fail(UnavailableError(str(exc)))
                 continue
             req.t_start = t0
-            req.instance = inst
             ok.append(req)
             bodies.append({
                 "id": req.id, "model": self.name, "version": self.version,

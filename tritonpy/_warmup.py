@@ -125,6 +125,8 @@ def _execute(rt: ModelRuntime, inst: Instance, inputs: list[tuple[str, np.ndarra
         return [exc.message]
     with rt.lock:
         inst.running += 1  # as a scheduler's take() does; the execute's end gives it back
+        for req in batch:
+            req.instance = inst  # as _take_locked does
     rt._send(inst, batch)  # straight to this instance: it is not serving yet
     finished.wait()  # a stub that dies fails its requests, which ends this too
     # A decoupled model's final response can come before its execute has returned: wait for

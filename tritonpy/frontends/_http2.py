@@ -14,7 +14,7 @@ requests (gzip, deflate), flow control both ways, padding, CONTINUATION, PING, S
 RST_STREAM (a client's cancel), GOAWAY both ways and a drained stop; TLS (ALPN h2, client
 certificates as the given context asks); responses compressed at a level, for the methods that
 allow it, with an algorithm the client accepts; a method restricted to calls that carry a
-header; a method's matching metadata handed to its handler. Response headers never use the
+header; a call's metadata handed to the handlers that ask for it. Response headers never use the
 HPACK dynamic table (its size is set to 0 once per connection). Not served: server push,
 priorities (ignored), reflection.
 """
@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
-import re
 import struct
 import zlib
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import quote
 
 import grpc
@@ -105,6 +104,7 @@ _STATUS_200 = b"\x88"  # static table entry 8, ":status: 200"
 _TABLE_SIZE_0 = b"\x20"  # a dynamic table size update to 0: ours stays empty
 _RESPONSE_HEADERS = (_STATUS_200 + _literal(b"content-type", b"application/grpc")
                      + _literal(b"grpc-accept-encoding", b"identity,deflate,gzip"))
+_TRAILERS_OK = _literal(b"grpc-status", b"0")
 #: Response headers of a call whose messages are compressed, by algorithm.
 _COMPRESSED_HEADERS = {algo: _RESPONSE_HEADERS + _literal(b"grpc-encoding", algo)
                        for algo in (b"gzip", b"deflate")}
@@ -131,7 +131,6 @@ def _compress(algo: bytes, payload: bytes) -> bytes:
     if algo == b"gzip":
         return gzip.compress(payload, compresslevel=6)
     return zlib.compress(payload)
-_TRAILERS_OK = _literal(b"grpc-status", b"0")
 
 
 def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -144,20 +143,19 @@ class Method:
     responses, whether the client streams (bidirectional) or sends one request, and whether
     its responses are compressed at the server's compression level (inference calls)."""
 
-    __slots__ = ("handler", "parse", "streaming", "compressible", "restricted", "forward")
+    __slots__ = ("handler", "parse", "streaming", "compressible", "restricted", "metadata")
 
     def __init__(self, handler: Callable[..., Awaitable[Any]], parse: Callable[[Any], Any],
                  streaming: bool, compressible: bool = False,
-                 restricted: tuple[str, str] | None = None,
-                 forward: re.Pattern[str] | None = None) -> None:
+                 restricted: tuple[str, str] | None = None, metadata: bool = False) -> None:
         self.handler, self.parse, self.streaming = handler, parse, streaming
         self.compressible = compressible
         # (header, value) a call must carry, else it is refused UNAVAILABLE (Triton's
         # --grpc-restricted-protocol); the header is already the full, prefixed name.
         self.restricted = (None if restricted is None
                            else (restricted[0].lower().encode(), restricted[1].encode()))
-        # Metadata whose names match it are handed to the handler (context.forwarded).
-        self.forward = forward
+        # Whether its handler sees the call's metadata (context.metadata).
+        self.metadata = metadata
 
 
 class _Closed(Exception):
@@ -166,16 +164,17 @@ class _Closed(Exception):
 
 class Context:
     """What a servicer method sees of its call (a subset of ``grpc.aio.ServicerContext``),
-    and ``forwarded``: the call's metadata that its method's forward pattern matched."""
+    and ``metadata``: the call's own headers as (name, value) pairs, for a method that asks for
+    them (empty otherwise)."""
 
-    __slots__ = ("_call", "code", "details", "_done", "forwarded")
+    __slots__ = ("_call", "code", "details", "_done", "metadata")
 
     def __init__(self, call: _Call) -> None:
         self._call = call
         self.code = _OK
         self.details = ""
         self._done: list[Callable[[Any], None]] = []
-        self.forwarded: list[tuple[str, str]] = []
+        self.metadata: Sequence[tuple[str, str]] = ()
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
         """End the call with ``code`` and ``details`` (raises, as grpc's does)."""
@@ -230,9 +229,9 @@ class _Call:
         buf = self.buf
         buf += data
         out = []
+        limit = self.conn.server.max_message
         while len(buf) >= 5:
             flag, size = _PREFIX.unpack_from(buf)
-            limit = self.conn.server.max_message
             if size > limit:
                 raise _Status(_RESOURCE_EXHAUSTED,
                               f"Received message larger than max ({size} vs. {limit})")
@@ -329,6 +328,11 @@ class _Call:
         if self.window is not None and not self.window.done():
             self.window.set_result(None)
 
+    def _fail_window(self) -> None:
+        """A send waiting for the client's window learns that the call is over."""
+        if self.window is not None and not self.window.done():
+            self.window.set_exception(_Closed("the call is over"))
+
     def finish(self, code: int, details: str = "", reset: int = _NO_ERROR) -> None:
         """Send the trailers (or a trailers-only response) and end the stream; a client still
         sending gets RST_STREAM with ``reset`` after them."""
@@ -371,8 +375,7 @@ class _Call:
         self.cancel_deadline()
         self.conn.calls.pop(self.sid, None)
         self.buf = bytearray()
-        if self.window is not None and not self.window.done():
-            self.window.set_exception(_Closed("the call is over"))
+        self._fail_window()
         if self.task is not None:
             self.task.cancel()
         if self.messages is not None:
@@ -384,8 +387,7 @@ class _Call:
         self.deadline = None
         if self.task is not None:
             self.task.cancel()
-        if self.window is not None and not self.window.done():
-            self.window.set_exception(_Closed("the call is over"))
+        self._fail_window()
         self.finish(_DEADLINE, "Deadline Exceeded", reset=_CANCEL)
         self.conn.flush()
 
@@ -426,7 +428,6 @@ class _Connection(asyncio.Protocol):
         self.peer_max_frame = 16384
         self.unacked = 0  # bytes received since our last connection WINDOW_UPDATE
         self.last_sid = 0
-        self.goaway_received = False
         self.continuations = 0  # CONTINUATION frames of the header block in parts
         self.write_paused = False  # the client is not reading: we stop reading it too
         self.drained: asyncio.Future[None] | None = None  # writers waiting for resume_writing
@@ -668,7 +669,6 @@ class _Connection(asyncio.Protocol):
             if reset is not None:
                 reset.abandon()
         elif ftype == _GOAWAY:
-            self.goaway_received = True
             if not self.calls and self.transport is not None:
                 self.transport.close()
         elif ftype == _PUSH_PROMISE:
@@ -729,7 +729,7 @@ class _Connection(asyncio.Protocol):
             self._ended(sid)
 
     def _request(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
-        path = encoding = timeout = None
+        path = encoding = timeout = accepted = None
         for name, value in headers:
             if name == b":path":
                 path = value
@@ -737,12 +737,13 @@ class _Connection(asyncio.Protocol):
                 encoding = value
             elif name == b"grpc-timeout":
                 timeout = value
+            elif name == b"grpc-accept-encoding":
+                accepted = value
         method = self.server.methods.get(path) if path is not None else None
         compress = None
         level = self.server.compression
         if method is not None and method.compressible and level != "none":
-            compress = _algorithm(level, next(
-                (v for n, v in headers if n == b"grpc-accept-encoding"), None))
+            compress = _algorithm(level, accepted)
         call = _Call(self, sid, method, encoding if encoding != b"identity" else None, compress)
         call.ended = end_stream  # a refusal below then needs no RST_STREAM after its trailers
         self.calls[sid] = call
@@ -754,14 +755,11 @@ class _Connection(asyncio.Protocol):
             call.finish(_UNAVAILABLE, "This protocol is restricted, expecting header "
                                       f"'{method.restricted[0].decode()}'")
             return
-        if method.forward is not None:
-            search = method.forward.search
-            call.context.forwarded = [
-                (n, v.decode(errors="replace")) for n, v in (
-                    (name.decode(errors="replace"), value) for name, value in headers
-                    if name[:1] != b":" and name not in _NOT_METADATA
-                    and not name.startswith(b"grpc-"))
-                if search(n)]
+        if method.metadata:
+            call.context.metadata = [
+                (name.decode(errors="replace"), value.decode(errors="replace"))
+                for name, value in headers
+                if name[:1] != b":" and name not in _NOT_METADATA and not name.startswith(b"grpc-")]
         if self.server.stopping:
             call.finish(_UNAVAILABLE, "the server is stopping")
             return

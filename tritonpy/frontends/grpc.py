@@ -43,6 +43,7 @@ from .dataplane import (
     RequestedOutput,
     apply_parameters,
     element_count,
+    forward_headers,
     input_from_raw,
     parse_version,
     shm_ref,
@@ -235,8 +236,9 @@ def _bare(result: InferResult, asked_version: str) -> Any:
 class GRPCService:
     """``GRPCInferenceService`` over a :class:`DataPlane`."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: DataPlane, header_forward: re.Pattern[str] | None = None) -> None:
         self.plane = plane
+        self.header_forward = header_forward  # --grpc-header-forward-pattern
         self.stopping = False
         self._streams: set[Callable[[], None]] = set()  # wakes each open stream on stop
 
@@ -429,8 +431,8 @@ class GRPCService:
         """One request, one response (default-mode models only)."""
         t_read = time.monotonic_ns()
         req = decode_request(self.plane, request)
-        for name, value in context.forwarded:  # --grpc-header-forward-pattern
-            req.parameters.setdefault(name, value)
+        if self.header_forward is not None:
+            forward_headers(req, context.metadata, self.header_forward)
         if self.plane.server.tracing.active:
             # The HTTP/2 server hands over a request once read: its wait is not timed here.
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
@@ -459,7 +461,7 @@ class GRPCService:
         which logs a traceback for it."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
         tasks: set[asyncio.Task[None]] = set()
-        forwarded = context.forwarded
+        metadata = context.metadata
 
         def wake() -> None:
             queue.put_nowait(_STOP)
@@ -477,7 +479,7 @@ class GRPCService:
                 async for request in request_iterator:
                     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     task = asyncio.create_task(self._stream_one(request, queue, previous, turn,
-                                                                forwarded))
+                                                                metadata))
                     previous = turn
                     tasks.add(task)
                     task.add_done_callback(task_done)
@@ -518,15 +520,15 @@ class GRPCService:
 
     async def _stream_one(self, request: Any, queue: asyncio.Queue[Any],
                           wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None],
-                          forwarded: list[tuple[str, str]]) -> None:
+                          metadata: Any) -> None:
         decoupled = False
         try:
             if self.stopping:  # the drain waits for what runs, not for what comes after it
                 raise UnavailableError("the server is stopping: this stream takes no new "
                                        "requests")
             req = decode_request(self.plane, request)
-            for name, value in forwarded:  # the stream's metadata, for each of its requests
-                req.parameters.setdefault(name, value)
+            if self.header_forward is not None:  # the stream's metadata, for each request
+                forward_headers(req, metadata, self.header_forward)
             model = self.plane.model(req.model, req.version)
             decoupled = bool(model.decoupled())
             if decoupled:
@@ -625,7 +627,7 @@ class GRPCFrontend:
 
     async def start(self) -> None:
         """Bind and start serving."""
-        service = GRPCService(self.plane)
+        service = GRPCService(self.plane, self.header_forward)
         described = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
         methods = {}
         for m in described.methods:
@@ -635,7 +637,7 @@ class GRPCFrontend:
                 getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
-                forward=self.header_forward if infer else None)
+                metadata=infer and self.header_forward is not None)
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl)
         try:
             self.port = await server.start(self.host, self.port, self.reuse_port)
