@@ -13,10 +13,13 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ._errors import TritonpyError
 from ._trace import Tracing
+
+if TYPE_CHECKING:
+    from .frontends._http2 import KeepAlive
 
 log = logging.getLogger("tritonpy.cli")
 
@@ -91,16 +94,6 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--enable-peer-access": (_bool, False, "no GPU memory is used"),
     "--http-thread-count": (int, False, "HTTP is served on one event loop"),
     "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
-    "--grpc-keepalive-time": (int, False, "the gRPC server answers pings and sends none"),
-    "--grpc-keepalive-timeout": (int, False, "the gRPC server answers pings and sends none"),
-    "--grpc-keepalive-permit-without-calls": (_bool, False, "pings are always answered"),
-    "--grpc-http2-max-pings-without-data": (int, False, "pings are always answered"),
-    "--grpc-http2-min-recv-ping-interval-without-data": (int, False,
-                                                          "pings are always answered"),
-    "--grpc-http2-max-ping-strikes": (int, False, "pings are always answered"),
-    "--grpc-max-connection-age": (int, False, "connections are kept while the client keeps them"),
-    "--grpc-max-connection-age-grace": (int, False,
-                                        "connections are kept while the client keeps them"),
     "--metrics-config": (str, True, "the metrics families are fixed (no summaries)"),
     "--repoagent-directory": (str, False, "there are no repository agents"),
     "--cache-directory": (str, False, "the local response cache is built in"),
@@ -113,6 +106,25 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--host-policy": (str, True, "there are no host policies"),
     "--model-load-gpu-limit": (str, True, "no GPU memory is counted"),
 }
+#: Triton's gRPC keepalive flags: (flag, KeepAlive field, help).
+_KEEPALIVE_FLAGS = (
+    ("--grpc-keepalive-time", "time_ms",
+     "ping a gRPC connection silent this many milliseconds"),
+    ("--grpc-keepalive-timeout", "timeout_ms",
+     "close a gRPC connection whose client does not answer a keepalive ping in this many ms"),
+    ("--grpc-keepalive-permit-without-calls", "permit_without_calls",
+     "keepalive pings both ways also while no call is open"),
+    ("--grpc-http2-max-pings-without-data", "max_pings_without_data",
+     "keepalive pings sent while the server sends no data (0: no limit)"),
+    ("--grpc-http2-min-recv-ping-interval-without-data", "min_recv_ping_interval_without_data_ms",
+     "a client ping sooner than this after the last, with no data between, is a strike"),
+    ("--grpc-http2-max-ping-strikes", "max_ping_strikes",
+     "strikes before GOAWAY too_many_pings (0: no limit)"),
+    ("--grpc-max-connection-age", "max_connection_age_ms",
+     "GOAWAY a gRPC connection this old, give or take 10%% (0: never)"),
+    ("--grpc-max-connection-age-grace", "max_connection_age_grace_ms",
+     "then close it this much later whatever calls are open (0: when they end)"),
+)
 #: Triton frontends and modes not served: taken when off, refused when turned on.
 _NOT_SERVED = ("--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing")
 _NOT_SERVED_SETTINGS = ("--sagemaker-port", "--sagemaker-safe-port-range",
@@ -134,6 +146,20 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
             out.append(f"{flag}={shown} is accepted for Triton's command lines and has no "
                        f"effect: {why}")
     return out
+
+
+def keepalive_options(args: argparse.Namespace) -> KeepAlive:
+    """The gRPC keepalive policy the ``--grpc-keepalive-*`` (and alike) flags ask for."""
+    from .frontends._http2 import KeepAlive
+
+    values = {field: getattr(args, _dest(flag)) for flag, field, _ in _KEEPALIVE_FLAGS}
+    for flag, field, _ in _KEEPALIVE_FLAGS:
+        if not isinstance(values[field], bool) and values[field] < 0:
+            raise SystemExit(f"error: {flag} must be >= 0, got {values[field]}")
+    if values["time_ms"] < 1 or values["timeout_ms"] < 1:
+        raise SystemExit("error: --grpc-keepalive-time and --grpc-keepalive-timeout must be "
+                         "at least 1 ms")
+    return KeepAlive(**values)
 
 
 def cache_size(args: argparse.Namespace) -> int:
@@ -268,6 +294,15 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC inference responses (gzip or deflate, as the client "
                         "accepts)")
+    from .frontends._http2 import KeepAlive
+
+    defaults = KeepAlive()
+    for flag, field, help_ in _KEEPALIVE_FLAGS:
+        default = getattr(defaults, field)
+        s.add_argument(flag, type=_bool if isinstance(default, bool) else int, default=default,
+                       metavar="BOOL" if isinstance(default, bool)
+                       else "MS" if field.endswith("_ms") else "N",
+                       help=f"{help_} (default {default})")
     s.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                    help="the response cache for models with response_cache enabled (the "
                         "local cache: its size in bytes)")
@@ -327,6 +362,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     except TritonpyError as exc:
         raise SystemExit(f"error: {exc.message}") from None
     grpc_ssl = grpc_ssl_context(args)
+    grpc_keepalive = keepalive_options(args)
     log_settings = LogSettings([handler], verbose=args.log_verbose)
     log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
                          "log_error": args.log_error, "log_format": args.log_format})
@@ -390,6 +426,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         grpc_header_forward=args.grpc_header_forward_pattern,
         grpc_compression=args.grpc_infer_response_compression_level, grpc_ssl=grpc_ssl,
         reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
+        grpc_keepalive=grpc_keepalive,
     )
     try:
         if not stop.is_set():

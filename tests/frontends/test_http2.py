@@ -17,7 +17,7 @@ import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 
 from _models import wait_for
-from tritonpy.frontends._http2 import MAX_HEADER_BLOCK, Http2GrpcServer, Method
+from tritonpy.frontends._http2 import MAX_HEADER_BLOCK, Http2GrpcServer, KeepAlive, Method
 
 MAX_MESSAGE = 1 << 16
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -63,7 +63,7 @@ class Running:
         asyncio.run_coroutine_threadsafe(self.server.stop(grace), self.loop).result(grace + 10)
 
 
-def _running(compression: str = "none") -> Iterator[Running]:
+def _running(compression: str = "none", keepalive: KeepAlive | None = None) -> Iterator[Running]:
     toy = Toy()
     parse = BytesValue.FromString
     server = Http2GrpcServer({
@@ -71,7 +71,7 @@ def _running(compression: str = "none") -> Iterator[Running]:
         "/t.T/Big": Method(toy.big, parse, False, compressible=True),
         "/t.T/Slow": Method(toy.slow, parse, False),
         "/t.T/Stream": Method(toy.stream, parse, True),
-    }, max_message=MAX_MESSAGE, compression=compression)
+    }, max_message=MAX_MESSAGE, compression=compression, keepalive=keepalive)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
@@ -477,3 +477,162 @@ def test_a_call_that_ends_while_its_client_still_sends_is_reset_after_its_traile
         assert frames[2][1] & END_STREAM and struct.unpack(">I", frames[3][2])[0] == 0
     finally:
         raw.close()
+
+
+# -- keepalive, ping policy and connection age (KeepAlive: Triton's --grpc-keepalive-* flags) -----
+def keepalive(**settings: Any) -> Iterator[Running]:
+    return _running(keepalive=KeepAlive(**settings))
+
+
+def answer_pings(raw: Raw, seconds: float) -> tuple[int, bool]:
+    """Read for ``seconds``, answering the server's pings; (pings seen, connection still open)."""
+    pings = 0
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        try:
+            got = raw.read_frame(left)
+        except socket.timeout:
+            break
+        if got is None:
+            return pings, False
+        if got[0] == PING and not got[1] & ACK:
+            pings += 1
+            raw.send(frame(PING, ACK, 0, got[3]))
+    return pings, True
+
+
+def test_keepalive_pings_a_silent_client_and_drops_one_that_does_not_answer() -> None:
+    for running in keepalive(time_ms=200, timeout_ms=300, permit_without_calls=True,
+                             max_pings_without_data=0):
+        answering = Raw(running.port)
+        try:
+            pings, open_ = answer_pings(answering, 1.5)
+            assert open_ and pings >= 3, pings  # one each ~200 ms of silence, answered
+        finally:
+            answering.close()
+        silent = Raw(running.port)
+        try:
+            t0 = time.monotonic()
+            frames = []
+            while (got := silent.read_frame(5)) is not None:  # our SETTINGS, a PING, the close
+                frames.append(got)
+            elapsed = time.monotonic() - t0
+            assert any(t == PING and not f & ACK for t, f, _, _ in frames), frames
+            assert 0.4 < elapsed < 3, elapsed  # ~200 ms of silence, then 300 ms for the answer
+            assert wait_for(lambda: not running.server.connections, 5)
+        finally:
+            silent.close()
+
+
+def test_keepalive_pings_need_an_open_call_and_data_between_them() -> None:
+    # gRPC's defaults: no pings while no call is open (permit_without_calls false), and at
+    # most max_pings_without_data (2) until the server sends headers or data again.
+    for running in keepalive(time_ms=100, timeout_ms=5000):
+        raw = Raw(running.port)
+        try:
+            assert answer_pings(raw, 0.6) == (0, True)
+            raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Stream")))
+            assert answer_pings(raw, 1.0) == (2, True)
+            message = BytesValue(value=b"ab").SerializeToString()
+            raw.send(frame(DATA, 0, 1, struct.pack(">BI", 0, len(message)) + message))
+            assert answer_pings(raw, 1.0) == (2, True)  # the answer's data: two more
+        finally:
+            raw.close()
+
+
+def test_pings_too_close_together_end_the_connection_with_too_many_pings(
+        running: Running) -> None:
+    # Default policy, no call open: a ping within two hours of the last is a strike; the
+    # third strike ends the connection with GOAWAY ENHANCE_YOUR_CALM "too_many_pings".
+    raw = Raw(running.port)
+    try:
+        for i in range(3):
+            raw.send(frame(PING, 0, 0, b"%08d" % i))
+        frames = raw.frames_until_quiet(0.3)
+        assert sum(t == PING for t, *_ in frames) == 3 and not any(t == GOAWAY for t, *_ in frames)
+        raw.send(frame(PING, 0, 0, b"%08d" % 3))
+        frames = raw.frames_until_quiet(2)
+        goaway = [p for t, _, _, p in frames if t == GOAWAY]
+        assert goaway and struct.unpack(">I", goaway[0][4:8])[0] == ENHANCE_YOUR_CALM
+        assert goaway[0][8:] == b"too_many_pings"
+        assert raw.read_frame(2) is None  # closed
+    finally:
+        raw.close()
+    # Headers or data sent by the server between pings clear the strikes.
+    raw = Raw(running.port)
+    try:
+        for i in range(6):
+            raw.send(frame(PING, 0, 0, b"%08d" % i))
+            headers, _ = raw.unary(2 * i + 1, "/t.T/Echo", b"")
+            assert headers.get("grpc-status") == "0"
+        frames = raw.frames_until_quiet(0.3)
+        assert not any(t == GOAWAY for t, *_ in frames)
+    finally:
+        raw.close()
+    # The real client's own pings (BDP probes with its calls) are never struck.
+    with grpc.insecure_channel(running.address) as channel:
+        echo = unary(channel, "Echo")
+        for i in range(200):
+            assert echo(BytesValue(value=b"y" * (i * 300)), timeout=10).value == b"y" * (i * 300)
+
+
+def test_max_ping_strikes_zero_allows_any_pings() -> None:
+    for running in keepalive(max_ping_strikes=0):
+        raw = Raw(running.port)
+        try:
+            for i in range(20):
+                raw.send(frame(PING, 0, 0, b"%08d" % i))
+            frames = raw.frames_until_quiet(0.5)
+            assert sum(t == PING and f & ACK for t, f, _, _ in frames) == 20
+            assert not any(t == GOAWAY for t, *_ in frames)
+        finally:
+            raw.close()
+
+
+def test_a_connection_past_its_maximum_age_is_drained_then_closed() -> None:
+    for running in keepalive(max_connection_age_ms=300, max_connection_age_grace_ms=1500):
+        # A call open at the GOAWAY finishes; a call opened after it is refused (the client
+        # retries it on a new connection); the connection closes when its last call ends.
+        raw = Raw(running.port)
+        try:
+            message = BytesValue(value=b"0.8").SerializeToString()
+            t0 = time.monotonic()
+            raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Slow"))
+                     + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+            while (got := raw.read_frame()) is not None and got[0] != GOAWAY:
+                pass
+            assert got is not None, "closed without a GOAWAY"
+            assert 0.25 < time.monotonic() - t0 < 0.6
+            assert struct.unpack(">II", got[3][:8]) == (1, 0)  # last stream 1, NO_ERROR
+            raw.send(frame(HEADERS, END_HEADERS | END_STREAM, 3, raw.request_headers("/t.T/Echo")))
+            frames = []
+            while (got := raw.read_frame()) is not None:
+                frames.append(got)
+            closed_after = time.monotonic() - t0
+            assert (RST_STREAM, 3, struct.pack(">I", 0x7)) in [(t, s, p) for t, _, s, p in frames]
+            trailers = [p for t, f, s, p in frames if t == HEADERS and s == 1 and f & END_STREAM]
+            assert trailers and dict(raw.decoder.decode(trailers[0]))["grpc-status"] == "0"
+            assert 0.8 < closed_after < 1.4, closed_after  # at the call's end, not the grace's
+        finally:
+            raw.close()
+        # A call still open when the grace period ends is cut with its connection.
+        raw = Raw(running.port)
+        try:
+            message = BytesValue(value=b"30").SerializeToString()
+            t0 = time.monotonic()
+            raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Slow"))
+                     + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+            while raw.read_frame() is not None:
+                pass
+            assert 1.5 < time.monotonic() - t0 < 3.5
+        finally:
+            raw.close()
+        # The real client moves to new connections as the old ones age, losing no call.
+        with grpc.insecure_channel(running.address) as channel:
+            echo = unary(channel, "Echo")
+            end = time.monotonic() + 1.5
+            calls = 0
+            while time.monotonic() < end:
+                assert echo(BytesValue(value=b"z"), timeout=10).value == b"z"
+                calls += 1
+            assert calls > 10

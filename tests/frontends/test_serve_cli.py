@@ -523,7 +523,7 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     (repo / "ident" / "configs" / "alt.pbtxt").write_text(textwrap.dedent(IDENT_CONFIG) + (
         "instance_group [ { count: 2, kind: KIND_CPU } ]\n"))
     no_effect = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
-                 "--http-thread-count", "4", "--grpc-keepalive-time", "7200000",
+                 "--http-thread-count", "4", "--buffer-manager-thread-count", "2",
                  "--cache-directory", "/opt/tritonserver/caches", "--allow-sagemaker", "false",
                  "--cache-config", "local,size=1048576"]
     server, http_port, _ = serve_repo(serve, repo, "--model-config-name=alt",
@@ -539,7 +539,7 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     assert server.wait(30) == 0
     text = server.log()
     for flag in ("--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
-                 "--http-thread-count=4", "--grpc-keepalive-time=7200000",
+                 "--http-thread-count=4", "--buffer-manager-thread-count=2",
                  "--cache-directory=/opt/tritonserver/caches"):
         assert re.search(rf"^W.*{re.escape(flag)} is accepted for Triton's command lines and "
                          "has no effect: ", text, re.M), (flag, text)
@@ -621,3 +621,41 @@ def test_frontend_security_flags(serve: Callable[..., Serve], tmp_path: Path) ->
         bad = serve("--model-repository", str(repo), *flags)
         assert bad.wait(START_TIMEOUT) != 0
         assert message in bad.log(), bad.log()
+
+
+def test_grpc_keepalive_flags_reach_the_grpc_server(serve: Callable[..., Serve],
+                                                    tmp_path: Path) -> None:
+    # Triton's keepalive flags are taken, not warned about: a client that does not answer
+    # the keepalive ping is dropped. A negative value stops the server, naming the flag.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    server, _, grpc_port = serve_repo(
+        serve, repo, "--grpc-keepalive-time", "200", "--grpc-keepalive-timeout", "300",
+        "--grpc-keepalive-permit-without-calls", "true")
+    sock = socket.create_connection(("127.0.0.1", grpc_port), timeout=10)
+    try:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5))
+        t0 = time.monotonic()
+        got = b""
+        try:
+            while chunk := sock.recv(4096):  # our SETTINGS and WINDOW_UPDATE, a PING, the close
+                got += chunk
+        except ConnectionResetError:
+            pass
+        elapsed = time.monotonic() - t0
+    finally:
+        sock.close()
+    frames = []
+    while len(got) >= 9:
+        length = int.from_bytes(got[:3], "big")
+        frames.append((got[3], got[4]))
+        got = got[9 + length:]
+    assert (6, 0) in frames, frames  # PING, not an ACK
+    assert elapsed < 5, elapsed
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert "has no effect" not in server.log()
+
+    refused = serve("--model-repository", str(repo), "--grpc-http2-max-ping-strikes", "-1")
+    assert refused.wait(START_TIMEOUT) != 0
+    assert "--grpc-http2-max-ping-strikes must be >= 0, got -1" in refused.log(), refused.log()

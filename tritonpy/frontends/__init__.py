@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .._loop import new_event_loop, run_loop
 from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
+from ._http2 import KeepAlive
 from .grpc import GRPCFrontend
 from .http import HTTPFrontend
 from .sharedmem import SharedMemoryRegistry
@@ -21,7 +22,7 @@ from .sharedmem import SharedMemoryRegistry
 if TYPE_CHECKING:
     from ..server import Server
 
-__all__ = ["DataPlane", "Frontends", "GRPCFrontend", "HTTPFrontend", "LogSettings",
+__all__ = ["DataPlane", "Frontends", "GRPCFrontend", "HTTPFrontend", "KeepAlive", "LogSettings",
            "SharedMemoryRegistry", "new_event_loop", "run_loop"]
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,8 @@ class Frontends:
         grpc_compression: the gRPC inference responses' compression level.
         grpc_ssl: a server ``ssl.SSLContext``: gRPC is served over TLS.
         reuse_http_port, reuse_grpc_port: bind those ports with SO_REUSEPORT.
+        grpc_keepalive: gRPC's keepalive pings, ping policy and connection age
+            (:class:`~tritonpy.frontends._http2.KeepAlive`; None: Triton's defaults).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Frontends:
         grpc_ssl: Any = None,
         reuse_http_port: bool = False,
         reuse_grpc_port: bool = False,
+        grpc_keepalive: KeepAlive | None = None,
     ) -> None:
         from ..metrics import MetricsFrontend
 
@@ -99,7 +103,8 @@ class Frontends:
         self.grpc = GRPCFrontend(
             self.plane, grpc_address, grpc_port, restricted=grpc_restricted,
             header_forward=header_pattern(grpc_header_forward), compression=grpc_compression,
-            ssl=grpc_ssl, reuse_port=reuse_grpc_port) if allow_grpc else None
+            ssl=grpc_ssl, reuse_port=reuse_grpc_port,
+            keepalive=grpc_keepalive) if allow_grpc else None
         self.metrics = (MetricsFrontend(server, metrics_address, metrics_port, cpu_metrics,
                                         metrics_interval_ms) if allow_metrics else None)
         self._loop: asyncio.AbstractEventLoop | None = None

@@ -14,7 +14,8 @@ requests (gzip, deflate), flow control both ways, padding, CONTINUATION, PING, S
 RST_STREAM (a client's cancel), GOAWAY both ways and a drained stop; TLS (ALPN h2, client
 certificates as the given context asks); responses compressed at a level, for the methods that
 allow it, with an algorithm the client accepts; a method restricted to calls that carry a
-header; a call's metadata handed to the handlers that ask for it. Response headers never use the
+header; a call's metadata handed to the handlers that ask for it; keepalive pings, gRPC core's
+ping-strike policy and a maximum connection age (:class:`KeepAlive`, Triton's flags). Response headers never use the
 HPACK dynamic table (its size is set to 0 once per connection). Not served: server push,
 priorities (ignored), reflection.
 """
@@ -23,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import random
 import struct
 import zlib
+from dataclasses import dataclass, fields
 from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 from urllib.parse import quote
 
@@ -64,6 +67,11 @@ _WRITE_HIGH = 1 << 22
 _MAX_CONTINUATIONS = 64
 #: On stop, how long a client gets to close its end after ours is closed.
 _CLOSE_WAIT = 1.0
+#: The payload of our keepalive pings (a client's own pings carry theirs).
+_KEEPALIVE_PING = b"tpy-keep"
+#: A ping received while no call is open, without ``permit_without_calls``, is a strike unless
+#: the last came this long before (gRPC core's rule).
+_IDLE_PING_INTERVAL = 7200.0
 #: The largest request message, in bytes (Triton's, gRPC's signed 32-bit limit).
 MAX_MESSAGE_SIZE = (1 << 31) - 1
 _HIGH_BYTES = bytes(range(0x80, 0x100))
@@ -200,6 +208,46 @@ class Context:
                 log.exception("gRPC done callback failed")
 
 
+@dataclass(frozen=True)
+class KeepAlive:
+    """The keepalive and ping policy of gRPC core's servers, in the terms (milliseconds) and
+    with the defaults of Triton's ``--grpc-keepalive-*``, ``--grpc-http2-*`` and
+    ``--grpc-max-connection-age*`` flags.
+
+    - Once a connection has been silent for ``time_ms``, the server pings it, if a call is open
+      (or ``permit_without_calls``) and fewer than ``max_pings_without_data`` pings (0: no
+      limit) went since it last sent headers or data; a ping not answered within
+      ``timeout_ms`` closes the connection (a client gone without a word).
+    - A client ping that comes sooner than ``min_recv_ping_interval_without_data_ms`` after the
+      last one (two hours while no call is open, unless ``permit_without_calls``), with no
+      headers or data sent by the server between, is a strike; past ``max_ping_strikes``
+      strikes (0: no limit) the connection ends with GOAWAY ENHANCE_YOUR_CALM
+      ``too_many_pings``.
+    - ``max_connection_age_ms`` (0: none), give or take 10%, after a connection opened, it gets
+      GOAWAY: its open calls go on, new ones are refused (REFUSED_STREAM, which clients retry
+      on a new connection), and it closes when the last call ends or
+      ``max_connection_age_grace_ms`` (0: no limit) later.
+    """
+
+    time_ms: int = 7_200_000
+    timeout_ms: int = 20_000
+    permit_without_calls: bool = False
+    max_pings_without_data: int = 2
+    min_recv_ping_interval_without_data_ms: int = 300_000
+    max_ping_strikes: int = 2
+    max_connection_age_ms: int = 0
+    max_connection_age_grace_ms: int = 0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type != "bool" and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"keepalive {f.name} must be a whole number >= 0, "
+                                 f"not {value!r}")
+        if self.time_ms < 1 or self.timeout_ms < 1:
+            raise ValueError("keepalive time_ms and timeout_ms must be at least 1")
+
+
 class _Call:
     """One stream of a connection: its request bytes, its handler task, its sends."""
 
@@ -288,6 +336,7 @@ class _Call:
                 raise _Closed("the call is over")
             data = _PREFIX.pack(1, len(payload)) + payload
         size = len(data)
+        conn.sends += 1
         if size <= self.send_window and size <= conn.send_window and size <= conn.peer_max_frame:
             self.send_window -= size
             conn.send_window -= size
@@ -359,6 +408,8 @@ class _Call:
             conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(reset)))
         conn.flush_soon()
         conn.calls.pop(self.sid, None)
+        if conn.going_away and not conn.calls:
+            conn.close_soon()
         self.buf = bytearray()  # a message cut short: its bytes go now, not with the GC
         self.context.finish()
 
@@ -373,7 +424,10 @@ class _Call:
             return
         self.closed = True
         self.cancel_deadline()
-        self.conn.calls.pop(self.sid, None)
+        conn = self.conn
+        conn.calls.pop(self.sid, None)
+        if conn.going_away and not conn.calls:
+            conn.close_soon()
         self.buf = bytearray()
         self._fail_window()
         if self.task is not None:
@@ -401,11 +455,13 @@ class _Status(Exception):
 
 
 class _ConnectionError(Exception):
-    """The client broke the protocol: GOAWAY with this error code, then close."""
+    """The client broke the protocol: GOAWAY with this error code (and ``debug`` data), then
+    close."""
 
-    def __init__(self, code: int, message: str) -> None:
+    def __init__(self, code: int, message: str, debug: bytes = b"") -> None:
         super().__init__(message)
         self.code = code
+        self.debug = debug
 
 
 class _Connection(asyncio.Protocol):
@@ -433,7 +489,22 @@ class _Connection(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None  # writers waiting for resume_writing
         self.preface_timer: asyncio.TimerHandle | None = None
         self.eof_sent = False  # stopping: our side is closed, the client's is read to its end
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self.lost: asyncio.Future[None] = loop.create_future()
+        self.clock = loop.time
+        # Keepalive and ping policy (KeepAlive): "since we last sent headers or data" is
+        # ``sends`` moving on from the mark each policy took.
+        self.sends = 0
+        self.last_read = self.clock()
+        self.keepalive_timer: asyncio.TimerHandle | None = None
+        self.watchdog: asyncio.TimerHandle | None = None
+        self.pings_without_data = 0
+        self.ping_mark = 0
+        self.ping_recv_at: float | None = None
+        self.ping_strikes = 0
+        self.strike_mark = 0
+        self.going_away = False  # past its maximum age: open calls go on, new ones are refused
+        self.age_timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -447,6 +518,12 @@ class _Connection(asyncio.Protocol):
         self.out.append(_frame(_SETTINGS, 0, 0, settings))
         self.out.append(_frame(_WINDOW_UPDATE, 0, 0, _U32.pack(_WINDOW - _DEFAULT_WINDOW)))
         self.flush()
+        keepalive = self.server.keepalive
+        loop = asyncio.get_running_loop()
+        self.keepalive_timer = loop.call_later(keepalive.time_ms / 1000, self._keepalive)
+        if keepalive.max_connection_age_ms:
+            age = keepalive.max_connection_age_ms / 1000 * random.uniform(0.9, 1.1)
+            self.age_timer = loop.call_later(age, self._too_old)
 
     def _no_preface(self) -> None:
         self.preface_timer = None
@@ -458,15 +535,110 @@ class _Connection(asyncio.Protocol):
         self.server.connections.discard(self)
         if not self.lost.done():
             self.lost.set_result(None)
-        if self.preface_timer is not None:
-            self.preface_timer.cancel()
-            self.preface_timer = None
+        for timer in (self.preface_timer, self.keepalive_timer, self.watchdog, self.age_timer):
+            if timer is not None:
+                timer.cancel()
+        self.preface_timer = self.keepalive_timer = self.watchdog = self.age_timer = None
         for call in list(self.calls.values()):
             call.abandon()
         self.transport = None
         self.inbuf = bytearray()
         self.out.clear()
         self._wake_writers(_Closed("the connection is gone"))
+
+    # -- keepalive and connection age -------------------------------------------------------------
+    def _keepalive(self) -> None:
+        """The keepalive period is up: ping a silent client (KeepAlive says when)."""
+        self.keepalive_timer = None
+        if self.transport is None:
+            return
+        keepalive = self.server.keepalive
+        period = keepalive.time_ms / 1000
+        loop = asyncio.get_running_loop()
+        silent = self.clock() - self.last_read
+        if silent < period:  # heard from meanwhile: count the period from then
+            self.keepalive_timer = loop.call_later(period - silent, self._keepalive)
+            return
+        if self.sends != self.ping_mark:
+            self.ping_mark = self.sends
+            self.pings_without_data = 0
+        limit = keepalive.max_pings_without_data
+        if (self.calls or keepalive.permit_without_calls) and (
+                not limit or self.pings_without_data < limit):
+            self.pings_without_data += 1
+            self.out.append(_frame(_PING, 0, 0, _KEEPALIVE_PING))
+            self.flush()
+            # The next period starts with the answer.
+            self.watchdog = loop.call_later(keepalive.timeout_ms / 1000, self._no_ping_answer)
+            return
+        self.keepalive_timer = loop.call_later(period, self._keepalive)
+
+    def _ping_answered(self) -> None:
+        if self.watchdog is None:
+            return  # a late answer, or one to a ping we did not send
+        self.watchdog.cancel()
+        self.watchdog = None
+        self.keepalive_timer = asyncio.get_running_loop().call_later(
+            self.server.keepalive.time_ms / 1000, self._keepalive)
+
+    def _no_ping_answer(self) -> None:
+        self.watchdog = None
+        if self.transport is not None:
+            log.debug("gRPC connection closed: no answer to a keepalive ping within %g s",
+                      self.server.keepalive.timeout_ms / 1000)
+            self.transport.abort()
+
+    def _ping_received(self) -> None:
+        """Count a strike for a ping that comes too soon (KeepAlive's policy)."""
+        keepalive = self.server.keepalive
+        if self.sends != self.strike_mark:  # we sent headers or data since: start over
+            self.strike_mark = self.sends
+            self.ping_recv_at = None
+            self.ping_strikes = 0
+        now = self.clock()
+        last, self.ping_recv_at = self.ping_recv_at, now
+        if last is None:
+            return
+        interval = (keepalive.min_recv_ping_interval_without_data_ms / 1000
+                    if self.calls or keepalive.permit_without_calls else _IDLE_PING_INTERVAL)
+        if now - last < interval:
+            self.ping_strikes += 1
+            if keepalive.max_ping_strikes and self.ping_strikes > keepalive.max_ping_strikes:
+                raise _ConnectionError(_ENHANCE_YOUR_CALM,
+                                       f"{self.ping_strikes} pings too close together",
+                                       b"too_many_pings")
+
+    def _too_old(self) -> None:
+        """Past the maximum age: GOAWAY; the open calls go on for the grace period."""
+        self.age_timer = None
+        if self.transport is None or self.going_away:
+            return
+        self.going_away = True
+        self.goaway()
+        if not self.calls:
+            self.close_soon()
+            return
+        grace = self.server.keepalive.max_connection_age_grace_ms
+        if grace:
+            self.age_timer = asyncio.get_running_loop().call_later(grace / 1000,
+                                                                   self._grace_over)
+
+    def _grace_over(self) -> None:
+        self.age_timer = None
+        if self.transport is not None:
+            log.debug("gRPC connection closed: %d calls still open past its age's grace period",
+                      len(self.calls))
+            self.flush()
+            self.transport.close()
+
+    def close_soon(self) -> None:
+        """Close once what this turn of the loop wrote has gone (a call's trailers)."""
+        asyncio.get_running_loop().call_soon(self._close_drained)
+
+    def _close_drained(self) -> None:
+        if self.transport is not None:
+            self.flush()
+            self.transport.close()
 
     # -- back-pressure -----------------------------------------------------------------------------
     def pause_writing(self) -> None:
@@ -529,11 +701,12 @@ class _Connection(asyncio.Protocol):
             self.table_size_sent = True
             block = _TABLE_SIZE_0 + block
         flags = _END_HEADERS | (_END_STREAM if end_stream else 0)
+        self.sends += 1
         self.out.append(_frame(_HEADERS, flags, sid, block))
 
-    def goaway(self, code: int = _NO_ERROR) -> None:
+    def goaway(self, code: int = _NO_ERROR, debug: bytes = b"") -> None:
         """Tell the client this connection takes no new calls (or why it is dropped)."""
-        self.out.append(_frame(_GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code)))
+        self.out.append(_frame(_GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code) + debug))
         self.flush()
 
     # -- reading ---------------------------------------------------------------------------------
@@ -541,6 +714,7 @@ class _Connection(asyncio.Protocol):
         if self.eof_sent:  # stopping: read to the client's end, nothing more is answered
             return
         self.inbuf += data
+        self.last_read = self.clock()
         if not self.write_paused:
             self._process()
 
@@ -550,7 +724,7 @@ class _Connection(asyncio.Protocol):
             pos = self._frames(buf)
         except _ConnectionError as exc:
             log.debug("gRPC connection dropped: %s", exc)
-            self.goaway(exc.code)
+            self.goaway(exc.code, exc.debug)
             if self.transport is not None:
                 self.transport.close()
             self.inbuf = bytearray()  # not clear(): the error's traceback may still view it
@@ -659,7 +833,10 @@ class _Connection(asyncio.Protocol):
             if len(payload) != 8:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a PING that is not 8 bytes")
             if not flags & _ACK:
+                self._ping_received()
                 self.out.append(_frame(_PING, _ACK, 0, payload))
+            elif payload == _KEEPALIVE_PING:
+                self._ping_answered()
         elif ftype == _RST_STREAM:
             if len(payload) != 4:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a RST_STREAM that is not 4 bytes")
@@ -721,7 +898,9 @@ class _Connection(asyncio.Protocol):
         if sid % 2 == 0:
             raise _ConnectionError(_PROTOCOL_ERROR, f"a client opened even stream {sid}")
         self.last_sid = sid
-        if len(self.calls) >= MAX_STREAMS:  # past what we advertised: refused, not served
+        if len(self.calls) >= MAX_STREAMS or self.going_away:
+            # Past what we advertised, or after our GOAWAY: refused (the client may retry it
+            # elsewhere), not served.
             self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_REFUSED_STREAM)))
             return
         self._request(sid, headers, end_stream)
@@ -857,11 +1036,13 @@ class Http2GrpcServer:
     A request message over ``max_message`` bytes is answered RESOURCE_EXHAUSTED. The responses
     of compressible methods are compressed at ``compression`` (one of
     :data:`COMPRESSION_LEVELS`) with an algorithm the client accepts. ``ssl`` (a server
-    context) serves TLS, its ALPN set to ``h2``.
+    context) serves TLS, its ALPN set to ``h2``. ``keepalive``: the ping policy and connection
+    age (:class:`KeepAlive`; gRPC's and Triton's defaults when None).
     """
 
     def __init__(self, methods: dict[str, Method], max_message: int = MAX_MESSAGE_SIZE,
-                 compression: str = "none", ssl: Any = None) -> None:
+                 compression: str = "none", ssl: Any = None,
+                 keepalive: KeepAlive | None = None) -> None:
         if compression not in COMPRESSION_LEVELS:
             raise ValueError(f"compression level must be one of {COMPRESSION_LEVELS}, "
                              f"not {compression!r}")
@@ -869,6 +1050,7 @@ class Http2GrpcServer:
         self.max_message = max_message
         self.compression = compression
         self.ssl = ssl
+        self.keepalive = keepalive or KeepAlive()
         if ssl is not None:
             ssl.set_alpn_protocols(["h2"])
         self.connections: set[_Connection] = set()

@@ -34,7 +34,7 @@ from .._errors import (
     input_twice,
 )
 from ..validation import request_prefix
-from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, Method
+from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method
 from .dataplane import (
     SPECIAL_PARAMETERS,
     DataPlane,
@@ -606,13 +606,17 @@ class GRPCFrontend:
             ``medium``, ``high``: Triton's ``--grpc-infer-response-compression-level``).
         ssl: a server ``ssl.SSLContext`` to serve TLS with (``--grpc-use-ssl``).
         reuse_port: bind with SO_REUSEPORT (``--reuse-grpc-port``).
+        keepalive: the keepalive pings, ping policy and connection age (Triton's
+            ``--grpc-keepalive-*``, ``--grpc-http2-*``, ``--grpc-max-connection-age*``); None:
+            their defaults.
     """
 
     def __init__(self, plane: DataPlane, host: str = "0.0.0.0", port: int = 8001,
                  max_message_size: int = MAX_MESSAGE_SIZE,
                  restricted: dict[str, tuple[str, str]] | None = None,
                  header_forward: re.Pattern[str] | None = None, compression: str = "none",
-                 ssl: Any = None, reuse_port: bool = False) -> None:
+                 ssl: Any = None, reuse_port: bool = False,
+                 keepalive: KeepAlive | None = None) -> None:
         self.plane = plane
         self.host = host
         self.port = port
@@ -622,6 +626,7 @@ class GRPCFrontend:
         self.compression = compression
         self.ssl = ssl
         self.reuse_port = reuse_port
+        self.keepalive = keepalive
         self._server: Http2GrpcServer | None = None
         self._service: GRPCService | None = None
 
@@ -638,7 +643,8 @@ class GRPCFrontend:
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
                 metadata=infer and self.header_forward is not None)
-        server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl)
+        server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
+                                 self.keepalive)
         try:
             self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:
