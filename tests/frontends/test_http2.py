@@ -552,6 +552,7 @@ def test_pings_too_close_together_end_the_connection_with_too_many_pings(
         assert sum(t == PING for t, *_ in frames) == 3 and not any(t == GOAWAY for t, *_ in frames)
         raw.send(frame(PING, 0, 0, b"%08d" % 3))
         frames = raw.frames_until_quiet(2)
+        assert frames[0][0] == PING and frames[0][1] & ACK  # answered first, as Triton 2.51
         goaway = [p for t, _, _, p in frames if t == GOAWAY]
         assert goaway and struct.unpack(">I", goaway[0][4:8])[0] == ENHANCE_YOUR_CALM
         assert goaway[0][8:] == b"too_many_pings"

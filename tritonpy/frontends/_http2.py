@@ -833,8 +833,8 @@ class _Connection(asyncio.Protocol):
             if len(payload) != 8:
                 raise _ConnectionError(_FRAME_SIZE_ERROR, "a PING that is not 8 bytes")
             if not flags & _ACK:
+                self.out.append(_frame(_PING, _ACK, 0, payload))  # answered even if struck
                 self._ping_received()
-                self.out.append(_frame(_PING, _ACK, 0, payload))
             elif payload == _KEEPALIVE_PING:
                 self._ping_answered()
         elif ftype == _RST_STREAM:
