@@ -205,16 +205,32 @@ class ResponseStream:
             self.request.cancel("request cancelled by the client")
 
 
+#: A response stream whose consumer lets more than this many responses, or this many bytes of
+#: their tensors, wait and takes none of them for ``STALLED_S`` seconds (a client that stopped
+#: reading its decoupled stream), or lets 4 times as many wait whatever it takes, has its
+#: request cancelled: the model sees ``is_cancelled()``, what it sends next is dropped, and the
+#: consumer gets the error after the responses that waited. Without it they piled up in the
+#: host's memory for as long as the model kept sending. A consumer that reads slowly but reads
+#: keeps its stream up to that hard limit (1 GiB, 262,144 responses).
+MAX_WAITING_RESPONSES = 65_536
+MAX_WAITING_BYTES = 256 << 20
+STALLED_S = 5.0
+_HARD = 4
+
+
 class AsyncResponseStream:
     """Async iterator of a request's responses, fed from the host's threads.
 
     A deque and at most one pending future (not an ``asyncio.Queue``): a response that is
     already there is returned without suspending, and each delivery costs one loop callback.
+    A consumer that stops taking them gets its request cancelled (:data:`MAX_WAITING_BYTES`).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
-        self._items: collections.deque[InferenceResponse] = collections.deque()
+        self._items: collections.deque[tuple[InferenceResponse, int]] = collections.deque()
+        self._waiting_bytes = 0
+        self._taken_at = loop.time()  # when the consumer last took a response (or began)
         self._waiter: asyncio.Future | None = None
         self._finished = False
         self.request: HostRequest | None = None
@@ -222,18 +238,32 @@ class AsyncResponseStream:
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         resp = _make_response(req, outputs, error, parameters, final)
+        nbytes = 0
+        for _, array in outputs or ():
+            nbytes += getattr(array, "nbytes", 0)
+        # The request to cancel if too much waits (None for the final response: nothing to).
+        live: HostRequest | None = req
         if final:
             self.request = None  # break the request <-> stream cycle, as ResponseStream does
+            live = None
         if asyncio._get_running_loop() is self._loop:
-            self._push(resp)
+            self._push(resp, nbytes, live)
             return
         try:
-            self._loop.call_soon_threadsafe(self._push, resp)
+            self._loop.call_soon_threadsafe(self._push, resp, nbytes, live)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-    def _push(self, resp: InferenceResponse) -> None:
-        self._items.append(resp)
+    def _push(self, resp: InferenceResponse, nbytes: int, req: HostRequest | None) -> None:
+        items = self._items
+        items.append((resp, nbytes))
+        self._waiting_bytes += nbytes
+        count, size = len(items), self._waiting_bytes
+        if req is not None and (count > MAX_WAITING_RESPONSES or size > MAX_WAITING_BYTES) and (
+                self._loop.time() - self._taken_at > STALLED_S
+                or count > _HARD * MAX_WAITING_RESPONSES or size > _HARD * MAX_WAITING_BYTES):
+            req.cancel(f"the client did not read its responses: {count} of them "
+                       f"({size / (1 << 20):.1f} MiB) were waiting for it")
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -254,7 +284,9 @@ class AsyncResponseStream:
                 raise
             finally:
                 self._waiter = None
-        resp = items.popleft()
+        resp, nbytes = items.popleft()
+        self._waiting_bytes -= nbytes
+        self._taken_at = self._loop.time()
         if resp.final:
             self._finished = True
         return resp

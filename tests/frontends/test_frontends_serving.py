@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from tritonclient.utils import shared_memory as shm_utils
 
 import tritonpy
 from tritonpy.frontends import Frontends
+
+from _models import wait_for
 
 MAX_INPUT = 4 * 1024 * 1024
 
@@ -1041,6 +1044,97 @@ def test_a_stream_whose_client_vanishes_ends_without_an_error_in_the_log(
     values = [got.get(timeout=10)[0].as_numpy("OUT").tolist() for _ in range(2)]
     grpcc.stop_stream()
     assert values == [[5], [6]]
+
+
+@pytest.mark.parametrize("rule,hard,stalled_s,most", [
+    ("four-times-the-limit", 4, 60.0, 1000),  # 16 MiB waited, plus what the sockets held
+    ("stalled", 1_000_000, 1.0, 20000),  # what the model sent in that second
+])
+def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
+        served: Served, monkeypatch: pytest.MonkeyPatch, rule: str, hard: int, stalled_s: float,
+        most: int) -> None:
+    """A decoupled model streams to a client that stopped reading: once more than the limit
+    waits for it (4 MiB here, 256 MiB by default) and it takes nothing for a while (1 s here,
+    5 s by default), or 4 times as much waits, the request is cancelled, the model stops (it checks is_cancelled()), and
+    the client, once it reads again, gets what waited, then the error. The host's memory no
+    longer grows for as long as the model sends. A client that reads slowly gets it all."""
+    from tritonpy import _request
+
+    monkeypatch.setattr(_request, "MAX_WAITING_BYTES", 4 << 20)
+    monkeypatch.setattr(_request, "STALLED_S", stalled_s)
+    monkeypatch.setattr(_request, "_HARD", hard)
+
+    def executions() -> int:  # the model's execute returns once it sees is_cancelled()
+        return next(m["execution_count"] for m in served.server.statistics()["model_stats"]
+                    if m["name"] == "repeat_big")
+
+    before = executions()
+    release = threading.Event()
+    got: queue.Queue[Any] = queue.Queue()
+
+    def stall(result: Any, error: Any) -> None:  # the first response blocks the reader
+        got.put((result, error))
+        release.wait(60)
+
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        client.start_stream(callback=stall)
+        x = grpcclient.InferInput("IN", [1], "INT32")
+        x.set_data_from_numpy(np.array([30000], np.int32))  # 30,000 × 64 KiB: 2 GB
+        client.async_stream_infer("repeat_big", [x])
+        assert wait_for(lambda: executions() == before + 1, 60), "the model is still sending"
+        release.set()
+        responses = 0
+        while True:
+            result, error = got.get(timeout=30)
+            if error is not None:
+                break
+            responses += 1
+        assert "the client did not read its responses" in str(error), error
+        assert 1 <= responses < most, responses
+    finally:
+        release.set()
+        client.stop_stream()
+        client.close()
+
+    slow: queue.Queue[Any] = queue.Queue()
+
+    def read_slowly(result: Any, error: Any) -> None:
+        slow.put((result, error))
+        time.sleep(0.004)
+
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        client.start_stream(callback=read_slowly)
+        x = grpcclient.InferInput("IN", [1], "INT32")
+        x.set_data_from_numpy(np.array([200], np.int32))  # 13 MB, read over ~1 s
+        client.async_stream_infer("repeat_big", [x], enable_empty_final_response=True)
+        got_all = 0
+        while True:
+            result, error = slow.get(timeout=60)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            got_all += 1
+        assert got_all == 200
+    finally:
+        client.stop_stream()
+        client.close()
+    assert_still_serving_grpc(served)
+
+
+def assert_still_serving_grpc(served: Served) -> None:
+    x = grpcclient.InferInput("IN", [2], "INT32")
+    x.set_data_from_numpy(np.array([5, 6], np.int32))
+    got: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("repeat", [x])
+        assert [got.get(timeout=10)[0].as_numpy("OUT").tolist() for _ in range(2)] == [[5], [6]]
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def test_grpc_stream_errors_and_empty_finals_name_the_asked_version(served: Served) -> None:

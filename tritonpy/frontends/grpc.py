@@ -54,6 +54,8 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
+#: Answers a stream holds for its client before it takes no more from the server.
+_STREAM_AHEAD = 64
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 # Which typed ``contents`` field carries each datatype.
@@ -460,6 +462,11 @@ class GRPCService:
         that went away fails here, where it ends the stream quietly, instead of inside grpc,
         which logs a traceback for it."""
         queue: asyncio.Queue[Any] = asyncio.Queue()
+        # Set while the queue has room: a request's responses are taken from the server only
+        # as fast as the client reads them (past that they wait in the server's response
+        # stream, which cancels the request when too many do).
+        room = asyncio.Event()
+        room.set()
         tasks: set[asyncio.Task[None]] = set()
         metadata = context.metadata
 
@@ -478,8 +485,8 @@ class GRPCService:
             try:
                 async for request in request_iterator:
                     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    task = asyncio.create_task(self._stream_one(request, queue, previous, turn,
-                                                                metadata))
+                    task = asyncio.create_task(self._stream_one(request, queue, room, previous,
+                                                                turn, metadata))
                     previous = turn
                     tasks.add(task)
                     task.add_done_callback(task_done)
@@ -496,6 +503,8 @@ class GRPCService:
         try:
             while True:
                 item = await queue.get()
+                if not room.is_set() and queue.qsize() <= _STREAM_AHEAD // 2:
+                    room.set()
                 if item is _END:
                     return
                 if item is _STOP:
@@ -518,7 +527,7 @@ class GRPCService:
                 task.cancel()
             await asyncio.gather(reader, *tasks, return_exceptions=True)
 
-    async def _stream_one(self, request: Any, queue: asyncio.Queue[Any],
+    async def _stream_one(self, request: Any, queue: asyncio.Queue[Any], room: asyncio.Event,
                           wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None],
                           metadata: Any) -> None:
         decoupled = False
@@ -540,6 +549,10 @@ class GRPCService:
                                            request.model_version)
                 if msg is not None:
                     queue.put_nowait(msg)
+                    if queue.qsize() >= _STREAM_AHEAD:
+                        room.clear()
+                    if not room.is_set():
+                        await room.wait()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
