@@ -11,6 +11,7 @@ peer is validated before use.
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import socket
@@ -60,6 +61,14 @@ if _TRACE_DIR:
     atexit.register(_dump_trace)
 
 
+def _nothing() -> None:
+    pass
+
+
+def _always() -> bool:
+    return True
+
+
 def socket_pair() -> tuple[socket.socket, socket.socket]:
     """A connected SOCK_SEQPACKET pair (inheritable end second)."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -92,9 +101,68 @@ class Channel:
         self._carry: list[int] = []  # ids the flusher took and waits to send
         self._carry_lock = threading.Lock()
         self.frames_carrying_releases = 0
+        # A socket an event loop watches is non-blocking (the loop must never wait on a peer
+        # that does not read): what it does not take waits here, in order, until the owner's
+        # loop sees it writable and calls flush_backlog(). See use_backlog().
+        self._backlog: collections.deque[bytes] | None = None
+        self._backlog_lock = threading.Lock()
+        self._backlog_drained = threading.Condition(self._backlog_lock)
+        self._on_backlog: Callable[[], None] = _nothing
+        self._may_wait: Callable[[], bool] = _always
         self._flusher = threading.Thread(target=self._flush_releases, name=f"{name}-release",
                                          daemon=True)
         self._flusher.start()
+
+    def use_backlog(self, on_backlog: Callable[[], None], may_wait: Callable[[], bool]) -> None:
+        """Make the socket non-blocking: a frame it does not take at once is kept in a backlog
+        (and every later frame behind it, so that none overtakes another).
+
+        Args:
+            on_backlog: called (from any thread) when the backlog stops being empty; the owner
+                calls :meth:`flush_backlog` once the socket is writable, until it returns True.
+            may_wait: whether the calling thread may wait for the backlog to drain (a sender
+                that is not the owner's event loop waits, as a blocking send did).
+        """
+        self._on_backlog, self._may_wait = on_backlog, may_wait
+        self._backlog = collections.deque()
+        self.sock.setblocking(False)
+
+    def flush_backlog(self) -> bool:
+        """Send what waits in the backlog; whether it is empty now (or the peer is gone)."""
+        backlog = self._backlog
+        assert backlog is not None
+        with self._backlog_lock:
+            try:
+                while backlog:
+                    self.sock.send(backlog[0])
+                    backlog.popleft()
+            except BlockingIOError:
+                return False
+            except OSError:
+                self.closed = True
+                backlog.clear()
+            self._backlog_drained.notify_all()
+            return True
+
+    def _send_or_keep(self, data: bytes) -> None:
+        """Send on a non-blocking socket, or keep the frame in the backlog behind the others."""
+        backlog = self._backlog
+        assert backlog is not None
+        with self._backlog_lock:
+            if not backlog:
+                try:
+                    self.sock.send(data)
+                    return
+                except BlockingIOError:
+                    pass
+            backlog.append(data)
+            first = len(backlog) == 1
+        if first:
+            self._on_backlog()
+        if self._may_wait():
+            with self._backlog_lock:
+                while backlog and not self.closed:
+                    self._backlog_drained.wait(1.0)
 
     # -- sending ------------------------------------------------------------------------------
     def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:
@@ -121,7 +189,10 @@ class Channel:
         try:
             if _TRACE_DIR:
                 _trace.append((time.perf_counter_ns(), self.name, "send", int(cmd), call_id))
-            self.sock.send(data)
+            if self._backlog is None:
+                self.sock.send(data)
+            else:
+                self._send_or_keep(data)
         except OSError as exc:
             self.closed = True
             raise ChannelClosedError(f"{self.name}: peer is gone ({exc})") from None
@@ -283,6 +354,10 @@ class Channel:
         """Close the socket and stop the flusher; what the peer held is dropped."""
         self.closed = True
         self.peer.releases_owed.put(None)
+        with self._backlog_lock:  # what waits is dropped with the peer; its waiters go on
+            if self._backlog is not None:
+                self._backlog.clear()
+            self._backlog_drained.notify_all()
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:

@@ -57,9 +57,28 @@ class FrameLoop:
         """Call ``callback`` on the loop whenever ``fd`` is readable (from any thread)."""
         self.loop.call_soon_threadsafe(self.loop.add_reader, fd, callback)
 
+    def writable(self, fd: int, callback: Callable[[], bool]) -> None:
+        """Call ``callback`` on the loop whenever ``fd`` is writable, until it returns True
+        (from any thread)."""
+        def check() -> None:
+            if callback():
+                self.loop.remove_writer(fd)
+
+        def add() -> None:
+            try:
+                self.loop.add_writer(fd, check)
+            except (OSError, ValueError):  # closed meanwhile: nothing to write to any more
+                pass
+
+        if self.on_loop():
+            add()
+        else:
+            self.loop.call_soon_threadsafe(add)
+
     def unwatch(self, fd: int) -> None:
-        """Stop watching ``fd``; on the loop's thread."""
+        """Stop watching ``fd`` (readable and writable); on the loop's thread."""
         self.loop.remove_reader(fd)
+        self.loop.remove_writer(fd)
 
     def close(self) -> None:
         """Stop and close a loop of its own (a given loop is its owner's to close)."""

@@ -118,6 +118,12 @@ class StubProcess:
         self.pid = self.proc.pid
         try:
             self.channel = Channel(host_sock, transport, f"host:{name}")
+            # Non-blocking: the frame loop never waits for a stub that does not read (it may be
+            # sending to us meanwhile, and only the loop reads what it sends).
+            fd = host_sock.fileno()
+            self.channel.use_backlog(
+                lambda: frames.writable(fd, self.channel.flush_backlog),
+                lambda: not frames.on_loop())
             self.alive = True
             self._pipes = [
                 threading.Thread(target=self._pump, args=(self.proc.stdout, False), daemon=True,

@@ -353,3 +353,30 @@ def test_releases_a_frame_cannot_carry_are_queued_for_the_flusher(pair: Pair) ->
         assert frame[0] == int(Cmd.RELEASE)
         sent |= set(frame[2])
     assert sent == set(owed)
+
+
+def test_a_non_blocking_channel_keeps_what_its_peer_cannot_take_yet_in_order(pair: Pair) -> None:
+    # The host's end is read by an event loop, which must never block: 20,000 frames to a peer
+    # that reads none are kept (not lost, which they were: the send failed), and a thread that
+    # may wait sends behind them, once they have gone.
+    import threading
+
+    wanted: list[int] = []
+    pair.channel.use_backlog(lambda: wanted.append(1), may_wait=lambda: not on_loop.is_set())
+    on_loop = threading.Event()
+    on_loop.set()  # this thread plays the loop: its sends never wait
+    for i in range(20_000):
+        pair.channel.send(Cmd.PING, i, None)
+    assert wanted == [1]  # the owner was asked once to flush when the socket is writable
+    assert pair.channel._backlog  # the socket's buffer is full: the rest waits in order
+    on_loop.clear()
+    waiter = threading.Thread(target=pair.channel.send, args=(Cmd.PING, 20_000, None))
+    waiter.start()
+    pair.raw.settimeout(5)
+    got = []
+    while len(got) < 20_001:
+        pair.channel.flush_backlog()  # what the loop does when the socket is writable
+        got.append(msgpack.unpackb(pair.raw.recv(FRAME_LIMIT))[1])
+    waiter.join(5)
+    assert got == list(range(20_001))
+    assert not waiter.is_alive() and not pair.channel._backlog
