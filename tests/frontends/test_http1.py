@@ -296,6 +296,49 @@ def test_compressed_request_and_response_bodies() -> None:
         sock.close()
 
 
+def test_a_large_compressed_body_is_inflated_off_the_event_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A body can inflate to ~1000x its size (seconds of CPU): past INFLATE_ON_LOOP (64 KiB; 100
+    # bytes here) it is inflated in a worker thread, its answer and the errors unchanged, and
+    # pipelined requests still answered in order.
+    from tritonpy.frontends import _http1
+
+    monkeypatch.setattr(_http1, "INFLATE_ON_LOOP", 100)
+    inflated_on: list[str] = []
+    real = _http1._decompress
+
+    def spy(body: Any, coding: str, limit: int) -> bytes:
+        inflated_on.append(threading.current_thread().name)
+        return real(body, coding, limit)
+
+    monkeypatch.setattr(_http1, "_decompress", spy)
+
+    async def handler(req: Request) -> Response:
+        return Response(200, hashlib.sha256(req.body).hexdigest().encode(), "text/plain")
+
+    payload = random.Random(7).randbytes(600)  # incompressible: 600+ bytes of gzip
+    with serving(handler) as running:
+        sock = connect(running)
+        sock.sendall(post("/z", gzip.compress(payload), "Content-Encoding: gzip")
+                     + post("/z", b"plain")
+                     + post("/z", b"not gzip" * 20, "Content-Encoding: gzip")
+                     + post("/z", gzip.compress(payload + bytes(LIMIT)), "Content-Encoding: gzip")
+                     + post("/z", gzip.compress(b"small"), "Content-Encoding: gzip"))
+        buf = bytearray()
+        answers = [read_response(sock, buf)[::2] for _ in range(5)]
+        sock.close()
+    assert answers == [
+        (200, hashlib.sha256(payload).hexdigest().encode()),
+        (200, hashlib.sha256(b"plain").hexdigest().encode()),
+        (400, b"refused: failed to decompress the gzip request body: Error -3 while "
+              b"decompressing data: incorrect header check"),
+        (400, f"too large: {LIMIT + 1}".encode()),
+        (200, hashlib.sha256(b"small").hexdigest().encode()),
+    ]
+    on_loop = ["(run_forever)" in name for name in inflated_on]  # serving()'s loop thread
+    assert sorted(on_loop) == [False, False, False, True], inflated_on  # the small one only
+
+
 def test_malformed_request_gets_400_and_close() -> None:
     with serving(echo) as running:
         sock = connect(running)

@@ -170,6 +170,44 @@ def test_unknown_method_and_compressed_requests(running: Running) -> None:
             assert echoed.value == payload
 
 
+def test_large_compressed_messages_are_inflated_off_the_event_loop(
+        running: Running, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Past INFLATE_ON_LOOP (64 KiB; 100 bytes here) a compressed message is inflated and parsed
+    # in a worker thread when its handler comes to it: unary and stream calls get the same
+    # answers, in order, and a message that inflates past the limit the same refusal.
+    import random
+
+    from tritonpy.frontends import _http2
+
+    monkeypatch.setattr(_http2, "INFLATE_ON_LOOP", 100)
+    inflated_on: list[str] = []
+    real = _http2._Call.inflate_and_parse
+
+    def spy(call: Any, payload: bytes) -> Any:
+        inflated_on.append(threading.current_thread().name)
+        return real(call, payload)
+
+    monkeypatch.setattr(_http2._Call, "inflate_and_parse", spy)
+    rng = random.Random(3)
+    noise = bytes(rng.choice(b"ab") for _ in range(4000))  # ~500 bytes of gzip
+    with grpc.insecure_channel(running.address) as channel:
+        gz = grpc.Compression.Gzip
+        assert unary(channel, "Echo")(BytesValue(value=noise), compression=gz).value == noise
+        stream = channel.stream_stream("/t.T/Stream",
+                                       request_serializer=BytesValue.SerializeToString,
+                                       response_deserializer=BytesValue.FromString)
+        sent = [noise[:3000 + i] for i in range(5)]
+        got = [r.value for r in stream(iter(BytesValue(value=v) for v in sent), compression=gz)]
+        assert got == [v[::-1] for v in sent]
+        with pytest.raises(grpc.RpcError) as err:
+            unary(channel, "Echo")(BytesValue(value=noise + bytes(MAX_MESSAGE)), compression=gz)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert unary(channel, "Echo")(BytesValue(value=b"ok")).value == b"ok"
+    loop_thread = running.loop._thread_id  # type: ignore[attr-defined]
+    assert len(inflated_on) == 7 and all(
+        name != threading._active[loop_thread].name for name in inflated_on), inflated_on
+
+
 def test_stop_lets_a_running_call_finish(running: Running) -> None:
     with grpc.insecure_channel(running.address) as channel:
         future = unary(channel, "Slow").future(BytesValue(value=b"0.5"))

@@ -41,6 +41,9 @@ BODY_START = 262144
 READ_SIZE = 65536
 #: Bodies up to this size go out in one write with their head.
 SMALL_BODY = 16384
+#: A compressed request body larger than this is inflated off the event loop (a body can
+#: inflate to ~1000 times its size: seconds of CPU for the largest ones).
+INFLATE_ON_LOOP = 65536
 #: Largest request head (URL and headers) accepted; a longer one is refused and the
 #: connection closed, so a client cannot grow a connection's memory without end.
 MAX_HEAD = 65536
@@ -121,6 +124,25 @@ def _decompress(body: bytes | bytearray, coding: str, limit: int) -> bytes:
     return out
 
 
+class _Compressed:
+    """A request whose body is still gzip or deflate."""
+
+    __slots__ = ("request", "coding", "limit")
+
+    def __init__(self, request: Request, coding: str, limit: int) -> None:
+        self.request, self.coding, self.limit = request, coding, limit
+
+    def inflate(self) -> Request | BaseException:
+        """The request with its body inflated, or the error to answer instead."""
+        try:
+            self.request.body = _decompress(self.request.body, self.coding, self.limit)
+        except BodyTooLarge as exc:
+            return exc
+        except (zlib.error, ValueError) as exc:
+            return ValueError(f"failed to decompress the {self.coding} request body: {exc}")
+        return self.request
+
+
 def _compress(body: bytes, accept: str) -> tuple[bytes, str] | None:
     """The body in the first coding of gzip/deflate that ``accept`` names, or None."""
     accept = accept.lower()
@@ -164,7 +186,7 @@ class _Connection(asyncio.BufferedProtocol):
         # None once the connection is lost: the parser holds our bound callbacks, and the cycle
         # would keep the connection (and its buffers) alive until the garbage collector ran.
         self.parser: httptools.HttpRequestParser | None = self._new_parser()
-        self.pending: deque[tuple[Request | BaseException, bool]] = deque()
+        self.pending: deque[tuple[Request | BaseException | _Compressed, bool]] = deque()
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.paused = False
@@ -390,22 +412,20 @@ class _Connection(asyncio.BufferedProtocol):
             path = unquote(path)
         method = self.method
         coding = self.headers.get("content-encoding", "").lower()
+        request = Request(method, path, self.headers, body, self.http10,
+                          (self.t_begin, time.monotonic_ns()))
         if coding in ("gzip", "deflate") and body:
-            try:
-                body = _decompress(body, coding, self.server.max_body)
-            except BodyTooLarge as exc:
-                self._enqueue(exc, keep_alive)
+            if len(body) > INFLATE_ON_LOOP:  # up to ~1000x its size: off the loop
+                self._enqueue(_Compressed(request, coding, self.server.max_body), keep_alive)
                 return
-            except (zlib.error, ValueError) as exc:
-                self._enqueue(ValueError(f"failed to decompress the {coding} request body: {exc}"),
-                              keep_alive)
-                return
-        self._enqueue(Request(method, path, self.headers, body, self.http10,
-                              (self.t_begin, time.monotonic_ns())), keep_alive)
+            self._enqueue(_Compressed(request, coding, self.server.max_body).inflate(),
+                          keep_alive)
+            return
+        self._enqueue(request, keep_alive)
 
     # -- answering -----------------------------------------------------------------------
 
-    def _enqueue(self, item: Request | BaseException, keep_alive: bool) -> None:
+    def _enqueue(self, item: Request | BaseException | _Compressed, keep_alive: bool) -> None:
         self.pending.append((item, keep_alive))
         if self.task is None:
             self.task = self.loop.create_task(self._serve())
@@ -417,6 +437,8 @@ class _Connection(asyncio.BufferedProtocol):
         try:
             while self.pending:
                 item, keep_alive = self.pending.popleft()
+                if isinstance(item, _Compressed):
+                    item = await asyncio.to_thread(item.inflate)
                 if self.paused and not self.closing and len(self.pending) < MAX_PIPELINED // 2:
                     assert self.transport is not None
                     self.transport.resume_reading()

@@ -67,6 +67,9 @@ _WRITE_HIGH = 1 << 22
 _MAX_CONTINUATIONS = 64
 #: On stop, how long a client gets to close its end after ours is closed.
 _CLOSE_WAIT = 1.0
+#: A compressed request message larger than this is inflated off the event loop (a message
+#: can inflate to ~1000 times its size: seconds of CPU for the largest ones).
+INFLATE_ON_LOOP = 65536
 #: The payload of our keepalive pings (a client's own pings carry theirs).
 _KEEPALIVE_PING = b"tpy-keep"
 #: A ping received while no call is open, without ``permit_without_calls``, is a strike unless
@@ -289,12 +292,24 @@ class _Call:
             view = memoryview(buf)
             part = view[5:5 + size]
             try:  # protobuf copies what it keeps: parse in place, no copy of the message
-                out.append(self.method.parse(self._decompress(part) if flag else part))
+                if flag and size > INFLATE_ON_LOOP:  # up to ~1000x its size: off the loop
+                    out.append(_Deferred(self, bytes(part)))
+                else:
+                    out.append(self.method.parse(self._decompress(part) if flag else part))
             finally:
                 part.release()
                 view.release()
             del buf[:5 + size]
         return out
+
+    def inflate_and_parse(self, payload: bytes) -> Any:
+        """A compressed message, inflated and parsed (in a worker thread)."""
+        assert self.method is not None
+        data = self._decompress(memoryview(payload))
+        try:
+            return self.method.parse(data)
+        except Exception as exc:
+            raise _Status(_INTERNAL, f"Failed to parse the request: {exc}") from None
 
     def _decompress(self, payload: memoryview) -> bytes:
         """The message, inflated to at most the server's message limit (a small message that
@@ -444,6 +459,24 @@ class _Call:
         self._fail_window()
         self.finish(_DEADLINE, "Deadline Exceeded", reset=_CANCEL)
         self.conn.flush()
+
+
+class _Deferred:
+    """A large compressed request message, inflated and parsed off the event loop when the
+    call's handler comes to it (``await resolve(message)``)."""
+
+    __slots__ = ("call", "payload")
+
+    def __init__(self, call: _Call, payload: bytes) -> None:
+        self.call, self.payload = call, payload
+
+
+async def resolve(message: Any) -> Any:
+    """The request message itself (a :class:`_Deferred` one is inflated in a thread)."""
+    if type(message) is not _Deferred:
+        return message
+    payload, message.payload = message.payload, b""
+    return await asyncio.to_thread(message.call.inflate_and_parse, payload)
 
 
 class _Status(Exception):
@@ -1111,11 +1144,15 @@ class Http2GrpcServer:
         assert call.method is not None
         context = call.context
         try:
+            request = await resolve(request)
             response = await call.method.handler(request, context)
             if not call.closed:
                 await call.send_message(response.SerializeToString(), flush=False)
         except grpc.aio.AbortError:
             call.finish(context.code or _UNKNOWN, context.details)
+            return
+        except _Status as exc:  # a compressed request that did not inflate or parse
+            call.finish(exc.code, exc.details)
             return
         except (asyncio.CancelledError, _Closed):
             return
@@ -1135,12 +1172,15 @@ class Http2GrpcServer:
                 message = await messages.get()
                 if message is None:
                     return
-                yield message
+                yield await resolve(message)
 
         try:
             await call.method.handler(requests(), context)
         except grpc.aio.AbortError:
             call.finish(context.code or _UNKNOWN, context.details)
+            return
+        except _Status as exc:  # a compressed request that did not inflate or parse
+            call.finish(exc.code, exc.details)
             return
         except (asyncio.CancelledError, _Closed):
             return
