@@ -189,7 +189,7 @@ class RepositoryManager:
                                            f"repository: {exc.message}") from exc
         with entry.lock:
             try:
-                self._load_entry(entry, override)
+                self._load_retrying(entry, override)
             except TritonpyError as exc:
                 if not api:
                     raise
@@ -209,6 +209,23 @@ class RepositoryManager:
                     if self._orphans.pop(ens, None) is not None:
                         self._load_quietly(ens)
                         progress = True
+
+    def _load_retrying(self, entry: ModelEntry, config_override: Any = None) -> None:
+        """:meth:`_load_entry`, tried again up to the server's ``model_load_retry_count`` times
+        when the model fails to load (Triton's ``--model-load-retry-count``); a configuration
+        that is invalid is not retried (it fails the same way until it is edited)."""
+        retries = self.server.model_load_retry_count
+        for attempt in range(retries + 1):
+            try:
+                self._load_entry(entry, config_override)
+                return
+            except (ConfigError, UnsupportedError):
+                raise
+            except TritonpyError as exc:
+                if attempt == retries:
+                    raise
+                log.warning("failed to load '%s' (attempt %d of %d), retrying: %s",
+                            entry.name, attempt + 1, retries + 1, exc.message)
 
     def _load_entry(self, entry: ModelEntry, config_override: Any = None) -> None:
         """Load ``entry`` from its directory, or with ``config_override`` (a parsed ModelConfig)

@@ -90,7 +90,6 @@ def _tracing(args: argparse.Namespace) -> Tracing:
 #: (argparse type, repeatable, why). Each one given is named in a warning at start.
 _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--model-load-thread-count": (int, False, "models load in parallel, up to 8 at a time"),
-    "--model-load-retry-count": (int, False, "a failed load is not retried"),
     "--enable-peer-access": (_bool, False, "no GPU memory is used"),
     "--http-thread-count": (int, False, "HTTP is served on one event loop"),
     "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
@@ -308,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "local cache: its size in bytes)")
     s.add_argument("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
                    help="Triton's older spelling of --cache-config local,size=BYTES")
+    s.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
+                   help="try a model that fails to load N more times (as Triton; an invalid "
+                        "config is not retried)")
     s.add_argument("--model-config-name", default="", metavar="NAME",
                    help="configure each model by <model>/configs/NAME.pbtxt where it exists "
                         "(else its config.pbtxt)")
@@ -363,6 +365,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         raise SystemExit(f"error: {exc.message}") from None
     grpc_ssl = grpc_ssl_context(args)
     grpc_keepalive = keepalive_options(args)
+    if args.model_load_retry_count < 0:
+        raise SystemExit(f"error: --model-load-retry-count must be >= 0, got "
+                         f"{args.model_load_retry_count}")
     log_settings = LogSettings([handler], verbose=args.log_verbose)
     log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
                          "log_error": args.log_error, "log_format": args.log_format})
@@ -384,7 +389,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
                     server_id=args.id, tracing=_tracing(args), loop=loop,
                     model_config_name=args.model_config_name,
-                    response_cache_size=cache_size(args))
+                    response_cache_size=cache_size(args),
+                    model_load_retry_count=args.model_load_retry_count)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -82,6 +82,8 @@ class Server:
         response_cache_size: bytes of Triton's local response cache (``--cache-config
             local,size=N``) for the models whose config enables ``response_cache``; 0: none
             (those models run every request, as in Triton).
+        model_load_retry_count: how many times a model that fails to load is tried again
+            (Triton's ``--model-load-retry-count``); an invalid configuration is not.
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -95,7 +97,8 @@ class Server:
                  strict_readiness: bool = True, auto_complete: bool = True,
                  server_id: str = "triton", tracing: Tracing | None = None,
                  loop: asyncio.AbstractEventLoop | None = None,
-                 model_config_name: str = "", response_cache_size: int = 0) -> None:
+                 model_config_name: str = "", response_cache_size: int = 0,
+                 model_load_retry_count: int = 0) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -117,6 +120,10 @@ class Server:
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
         self.model_config_name = model_config_name
+        if model_load_retry_count < 0:
+            raise InvalidArgumentError(
+                f"model_load_retry_count must be >= 0, not {model_load_retry_count}")
+        self.model_load_retry_count = model_load_retry_count
         # Triton's local response cache (--cache-config local,size=N); None: no cache.
         self.response_cache = ResponseCache(response_cache_size) if response_cache_size > 0 \
             else None

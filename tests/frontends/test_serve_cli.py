@@ -625,13 +625,13 @@ def test_frontend_security_flags(serve: Callable[..., Serve], tmp_path: Path) ->
 
 def test_grpc_keepalive_flags_reach_the_grpc_server(serve: Callable[..., Serve],
                                                     tmp_path: Path) -> None:
-    # Triton's keepalive flags are taken, not warned about: a client that does not answer
+    # Triton's keepalive flags (and --model-load-retry-count) are taken, not warned about: a client that does not answer
     # the keepalive ping is dropped. A negative value stops the server, naming the flag.
     repo = tmp_path / "repo"
     write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
     server, _, grpc_port = serve_repo(
         serve, repo, "--grpc-keepalive-time", "200", "--grpc-keepalive-timeout", "300",
-        "--grpc-keepalive-permit-without-calls", "true")
+        "--grpc-keepalive-permit-without-calls", "true", "--model-load-retry-count", "1")
     sock = socket.create_connection(("127.0.0.1", grpc_port), timeout=10)
     try:
         sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5))
@@ -656,6 +656,7 @@ def test_grpc_keepalive_flags_reach_the_grpc_server(serve: Callable[..., Serve],
     assert server.wait(30) == 0
     assert "has no effect" not in server.log()
 
-    refused = serve("--model-repository", str(repo), "--grpc-http2-max-ping-strikes", "-1")
-    assert refused.wait(START_TIMEOUT) != 0
-    assert "--grpc-http2-max-ping-strikes must be >= 0, got -1" in refused.log(), refused.log()
+    for flag in ("--grpc-http2-max-ping-strikes", "--model-load-retry-count"):
+        refused = serve("--model-repository", str(repo), flag, "-1")
+        assert refused.wait(START_TIMEOUT) != 0
+        assert f"{flag} must be >= 0, got -1" in refused.log(), refused.log()

@@ -4,6 +4,7 @@ default_model_filename and version_policy. One server (model control mode none) 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -205,3 +206,50 @@ def test_version_policy_specific(server):
         server.model("vspecific", 2).infer({})
     assert not server.model("vspecific", 2).ready()
     assert server.model("vspecific", 1).ready()
+
+
+FLAKY_INIT = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marks = os.path.join(args["model_repository"], "attempts")
+        with open(marks, "a") as fh:
+            fh.write("x")
+        with open(marks) as fh:
+            attempts = len(fh.read())
+        if attempts <= int(open(os.path.join(args["model_repository"], "failures")).read()):
+            raise RuntimeError(f"not yet ready (attempt {attempts})")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests]
+"""
+
+
+@pytest.mark.parametrize("retries, failures, loads", [(2, 2, True), (1, 2, False), (0, 1, False)])
+def test_a_model_that_fails_to_load_is_tried_again_model_load_retry_count_times(
+        tmp_path: Path, retries: int, failures: int, loads: bool) -> None:
+    # Triton's --model-load-retry-count: a load that fails is tried again that many times.
+    mdir = write_model(tmp_path, "flaky", FLAKY_INIT)
+    (mdir / "failures").write_text(str(failures))
+    with serving(tmp_path, new_prefix(), model_load_retry_count=retries) as server:
+        state = {m["name"]: m for m in server.models()}["flaky"]
+        attempts = len((mdir / "attempts").read_text())
+        if loads:
+            assert state["state"] == "READY" and attempts == failures + 1
+            out = infer(server.model("flaky"), {"IN": np.array([1.5], np.float32)})
+            assert out.outputs["OUT"].to_numpy().tolist() == [1.5]
+        else:
+            assert state["state"] == "UNAVAILABLE" and attempts == retries + 1
+            assert f"not yet ready (attempt {retries + 1})" in state["reason"]
+
+
+def test_an_invalid_config_is_not_tried_again(tmp_path: Path) -> None:
+    write_model(tmp_path, "broken", FLAKY_INIT, config='backend: "python"\nmax_batch_size: -3\n')
+    with serving(tmp_path, new_prefix(), model_load_retry_count=3) as server:
+        state = {m["name"]: m for m in server.models()}["broken"]
+        assert state["state"] == "UNAVAILABLE"
+        assert not (tmp_path / "broken" / "attempts").exists()  # never got to initialize
