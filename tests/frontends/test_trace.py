@@ -77,6 +77,9 @@ def test_http_and_grpc_requests_are_traced_in_tritons_layout(traced) -> None:
     finally:
         http.close()
         grpcc.close()
+    # The frontends first, as tritonpy serve stops: a request's trace is finished after its
+    # answer is written, so the client may have it before the trace is done.
+    fe.stop_in_thread()
     server.stop()  # closes the file: "[" ... "]"
     traces = _traces(_load(trace_file))
     assert sorted(traces) == [1, 2, 3]
@@ -141,6 +144,7 @@ def test_level_tensors_records_inputs_and_outputs(traced) -> None:
         http.infer("double", _inputs(httpclient), request_id="both")
     finally:
         http.close()
+    fe.stop_in_thread()  # each trace is finished (see above)
     server.stop()
     traces = _traces(_load(trace_file))
     tensors = [("TENSOR_QUEUE_INPUT", {"name": "IN", "data": "1,2,3", "shape": "3", "dtype": "FP32"}),
