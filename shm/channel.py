@@ -129,20 +129,23 @@ class Channel:
 
     def flush_backlog(self) -> bool:
         """Send what waits in the backlog; whether it is empty now (or the peer is gone)."""
+        with self._backlog_lock:
+            return self._flush_locked()
+
+    def _flush_locked(self) -> bool:
         backlog = self._backlog
         assert backlog is not None
-        with self._backlog_lock:
-            try:
-                while backlog:
-                    self.sock.send(backlog[0])
-                    backlog.popleft()
-            except BlockingIOError:
-                return False
-            except OSError:
-                self.closed = True
-                backlog.clear()
-            self._backlog_drained.notify_all()
-            return True
+        try:
+            while backlog:
+                self.sock.send(backlog[0])
+                backlog.popleft()
+        except BlockingIOError:
+            return False
+        except OSError:
+            self.closed = True
+            backlog.clear()
+        self._backlog_drained.notify_all()
+        return True
 
     def _send_or_keep(self, data: bytes) -> None:
         """Send on a non-blocking socket, or keep the frame in the backlog behind the others."""
@@ -162,7 +165,8 @@ class Channel:
         if self._may_wait():
             with self._backlog_lock:
                 while backlog and not self.closed:
-                    self._backlog_drained.wait(1.0)
+                    if not self._backlog_drained.wait(0.05):
+                        self._flush_locked()  # progress even if the owner's loop is gone
 
     # -- sending ------------------------------------------------------------------------------
     def send(self, cmd: Cmd, call_id: int = 0, body: Any = None) -> None:

@@ -380,3 +380,20 @@ def test_a_non_blocking_channel_keeps_what_its_peer_cannot_take_yet_in_order(pai
     waiter.join(5)
     assert got == list(range(20_001))
     assert not waiter.is_alive() and not pair.channel._backlog
+
+
+def test_a_waiting_sender_makes_progress_without_the_loop(pair: Pair) -> None:
+    # The owner's loop may be gone (stopping): a thread that may wait flushes the backlog
+    # itself as the peer reads, instead of waiting for ever.
+    import threading
+
+    pair.channel.use_backlog(lambda: None, may_wait=lambda: threading.current_thread().name == "w")
+    for i in range(5_000):
+        pair.channel.send(Cmd.PING, i, None)  # this thread does not wait: kept in the backlog
+    assert pair.channel._backlog
+    waiter = threading.Thread(target=pair.channel.send, args=(Cmd.PING, 5_000, None), name="w")
+    waiter.start()
+    pair.raw.settimeout(5)
+    got = [msgpack.unpackb(pair.raw.recv(FRAME_LIMIT))[1] for _ in range(5_001)]  # no flush here
+    waiter.join(5)
+    assert got == list(range(5_001)) and not waiter.is_alive()
