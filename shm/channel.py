@@ -61,14 +61,6 @@ if _TRACE_DIR:
     atexit.register(_dump_trace)
 
 
-def _nothing() -> None:
-    pass
-
-
-def _always() -> bool:
-    return True
-
-
 def socket_pair() -> tuple[socket.socket, socket.socket]:
     """A connected SOCK_SEQPACKET pair (inheritable end second)."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -78,6 +70,10 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
 
 class Channel:
     """One end of a host <-> stub channel."""
+
+    # Set by use_backlog(), used only once it was called.
+    _on_backlog: Callable[[], None]
+    _may_wait: Callable[[], bool]
 
     def __init__(self, sock: socket.socket, transport: TensorTransport, name: str = "channel",
                  frame_limit: int = FRAME_LIMIT,
@@ -107,8 +103,6 @@ class Channel:
         self._backlog: collections.deque[bytes] | None = None
         self._backlog_lock = threading.Lock()
         self._backlog_drained = threading.Condition(self._backlog_lock)
-        self._on_backlog: Callable[[], None] = _nothing
-        self._may_wait: Callable[[], bool] = _always
         self._flusher = threading.Thread(target=self._flush_releases, name=f"{name}-release",
                                          daemon=True)
         self._flusher.start()

@@ -8,6 +8,7 @@ checks that the next request still succeeds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client as httplib
 import json
 import logging
@@ -1023,8 +1024,7 @@ os._exit(0)  # gone mid-stream, without closing anything
 
 
 def test_a_stream_whose_client_vanishes_ends_without_an_error_in_the_log(
-        served: Served, grpcc: grpcclient.InferenceServerClient,
-        caplog: pytest.LogCaptureFixture) -> None:
+        served: Served, caplog: pytest.LogCaptureFixture) -> None:
     """A client that stops reading its stream, then dies: the server drops the stream and logs
     nothing at error level (grpc used to log a traceback for the write that failed)."""
     caplog.set_level(logging.WARNING)
@@ -1036,14 +1036,7 @@ def test_a_stream_whose_client_vanishes_ends_without_an_error_in_the_log(
         time.sleep(0.05)
     assert not streams, "the stream of the vanished client is still open"
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
-    x = grpcclient.InferInput("IN", [2], "INT32")
-    x.set_data_from_numpy(np.array([5, 6], np.int32))
-    got: queue.Queue[Any] = queue.Queue()
-    grpcc.start_stream(callback=lambda result, error: got.put((result, error)))
-    grpcc.async_stream_infer("repeat", [x])
-    values = [got.get(timeout=10)[0].as_numpy("OUT").tolist() for _ in range(2)]
-    grpcc.stop_stream()
-    assert values == [[5], [6]]
+    assert_still_serving_grpc(served)
 
 
 @pytest.mark.parametrize("rule,hard,stalled_s,most", [
@@ -1076,14 +1069,11 @@ def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
         got.put((result, error))
         release.wait(60)
 
-    client = grpcclient.InferenceServerClient(served.grpc)
-    try:
-        client.start_stream(callback=stall)
-        x = grpcclient.InferInput("IN", [1], "INT32")
-        x.set_data_from_numpy(np.array([30000], np.int32))  # 30,000 × 64 KiB: 2 GB
-        client.async_stream_infer("repeat_big", [x])
-        assert wait_for(lambda: executions() == before + 1, 60), "the model is still sending"
-        release.set()
+    with repeat_big_stream(served, 30000, stall):  # 30,000 × 64 KiB: 2 GB
+        try:
+            assert wait_for(lambda: executions() == before + 1, 60), "the model is still sending"
+        finally:
+            release.set()  # else closing the stream waits for the stalled reader
         responses = 0
         while True:
             result, error = got.get(timeout=30)
@@ -1092,10 +1082,6 @@ def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
             responses += 1
         assert "the client did not read its responses" in str(error), error
         assert 1 <= responses < most, responses
-    finally:
-        release.set()
-        client.stop_stream()
-        client.close()
 
     slow: queue.Queue[Any] = queue.Queue()
 
@@ -1103,12 +1089,8 @@ def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
         slow.put((result, error))
         time.sleep(0.004)
 
-    client = grpcclient.InferenceServerClient(served.grpc)
-    try:
-        client.start_stream(callback=read_slowly)
-        x = grpcclient.InferInput("IN", [1], "INT32")
-        x.set_data_from_numpy(np.array([200], np.int32))  # 13 MB, read over ~1 s
-        client.async_stream_infer("repeat_big", [x], enable_empty_final_response=True)
+    # 13 MB, read over ~1 s
+    with repeat_big_stream(served, 200, read_slowly, enable_empty_final_response=True):
         got_all = 0
         while True:
             result, error = slow.get(timeout=60)
@@ -1117,10 +1099,22 @@ def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
                 break
             got_all += 1
         assert got_all == 200
+    assert_still_serving_grpc(served)
+
+
+@contextlib.contextmanager
+def repeat_big_stream(served: Served, count: int, callback: Any, **kwargs: Any) -> Iterator[None]:
+    """A gRPC stream asking ``repeat_big`` for ``count`` responses, read by ``callback``."""
+    client = grpcclient.InferenceServerClient(served.grpc)
+    try:
+        client.start_stream(callback=callback)
+        x = grpcclient.InferInput("IN", [1], "INT32")
+        x.set_data_from_numpy(np.array([count], np.int32))
+        client.async_stream_infer("repeat_big", [x], **kwargs)
+        yield
     finally:
         client.stop_stream()
         client.close()
-    assert_still_serving_grpc(served)
 
 
 def assert_still_serving_grpc(served: Served) -> None:

@@ -225,6 +225,11 @@ def frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
     return struct.pack(">I", len(payload))[1:] + struct.pack(">BBI", ftype, flags, sid) + payload
 
 
+def grpc_data(sid: int, message: bytes, flags: int = END_STREAM) -> bytes:
+    """A DATA frame carrying one uncompressed gRPC message."""
+    return frame(DATA, flags, sid, struct.pack(">BI", 0, len(message)) + message)
+
+
 def setting(key: int, value: int) -> bytes:
     return struct.pack(">HI", key, value)
 
@@ -251,7 +256,7 @@ class Raw:
             dict[str, str], bytes]:
         """One call on stream ``sid``: its response headers, and its DATA bytes."""
         self.send(frame(HEADERS, END_HEADERS, sid, self.request_headers(path, *extra))
-                  + frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message))
+                  + grpc_data(sid, message))
         headers: dict[str, str] = {}
         data = b""
         while True:
@@ -319,7 +324,7 @@ def test_a_small_client_window_gets_the_answer_as_the_window_opens(running: Runn
     try:
         message = BytesValue(value=b"50000").SerializeToString()
         raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Big"))
-                 + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+                 + grpc_data(1, message))
         first = raw.frames_until_quiet(0.5)
         sent = sum(len(p) for t, _, sid, p in first if t == DATA and sid == 1)
         assert sent == 1000, "the server sent past the stream's window"
@@ -468,7 +473,7 @@ def test_streams_past_the_advertised_limit_are_refused(running: Running,
         message = BytesValue(value=b"30").SerializeToString()
         for sid in (1, 3, 5, 7, 9):  # five slow calls held open; the limit is four
             raw.send(frame(HEADERS, END_HEADERS, sid, raw.request_headers("/t.T/Slow"))
-                     + frame(DATA, END_STREAM, sid, struct.pack(">BI", 0, len(message)) + message))
+                     + grpc_data(sid, message))
         frames = raw.frames_until_quiet(0.5)
         settings = next(p for t, f, _, p in frames if t == SETTINGS and not f & ACK)
         advertised = dict(struct.iter_unpack(">HI", settings))
@@ -508,7 +513,7 @@ def test_a_call_that_ends_while_its_client_still_sends_is_reset_after_its_traile
     try:
         message = BytesValue(value=b"hi").SerializeToString()
         raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Echo"))
-                 + frame(DATA, 0, 1, struct.pack(">BI", 0, len(message)) + message))
+                 + grpc_data(1, message, 0))
         frames = [(t, f, p) for t, f, sid, p in raw.frames_until_quiet(0.5) if sid == 1]
         kinds = [t for t, _, _ in frames]
         assert kinds == [HEADERS, DATA, HEADERS, RST_STREAM], kinds
@@ -572,7 +577,7 @@ def test_keepalive_pings_need_an_open_call_and_data_between_them() -> None:
             raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Stream")))
             assert answer_pings(raw, 1.0) == (2, True)
             message = BytesValue(value=b"ab").SerializeToString()
-            raw.send(frame(DATA, 0, 1, struct.pack(">BI", 0, len(message)) + message))
+            raw.send(grpc_data(1, message, 0))
             assert answer_pings(raw, 1.0) == (2, True)  # the answer's data: two more
         finally:
             raw.close()
@@ -637,7 +642,7 @@ def test_a_connection_past_its_maximum_age_is_drained_then_closed() -> None:
             message = BytesValue(value=b"0.8").SerializeToString()
             t0 = time.monotonic()
             raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Slow"))
-                     + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+                     + grpc_data(1, message))
             while (got := raw.read_frame()) is not None and got[0] != GOAWAY:
                 pass
             assert got is not None, "closed without a GOAWAY"
@@ -660,7 +665,7 @@ def test_a_connection_past_its_maximum_age_is_drained_then_closed() -> None:
             message = BytesValue(value=b"30").SerializeToString()
             t0 = time.monotonic()
             raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Slow"))
-                     + frame(DATA, END_STREAM, 1, struct.pack(">BI", 0, len(message)) + message))
+                     + grpc_data(1, message))
             while raw.read_frame() is not None:
                 pass
             assert 1.5 < time.monotonic() - t0 < 3.5

@@ -415,10 +415,9 @@ class _Connection(asyncio.BufferedProtocol):
         request = Request(method, path, self.headers, body, self.http10,
                           (self.t_begin, time.monotonic_ns()))
         if coding in ("gzip", "deflate") and body:
-            if len(body) > INFLATE_ON_LOOP:  # up to ~1000x its size: off the loop
-                self._enqueue(_Compressed(request, coding, self.server.max_body), keep_alive)
-                return
-            self._enqueue(_Compressed(request, coding, self.server.max_body).inflate(),
+            compressed = _Compressed(request, coding, self.server.max_body)
+            # A large one (up to ~1000x its size) is inflated off the loop, in its turn.
+            self._enqueue(compressed if len(body) > INFLATE_ON_LOOP else compressed.inflate(),
                           keep_alive)
             return
         self._enqueue(request, keep_alive)

@@ -422,9 +422,7 @@ class _Call:
             # do, so that its call ends on these trailers whatever happens to the connection.
             conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(reset)))
         conn.flush_soon()
-        conn.calls.pop(self.sid, None)
-        if conn.going_away and not conn.calls:
-            conn.close_soon()
+        conn.forget(self.sid)
         self.buf = bytearray()  # a message cut short: its bytes go now, not with the GC
         self.context.finish()
 
@@ -439,10 +437,7 @@ class _Call:
             return
         self.closed = True
         self.cancel_deadline()
-        conn = self.conn
-        conn.calls.pop(self.sid, None)
-        if conn.going_away and not conn.calls:
-            conn.close_soon()
+        self.conn.forget(self.sid)
         self.buf = bytearray()
         self._fail_window()
         if self.task is not None:
@@ -661,8 +656,13 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             log.debug("gRPC connection closed: %d calls still open past its age's grace period",
                       len(self.calls))
-            self.flush()
-            self.transport.close()
+            self._close_drained()
+
+    def forget(self, sid: int) -> None:
+        """A call is over: drop it; a connection past its age closes with its last call."""
+        self.calls.pop(sid, None)
+        if self.going_away and not self.calls:
+            self.close_soon()
 
     def close_soon(self) -> None:
         """Close once what this turn of the loop wrote has gone (a call's trailers)."""
