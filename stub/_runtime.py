@@ -51,6 +51,16 @@ _EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
 _IDLE_POLL_S = 0.05
 
 
+def _let_go(err: BaseException | None) -> None:
+    """Free now what a failed execute's frames still hold: its arrays (GPU memory too) and its
+    requests' input tensors (shared memory of the host). The exception's traceback keeps those
+    frames and their locals, and the frame that caught it refers back to it: a cycle that only
+    the cyclic garbage collector would break, whenever it next runs. The caller then drops its
+    own reference (``del``), which ends the cycle."""
+    if err is not None:
+        traceback.clear_frames(err.__traceback__)
+
+
 class _Waiter:
     """A reply slot for one stub->host call.
 
@@ -580,7 +590,11 @@ class StubRuntime:
             result, err = None, exc
         finally:
             _EXECUTE.reset(token)
-        self._complete(call_id, requests, result, err)
+        try:
+            self._complete(call_id, requests, result, err)
+        finally:
+            _let_go(err)
+            del err  # the last reference: it goes now, not at the next cyclic collection
 
     async def _execute_async(self, call_id: int, requests: list) -> None:
         assert self._async_sem is not None
@@ -591,7 +605,11 @@ class StubRuntime:
                 err = None
             except BaseException as exc:  # also SystemExit, which would stop the stub's loop
                 result, err = None, exc
-        self._complete(call_id, requests, result, err)
+        try:
+            self._complete(call_id, requests, result, err)
+        finally:
+            _let_go(err)
+            del err  # the last reference: it goes now, not at the next cyclic collection
 
     def _complete(self, call_id: int, requests: list, result: Any,
                   err: BaseException | None) -> None:

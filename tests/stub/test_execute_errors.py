@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tritonpy
-from _models import io_config, new_prefix, serving, serving_models, write_model
+from _models import io_config, new_prefix, serving, serving_models, wait_for, write_model
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -208,3 +208,63 @@ def test_sys_exit_in_async_and_decoupled_execute_is_an_error_and_the_stub_keeps_
         assert fine[0].outputs["OUT"].to_numpy().tolist() == [6.0]
         # The same processes: nothing exited, nothing was restarted.
         assert {m: srv.runtime(m).instances[0].stub.pid for m in models} == pids
+
+
+# The stub's cyclic garbage collector is off, so that only reference counting frees: what a
+# reference cycle keeps stays kept, and the test does not depend on when the collector runs.
+HOLDING_PY = '''
+import gc
+import weakref
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FREED = []
+
+
+class Held:
+    """Stands for what an execute holds when it fails: GPU memory, a big array."""
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        gc.disable()
+
+    {prefix}def execute(self, requests):
+        x = pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy()
+        if x.size > 1:
+            held = Held()
+            weakref.finalize(held, FREED.append, x.size)
+            raise ValueError(f"boom with {{x.size}} values")
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", np.array([len(FREED)], np.float32))]) for r in requests]
+'''
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_failed_execute_lets_go_of_its_locals_and_inputs_at_once(tmp_path, kind) -> None:
+    # The exception's traceback keeps the failed execute's frames, and the stub frame that
+    # caught it referred back to it: a cycle. Its locals (GPU memory, in the real case) and its
+    # requests' inputs (the host's shared memory) stayed until the collector ran, here never.
+    models = {"holding": (HOLDING_PY.format(prefix="async " if kind == "async" else ""),
+                          io_config())}
+    with serving_models(tmp_path, models) as srv:
+        model = srv.model("holding")
+
+        def freed() -> float:
+            resp = model.infer({"IN": np.zeros(1, np.float32)}).get(timeout=20)
+            assert resp.error is None, resp.error
+            return float(resp.outputs["OUT"].to_numpy()[0])
+
+        def host_used() -> int:
+            return next(p["used_bytes"] for p in srv.shm_usage() if p["pool"] == "host")
+
+        assert freed() == 0
+        idle = host_used()
+        big = np.ones(1 << 20, np.float32)  # 4 MiB, in the host's pool
+        for _ in range(3):
+            err = model.infer({"IN": big}).get(timeout=20).error
+            assert err is not None and f"boom with {1 << 20} values" in err.message
+        assert freed() == 3
+        assert wait_for(lambda: host_used() == idle, timeout=5), \
+            f"the failed requests' inputs still hold {host_used() - idle} bytes of the host pool"
