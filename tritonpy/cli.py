@@ -4,6 +4,9 @@ The flags are Triton's (``--model-repository``, ``--http-port``, ``--backend-con
 ...). With no ``--model-repository`` it serves the bundled ``examples/`` repository. SIGINT or
 SIGTERM stops accepting, drains in-flight requests (``--exit-timeout-secs``), stops the server
 (no stub process or shared-memory segment left) and exits 0.
+
+``tritonpy stress`` (see :mod:`tritonpy.stress`) pushes servers past their limits on purpose
+and prints what a user sees.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from . import stress
 from ._errors import TritonpyError
 from ._trace import Tracing
 
@@ -205,7 +209,7 @@ def grpc_ssl_context(args: argparse.Namespace) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``tritonpy`` (subcommand ``serve``)."""
+    """The argument parser of ``tritonpy`` (subcommands ``serve`` and ``stress``)."""
     parser = argparse.ArgumentParser(prog="tritonpy", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("serve", help="serve model repositories over HTTP/REST and gRPC",
@@ -326,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="accepted when false, as Triton's; not served")
     for flag in _NOT_SERVED_SETTINGS:
         s.add_argument(flag, default=None, metavar="VALUE", help=argparse.SUPPRESS)
+    stress.add_parser(sub)
     return parser
 
 
@@ -464,6 +469,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tritonpy`` console script and ``python -m tritonpy``."""
     args = build_parser().parse_args(argv)
+    if args.command == "stress":
+        logging.basicConfig(level=logging.WARNING, format=_LOG_FORMAT, datefmt="%m%d %H:%M:%S")
+        return stress.main(args)
     handler: logging.Handler
     if args.log_file:
         try:
