@@ -9,6 +9,8 @@ Plain Triton Python models (``config.pbtxt`` + ``1/model.py``), as a user would 
 * ``stress_bls_reader``: starts a decoupled BLS call to ``stress_stream``, sleeps ``PAUSE_MS``
   before it reads (the responses pile up on its socket meanwhile), then reads them all and
   answers how many came and the first out of order (-1: none);
+* ``stress_bls_io``: a BLS call to ``stress_io`` with ``BYTES`` bytes of 9; answers how many
+  came back (-1: not the same), or the call's error;
 * ``stress_gpu``: one ``KIND_GPU`` instance; ``MODE`` 0 allocates CuPy blocks of ``BLOCK_MB``
   until CUDA runs out of memory and lets the error out of ``execute``, as a naive model would;
   ``MODE`` 1 answers the bytes its CuPy pool still holds for live arrays and a small array
@@ -162,6 +164,39 @@ class TritonPythonModel:
         return responses
 '''
 
+_BLS_IO_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "BYTES" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "RETURNED" data_type: TYPE_INT64 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_BLS_IO_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            size = int(pb_utils.get_input_tensor_by_name(request, "BYTES").as_numpy()[0])
+            call = pb_utils.InferenceRequest(
+                model_name="stress_io", requested_output_names=["OUT"],
+                inputs=[pb_utils.Tensor("DATA", np.full(size, 9, np.uint8)),
+                        pb_utils.Tensor("OUT_BYTES", np.array([-1], np.int64))])
+            response = call.exec()
+            if response.has_error():
+                responses.append(pb_utils.InferenceResponse(error=response.error()))
+                continue
+            out = pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()
+            returned = out.size if (out == 9).all() else -1
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("RETURNED", np.array([returned], np.int64))]))
+        return responses
+'''
+
 _GPU_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -205,6 +240,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "stress_slow": (_SLOW_CONFIG, _SLOW_PY),
     "stress_stream": (_STREAM_CONFIG, _STREAM_PY),
     "stress_bls_reader": (_BLS_READER_CONFIG, _BLS_READER_PY),
+    "stress_bls_io": (_BLS_IO_CONFIG, _BLS_IO_PY),
     "stress_gpu": (_GPU_CONFIG, _GPU_PY),
 }
 

@@ -225,7 +225,8 @@ def shm_full(ctx: Context) -> list[Row]:
     rows: list[Row] = []
     backend = {} if ctx.private_shm else {"shm-total-byte-cap": str(size)}
     big = np.zeros(2 * size, np.uint8)
-    with serving(ctx, name, ["stress_io"], rows, backend) as server:
+    models = ["stress_io"] + ["stress_stream", "stress_bls_io"] * ctx.private_shm
+    with serving(ctx, name, models, rows, backend) as server:
         model = server.model("stress_io")
         where = (f"/dev/shm of {_mib(size)}" if ctx.private_shm
                  else f"a host pool capped at {_mib(size)}")
@@ -235,7 +236,9 @@ def shm_full(ctx: Context) -> list[Row]:
         if not ctx.private_shm:
             why = f"needs a private /dev/shm ({ctx.no_private_shm})"
             for check in ("model output larger than /dev/shm", "/dev/shm filled by another process",
-                          "a model loaded while /dev/shm is full", "the file-backed fallback"):
+                          "a model loaded while /dev/shm is full", "BLS input larger than /dev/shm",
+                          "a stream of big responses to a late consumer",
+                          "the file-backed fallback"):
                 rows.append(Row(name, check, why, None, SKIPPED))
             return rows
         rows.append(expect_error(name, f"model output of {_mib(big.nbytes)}",
@@ -262,6 +265,7 @@ def shm_full(ctx: Context) -> list[Row]:
         rows.append(expect_served(
             name, f"the other process gone: input of {_mib(half.nbytes)}", infer(model, _io(half)),
             lambda out: None if np.array_equal(out["OUT"], half) else "came back different"))
+        rows += _bls_and_stream(server, name, size)
     with tempfile.TemporaryDirectory(prefix="tritonpy-stress-") as spill:
         with serving(ctx, name, ["stress_io"], rows, {"shm-fallback-directory": spill}) as server:
             data = np.full(2 * size, 5, np.uint8)
@@ -269,6 +273,49 @@ def shm_full(ctx: Context) -> list[Row]:
                 name, f"shm-fallback-directory (on disk): input of {_mib(data.nbytes)}",
                 infer(server.model("stress_io"), _io(data)),
                 lambda out: None if np.array_equal(out["OUT"], data) else "came back different"))
+    return rows
+
+
+def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:
+    """A BLS input that /dev/shm cannot hold; a stream of big responses to a late consumer,
+    and whether the stub gives the stream's segments back once they are idle."""
+    bls = server.model("stress_bls_io")
+
+    def small_bls_problem() -> str | None:
+        answer = infer(bls, {"BYTES": np.array([4096], np.int64)})
+        if answer.outputs is None:
+            return f"a 4 KiB BLS call failed: {_short(answer.error or '')}"
+        return None if int(answer.outputs["RETURNED"][0]) == 4096 else "a 4 KiB BLS call came back wrong"
+
+    rows = [expect_error(scenario, f"BLS call with an input of {_mib(2 * size)}",
+                         infer(bls, {"BYTES": np.array([2 * size], np.int64)}),
+                         "shared memory exhausted", small_bls_problem)]
+    count, each = 16, 8 * MiB
+    check = f"stream of {count} responses of {_mib(each)} to a consumer 1 s late"
+    got, problem, took = late_consumer(server, count, each)
+    if got == count and not problem:
+        rows.append(Row(scenario, check, f"all {count} came, in order", took, OK))
+    else:
+        ok = "shared memory exhausted" in problem
+        rows.append(Row(scenario, check, f"{got} came, then: {_short(problem)}", took,
+                        OK if ok else FAILED))
+    # Every pool keeps its first segment; the others go back once idle (5 s), and /dev/shm
+    # has the room again once every process that mapped them has let go.
+    keep = server.options.shm_default_byte_size
+
+    def extra() -> int:
+        return sum(max(0, p.get("mapped_bytes", 0) - keep) for p in server.shm_usage())
+
+    def free() -> int:
+        st = os.statvfs("/dev/shm")
+        return st.f_bavail * st.f_frsize
+
+    before, free_before, t0 = extra(), free(), time.monotonic()
+    back = _wait(lambda: extra() == 0, 30)
+    rows.append(Row(scenario, "idle segments given back (every pool)",
+                    f"{_mib(before)} mapped beyond the pools' first segments, then "
+                    f"{_mib(extra())}; /dev/shm free {_mib(free_before)} -> {_mib(free())}",
+                    time.monotonic() - t0, OK if back else FAILED))
     return rows
 
 
@@ -355,7 +402,13 @@ def message_queue_full(ctx: Context) -> list[Row]:
         rows.append(Row(name, f"{requests:,} requests at once to one instance",
                         outcome + (f"; first error: {_short(first_error)}" if first_error else ""),
                         took, OK if good == requests else FAILED))
-        rows.append(_slow_consumer(server, name, responses))
+        got, problem, took = late_consumer(server, responses, 16)
+        check = f"stream of {responses:,} responses to a consumer 1 s late"
+        if problem or got != responses:
+            rows.append(Row(name, check, f"{got:,} of {responses:,} came"
+                            + (f", then: {_short(problem)}" if problem else ""), took, FAILED))
+        else:
+            rows.append(Row(name, check, f"all {responses:,} came, in order", took, OK))
         reader = server.model("stress_bls_reader")
         answer = infer(reader, {"COUNT": np.array([bls], np.int64),
                                 "PAUSE_MS": np.array([1000], np.int64)}, timeout=300)
@@ -374,19 +427,19 @@ def message_queue_full(ctx: Context) -> list[Row]:
     return rows
 
 
-def _slow_consumer(server: Any, scenario: str, count: int) -> Row:
-    """A decoupled stream of ``count`` tiny responses whose consumer starts 1 s late."""
-    check = f"stream of {count:,} responses to a consumer 1 s late"
+def late_consumer(server: Any, count: int, nbytes: int) -> tuple[int, str, float]:
+    """A ``stress_stream`` of ``count`` responses of ``nbytes`` whose consumer starts 1 s late:
+    how many came in order, what went wrong ("" if nothing), and how long it all took."""
     t0 = time.monotonic()
     stream = server.model("stress_stream").infer(
-        {"COUNT": np.array([count], np.int64), "BYTES": np.array([16], np.int64)})
+        {"COUNT": np.array([count], np.int64), "BYTES": np.array([nbytes], np.int64)})
     time.sleep(1.0)
     got, problem = 0, ""
     try:
         while True:
             resp = stream.get(timeout=120)
             if resp.error is not None:
-                problem = f"error after {got:,}: {_short(resp.error.message)}"
+                problem = resp.error.message
                 break
             if "INDEX" in resp.outputs:
                 if int(resp.outputs["INDEX"].to_numpy()[0]) != got:
@@ -396,11 +449,8 @@ def _slow_consumer(server: Any, scenario: str, count: int) -> Row:
             if resp.final:
                 break
     except queue.Empty:
-        problem = f"no response for 120 s after {got:,}"
-    took = time.monotonic() - t0
-    if problem or got != count:
-        return Row(scenario, check, problem or f"{got:,} of {count:,} came", took, FAILED)
-    return Row(scenario, check, f"all {count:,} came, in order", took, OK)
+        problem = "no response for 120 s"
+    return got, problem, time.monotonic() - t0
 
 
 # -- a stub killed or hung mid-request --------------------------------------------------------

@@ -72,7 +72,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     verdicts = [v for _, _, v, _ in rows]
     assert "FAILED" not in verdicts, proc.stdout
     assert [s for s, *_ in rows if s not in ("GPU memory full",)] == \
-        ["shm full"] * (9 if no_private is None else 6) + ["message queue full"] * 4 \
+        ["shm full"] * (12 if no_private is None else 8) + ["message queue full"] * 4 \
         + ["stub killed"] * 3 + ["stub hung"] * 3
     outcome = {(s, check): o for s, check, _, o in rows}
     verdict = {(s, check): v for s, check, v, _ in rows}
@@ -84,6 +84,13 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         assert "ShmExhaustedError" in outcome[(shm, "model output of 128 MiB")]
         assert outcome[(shm, "the other process gone: input of 32 MiB")] == "served"
         assert outcome[(shm, "shm-fallback-directory (on disk): input of 128 MiB")] == "served"
+        assert "ShmExhaustedError: shared memory exhausted" in \
+            outcome[(shm, "BLS call with an input of 128 MiB")]
+        assert outcome[(shm, "BLS call with an input of 128 MiB")].endswith(
+            "the next request is served")
+        streamed = outcome[(shm, "stream of 16 responses of 8 MiB to a consumer 1 s late")]
+        assert streamed == "all 16 came, in order" or "shared memory exhausted" in streamed
+        assert verdict[(shm, "idle segments given back (every pool)")] == "ok"
     else:
         assert "(pool cap): asked for 134217728 bytes" in \
             outcome[(shm, "client input of 128 MiB, a host pool capped at 64 MiB")]
@@ -123,6 +130,8 @@ def test_without_a_private_dev_shm_a_pool_cap_stands_in(tmp_path) -> None:
         ("model output larger than /dev/shm", "skipped"),
         ("/dev/shm filled by another process", "skipped"),
         ("a model loaded while /dev/shm is full", "skipped"),
+        ("BLS input larger than /dev/shm", "skipped"),
+        ("a stream of big responses to a late consumer", "skipped"),
         ("the file-backed fallback", "skipped"),
         ("stop: nothing left behind", "ok")]
     assert "shared memory exhausted (pool cap): asked for 134217728 bytes" in rows[0].outcome
