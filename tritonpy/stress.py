@@ -179,7 +179,7 @@ def serving(ctx: Context, scenario: str, models: Sequence[str], rows: list[Row],
     try:
         yield server
     finally:
-        stubs = psutil.Process().children(recursive=True)
+        stubs = _stub_processes()
         t0 = time.monotonic()
         server.stop()
         took = time.monotonic() - t0
@@ -193,6 +193,18 @@ def serving(ctx: Context, scenario: str, models: Sequence[str], rows: list[Row],
         else:
             rows.append(Row(scenario, "stop: nothing left behind",
                             "stopped; no segment and no stub process left", took, OK))
+
+
+def _stub_processes() -> list[psutil.Process]:
+    """This process's stub children (not whatever else it runs, e.g. multiprocessing's)."""
+    out = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "tritonpy.stub" in child.cmdline():
+                out.append(child)
+        except psutil.Error:
+            continue
+    return out
 
 
 def _wait(cond: Callable[[], bool], timeout: float) -> bool:
