@@ -6,6 +6,10 @@ class ShmError(Exception):
     """Base class of every error raised by :mod:`tritonpy.shm`."""
 
 
+#: The reason of a ShmExhaustedError when the filesystem itself is full (not a pool's cap).
+NO_SPACE = "no space left"
+
+
 class ShmExhaustedError(ShmError, MemoryError):
     """Shared memory could not be reserved: /dev/shm is full or the pool's cap is reached."""
 
@@ -13,6 +17,7 @@ class ShmExhaustedError(ShmError, MemoryError):
         self.asked = asked
         self.free = free
         self.where = where
+        self.reason = reason
         why = f" ({reason})" if reason else ""
         super().__init__(
             f"shared memory exhausted{why}: asked for {asked} bytes in {where}, "

@@ -12,8 +12,8 @@ import enum
 from typing import Any, TypedDict
 
 # 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
-# element). A stub of another version is refused.
-PROTOCOL_VERSION = 3
+# element). 4: RECLAIM. A stub of another version is refused.
+PROTOCOL_VERSION = 4
 
 
 class Cmd(enum.IntEnum):
@@ -49,6 +49,10 @@ class Cmd(enum.IntEnum):
     RELEASE = 40  # both: [export ids]
     DROPPED = 41  # both: [segment names unlinked by their owner]
     SPILL = 42  # both: [segment, offset, nbytes, export_id] of a frame too big for the socket
+    # both: nbytes: /dev/shm had no room for a new segment of that size. The receiver unlinks
+    # every idle segment of its pool at once (then DROPPED); the host also passes it on to the
+    # other stubs.
+    RECLAIM = 43
     REPLY = 50  # reply to a call: {ok: bool, error?: ErrorBody, ...}
 
 

@@ -5,6 +5,10 @@ segment of ``default_size``, grows by whole new segments of ``growth_size`` (liv
 never remapped), gives a tensor larger than the growth size a segment of its own, and unlinks a
 segment that has stayed empty for ``idle_seconds`` (the first one is kept warm). ``cap`` bounds
 the bytes of all its segments together.
+
+When ``/dev/shm`` itself has no room for a new segment, the pool calls ``on_exhausted(size)``
+(outside its lock) once: the process's hook gives idle segments back across processes (see
+``Cmd.RECLAIM``) and says whether the room came; if so, the allocation is tried again.
 """
 from __future__ import annotations
 
@@ -12,15 +16,19 @@ import bisect
 import threading
 import time
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ._errors import ShmExhaustedError
+from ._errors import NO_SPACE, ShmExhaustedError
 from .segment import PAGE, Segment, free_bytes, process_token, round_up
 
 ALIGN = 64
 MiB = 1 << 20
+#: How long a thread whose allocation found /dev/shm full waits for other processes to give
+#: their idle segments back (``Cmd.RECLAIM``), and how often one process asks them at most.
+RECLAIM_WAIT_S = 0.25
+RECLAIM_EVERY_S = 0.05
 
 
 class _Arena:
@@ -160,6 +168,7 @@ class Pool:
         idle_seconds: float = 5.0,
         segments: SegmentMap | None = None,
         label: str = "pool",
+        on_exhausted: Callable[[int], bool] | None = None,
     ) -> None:
         self.prefix = prefix + process_token()
         self.default_size = round_up(max(default_size, PAGE))
@@ -178,10 +187,20 @@ class Pool:
         self._closed = False
         self.peak_bytes = 0
         self.dropped: list[str] = []  # unlinked names not yet told to peers (take_dropped)
+        self.on_exhausted = on_exhausted
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Segment, int]:
         """Reserve ``nbytes`` (at least 1); the caller must call :meth:`free` exactly once."""
+        try:
+            return self._allocate(nbytes)
+        except ShmExhaustedError as exc:
+            hook = self.on_exhausted
+            if hook is None or exc.reason != NO_SPACE or not hook(exc.asked):
+                raise
+        return self._allocate(nbytes)
+
+    def _allocate(self, nbytes: int) -> tuple[Segment, int]:
         n = (max(nbytes, 1) + ALIGN - 1) // ALIGN * ALIGN
         with self._lock:
             for arena in self._arenas:
@@ -267,10 +286,11 @@ class Pool:
         self.dropped.extend(gone)
         return gone
 
-    def reap(self) -> list[str]:
-        """Unlink segments idle for ``idle_seconds``; returns their names (peers may unmap)."""
+    def reap(self, force: bool = False) -> list[str]:
+        """Unlink segments idle for ``idle_seconds`` (``force``: every idle one, the first
+        too); returns their names (peers may unmap)."""
         with self._lock:
-            return self._reap_locked()
+            return self._reap_locked(force)
 
     def take_dropped(self) -> list[str]:
         """Names unlinked since the last call, for peers to unmap."""

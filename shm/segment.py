@@ -13,10 +13,11 @@ import mmap
 import os
 import re
 import secrets
+import time
 
 import posix_ipc
 
-from ._errors import ProtocolError, ShmError, ShmExhaustedError
+from ._errors import NO_SPACE, ProtocolError, ShmError, ShmExhaustedError
 
 PAGE = mmap.PAGESIZE
 SHM_DIR = "/dev/shm"
@@ -42,6 +43,28 @@ def free_bytes(directory: str | None) -> int:
     except OSError:
         return 0
     return st.f_bavail * st.f_frsize
+
+
+def total_bytes(directory: str | None) -> int:
+    """The size of the filesystem that backs ``directory`` (``/dev/shm`` for None)."""
+    try:
+        st = os.statvfs(directory or SHM_DIR)
+    except OSError:
+        return 0
+    return st.f_blocks * st.f_frsize
+
+
+def wait_for_room(directory: str | None, nbytes: int, timeout: float) -> bool:
+    """Whether ``nbytes`` are free on ``directory``'s filesystem within ``timeout`` seconds
+    (False at once when it is smaller than that altogether)."""
+    if nbytes > total_bytes(directory):
+        return False
+    deadline = time.monotonic() + timeout
+    while free_bytes(directory) < nbytes:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def check_name(name: str) -> None:
@@ -80,7 +103,7 @@ class Segment:
                 _unlink(name, directory)
                 if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM, errno.EDQUOT):
                     raise ShmExhaustedError(
-                        size, free_bytes(directory), directory or SHM_DIR, "no space left"
+                        size, free_bytes(directory), directory or SHM_DIR, NO_SPACE
                     ) from None
                 raise ShmError(f"cannot reserve {size} bytes for segment {name}: {exc}") from exc
             try:

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 from tritonpy.shm import Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm.messages import PROTOCOL_VERSION
+from tritonpy.shm.pool import RECLAIM_EVERY_S, RECLAIM_WAIT_S
+from tritonpy.shm.segment import wait_for_room
 
 from . import pb_utils
 from ._pberrors import (
@@ -184,6 +186,8 @@ class StubRuntime:
         self.transport = TensorTransport(self.pool)
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
+        self.pool.on_exhausted = self._reclaim
+        self._reclaim_sent = 0.0
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         self.peer = self.channel.peer
         # A plain lock (not the default RLock), taken a few times per request: ``with
@@ -389,6 +393,8 @@ class StubRuntime:
                     self._early_cancel.add(rid)
         elif cmd == Cmd.DROPPED:
             pass  # the channel already unmapped them
+        elif cmd == Cmd.RECLAIM:
+            self._give_back_idle()
         else:
             return False
         return True
@@ -472,6 +478,28 @@ class StubRuntime:
         dropped = self.pool.take_dropped()
         if dropped:
             self.channel.send(Cmd.DROPPED, 0, dropped)
+
+    def _give_back_idle(self) -> None:
+        """Unlink every idle segment of this stub's pool now, and tell the others to unmap."""
+        self.pool.reap(force=True)
+        dropped = self.pool.take_dropped()
+        if dropped:
+            self.channel.send(Cmd.DROPPED, 0, dropped)
+
+    def _reclaim(self, need: int) -> bool:
+        """The pool's hook when /dev/shm has no room for a new segment of ``need`` bytes: give
+        this stub's idle segments back, have the host ask every other process to do the same,
+        and wait a moment (this thread only) for the room. Other processes' idle segments
+        otherwise hold it until their idle time (5 s) runs out."""
+        try:
+            self._give_back_idle()
+            now = time.monotonic()
+            if now - self._reclaim_sent >= RECLAIM_EVERY_S:
+                self._reclaim_sent = now
+                self.channel.send(Cmd.RECLAIM, 0, need)
+        except ChannelClosedError:
+            return False
+        return wait_for_room(self.pool.directory, need, RECLAIM_WAIT_S)
 
     def _reply(self, call_id: int, body: dict) -> None:
         self.channel.send(Cmd.REPLY, call_id, body)

@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry
 
 from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
 from tritonpy.shm.dtypes import triton_dtype_of
+from tritonpy.shm.pool import RECLAIM_EVERY_S, RECLAIM_WAIT_S
+from tritonpy.shm.segment import wait_for_room
 
 from . import _repo_manager
 from ._bls import BlsRouter
@@ -171,6 +173,8 @@ class Server:
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False)
         self.frames = FrameLoop(self._loop)
+        self.pool.on_exhausted = self._reclaim
+        self._reclaim_sent = 0.0
         self._started = True
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()
@@ -235,10 +239,27 @@ class Server:
             time.sleep(1.0)
             if self._stopping:
                 return
-            self.pool.reap()
-            dropped = self.pool.take_dropped()
-            if dropped:
-                self.broadcast(Cmd.DROPPED, dropped)
+            self._give_back_idle(force=False)
+
+    def _give_back_idle(self, force: bool) -> None:
+        """Unlink the host's idle segments (``force``: all of them, now) and tell the stubs."""
+        self.pool.reap(force)
+        dropped = self.pool.take_dropped()
+        if dropped:
+            self.broadcast(Cmd.DROPPED, dropped)
+
+    def _reclaim(self, need: int) -> bool:
+        """The host pool's hook when /dev/shm has no room for a new segment of ``need``
+        bytes: give the host's idle segments back, ask every stub to do the same, and wait a
+        moment for the room; not on the frame loop, which reads the stubs' answers."""
+        self._give_back_idle(force=True)
+        now = time.monotonic()
+        if now - self._reclaim_sent >= RECLAIM_EVERY_S:
+            self._reclaim_sent = now
+            self.broadcast(Cmd.RECLAIM, need)
+        if self.frames.on_loop():
+            return False  # this request fails; the room will be there for the next ones
+        return wait_for_room(self.pool.directory, need, RECLAIM_WAIT_S)
 
     def broadcast(self, cmd: Cmd, body: Any, exclude: StubProcess | None = None) -> None:
         for rt in self.repo.runtimes():
@@ -429,6 +450,9 @@ class Server:
                              daemon=True, name="tritonpy-model-api").start()
         elif cmd == Cmd.DROPPED:
             self.broadcast(Cmd.DROPPED, body, exclude=stub)
+        elif cmd == Cmd.RECLAIM:  # a stub found /dev/shm full: everybody gives idle room back
+            self._give_back_idle(force=True)
+            self.broadcast(Cmd.RECLAIM, body, exclude=stub)
 
     def _model_api(self, stub: StubProcess, cmd: int, call_id: int, body: dict) -> None:
         try:

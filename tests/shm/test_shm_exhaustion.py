@@ -44,6 +44,25 @@ _IN_NAMESPACE = textwrap.dedent("""
     out["smalls_ok"] = all(int(s[0]) == i % 256 for i, s in enumerate(smalls))
     del blocks, smalls
     out["after_free"] = pool.new_array(np.uint8, (MiB // 2,)).nbytes
+    # The hook runs once per full /dev/shm: False keeps the error, True tries once more.
+    pool.reap(force=True)
+    other = Pool(prefix=sys.argv[1] + "o", default_size=MiB, growth_size=MiB)
+    held = other.new_array(np.uint8, (6 * MiB,))  # room another process holds, say
+    asked = []
+    pool.on_exhausted = lambda n: asked.append(n) or False
+    try:
+        pool.new_array(np.uint8, (5 * MiB,))
+    except ShmExhaustedError:
+        out["hook_false"] = asked[:]
+    def give_back(n):
+        global held
+        asked.append(n)
+        held = None  # its block goes, then the idle segment
+        other.reap(force=True)
+        return True
+    pool.on_exhausted = give_back
+    out["hook_true"] = pool.new_array(np.uint8, (5 * MiB,)).nbytes, asked[1:]
+    other.close()
     pool.close()
     print(json.dumps(out))
 """)
@@ -80,14 +99,19 @@ def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
     assert f"{fill['free']} bytes free" in fill["msg"]
     assert 4 * MiB <= fill["held"] <= 8 * MiB
     assert out["smalls_ok"] and out["after_free"] == MiB // 2
+    assert out["hook_false"] == [5 * MiB]
+    assert out["hook_true"] == [5 * MiB, [5 * MiB]]
 
 
 def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
-    pool = Pool(prefix=shm_prefix, default_size=MiB, growth_size=MiB, cap=4 * MiB)
+    asked: list[int] = []  # the reclaim hook is for a full /dev/shm, not for the cap
+    pool = Pool(prefix=shm_prefix, default_size=MiB, growth_size=MiB, cap=4 * MiB,
+                on_exhausted=lambda n: asked.append(n) or True)
     try:
         blocks = [pool.new_array(np.uint8, (MiB,)) for _ in range(4)]
         with pytest.raises(ShmExhaustedError) as info:
             pool.new_array(np.uint8, (1,))
+        assert asked == []
         assert info.value.asked == MiB and info.value.free == 0
         assert "pool cap" in str(info.value) and f"asked for {MiB} bytes" in str(info.value)
         with pytest.raises(MemoryError):  # callers that only know builtins catch it too

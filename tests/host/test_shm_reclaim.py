@@ -1,0 +1,86 @@
+"""A stub that finds /dev/shm full gets the room that other processes' idle segments hold.
+
+Every pool keeps an idle segment for 5 s before it gives it back. Before RECLAIM, a burst that
+moved from one model to another failed in the second while the first's idle segments held
+/dev/shm. Now the pool that runs out asks (through the host) every process to give its idle
+segments back at once, waits a moment for the room, and tries again.
+
+Runs in a private mount namespace whose /dev/shm is a 64 MiB tmpfs (skipped with the reason
+where that cannot be mounted), with real servers and stubs.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tritonpy.stress import private_shm_unavailable
+
+pytestmark = pytest.mark.timeout(120)
+MiB = 1 << 20
+
+_IN_NAMESPACE = textwrap.dedent("""
+    import json, shutil, sys, tempfile, time
+    from pathlib import Path
+    import numpy as np
+    import tritonpy
+    from tritonpy._stress_models import write_repository
+    MiB = 1 << 20
+    repo = write_repository(Path(tempfile.mkdtemp()) / "models")
+    shutil.copytree(repo / "stress_io", repo / "stress_io_b")
+    cfg = repo / "stress_io_b" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace('name: "stress_io"', 'name: "stress_io_b"'))
+    out = {}
+    server = tritonpy.Server(str(repo), model_control_mode="explicit",
+                             load_models=["stress_io", "stress_io_b"],
+                             backend_config={"shm-region-prefix-name": sys.argv[1],
+                                             "shm-default-byte-size": str(4 * MiB),
+                                             "shm-growth-byte-size": str(4 * MiB)})
+    server.start()
+    try:
+        small = {"DATA": np.zeros(16, np.uint8), "OUT_BYTES": np.array([MiB], np.int64)}
+        for name in ("stress_io", "stress_io_b"):  # each stub makes its first segment
+            assert server.model(name).infer(small).get(timeout=30).error is None
+        ask = {"DATA": np.zeros(16, np.uint8), "OUT_BYTES": np.array([40 * MiB], np.int64)}
+        # stress_io answers 40 MiB from a segment of their own, idle once the answer is gone.
+        first = server.model("stress_io").infer(ask).get(timeout=30)
+        out["first"] = first.error.message if first.error else first.outputs["OUT"].to_numpy().nbytes
+        del first
+        st = __import__("os").statvfs("/dev/shm")
+        out["free_before"] = st.f_bavail * st.f_frsize
+        t0 = time.monotonic()
+        second = server.model("stress_io_b").infer(ask).get(timeout=30)
+        out["seconds"] = time.monotonic() - t0
+        out["second"] = second.error.message if second.error else second.outputs["OUT"].to_numpy().nbytes
+        del second
+        # Now stress_io_b holds 40 MiB idle, and the host wants 40 MiB for a client's input.
+        data = np.full(40 * MiB, 7, np.uint8)
+        third = server.model("stress_io").infer(
+            {"DATA": data, "OUT_BYTES": np.array([-1], np.int64)}).get(timeout=30)
+        out["third"] = third.error.message if third.error else int(third.outputs["OUT"].to_numpy().sum() // 7)
+        del third
+    finally:
+        server.stop()
+    print(json.dumps(out))
+""")
+
+
+def test_a_stub_out_of_room_gets_what_other_stubs_hold_idle(shm_prefix: str) -> None:
+    reason = private_shm_unavailable(64 * MiB)
+    if reason:
+        pytest.skip(f"needs a private /dev/shm: {reason}")
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1" "$2"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _IN_NAMESPACE,
+                           shm_prefix], capture_output=True, text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["first"] == 40 * MiB
+    # The host's and both stubs' first segments (4 MiB each) and stress_io's idle 40 MiB:
+    # no room for stress_io_b's 40 MiB until stress_io gives its idle segment back.
+    assert out["free_before"] < 40 * MiB
+    assert out["second"] == 40 * MiB, out["second"]
+    assert out["seconds"] < 2.0  # not the 5 s idle time
+    assert out["third"] == 40 * MiB, out["third"]  # the host's own pool gets the room too
