@@ -4,8 +4,9 @@ Plain Triton Python models (``config.pbtxt`` + ``1/model.py``), as a user would 
 
 * ``stress_io``: ``OUT`` is ``DATA`` back (``OUT_BYTES`` < 0) or ``OUT_BYTES`` new bytes of 7;
 * ``stress_slow``: sleeps ``SLEEP_MS`` in ``execute`` (one instance), answers ``PID``;
-* ``stress_stream``: decoupled, sends ``COUNT`` responses of ``BYTES`` bytes, each with its
-  ``INDEX``, then the final flag;
+* ``stress_stream``: decoupled, sends ``COUNT`` responses of ``BYTES`` bytes (all ``INDEX``
+  modulo 251), each with its ``INDEX``, then the final flag; sleeps a minute before response
+  ``STALL_AFTER`` (optional);
 * ``stress_bls_reader``: starts a decoupled BLS call to ``stress_stream``, sleeps ``PAUSE_MS``
   before it reads (the responses pile up on its socket meanwhile), then reads them all and
   answers how many came and the first out of order (-1: none);
@@ -80,7 +81,8 @@ max_batch_size: 0
 model_transaction_policy { decoupled: true }
 input [
   { name: "COUNT" data_type: TYPE_INT64 dims: [ 1 ] },
-  { name: "BYTES" data_type: TYPE_INT64 dims: [ 1 ] }
+  { name: "BYTES" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "STALL_AFTER" data_type: TYPE_INT64 dims: [ 1 ] optional: true }
 ]
 output [
   { name: "INDEX" data_type: TYPE_INT64 dims: [ 1 ] },
@@ -90,6 +92,8 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 _STREAM_PY = '''
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -99,14 +103,17 @@ class TritonPythonModel:
         for request in requests:
             count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
             size = int(pb_utils.get_input_tensor_by_name(request, "BYTES").as_numpy()[0])
-            payload = np.zeros(size, np.uint8)
+            stall = pb_utils.get_input_tensor_by_name(request, "STALL_AFTER")
+            stall = -1 if stall is None else int(stall.as_numpy()[0])
             sender = request.get_response_sender()
             for i in range(count):
                 if sender.is_cancelled():
                     break
+                if i == stall:
+                    time.sleep(60)  # to be killed here, its responses so far unread
                 sender.send(pb_utils.InferenceResponse([
                     pb_utils.Tensor("INDEX", np.array([i], np.int64)),
-                    pb_utils.Tensor("OUT", payload)]))
+                    pb_utils.Tensor("OUT", np.full(size, i % 251, np.uint8))]))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 '''

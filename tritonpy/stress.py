@@ -516,9 +516,54 @@ def _mid_request(ctx: Context, name: str, sig: signal.Signals, wanted: str,
     return rows
 
 
+def _mid_stream(ctx: Context, name: str) -> list[Row]:
+    """SIGKILL to a decoupled stub whose first responses wait, unread, in its segments."""
+    rows: list[Row] = []
+    sent, each = 5, MiB
+    with serving(ctx, name, ["stress_stream"], rows) as server:
+        pid = server.runtime("stress_stream").instances[0].stub.pid
+        stream = server.model("stress_stream").infer(
+            {"COUNT": np.array([2 * sent], np.int64), "BYTES": np.array([each], np.int64),
+             "STALL_AFTER": np.array([sent], np.int64)})
+        time.sleep(1.0)  # the first responses reach the host; the model sleeps before the next
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        whole, problem = 0, ""
+        try:
+            while True:
+                resp = stream.get(timeout=60)
+                if resp.error is not None:
+                    if "SIGKILL" not in resp.error.message:
+                        problem = f"error: {_short(resp.error.message)}"
+                    break
+                out = resp.outputs["OUT"].to_numpy()
+                if out.nbytes != each or not (out == whole % 251).all():
+                    problem = f"response {whole} came damaged"
+                    break
+                whole += 1
+                del resp, out
+        except queue.Empty:
+            problem = "no error for 60 s"
+        check = f"SIGKILL mid-stream, {sent} responses of {_mib(each)} unread"
+        if problem or whole != sent:
+            rows.append(Row(name, check, problem or f"{whole} of {sent} came", None, FAILED))
+        else:
+            rows.append(Row(name, check, f"the {sent} came whole, then the error naming SIGKILL",
+                            time.monotonic() - t0, OK))
+        del stream
+        # Its segments outlive it while the host maps them; they go once the responses have.
+        dead = f"{server.options.shm_region_prefix_name}{pid}x"
+        gone = _wait(lambda: not list_segments(dead, server.options.shm_fallback_directory or None), 10)
+        rows.append(Row(name, "the dead stub's segments, once its responses are read",
+                        "gone" if gone else f"left: {', '.join(list_segments(dead))}",
+                        time.monotonic() - t0, OK if gone else FAILED))
+    return rows
+
+
 def stub_killed(ctx: Context) -> list[Row]:
-    """SIGKILL mid-execute (what the kernel's OOM killer sends)."""
-    return _mid_request(ctx, "stub killed", signal.SIGKILL, "SIGKILL")
+    """SIGKILL mid-execute (what the kernel's OOM killer sends), and mid-stream."""
+    return (_mid_request(ctx, "stub killed", signal.SIGKILL, "SIGKILL")
+            + _mid_stream(ctx, "stub killed"))
 
 
 def stub_hung(ctx: Context) -> list[Row]:

@@ -73,7 +73,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     assert "FAILED" not in verdicts, proc.stdout
     assert [s for s, *_ in rows if s not in ("GPU memory full",)] == \
         ["shm full"] * (12 if no_private is None else 8) + ["message queue full"] * 4 \
-        + ["stub killed"] * 3 + ["stub hung"] * 3
+        + ["stub killed"] * 6 + ["stub hung"] * 3
     outcome = {(s, check): o for s, check, _, o in rows}
     verdict = {(s, check): v for s, check, v, _ in rows}
 
@@ -111,11 +111,15 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         outcome[("stub killed", "SIGKILL to the stub in execute: that request")]
     assert "no answer for 1 s, stub-timeout-seconds" in \
         outcome[("stub hung", "SIGSTOP to the stub in execute: that request")]
+    assert outcome[("stub killed", "SIGKILL mid-stream, 5 responses of 1 MiB unread")] == \
+        "the 5 came whole, then the error naming SIGKILL"
+    assert outcome[("stub killed", "the dead stub's segments, once its responses are read")] \
+        == "gone"
     for s in ("stub killed", "stub hung"):
         assert outcome[(s, "the 3 requests queued behind it")].startswith(
             "served by the restarted stub")
     stops = [v for _, c, v, _ in rows if c == "stop: nothing left behind"]
-    assert stops == ["ok"] * (5 if no_private is None else 4)
+    assert stops == ["ok"] * (6 if no_private is None else 5)
     assert proc.stdout.rstrip().endswith(
         f"{verdicts.count('ok')} ok, 0 failed, {verdicts.count('skipped')} skipped")
     assert run_leftovers(proc.pid) == []  # type: ignore[attr-defined]
