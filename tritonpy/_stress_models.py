@@ -12,6 +12,9 @@ Plain Triton Python models (``config.pbtxt`` + ``1/model.py``), as a user would 
   answers how many came and the first out of order (-1: none);
 * ``stress_bls_io``: a BLS call to ``stress_io`` with ``BYTES`` bytes of 9; answers how many
   came back (-1: not the same), or the call's error;
+* ``stress_fanout``: an ``async def execute`` that awaits ``CALLS`` BLS calls to ``stress_io``
+  at once (``asyncio.gather``), 4 KiB each, and answers how many came back right (or the
+  first error);
 * ``stress_gpu``: one ``KIND_GPU`` instance; ``MODE`` 0 allocates CuPy blocks of ``BLOCK_MB``
   until CUDA runs out of memory and lets the error out of ``execute``, as a naive model would;
   ``MODE`` 1 answers the bytes its CuPy pool still holds for live arrays and a small array
@@ -204,6 +207,54 @@ class TritonPythonModel:
         return responses
 '''
 
+_FANOUT_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "CALLS" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [
+  { name: "ANSWERED" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "WRONG" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_FANOUT_PY = '''
+import asyncio
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+async def _one(i):
+    data = np.full(4096, i % 251, np.uint8)
+    call = pb_utils.InferenceRequest(
+        model_name="stress_io", requested_output_names=["OUT"],
+        inputs=[pb_utils.Tensor("DATA", data),
+                pb_utils.Tensor("OUT_BYTES", np.array([-1], np.int64))])
+    response = await call.async_exec()
+    if response.has_error():
+        return response.error().message()
+    out = pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()
+    return None if np.array_equal(out, data) else f"call {i} came back different"
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            calls = int(pb_utils.get_input_tensor_by_name(request, "CALLS").as_numpy()[0])
+            results = await asyncio.gather(*[_one(i) for i in range(calls)])
+            wrong = [r for r in results if r is not None]
+            if wrong:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"{len(wrong)} of {calls} calls failed, the first: {wrong[0]}")))
+                continue
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("ANSWERED", np.array([len(results)], np.int64)),
+                pb_utils.Tensor("WRONG", np.array([len(wrong)], np.int64))]))
+        return responses
+'''
+
 _GPU_CONFIG = """
 backend: "python"
 max_batch_size: 0
@@ -248,6 +299,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "stress_stream": (_STREAM_CONFIG, _STREAM_PY),
     "stress_bls_reader": (_BLS_READER_CONFIG, _BLS_READER_PY),
     "stress_bls_io": (_BLS_IO_CONFIG, _BLS_IO_PY),
+    "stress_fanout": (_FANOUT_CONFIG, _FANOUT_PY),
     "stress_gpu": (_GPU_CONFIG, _GPU_PY),
 }
 

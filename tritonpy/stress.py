@@ -393,7 +393,9 @@ def message_queue_full(ctx: Context) -> list[Row]:
     requests = 500 if ctx.quick else 5_000
     responses = 20_000 if ctx.quick else 100_000
     bls = 5_000 if ctx.quick else 20_000
-    with serving(ctx, name, ["stress_io", "stress_stream", "stress_bls_reader"], rows) as server:
+    fanout = 1_000 if ctx.quick else 10_000
+    models = ["stress_io", "stress_stream", "stress_bls_reader", "stress_fanout"]
+    with serving(ctx, name, models, rows) as server:
         io = server.model("stress_io")
         t0 = time.monotonic()
         datas = [np.full(64, i % 251, np.uint8) for i in range(requests)]
@@ -435,6 +437,15 @@ def message_queue_full(ctx: Context) -> list[Row]:
                             answer, whole)
         if row.verdict == OK:
             row.outcome = f"all {bls:,} came, in order"
+        rows.append(row)
+        answer = infer(server.model("stress_fanout"), {"CALLS": np.array([fanout], np.int64)},
+                       timeout=300)
+        row = expect_served(
+            name, f"an async model awaits {fanout:,} BLS calls at once", answer,
+            lambda out: None if int(out["ANSWERED"][0]) == fanout else
+            f"{int(out['ANSWERED'][0]):,} of {fanout:,} answered")
+        if row.verdict == OK:
+            row.outcome = f"all {fanout:,} answered right ({fanout / answer.seconds:,.0f}/s)"
         rows.append(row)
     return rows
 

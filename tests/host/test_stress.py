@@ -72,7 +72,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     verdicts = [v for _, _, v, _ in rows]
     assert "FAILED" not in verdicts, proc.stdout
     assert [s for s, *_ in rows if s not in ("GPU memory full",)] == \
-        ["shm full"] * (12 if no_private is None else 8) + ["message queue full"] * 4 \
+        ["shm full"] * (12 if no_private is None else 8) + ["message queue full"] * 5 \
         + ["stub killed"] * 6 + ["stub hung"] * 3
     outcome = {(s, check): o for s, check, _, o in rows}
     verdict = {(s, check): v for s, check, v, _ in rows}
@@ -105,6 +105,8 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         "all 20,000 came, in order"
     assert outcome[(mq, "BLS stream of 5,000 into a stub not reading for 1 s")] == \
         "all 5,000 came, in order"
+    assert outcome[(mq, "an async model awaits 1,000 BLS calls at once")].startswith(
+        "all 1,000 answered right")
     assert outcome[(mq, "500 requests at once to one instance")].startswith(
         "500/500 answered right")
     assert "killed by signal SIGKILL" in \
