@@ -7,14 +7,16 @@ process is left when it stops:
 
 * ``shm-full``: a tiny ``/dev/shm`` (a private tmpfs of ``--shm-size`` bytes in a mount
   namespace of its own, Docker's 64 MiB by default; where none can be mounted, a pool cap
-  instead). Inputs and outputs larger than it, ``/dev/shm`` filled by another process, a model
-  loaded then, and the file-backed fallback.
+  instead). Inputs, outputs and a BLS input larger than it, ``/dev/shm`` filled by another
+  process, a model loaded then, a stream of big responses to a late consumer, the pools giving
+  idle segments back, and the file-backed fallback.
 * ``gpu-memory-full``: a model that allocates GPU memory until CUDA refuses (needs a GPU and
-  CuPy, else skipped with the reason).
+  CuPy, else skipped with the reason); the next request must find the memory given back.
 * ``message-queue-full``: floods on the channels between host and stub: thousands of requests
-  at once, a stream of responses to a consumer that pauses, and a BLS stream into a stub that
-  does not read for a second.
-* ``stub-killed``: SIGKILL of a stub in the middle of ``execute`` (as the OOM killer does).
+  at once, a stream of responses to a consumer that pauses, a BLS stream into a stub that does
+  not read for a second, and an async model that awaits thousands of BLS calls at once.
+* ``stub-killed``: SIGKILL of a stub in the middle of ``execute`` (as the OOM killer does), and
+  of a decoupled stub whose responses wait unread in its segments.
 * ``stub-hung``: SIGSTOP of a stub in the middle of ``execute``, caught by
   ``stub-timeout-seconds``.
 
@@ -23,7 +25,6 @@ The table has one row per check; the exit status is 1 when a check failed.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import queue
@@ -33,188 +34,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from ._gpus import visible_gpu_count
+from ._stress_checks import (
+    DOCKER_SHM, FAILED, OK, PREFIX, SKIPPED, SMALL, Answer, Context, MiB, Row, expect_error,
+    expect_served, infer, io_inputs, late_consumer, mib, serving, short, small_request_problem,
+    wait_until,
+)
 from ._stress_models import write_repository
 from .shm import list_segments, sweep_orphans
-
-MiB = 1 << 20
-OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
-DOCKER_SHM = 64 * MiB
-_SMALL = np.arange(4096, dtype=np.int64).astype(np.uint8)
-#: Each server gets ``<PREFIX><this pid>x<n>_``: a segment name tells which run made it, so
-#: :func:`run` can sweep what a run that was killed left (:func:`sweep_orphans` of PREFIX reads
-#: the run's pid), and a server's leftovers are exactly the names of its own prefix.
-PREFIX = "tritonpy_stress"
-_servers = itertools.count()
-
-
-@dataclass
-class Row:
-    """One check: what was done, what came back, how long it took, and the verdict."""
-
-    scenario: str
-    check: str
-    outcome: str
-    seconds: float | None = None
-    verdict: str = OK
-
-
-@dataclass
-class Context:
-    """What every scenario needs: the model repository and the run's settings."""
-
-    repository: Path
-    shm_size: int = DOCKER_SHM
-    quick: bool = False
-    private_shm: bool = False  # /dev/shm is a tmpfs of shm_size in our own mount namespace
-    no_private_shm: str = ""  # why not, when it is not
-
-
-def _short(text: str, limit: int = 150) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
-
-
-def _mib(nbytes: int) -> str:
-    return f"{nbytes / MiB:g} MiB"
-
-
-# -- one request, and what came of it ---------------------------------------------------------
-
-@dataclass
-class Answer:
-    """A request's single response: outputs, or the error's message; and how long it took."""
-
-    outputs: dict[str, np.ndarray] | None
-    error: str | None
-    seconds: float
-
-
-def infer(model: Any, inputs: dict[str, Any], timeout: float = 120.0) -> Answer:
-    """Send one request through the in-process API and wait for its (only) response."""
-    t0 = time.monotonic()
-    try:
-        resp = model.infer(inputs).get(timeout=timeout)
-    except queue.Empty:
-        return Answer(None, f"no answer in {timeout:g} s", time.monotonic() - t0)
-    except Exception as exc:  # refused before it was queued: that is an answer too
-        return Answer(None, f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
-    took = time.monotonic() - t0
-    if resp.error is not None:
-        return Answer(None, resp.error.message, took)
-    return Answer({k: v.to_numpy() for k, v in resp.outputs.items()}, None, took)
-
-
-def _io(data: np.ndarray, out_bytes: int = -1) -> dict[str, np.ndarray]:
-    return {"DATA": data, "OUT_BYTES": np.array([out_bytes], np.int64)}
-
-
-def expect_error(scenario: str, check: str, answer: Answer, wanted: str,
-                 after: Callable[[], str | None] | None = None) -> Row:
-    """A row that passes when the answer is an error containing ``wanted`` (case aside) and
-    ``after`` (the next request, say) returns None rather than what went wrong."""
-    if answer.error is None:
-        return Row(scenario, check, "served, where an error was expected", answer.seconds, FAILED)
-    outcome = f"error: {_short(answer.error)}"
-    verdict = OK if wanted.lower() in answer.error.lower() else FAILED
-    problem = after() if after is not None else None
-    if problem:
-        outcome += f"; then {problem}"
-        verdict = FAILED
-    elif after is not None:
-        outcome += "; the next request is served"
-    return Row(scenario, check, outcome, answer.seconds, verdict)
-
-
-def expect_served(scenario: str, check: str, answer: Answer,
-                  valid: Callable[[dict[str, np.ndarray]], str | None]) -> Row:
-    """A row that passes when the answer has outputs that ``valid`` finds right (None)."""
-    if answer.outputs is None:
-        return Row(scenario, check, f"error: {_short(answer.error or '')}", answer.seconds, FAILED)
-    problem = valid(answer.outputs)
-    if problem:
-        return Row(scenario, check, problem, answer.seconds, FAILED)
-    return Row(scenario, check, "served", answer.seconds, OK)
-
-
-def small_request_problem(model: Any) -> str | None:
-    """None when a 4 KiB identity request to ``stress_io`` comes back whole, else what failed."""
-    answer = infer(model, _io(_SMALL))
-    if answer.outputs is None:
-        return f"a 4 KiB request failed: {_short(answer.error or '')}"
-    if not np.array_equal(answer.outputs["OUT"], _SMALL):
-        return "a 4 KiB request came back different"
-    return None
-
-
-# -- a server per scenario, and what it leaves ------------------------------------------------
-
-def _segments(prefix: str, *dirs: str) -> list[str]:
-    return [entry for d in filter(None, dirs) for entry in list_segments(prefix, d)]
-
-
-@contextmanager
-def serving(ctx: Context, scenario: str, models: Sequence[str], rows: list[Row],
-            backend: dict[str, str] | None = None) -> Iterator[Any]:
-    """A started server with ``models`` loaded; on the way out it is stopped and a row says
-    whether any of its segments or stub processes is left."""
-    from .server import Server
-
-    prefix = f"{PREFIX}{os.getpid()}x{next(_servers):x}_"
-    config = {"shm-region-prefix-name": prefix, **(backend or {})}
-    server = Server(str(ctx.repository), model_control_mode="explicit", load_models=list(models),
-                    backend_config=config)
-    server.start()
-    stubs: list[psutil.Process] = []
-    try:
-        yield server
-    finally:
-        stubs = _stub_processes()
-        t0 = time.monotonic()
-        server.stop()
-        took = time.monotonic() - t0
-        _, alive = psutil.wait_procs(stubs, timeout=5)
-        dirs = ["/dev/shm", config.get("shm-fallback-directory", "")]
-        left = _segments(prefix, *dirs)
-        if left or alive:
-            rows.append(Row(scenario, "stop: nothing left behind",
-                            f"{len(left)} segment(s) and {len(alive)} process(es) left: "
-                            f"{_short(', '.join(left))}", took, FAILED))
-        else:
-            rows.append(Row(scenario, "stop: nothing left behind",
-                            "stopped; no segment and no stub process left", took, OK))
-
-
-def _stub_processes() -> list[psutil.Process]:
-    """This process's stub children (not whatever else it runs, e.g. multiprocessing's)."""
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "tritonpy.stub" in child.cmdline():
-                out.append(child)
-        except psutil.Error:
-            continue
-    return out
-
-
-def _wait(cond: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
 
 # -- shm full ---------------------------------------------------------------------------------
 
@@ -240,10 +75,10 @@ def shm_full(ctx: Context) -> list[Row]:
     models = ["stress_io"] + ["stress_stream", "stress_bls_io"] * ctx.private_shm
     with serving(ctx, name, models, rows, backend) as server:
         model = server.model("stress_io")
-        where = (f"/dev/shm of {_mib(size)}" if ctx.private_shm
-                 else f"a host pool capped at {_mib(size)}")
-        rows.append(expect_error(name, f"client input of {_mib(big.nbytes)}, {where}",
-                                 infer(model, _io(big)), "shared memory exhausted",
+        where = (f"/dev/shm of {mib(size)}" if ctx.private_shm
+                 else f"a host pool capped at {mib(size)}")
+        rows.append(expect_error(name, f"client input of {mib(big.nbytes)}, {where}",
+                                 infer(model, io_inputs(big)), "shared memory exhausted",
                                  lambda: small_request_problem(model)))
         if not ctx.private_shm:
             why = f"needs a private /dev/shm ({ctx.no_private_shm})"
@@ -253,8 +88,8 @@ def shm_full(ctx: Context) -> list[Row]:
                           "the file-backed fallback"):
                 rows.append(Row(name, check, why, None, SKIPPED))
             return rows
-        rows.append(expect_error(name, f"model output of {_mib(big.nbytes)}",
-                                 infer(model, _io(_SMALL, big.nbytes)), "shared memory exhausted",
+        rows.append(expect_error(name, f"model output of {mib(big.nbytes)}",
+                                 infer(model, io_inputs(SMALL, big.nbytes)), "shared memory exhausted",
                                  lambda: small_request_problem(model)))
         del big
         # Another process takes all but 1 MiB. The pools' segments are already reserved, so a
@@ -264,26 +99,26 @@ def shm_full(ctx: Context) -> list[Row]:
         try:
             taken = _fill_dev_shm(filler, MiB)
             rows.append(expect_error(
-                name, f"/dev/shm filled by another process ({_mib(taken)}): "
-                      f"input of {_mib(half.nbytes)}",
-                infer(model, _io(half)), "shared memory exhausted",
+                name, f"/dev/shm filled by another process ({mib(taken)}): "
+                      f"input of {mib(half.nbytes)}",
+                infer(model, io_inputs(half)), "shared memory exhausted",
                 lambda: small_request_problem(model)))
-            rows.append(expect_error(name, f"the same: output of {_mib(half.nbytes)}",
-                                     infer(model, _io(_SMALL, half.nbytes)),
+            rows.append(expect_error(name, f"the same: output of {mib(half.nbytes)}",
+                                     infer(model, io_inputs(SMALL, half.nbytes)),
                                      "shared memory exhausted"))
             rows.append(_load_while_full(ctx, server, name))
         finally:
             filler.unlink(missing_ok=True)
         rows.append(expect_served(
-            name, f"the other process gone: input of {_mib(half.nbytes)}", infer(model, _io(half)),
+            name, f"the other process gone: input of {mib(half.nbytes)}", infer(model, io_inputs(half)),
             lambda out: None if np.array_equal(out["OUT"], half) else "came back different"))
         rows += _bls_and_stream(server, name, size)
     with tempfile.TemporaryDirectory(prefix="tritonpy-stress-") as spill:
         with serving(ctx, name, ["stress_io"], rows, {"shm-fallback-directory": spill}) as server:
             data = np.full(2 * size, 5, np.uint8)
             rows.append(expect_served(
-                name, f"shm-fallback-directory (on disk): input of {_mib(data.nbytes)}",
-                infer(server.model("stress_io"), _io(data)),
+                name, f"shm-fallback-directory (on disk): input of {mib(data.nbytes)}",
+                infer(server.model("stress_io"), io_inputs(data)),
                 lambda out: None if np.array_equal(out["OUT"], data) else "came back different"))
     return rows
 
@@ -296,20 +131,20 @@ def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:
     def small_bls_problem() -> str | None:
         answer = infer(bls, {"BYTES": np.array([4096], np.int64)})
         if answer.outputs is None:
-            return f"a 4 KiB BLS call failed: {_short(answer.error or '')}"
+            return f"a 4 KiB BLS call failed: {short(answer.error or '')}"
         return None if int(answer.outputs["RETURNED"][0]) == 4096 else "a 4 KiB BLS call came back wrong"
 
-    rows = [expect_error(scenario, f"BLS call with an input of {_mib(2 * size)}",
+    rows = [expect_error(scenario, f"BLS call with an input of {mib(2 * size)}",
                          infer(bls, {"BYTES": np.array([2 * size], np.int64)}),
                          "shared memory exhausted", small_bls_problem)]
     count, each = 16, 8 * MiB
-    check = f"stream of {count} responses of {_mib(each)} to a consumer 1 s late"
+    check = f"stream of {count} responses of {mib(each)} to a consumer 1 s late"
     got, problem, took = late_consumer(server, count, each)
     if got == count and not problem:
         rows.append(Row(scenario, check, f"all {count} came, in order", took, OK))
     else:
         ok = "shared memory exhausted" in problem
-        rows.append(Row(scenario, check, f"{got} came, then: {_short(problem)}", took,
+        rows.append(Row(scenario, check, f"{got} came, then: {short(problem)}", took,
                         OK if ok else FAILED))
     # Every pool keeps its first segment; the others go back once idle (5 s), and /dev/shm
     # has the room again once every process that mapped them has let go.
@@ -323,10 +158,10 @@ def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:
         return st.f_bavail * st.f_frsize
 
     before, free_before, t0 = extra(), free(), time.monotonic()
-    back = _wait(lambda: extra() == 0, 30)
+    back = wait_until(lambda: extra() == 0, 30)
     rows.append(Row(scenario, "idle segments given back (every pool)",
-                    f"{_mib(before)} mapped beyond the pools' first segments, then "
-                    f"{_mib(extra())}; /dev/shm free {_mib(free_before)} -> {_mib(free())}",
+                    f"{mib(before)} mapped beyond the pools' first segments, then "
+                    f"{mib(extra())}; /dev/shm free {mib(free_before)} -> {mib(free())}",
                     time.monotonic() - t0, OK if back else FAILED))
     return rows
 
@@ -340,12 +175,12 @@ def _load_while_full(ctx: Context, server: Any, scenario: str) -> Row:
     except Exception as exc:
         text = str(exc)
         ok = "shared memory" in text.lower() or "/dev/shm" in text
-        return Row(scenario, check, f"load refused: {_short(text)}", time.monotonic() - t0,
+        return Row(scenario, check, f"load refused: {short(text)}", time.monotonic() - t0,
                    OK if ok else FAILED)
     answer = infer(server.model("stress_slow"), {"SLEEP_MS": np.array([0], np.int64)})
     if answer.outputs is None:
         ok = "shared memory" in (answer.error or "").lower()
-        return Row(scenario, check, f"loaded; its request: error: {_short(answer.error or '')}",
+        return Row(scenario, check, f"loaded; its request: error: {short(answer.error or '')}",
                    time.monotonic() - t0, OK if ok else FAILED)
     return Row(scenario, check, "loaded and served (its tensors travel in the messages)",
                time.monotonic() - t0, OK)
@@ -399,7 +234,7 @@ def message_queue_full(ctx: Context) -> list[Row]:
         io = server.model("stress_io")
         t0 = time.monotonic()
         datas = [np.full(64, i % 251, np.uint8) for i in range(requests)]
-        streams = [io.infer(_io(d)) for d in datas]
+        streams = [io.infer(io_inputs(d)) for d in datas]
         good, first_error = 0, ""
         for data, stream in zip(datas, streams):
             try:
@@ -414,13 +249,13 @@ def message_queue_full(ctx: Context) -> list[Row]:
         took = time.monotonic() - t0
         outcome = f"{good:,}/{requests:,} answered right ({good / took:,.0f}/s)"
         rows.append(Row(name, f"{requests:,} requests at once to one instance",
-                        outcome + (f"; first error: {_short(first_error)}" if first_error else ""),
+                        outcome + (f"; first error: {short(first_error)}" if first_error else ""),
                         took, OK if good == requests else FAILED))
         got, problem, took = late_consumer(server, responses, 16)
         check = f"stream of {responses:,} responses to a consumer 1 s late"
         if problem or got != responses:
             rows.append(Row(name, check, f"{got:,} of {responses:,} came"
-                            + (f", then: {_short(problem)}" if problem else ""), took, FAILED))
+                            + (f", then: {short(problem)}" if problem else ""), took, FAILED))
         else:
             rows.append(Row(name, check, f"all {responses:,} came, in order", took, OK))
         reader = server.model("stress_bls_reader")
@@ -450,32 +285,6 @@ def message_queue_full(ctx: Context) -> list[Row]:
     return rows
 
 
-def late_consumer(server: Any, count: int, nbytes: int) -> tuple[int, str, float]:
-    """A ``stress_stream`` of ``count`` responses of ``nbytes`` whose consumer starts 1 s late:
-    how many came in order, what went wrong ("" if nothing), and how long it all took."""
-    t0 = time.monotonic()
-    stream = server.model("stress_stream").infer(
-        {"COUNT": np.array([count], np.int64), "BYTES": np.array([nbytes], np.int64)})
-    time.sleep(1.0)
-    got, problem = 0, ""
-    try:
-        while True:
-            resp = stream.get(timeout=120)
-            if resp.error is not None:
-                problem = resp.error.message
-                break
-            if "INDEX" in resp.outputs:
-                if int(resp.outputs["INDEX"].to_numpy()[0]) != got:
-                    problem = f"response {got} came out of order"
-                    break
-                got += 1
-            if resp.final:
-                break
-    except queue.Empty:
-        problem = "no response for 120 s"
-    return got, problem, time.monotonic() - t0
-
-
 # -- a stub killed or hung mid-request --------------------------------------------------------
 
 def _mid_request(ctx: Context, name: str, sig: signal.Signals, wanted: str,
@@ -487,7 +296,7 @@ def _mid_request(ctx: Context, name: str, sig: signal.Signals, wanted: str,
         inst = server.runtime("stress_slow").instances[0]
         pid = inst.stub.pid
         executing = model.infer({"SLEEP_MS": np.array([60_000], np.int64)})
-        if not _wait(lambda: inst.running >= 1, 30):
+        if not wait_until(lambda: inst.running >= 1, 30):
             rows.append(Row(name, "set-up", "the slow request never started", None, FAILED))
             executing.cancel()
             return rows
@@ -516,7 +325,7 @@ def _mid_request(ctx: Context, name: str, sig: signal.Signals, wanted: str,
         took = time.monotonic() - t0
         if errors:
             rows.append(Row(name, "the 3 requests queued behind it",
-                            f"{len(errors)} failed: {_short(errors[0])}", took, FAILED))
+                            f"{len(errors)} failed: {short(errors[0])}", took, FAILED))
         elif pid in pids:
             rows.append(Row(name, "the 3 requests queued behind it",
                             "served by the old stub", took, FAILED))
@@ -545,7 +354,7 @@ def _mid_stream(ctx: Context, name: str) -> list[Row]:
                 resp = stream.get(timeout=60)
                 if resp.error is not None:
                     if "SIGKILL" not in resp.error.message:
-                        problem = f"error: {_short(resp.error.message)}"
+                        problem = f"error: {short(resp.error.message)}"
                     break
                 out = resp.outputs["OUT"].to_numpy()
                 if out.nbytes != each or not (out == whole % 251).all():
@@ -555,7 +364,7 @@ def _mid_stream(ctx: Context, name: str) -> list[Row]:
                 del resp, out
         except queue.Empty:
             problem = "no error for 60 s"
-        check = f"SIGKILL mid-stream, {sent} responses of {_mib(each)} unread"
+        check = f"SIGKILL mid-stream, {sent} responses of {mib(each)} unread"
         if problem or whole != sent:
             rows.append(Row(name, check, problem or f"{whole} of {sent} came", None, FAILED))
         else:
@@ -564,7 +373,7 @@ def _mid_stream(ctx: Context, name: str) -> list[Row]:
         del stream
         # Its segments outlive it while the host maps them; they go once the responses have.
         dead = f"{server.options.shm_region_prefix_name}{pid}x"
-        gone = _wait(lambda: not list_segments(dead, server.options.shm_fallback_directory or None), 10)
+        gone = wait_until(lambda: not list_segments(dead, server.options.shm_fallback_directory or None), 10)
         rows.append(Row(name, "the dead stub's segments, once its responses are read",
                         "gone" if gone else f"left: {', '.join(list_segments(dead))}",
                         time.monotonic() - t0, OK if gone else FAILED))
@@ -604,7 +413,7 @@ def private_shm_unavailable(size: int) -> str | None:
                             f"mount -t tmpfs -o size={size} tmpfs /dev/shm"],
                            capture_output=True, text=True, timeout=30, check=False)
     if probe.returncode != 0:
-        return f"cannot mount one here: {_short(probe.stderr.strip()) or probe.returncode}"
+        return f"cannot mount one here: {short(probe.stderr.strip()) or probe.returncode}"
     return None
 
 
@@ -624,7 +433,7 @@ def _in_private_shm(ctx: Context) -> list[Row]:
             pass
     how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
            else f"exit status {proc.returncode}")
-    tail = _short(" | ".join(proc.stderr.strip().splitlines()[-3:]), 300)
+    tail = short(" | ".join(proc.stderr.strip().splitlines()[-3:]), 300)
     return [Row("shm full", "the run in a private /dev/shm", f"{how}: {tail}",
                 time.monotonic() - t0, FAILED)]
 
@@ -644,7 +453,7 @@ def run(names: Sequence[str], ctx: Context, inside_private_shm: bool = False) ->
         try:
             rows += SCENARIOS[name](ctx)
         except Exception as exc:  # the tool reports, it does not die half-way
-            rows.append(Row(name.replace("-", " "), "the scenario itself", f"{type(exc).__name__}: {_short(str(exc))}",
+            rows.append(Row(name.replace("-", " "), "the scenario itself", f"{type(exc).__name__}: {short(str(exc))}",
                             None, FAILED))
     return rows
 
