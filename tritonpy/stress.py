@@ -46,7 +46,7 @@ from ._gpus import visible_gpu_count
 from ._stress_checks import (
     DOCKER_SHM, FAILED, OK, PREFIX, SKIPPED, SMALL, Answer, Context, MiB, Row, expect_error,
     expect_served, infer, io_inputs, late_consumer, mib, serving, short, small_request_problem,
-    wait_until,
+    stub_processes, wait_until,
 )
 from ._stress_models import write_repository
 from .shm import list_segments, sweep_orphans
@@ -85,7 +85,7 @@ def shm_full(ctx: Context) -> list[Row]:
             for check in ("model output larger than /dev/shm", "/dev/shm filled by another process",
                           "a model loaded while /dev/shm is full", "BLS input larger than /dev/shm",
                           "a stream of big responses to a late consumer",
-                          "the file-backed fallback"):
+                          "the file-backed fallback", "a server started while /dev/shm is full"):
                 rows.append(Row(name, check, why, None, SKIPPED))
             return rows
         rows.append(expect_error(name, f"model output of {mib(big.nbytes)}",
@@ -120,7 +120,37 @@ def shm_full(ctx: Context) -> list[Row]:
                 name, f"shm-fallback-directory (on disk): input of {mib(data.nbytes)}",
                 infer(server.model("stress_io"), io_inputs(data)),
                 lambda out: None if np.array_equal(out["OUT"], data) else "came back different"))
+    rows.append(_start_while_full(name))
     return rows
+
+
+def _start_while_full(scenario: str) -> Row:
+    """A server started while another process holds all of /dev/shm: refused at once, with a
+    clear error, leaving nothing behind."""
+    from .server import Server
+
+    check = "a server started while /dev/shm is full"
+    filler = Path("/dev/shm") / f"tritonpy-stress-filler-{os.getpid()}"
+    prefix = f"{PREFIX}{os.getpid()}xf_"
+    t0 = time.monotonic()
+    try:
+        _fill_dev_shm(filler, 0)
+        server = Server(None, backend_config={"shm-region-prefix-name": prefix})
+        try:
+            server.start()
+        except Exception as exc:
+            outcome, ok = f"refused: {short(str(exc))}", "shared memory exhausted" in str(exc)
+        else:
+            server.stop()
+            outcome, ok = "started, where a refusal was expected", False
+    finally:
+        filler.unlink(missing_ok=True)
+    took = time.monotonic() - t0
+    left = list_segments(prefix) + [p.name() for p in stub_processes()]
+    if left:
+        return Row(scenario, check, f"{outcome}; left behind: {short(', '.join(left))}", took,
+                   FAILED)
+    return Row(scenario, check, outcome, took, OK if ok else FAILED)
 
 
 def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:

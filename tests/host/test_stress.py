@@ -72,7 +72,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     verdicts = [v for _, _, v, _ in rows]
     assert "FAILED" not in verdicts, proc.stdout
     assert [s for s, *_ in rows if s not in ("GPU memory full",)] == \
-        ["shm full"] * (12 if no_private is None else 8) + ["message queue full"] * 5 \
+        ["shm full"] * (13 if no_private is None else 9) + ["message queue full"] * 5 \
         + ["stub killed"] * 6 + ["stub hung"] * 3
     outcome = {(s, check): o for s, check, _, o in rows}
     verdict = {(s, check): v for s, check, v, _ in rows}
@@ -91,6 +91,8 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         streamed = outcome[(shm, "stream of 16 responses of 8 MiB to a consumer 1 s late")]
         assert streamed == "all 16 came, in order" or "shared memory exhausted" in streamed
         assert verdict[(shm, "idle segments given back (every pool)")] == "ok"
+        assert outcome[(shm, "a server started while /dev/shm is full")].startswith(
+            "refused: shared memory exhausted (no space left): asked for 16777216 bytes")
     else:
         assert "(pool cap): asked for 134217728 bytes" in \
             outcome[(shm, "client input of 128 MiB, a host pool capped at 64 MiB")]
@@ -139,6 +141,7 @@ def test_without_a_private_dev_shm_a_pool_cap_stands_in(tmp_path) -> None:
         ("BLS input larger than /dev/shm", "skipped"),
         ("a stream of big responses to a late consumer", "skipped"),
         ("the file-backed fallback", "skipped"),
+        ("a server started while /dev/shm is full", "skipped"),
         ("stop: nothing left behind", "ok")]
     assert "shared memory exhausted (pool cap): asked for 134217728 bytes" in rows[0].outcome
     assert rows[0].outcome.endswith("the next request is served")
