@@ -93,11 +93,13 @@ class PendingBytes:
 
 @dataclass
 class RequestedOutput:
-    """One entry of a request's ``outputs``; ``binary`` None means the request's default."""
+    """One entry of a request's ``outputs``; ``binary`` None means the request's default;
+    ``classification`` > 0 asks for that many classes instead of the tensor."""
 
     name: str
     binary: bool | None = None
     shm: ShmRef | None = None
+    classification: int = 0
 
 
 @dataclass
@@ -489,6 +491,57 @@ def _flatten(name: str, data: list[object], out: list[object], depth: int) -> No
             out.append(item)
 
 
+# ------------------------------------------------------------------ classification extension
+
+#: Output datatypes that can be classified, as in Triton (FP16, BOOL and BYTES cannot; Triton
+#: 2.51 even drops the connection, and dies, on a BYTES output).
+_CLASSIFIABLE = frozenset({"FP32", "FP64", "INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16",
+                           "UINT32", "UINT64"})
+
+
+def class_count(name: str, value: object) -> int:
+    """The ``classification`` parameter of requested output ``name``: 0 (absent) or more."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(
+            f"output '{name}': the 'classification' parameter must be a non-negative integer "
+            f"(how many classes to return), got {value!r}")
+    return value
+
+
+def classify(name: str, datatype: str, arr: np.ndarray, count: int, batched: bool,
+             labels: Sequence[str] | None) -> np.ndarray:
+    """Triton's classification extension: the ``count`` highest values of an output as BYTES
+    elements ``"<value>:<index>[:<label>]"``, highest first, equal values by index.
+
+    A batching model's output is classified per batch entry (shape ``[batch, count]``), any
+    other over all its elements (shape ``[count]``); ``count`` past the number of classes gives
+    them all. Floats print with 6 decimals, integers as they are; ``labels[i]`` (the output's
+    ``label_filename``, a line per class) names index ``i`` when it has that many lines.
+    """
+    if datatype not in _CLASSIFIABLE:
+        raise InvalidArgumentError(
+            f"class result not available for output '{name}' due to unsupported type "
+            f"'{datatype}'")
+    rows = arr.reshape(arr.shape[0], -1) if batched and arr.ndim else arr.reshape(1, -1)
+    n = rows.shape[1]
+    k = min(count, n)
+    floating = datatype in ("FP32", "FP64")
+    out = np.empty((rows.shape[0], k), dtype=object)
+    for r, row in enumerate(rows):
+        # Descending by value, equal values by ascending index: a stable ascending sort of the
+        # reversed row, read backwards (no negation, which unsigned types would wrap).
+        order = (n - 1) - np.argsort(row[::-1], kind="stable")[::-1][:k]
+        for j, i in enumerate(order.tolist()):
+            value = row[i].item()
+            text = f"{value:f}:{i}" if floating else f"{value}:{i}"
+            if labels is not None and i < len(labels):
+                text += f":{labels[i]}"
+            out[r, j] = text.encode()
+    return out if batched else out[0]
+
+
 def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
     """The bytes of an output in Triton's layout; a zero-copy view for fixed-size types."""
     if datatype == "BYTES":
@@ -856,7 +909,13 @@ class DataPlane:
             t = tensors[name]
             arr = t.to_numpy()
             spec = wanted.get(name)
-            out = OutputTensor(name, t.data_type, tuple(int(d) for d in t.shape), arr)
+            if spec is not None and spec.classification:
+                model = self.model(req.model, req.version)
+                arr = classify(name, t.data_type, arr, spec.classification,
+                               model.max_batch_size > 0, model.output_labels(name))
+                out = OutputTensor(name, "BYTES", arr.shape, arr)
+            else:
+                out = OutputTensor(name, t.data_type, tuple(int(d) for d in t.shape), arr)
             if spec is not None and spec.shm is not None:
                 self._write_shm(out, spec.shm)
             else:

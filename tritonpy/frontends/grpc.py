@@ -42,6 +42,7 @@ from .dataplane import (
     InferResult,
     RequestedOutput,
     apply_parameters,
+    class_count,
     element_count,
     forward_headers,
     input_from_raw,
@@ -169,11 +170,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
         req.outputs = []
         for out in request.outputs:
             params = {k: _param_value(v) for k, v in out.parameters.items()}
-            if params.get("classification"):
-                raise UnsupportedError(
-                    f"output '{out.name}': the classification extension is not supported by tritonpy"
-                )
-            req.outputs.append(RequestedOutput(out.name, None, shm_ref(out.name, params)))
+            req.outputs.append(RequestedOutput(out.name, None, shm_ref(out.name, params),
+                                               class_count(out.name, params.get("classification"))))
     return req
 
 

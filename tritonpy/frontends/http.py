@@ -40,6 +40,7 @@ from .dataplane import (
     InferResult,
     RequestedOutput,
     apply_parameters,
+    class_count,
     array_from_json,
     array_from_raw,
     forward_headers,
@@ -514,11 +515,8 @@ class HTTPFrontend:
             ref = shm_ref(out["name"], params)
             if ref is not None and binary:
                 raise InvalidArgumentError("Output can't set both 'shared_memory_region' and 'binary_data'")
-            if params.get("classification"):
-                raise UnsupportedError(
-                    f"output '{out['name']}': the classification extension is not supported by tritonpy"
-                )
-            result.append(RequestedOutput(out["name"], binary, ref))
+            result.append(RequestedOutput(out["name"], binary, ref,
+                                          class_count(out["name"], params.get("classification"))))
         return result
 
     def _raw_request(self, model: str, version: int, body: bytes | bytearray) -> InferRequest:
