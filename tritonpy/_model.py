@@ -167,7 +167,7 @@ class RuntimeBase:
         self.config = config
         self.config_json = config_json
         self.model_dir = model_dir
-        self.output_labels: dict[str, list[str] | None] = {}  # Model.output_labels' cache
+        self.output_labels: dict[str, list[str]] = {}  # read at load: config.read_labels
         self.state = LOADING
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)

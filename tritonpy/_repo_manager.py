@@ -235,6 +235,7 @@ class RepositoryManager:
             config_to_json,
             load_model_config,
             normalize_config,
+            read_labels,
         )
         from .repository import (
             available_versions,
@@ -269,6 +270,7 @@ class RepositoryManager:
             if not ensemble and srv.auto_complete:
                 cfg = self._auto_complete(entry, cfg, cfg_path)
             cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=self.gpu_count())
+            labels = read_labels(cfg, entry.directory, cfg_path) if entry.directory else {}
             versions = select_versions(cfg, available_versions(entry.directory))
             if ensemble:  # steps are loaded (explicit mode) and checked first
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
@@ -298,6 +300,8 @@ class RepositoryManager:
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files
         serving = {**kept, **new}
+        for rt in serving.values():
+            rt.output_labels = labels
         gone = [rt for v, rt in old.items() if v not in kept]
         for rt in gone:  # what still reaches an old version goes to its replacement
             rt.successor = serving.get(rt.version) or (

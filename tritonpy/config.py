@@ -32,7 +32,7 @@ from tritonclient.grpc.model_config_pb2 import (
     ModelSequenceBatching,
 )
 
-from tritonpy._errors import ConfigError, NotFoundError
+from tritonpy._errors import ConfigError, InternalError, NotFoundError
 
 __all__ = [
     "CONFIG_FILENAME", "ModelConfig", "config_from_dict", "config_to_dict", "config_to_json",
@@ -324,6 +324,29 @@ class _Invalid(Exception):
 def _require(ok: Any, message: str) -> None:
     if not ok:
         raise _Invalid(message)
+
+
+def read_labels(cfg: ModelConfig, model_dir: str, path: str) -> dict[str, list[str]]:
+    """The class labels of each output that names a ``label_filename`` (a label per line, line
+    i for class i), read at load as Triton reads them; a file that cannot be read fails the
+    load. The name must stay inside the model directory: a config may come over the network
+    (a repository load), and its labels go back to clients."""
+    labels: dict[str, list[str]] = {}
+    for out in cfg.output:
+        name = out.label_filename
+        if not name:
+            continue
+        if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/"):
+            raise ConfigError(f"{path}: output '{out.name}': label_filename {name!r} must name "
+                              "a file inside the model directory")
+        file = os.path.join(model_dir, name)
+        try:
+            with open(file, encoding="utf-8") as f:
+                labels[out.name] = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise InternalError(f"failed to open text file for read {file}: {why}") from None
+    return labels
 
 
 def normalize_config(

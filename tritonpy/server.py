@@ -28,7 +28,6 @@ from ._bls import BlsRouter
 from ._cache import ResponseCache
 from ._custom_metrics import CustomMetrics
 from ._errors import (
-    InternalError,
     InvalidArgumentError,
     TritonpyError,
     UnavailableError,
@@ -527,27 +526,9 @@ class Model:
         return json.loads(self._rt().config_json)
 
     def output_labels(self, output: str) -> list[str] | None:
-        """The class labels of ``output``: its ``label_filename`` in the model's directory, a
-        label per line (line i names class i), read once; None when it names no file.
-
-        Raises InternalError when the file cannot be read.
-        """
-        rt = self._rt()
-        cache = rt.output_labels
-        if output not in cache:
-            spec = next((o for o in rt.config.output if o.name == output), None)
-            if spec is None or not spec.label_filename:
-                cache[output] = None
-            else:
-                path = os.path.join(rt.model_dir, spec.label_filename)
-                try:
-                    with open(path, encoding="utf-8") as f:
-                        cache[output] = f.read().splitlines()
-                except (OSError, UnicodeDecodeError) as exc:
-                    raise InternalError(
-                        f"model '{self.name}', output '{output}': cannot read its "
-                        f"label_filename {spec.label_filename!r}: {exc}") from None
-        return cache[output]
+        """The class labels of ``output`` (its ``label_filename``, a label per line: line i
+        names class i), as read when the model loaded; None when it names no file."""
+        return self._rt().output_labels.get(output)
 
     @property
     def max_batch_size(self) -> int:

@@ -71,7 +71,8 @@ def urls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     repo = tmp_path_factory.mktemp("classification")
     models = {"cls": _config("cls", 0, "[ -1 ]"), "cls_b": _config("cls_b", 8, "[ 5 ]"),
               "cls_2d": _config("cls_2d", 0, "[ -1, -1 ]", None),
-              "cls_nofile": _config("cls_nofile", 0, "[ -1 ]", '"missing.txt"')}
+              "cls_nofile": _config("cls_nofile", 0, "[ -1 ]", '"missing.txt"'),
+              "cls_escape": _config("cls_escape", 0, "[ -1 ]", '"../cls/labels.txt"')}
     for name, config in models.items():
         (repo / name / "1").mkdir(parents=True)
         (repo / name / "config.pbtxt").write_text(config)
@@ -189,8 +190,18 @@ def test_grpc_negative_count_is_invalid_argument(urls) -> None:
     assert "must be a non-negative integer" in info.value.message()
 
 
-def test_a_label_file_that_cannot_be_read_is_named(urls) -> None:
-    with pytest.raises(InferenceServerException) as info:
-        classify(urls, "HTTP", "cls_nofile", X, "OUT", 2)
-    assert "model 'cls_nofile', output 'OUT': cannot read its label_filename 'missing.txt'" \
-        in info.value.message()
+def test_label_files_are_read_at_load(urls) -> None:
+    # As Triton: a label file that cannot be read fails the model's load, with its text. And
+    # one outside the model directory is refused (a config can come over the network, and
+    # labels go back to clients).
+    client = httpclient.InferenceServerClient(urls[0])
+    try:
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+    finally:
+        client.close()
+    nofile, escape = index["cls_nofile"], index["cls_escape"]
+    assert nofile["state"] == "UNAVAILABLE" and escape["state"] == "UNAVAILABLE"
+    assert nofile["reason"].startswith("failed to open text file for read ")
+    assert nofile["reason"].endswith("/cls_nofile/missing.txt: No such file or directory")
+    assert "output 'OUT': label_filename '../cls/labels.txt' must name a file inside the " \
+           "model directory" in escape["reason"]
