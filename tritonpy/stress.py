@@ -418,7 +418,7 @@ def stub_killed(ctx: Context) -> list[Row]:
 
 def stub_hung(ctx: Context) -> list[Row]:
     """SIGSTOP mid-execute: the stub stops answering; stub-timeout-seconds ends it."""
-    timeout = 1 if ctx.quick else 2
+    timeout = 2  # not less: a restarted stub on a loaded machine must not look hung
     return _mid_request(ctx, "stub hung", signal.SIGSTOP, "stub-timeout-seconds",
                         {"stub-timeout-seconds": str(timeout)})
 

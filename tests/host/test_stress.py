@@ -113,7 +113,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         "500/500 answered right")
     assert "killed by signal SIGKILL" in \
         outcome[("stub killed", "SIGKILL to the stub in execute: that request")]
-    assert "no answer for 1 s, stub-timeout-seconds" in \
+    assert "no answer for 2 s, stub-timeout-seconds" in \
         outcome[("stub hung", "SIGSTOP to the stub in execute: that request")]
     assert outcome[("stub killed", "SIGKILL mid-stream, 5 responses of 1 MiB unread")] == \
         "the 5 came whole, then the error naming SIGKILL"
