@@ -89,8 +89,8 @@ def shm_full(ctx: Context) -> list[Row]:
                 rows.append(Row(name, check, why, None, SKIPPED))
             return rows
         rows.append(expect_error(name, f"model output of {mib(big.nbytes)}",
-                                 infer(model, io_inputs(SMALL, big.nbytes)), "shared memory exhausted",
-                                 lambda: small_request_problem(model)))
+                                 infer(model, io_inputs(SMALL, big.nbytes)),
+                                 "shared memory exhausted", lambda: small_request_problem(model)))
         del big
         # Another process takes all but 1 MiB. The pools' segments are already reserved, so a
         # request that fits in them still goes; one that needs a new segment fails alone.
@@ -110,7 +110,8 @@ def shm_full(ctx: Context) -> list[Row]:
         finally:
             filler.unlink(missing_ok=True)
         rows.append(expect_served(
-            name, f"the other process gone: input of {mib(half.nbytes)}", infer(model, io_inputs(half)),
+            name, f"the other process gone: input of {mib(half.nbytes)}",
+            infer(model, io_inputs(half)),
             lambda out: None if np.array_equal(out["OUT"], half) else "came back different"))
         rows += _bls_and_stream(server, name, size)
     with tempfile.TemporaryDirectory(prefix="tritonpy-stress-") as spill:
@@ -162,7 +163,9 @@ def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:
         answer = infer(bls, {"BYTES": np.array([4096], np.int64)})
         if answer.outputs is None:
             return f"a 4 KiB BLS call failed: {short(answer.error or '')}"
-        return None if int(answer.outputs["RETURNED"][0]) == 4096 else "a 4 KiB BLS call came back wrong"
+        if int(answer.outputs["RETURNED"][0]) != 4096:
+            return "a 4 KiB BLS call came back wrong"
+        return None
 
     rows = [expect_error(scenario, f"BLS call with an input of {mib(2 * size)}",
                          infer(bls, {"BYTES": np.array([2 * size], np.int64)}),
@@ -403,7 +406,8 @@ def _mid_stream(ctx: Context, name: str) -> list[Row]:
         del stream
         # Its segments outlive it while the host maps them; they go once the responses have.
         dead = f"{server.options.shm_region_prefix_name}{pid}x"
-        gone = wait_until(lambda: not list_segments(dead, server.options.shm_fallback_directory or None), 10)
+        where = server.options.shm_fallback_directory or None
+        gone = wait_until(lambda: not list_segments(dead, where), 10)
         rows.append(Row(name, "the dead stub's segments, once its responses are read",
                         "gone" if gone else f"left: {', '.join(list_segments(dead))}",
                         time.monotonic() - t0, OK if gone else FAILED))
@@ -483,7 +487,8 @@ def run(names: Sequence[str], ctx: Context, inside_private_shm: bool = False) ->
         try:
             rows += SCENARIOS[name](ctx)
         except Exception as exc:  # the tool reports, it does not die half-way
-            rows.append(Row(name.replace("-", " "), "the scenario itself", f"{type(exc).__name__}: {short(str(exc))}",
+            rows.append(Row(name.replace("-", " "), "the scenario itself",
+                            f"{type(exc).__name__}: {short(str(exc))}",
                             None, FAILED))
     return rows
 
