@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ._errors import InvalidArgumentError, UnsupportedError
+from ._otel import OtelSettings, OtlpExporter, parse_traceparent
 from .shm.dtypes import triton_dtype_of
 
 log = logging.getLogger(__name__)
@@ -41,10 +42,12 @@ class Trace:
     input and output tensors (level TENSORS)."""
 
     __slots__ = ("id", "model", "version", "request_id", "events", "tensors", "timestamps",
-                 "_sink", "_finished")
+                 "context", "_sink", "_finished")
 
-    def __init__(self, trace_id: int, model: str, sink: _Sink, levels: list[str]) -> None:
+    def __init__(self, trace_id: int, model: str, sink: Any, levels: list[str],
+                 context: tuple[str, str] | None = None) -> None:
         self.id = trace_id
+        self.context = context  # OpenTelemetry: the caller's (trace id, span id), if given
         self.model = model
         self.version = -1
         self.request_id = ""
@@ -193,7 +196,14 @@ class Tracing:
     """
 
     def __init__(self, level: str | list[str] = "OFF", rate: int | str = 1000,
-                 count: int | str = -1, log_frequency: int | str = 0, file: str = "") -> None:
+                 count: int | str = -1, log_frequency: int | str = 0, file: str = "",
+                 mode: str = "triton", otel: OtelSettings | None = None) -> None:
+        if mode not in ("triton", "opentelemetry"):
+            raise InvalidArgumentError(
+                f"trace mode must be 'triton' or 'opentelemetry', got {mode!r}")
+        self.mode = mode
+        self.otel = otel or OtelSettings() if mode == "opentelemetry" else None
+        self._exporter = OtlpExporter(self.otel) if self.otel is not None else None
         levels = [level] if isinstance(level, str) else list(level)
         self._global: dict[str, Any] = {}
         self._global.update(_checked({"trace_level": levels, "trace_rate": str(rate),
@@ -222,17 +232,22 @@ class Tracing:
         and return those in effect. Raises for a bad value; nothing changes then."""
         if not isinstance(new, Mapping):
             raise InvalidArgumentError("trace settings must be a JSON object")
-        unknown = sorted(set(new) - {"trace_level", "trace_mode", "trace_file", *_NUMBERS})
+        known = {"trace_level", "trace_mode", "trace_file", *_NUMBERS}
+        if self.otel is not None:  # as Triton: shown, but not changed over the network
+            known |= set(self.otel.as_json())
+        unknown = sorted(set(new) - known)
         if unknown:
             raise InvalidArgumentError(f"unknown trace setting(s): {', '.join(unknown)}")
         if "trace_file" in new:
             raise UnsupportedError(
                 "trace file location can not be updated through network protocol")
         mode = new.get("trace_mode")
-        if mode is not None and mode != "triton":
+        if mode is not None and mode != self.mode and self.mode == "triton":
             raise InvalidArgumentError(
                 f"trace_mode can not be changed (tritonpy traces in mode 'triton'), got {mode!r}")
-        values = {k: v for k, v in new.items() if k != "trace_mode"}
+        # As Triton: in OpenTelemetry mode the mode and the file settings are left as they are.
+        ignored = {"trace_mode"} | ({"log_frequency", *self.otel.as_json()} if self.otel else set())
+        values = {k: v for k, v in new.items() if k not in ignored}
         cleared = [k for k, v in values.items() if v is None]
         if cleared and not model:
             raise InvalidArgumentError(
@@ -255,14 +270,20 @@ class Tracing:
             self._refresh()
             return self._effective(model)
 
-    @staticmethod
-    def _check_file(values: Mapping[str, Any]) -> None:
+    def _check_file(self, values: Mapping[str, Any]) -> None:
+        if self.mode != "triton":
+            return
         if values["trace_level"] != ["OFF"] and not values.get("trace_file"):
             raise InvalidArgumentError(
                 "Attempting to set invalid trace setting :trace file name is not given")
 
     def _effective(self, model: str) -> dict[str, Any]:
         values = dict(self._global, **self._models.get(model, {})) if model else self._global
+        if self.otel is not None:  # Triton's OpenTelemetry form: no file, the exporter's settings
+            return {"trace_level": list(values["trace_level"]),
+                    "trace_rate": str(values["trace_rate"]),
+                    "trace_count": str(values["trace_count"]),
+                    "trace_mode": "opentelemetry", **self.otel.as_json()}
         return {"trace_level": list(values["trace_level"]),
                 "trace_rate": str(values["trace_rate"]),
                 "trace_count": str(values["trace_count"]),
@@ -274,13 +295,21 @@ class Tracing:
                           for s in (self._global, *self._models.values()))
 
     # -- tracing -------------------------------------------------------------------------------
-    def start(self, model: str) -> Trace | None:
-        """A new trace for a request to ``model`` if it is sampled, else None."""
+    def start(self, model: str, traceparent: str = "") -> Trace | None:
+        """A new trace for a request to ``model`` if it is sampled, else None. In OpenTelemetry
+        mode a request that carries a valid W3C ``traceparent`` is traced whatever the rate
+        and count (as Triton), its spans in the caller's trace."""
+        context = parse_traceparent(traceparent) if self._exporter is not None else None
         with self._lock:
             own = self._models.get(model, {})
             values = dict(self._global, **own) if own else self._global
+            if values["trace_level"] == ["OFF"]:
+                return None
+            if context is not None and self._exporter is not None:
+                self._ids += 1
+                return Trace(self._ids, model, self._exporter, values["trace_level"], context)
             rate, count = int(values["trace_rate"]), int(values["trace_count"])
-            if values["trace_level"] == ["OFF"] or rate <= 0 or count == 0:
+            if rate <= 0 or count == 0:
                 return None
             scope = model if "trace_rate" in own else ""
             seen = self._seen[scope] = self._seen.get(scope, 0) + 1
@@ -289,6 +318,8 @@ class Tracing:
             if count > 0:
                 (own if "trace_count" in own else self._global)["trace_count"] = count - 1
             self._ids += 1
+            if self._exporter is not None:
+                return Trace(self._ids, model, self._exporter, values["trace_level"])
             key = (values["trace_file"], int(values["log_frequency"]))
             sink = self._sinks.get(key)
             if sink is None:
@@ -302,6 +333,8 @@ class Tracing:
             sinks = list(self._sinks.values())
         for sink in sinks:
             sink.close()
+        if self._exporter is not None:
+            self._exporter.close()
 
 
 def _checked(values: Mapping[str, Any]) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from . import stress
 from ._errors import TritonpyError
+from ._otel import OtelSettings
 from ._trace import Tracing
 
 if TYPE_CHECKING:
@@ -60,6 +62,33 @@ def _trace_config(text: str) -> tuple[str, str, str]:
     return mode, key.replace("_", "-"), value
 
 
+_OTEL_NUMBERS = ("bsp-max-queue-size", "bsp-schedule-delay", "bsp-max-export-batch-size")
+
+
+def _otel_setting(key: str, value: str, otel: dict[str, Any]) -> None:
+    """One ``--trace-config opentelemetry,<key>=<value>`` into ``otel`` (OtelSettings' fields)."""
+    if key == "url":
+        otel["url"] = value
+    elif key == "resource":
+        name, sep, attr = value.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"error: --trace-config opentelemetry,resource={value}: expected "
+                             "resource=<key>=<value>")
+        otel.setdefault("resource", {})[name] = attr
+    elif key in _OTEL_NUMBERS:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number <= 0:
+            raise SystemExit(f"error: --trace-config opentelemetry,{key}={value}: expected a "
+                             "positive integer")
+        otel[key.replace("-", "_")] = number
+    else:
+        raise SystemExit(f"error: --trace-config opentelemetry: unknown setting '{key}' (url, "
+                         f"resource, {', '.join(_OTEL_NUMBERS)})")
+
+
 def _tracing(args: argparse.Namespace) -> Tracing:
     """The trace settings of Triton's --trace-config (and its older --trace-* flags)."""
     levels = list(args.trace_level)
@@ -68,15 +97,26 @@ def _tracing(args: argparse.Namespace) -> Tracing:
         value = getattr(args, f"trace_{name}")
         if value is not None:
             given[name.replace("_", "-")] = value
-    for mode, key, value in args.trace_config:
-        if mode not in ("", "triton"):
-            raise SystemExit(f"error: --trace-config {mode}: tritonpy traces in mode 'triton' only")
+    mode = "triton"
+    otel: dict[str, Any] = {}
+    for key in _OTEL_NUMBERS:  # OpenTelemetry's own variables, under the flags
+        env = os.environ.get("OTEL_" + key.replace("-", "_").upper())
+        if env:
+            _otel_setting(key, env, otel)
+    for scope, key, value in args.trace_config:
+        if scope == "opentelemetry":
+            _otel_setting(key, value, otel)
+            continue
+        if scope not in ("", "triton"):
+            raise SystemExit(f"error: --trace-config {scope}: unknown trace mode (triton, "
+                             "opentelemetry)")
         if key == "level":
             levels.append(value)
         elif key == "mode":
-            if value != "triton":
-                raise SystemExit(f"error: --trace-config mode={value}: tritonpy traces in "
-                                 "mode 'triton' only")
+            if value not in ("triton", "opentelemetry"):
+                raise SystemExit(f"error: --trace-config mode={value}: expected triton or "
+                                 "opentelemetry")
+            mode = value
         elif key in ("rate", "count", "log-frequency", "file"):
             given[key] = value
         else:
@@ -85,7 +125,8 @@ def _tracing(args: argparse.Namespace) -> Tracing:
     try:
         return Tracing(level=levels or "OFF", rate=given.get("rate", 1000),
                        count=given.get("count", -1),
-                       log_frequency=given.get("log-frequency", 0), file=given.get("file", ""))
+                       log_frequency=given.get("log-frequency", 0), file=given.get("file", ""),
+                       mode=mode, otel=OtelSettings(**otel) if mode == "opentelemetry" else None)
     except TritonpyError as exc:
         raise SystemExit(f"error: trace settings: {exc.message}") from None
 
@@ -256,9 +297,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend-directory", default=None, metavar="DIR",
                    help="accepted for Triton's command lines; the python backend is built in")
     s.add_argument("--trace-config", action="append", default=[], type=_trace_config,
-                   metavar="[triton,]SETTING=VALUE",
-                   help="trace settings: level (OFF, TIMESTAMPS, TENSORS), rate, count, "
-                        "log-frequency, file (repeatable)")
+                   metavar="[MODE,]SETTING=VALUE",
+                   help="trace settings: level (OFF, TIMESTAMPS, TENSORS), rate, count, mode "
+                        "(triton, opentelemetry); triton,log-frequency and triton,file; "
+                        "opentelemetry,url, opentelemetry,resource=KEY=VALUE and "
+                        "opentelemetry,bsp_max_queue_size / bsp_schedule_delay / "
+                        "bsp_max_export_batch_size (repeatable)")
     s.add_argument("--trace-level", action="append", default=[], metavar="LEVEL",
                    help="Triton's older spelling of --trace-config level=")
     for old_flag in ("rate", "count", "log-frequency", "file"):

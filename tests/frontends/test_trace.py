@@ -213,7 +213,7 @@ def test_cli_trace_flags(tmp_path: Path) -> None:
         "trace_level": ["TIMESTAMPS"], "trace_rate": "100", "trace_count": "7",
         "log_frequency": "50", "trace_file": f"{tmp_path}/t.json", "trace_mode": "triton"}
     for flags, words in [(["--trace-config", "level=TIMESTAMPS"], "trace file name is not given"),
-                         (["--trace-config", "opentelemetry,url=x"], "mode 'triton' only"),
+                         (["--trace-config", "zipkin,url=x"], "unknown trace mode"),
                          (["--trace-config", "colour=red"], "unknown setting 'colour'")]:
         with pytest.raises(SystemExit, match=words):
             _tracing(build_parser().parse_args(["serve", *flags]))

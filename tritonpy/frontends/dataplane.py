@@ -118,8 +118,10 @@ class InferRequest:
     priority: int = 0
     binary_output_default: bool = False
     enable_empty_final: bool = False
-    # Tracing: the frontend's timestamps so far (name, ns), and the trace once sampled.
+    # Tracing: the frontend's timestamps so far (name, ns), the caller's W3C traceparent
+    # (OpenTelemetry mode), and the trace once sampled.
     received: tuple[tuple[str, int], ...] = ()
+    traceparent: str = ""
     trace: Trace | None = None
 
 
@@ -332,6 +334,14 @@ def header_pattern(pattern: str | None) -> re.Pattern[str] | None:
         return re.compile(pattern, flags)
     except re.error as exc:
         raise InvalidArgumentError(f"invalid header forward pattern '{pattern}': {exc}") from None
+
+
+def traceparent(headers: Any) -> str:
+    """The W3C ``traceparent`` among (name, value) pairs ("" if none)."""
+    for name, value in headers:
+        if name.lower() == "traceparent":
+            return str(value)
+    return ""
 
 
 def forward_headers(req: InferRequest, headers: Any, pattern: re.Pattern[str]) -> None:
@@ -848,7 +858,7 @@ class DataPlane:
                 large = await self._decode_pending(req, model, names)
                 break
         tracing = self.server.tracing
-        trace = tracing.start(model.name) if tracing.active else None
+        trace = tracing.start(model.name, req.traceparent) if tracing.active else None
         if trace is not None:
             trace.stamps(req.received)
             req.trace = trace

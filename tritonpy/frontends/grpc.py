@@ -45,6 +45,7 @@ from .dataplane import (
     class_count,
     element_count,
     forward_headers,
+    traceparent,
     input_from_raw,
     parse_version,
     shm_ref,
@@ -436,6 +437,7 @@ class GRPCService:
         if self.plane.server.tracing.active:
             # The HTTP/2 server hands over a request once read: its wait is not timed here.
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
+            req.traceparent = traceparent(context.metadata)
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         trace = req.trace
         if trace is None:
@@ -536,6 +538,8 @@ class GRPCService:
             req = decode_request(self.plane, request)
             if self.header_forward is not None:  # the stream's metadata, for each request
                 forward_headers(req, metadata, self.header_forward)
+            if self.plane.server.tracing.active:
+                req.traceparent = traceparent(metadata)
             model = self.plane.model(req.model, req.version)
             decoupled = bool(model.decoupled())
             if decoupled:
@@ -653,7 +657,8 @@ class GRPCFrontend:
                 getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
-                metadata=infer and self.header_forward is not None)
+                metadata=infer and (self.header_forward is not None
+                                    or self.plane.server.tracing.mode == "opentelemetry"))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
         try:

@@ -407,6 +407,7 @@ class HTTPFrontend:
         if self.plane.server.tracing.active:  # nothing built per request while tracing is off
             req.received = (("HTTP_RECV_START", request.received[0]),
                             ("HTTP_RECV_END", request.received[1]))
+            req.traceparent = request.headers.get("traceparent", "")
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         try:
             response = self._encode_result(result)
