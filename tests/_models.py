@@ -157,3 +157,27 @@ def infer(model: tritonpy.Model, inputs: Mapping[str, Any], wait: float = 30.0,
 
 def fp32(*values: float) -> np.ndarray:
     return np.array(values, dtype=np.float32)
+
+
+#: An ensemble of two ``double`` steps (write_model's default model): OUT = IN * 4.
+QUADRUPLE_ENSEMBLE = """
+name: "quadruple"
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "double", model_version: -1,
+    input_map { key: "IN", value: "IN" }, output_map { key: "OUT", value: "twice" } },
+  { model_name: "double", model_version: -1,
+    input_map { key: "IN", value: "twice" }, output_map { key: "OUT", value: "OUT" } }
+] }
+"""
+
+
+def write_quadruple(repo: str | os.PathLike[str]) -> None:
+    """``double`` and the ensemble ``quadruple`` of two of its steps."""
+    write_model(repo, "double")
+    mdir = Path(repo) / "quadruple"
+    (mdir / "1").mkdir(parents=True, exist_ok=True)
+    (mdir / "config.pbtxt").write_text(textwrap.dedent(QUADRUPLE_ENSEMBLE))

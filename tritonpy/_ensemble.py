@@ -491,6 +491,8 @@ class _Context:
         # A BLS caller blocked on the ensemble is blocked on its steps too.
         sreq.caller = parent.caller
         sreq.caller_exec = parent.caller_exec
+        if parent.trace is not None:  # as Triton: each step traced, under the ensemble's trace
+            sreq.trace = parent.trace.child(rt.name)
         ens.server.validate(rt, sreq)
         return sreq
 

@@ -9,7 +9,9 @@ all of kind SERVER, in one trace:
 * a span named after the model, child of the first: ``REQUEST_START``, ``QUEUE_START``,
   ``REQUEST_END``, with the attributes ``triton.model_name``, ``triton.model_version``,
   ``triton.trace_id``, ``triton.trace_parent_id`` and ``triton.request_id``;
-* ``compute``, child of the model's: the ``COMPUTE_*`` timestamps.
+* ``compute``, child of the model's: the ``COMPUTE_*`` timestamps;
+* for an ensemble, each step's model span (``triton.trace_parent_id`` the ensemble's trace
+  id) and compute span, under the ensemble's model span (which has no compute span).
 
 Times are the wall clock's (Unix nanoseconds), as OpenTelemetry's. The spans are sent as
 OTLP/HTTP JSON (what Triton's exporter sends) to ``url`` by a batch processor of Triton's
@@ -109,31 +111,44 @@ def _span(trace_id: str, span_id: str, parent: str | None, name: str,
     return span
 
 
+def _model_spans(trace: Any, trace_id: str, parent: str, offset: int) -> list[dict[str, Any]]:
+    """The model span of ``trace`` (under ``parent``), its compute span, and its ensemble
+    steps' spans under it: in the order they end."""
+    events = sorted(trace.events, key=lambda e: e[1])
+    compute = [e for e in events if e[0] in _COMPUTE]
+    model = [e for e in events if e[0] not in _FRONTEND and e[0] not in _COMPUTE]
+    if not model:
+        return []
+    span_id = secrets.token_hex(8)
+    out = []
+    for child in trace.children:
+        out += _model_spans(child, trace_id, span_id, offset)
+    if compute:
+        out.append(_span(trace_id, secrets.token_hex(8), span_id, "compute", compute, offset))
+    attributes = [
+        {"key": "triton.model_name", "value": {"stringValue": trace.model}},
+        {"key": "triton.model_version", "value": {"intValue": str(trace.version)}},
+        {"key": "triton.trace_id", "value": {"intValue": str(trace.id)}},
+        {"key": "triton.trace_parent_id", "value": {"intValue": str(trace.parent_id)}},
+        {"key": "triton.request_id", "value": {"stringValue": trace.request_id}},
+    ]
+    out.append(_span(trace_id, span_id, parent, trace.model, model, offset,
+                     attributes=attributes))
+    return out
+
+
 def spans_of(trace: Any, offset: int) -> list[dict[str, Any]]:
-    """The OTLP spans of a finished :class:`~tritonpy._trace.Trace` (compute, model,
-    InferRequest: the order they end in); ``offset`` turns its monotonic ns into Unix ns."""
+    """The OTLP spans of a finished :class:`~tritonpy._trace.Trace` (its steps', compute,
+    model, InferRequest: the order they end in); ``offset`` turns its monotonic ns into Unix
+    ns."""
     events = sorted(trace.events, key=lambda e: e[1])
     if not events:
         return []
     context = trace.context
     trace_id = context[0] if context else secrets.token_hex(16)
-    top_id, model_id = secrets.token_hex(8), secrets.token_hex(8)
+    top_id = secrets.token_hex(8)
     front = [e for e in events if e[0] in _FRONTEND]
-    compute = [e for e in events if e[0] in _COMPUTE]
-    model = [e for e in events if e[0] not in _FRONTEND and e[0] not in _COMPUTE]
-    out = []
-    if compute:
-        out.append(_span(trace_id, secrets.token_hex(8), model_id, "compute", compute, offset))
-    if model:
-        attributes = [
-            {"key": "triton.model_name", "value": {"stringValue": trace.model}},
-            {"key": "triton.model_version", "value": {"intValue": str(trace.version)}},
-            {"key": "triton.trace_id", "value": {"intValue": str(trace.id)}},
-            {"key": "triton.trace_parent_id", "value": {"intValue": "0"}},
-            {"key": "triton.request_id", "value": {"stringValue": trace.request_id}},
-        ]
-        out.append(_span(trace_id, model_id, top_id, trace.model, model, offset,
-                         attributes=attributes))
+    out = _model_spans(trace, trace_id, top_id, offset)
     out.append(_span(trace_id, top_id, context[1] if context else None, "InferRequest",
                      front, offset, start=events[0][1], end=events[-1][1]))
     return out

@@ -134,7 +134,8 @@ class HostRequest:
         trace = self.trace
         if trace is not None:
             trace.outputs(outputs or ())
-            trace.at("INFER_RESPONSE_COMPLETE")
+            if not trace.parent_id:  # as Triton: an ensemble step's trace has none
+                trace.at("INFER_RESPONSE_COMPLETE")
             if final:
                 trace.at("REQUEST_END")
         self.sink(self, outputs, error, parameters, final)

@@ -42,12 +42,17 @@ class Trace:
     input and output tensors (level TENSORS)."""
 
     __slots__ = ("id", "model", "version", "request_id", "events", "tensors", "timestamps",
-                 "context", "_sink", "_finished")
+                 "context", "parent_id", "children", "_levels", "_ids", "_sink", "_finished")
 
     def __init__(self, trace_id: int, model: str, sink: Any, levels: list[str],
-                 context: tuple[str, str] | None = None) -> None:
+                 context: tuple[str, str] | None = None, ids: Any = None,
+                 parent_id: int = 0) -> None:
         self.id = trace_id
         self.context = context  # OpenTelemetry: the caller's (trace id, span id), if given
+        self.parent_id = parent_id  # an ensemble step's: its ensemble request's trace id
+        self.children: list[Trace] = []  # the traces of an ensemble's steps
+        self._levels = levels
+        self._ids = ids  # the server's trace ids (a callable), for the children
         self.model = model
         self.version = -1
         self.request_id = ""
@@ -80,19 +85,31 @@ class Trace:
         if self.tensors is not None:
             self.tensors += (_tensor(self.id, "TENSOR_BACKEND_OUTPUT", n, a) for n, a in outputs)
 
+    def child(self, model: str) -> Trace:
+        """The trace of an ensemble step's request, written with this one (as Triton: its own
+        id, ``parent_id`` this trace's)."""
+        trace = Trace(self._ids() if self._ids is not None else 0, model, self._sink,
+                      self._levels, ids=self._ids, parent_id=self.id)
+        self.children.append(trace)
+        return trace
+
     def finish(self) -> None:
-        """The request is over: hand the trace to its file (once)."""
+        """The request is over: hand the trace, with its steps', to its file (once)."""
         if not self._finished:
             self._finished = True
-            self._sink.add(self)
+            if not self.parent_id:  # a step's trace goes with its ensemble's
+                self._sink.add(self)
 
     def entries(self) -> list[dict]:
-        out: list[dict] = []
+        """Triton's file entries: the steps' traces first (they end first), then this one."""
+        out: list[dict] = [e for child in self.children for e in child.entries()]
         if self.timestamps:  # as Triton: level TENSORS alone writes the tensors only
             head: dict[str, Any] = {"id": self.id, "model_name": self.model,
                                     "model_version": self.version}
             if self.request_id:
                 head["request_id"] = self.request_id
+            if self.parent_id:
+                head["parent_id"] = self.parent_id
             out.append(head)
             out += ({"id": self.id, "timestamps": [{"name": n, "ns": ns}]}
                     for n, ns in self.events)
@@ -306,8 +323,8 @@ class Tracing:
             if values["trace_level"] == ["OFF"]:
                 return None
             if context is not None and self._exporter is not None:
-                self._ids += 1
-                return Trace(self._ids, model, self._exporter, values["trace_level"], context)
+                return Trace(self._next_id_locked(), model, self._exporter, values["trace_level"],
+                             context, ids=self._next_id)
             rate, count = int(values["trace_rate"]), int(values["trace_count"])
             if rate <= 0 or count == 0:
                 return None
@@ -317,15 +334,24 @@ class Tracing:
                 return None
             if count > 0:
                 (own if "trace_count" in own else self._global)["trace_count"] = count - 1
-            self._ids += 1
+            trace_id = self._next_id_locked()
             if self._exporter is not None:
-                return Trace(self._ids, model, self._exporter, values["trace_level"])
+                return Trace(trace_id, model, self._exporter, values["trace_level"],
+                             ids=self._next_id)
             key = (values["trace_file"], int(values["log_frequency"]))
             sink = self._sinks.get(key)
             if sink is None:
                 parts = self._parts.setdefault(key[0], itertools.count())
                 sink = self._sinks[key] = _Sink(key[0], key[1], parts)
-            return Trace(self._ids, model, sink, values["trace_level"])
+            return Trace(trace_id, model, sink, values["trace_level"], ids=self._next_id)
+
+    def _next_id_locked(self) -> int:
+        self._ids += 1
+        return self._ids
+
+    def _next_id(self) -> int:
+        with self._lock:
+            return self._next_id_locked()
 
     def close(self) -> None:
         """Write what is left (the server stops)."""

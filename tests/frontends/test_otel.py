@@ -25,7 +25,7 @@ from tritonpy._otel import OtelSettings, parse_traceparent
 from tritonpy._trace import Tracing
 from tritonpy.cli import _tracing, build_parser
 from tritonpy.frontends import Frontends
-from _models import new_prefix, serving, wait_until, write_model
+from _models import new_prefix, serving, wait_until, write_model, write_quadruple
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -276,3 +276,38 @@ def test_what_waits_is_sent_when_the_server_stops(tmp_path, collector) -> None:
         time.sleep(0.3)
         assert collector.spans() == []  # a minute's schedule: nothing sent yet
     assert [s["name"] for s in collector.spans()] == ["compute", "double", "InferRequest"]
+
+
+def test_an_ensembles_steps_are_spans_under_its_model_span(tmp_path, collector) -> None:
+    # As Triton 2.51: each step's model span (trace_parent_id the ensemble's trace id) and
+    # compute span, under the ensemble's model span, which has no compute span of its own.
+    write_quadruple(tmp_path / "repo")
+    tracing = Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",
+                      otel=OtelSettings(url=collector.url, bsp_schedule_delay=50))
+    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+        try:
+            http.infer("quadruple", _inputs(httpclient), request_id="q1")
+            wait_until(lambda: len(collector.spans()) >= 6, 10, "six spans")
+        finally:
+            http.close()
+            fe.stop_in_thread()
+    spans = collector.spans()
+    assert sorted(s["name"] for s in spans) == ["InferRequest", "compute", "compute", "double",
+                                                "double", "quadruple"]
+    by_id = {s["spanId"]: s for s in spans}
+    (top,) = [s for s in spans if s["name"] == "InferRequest"]
+    (ens,) = [s for s in spans if s["name"] == "quadruple"]
+    assert ens["parentSpanId"] == top["spanId"]
+    attrs = {a["key"]: list(a["value"].values())[0] for a in ens["attributes"]}
+    for step in (s for s in spans if s["name"] == "double"):
+        assert step["parentSpanId"] == ens["spanId"]
+        step_attrs = {a["key"]: list(a["value"].values())[0] for a in step["attributes"]}
+        assert step_attrs["triton.trace_parent_id"] == attrs["triton.trace_id"]
+        assert step_attrs["triton.request_id"] == "q1"
+    for compute in (s for s in spans if s["name"] == "compute"):
+        assert by_id[compute["parentSpanId"]]["name"] == "double"
+    assert len({s["traceId"] for s in spans}) == 1

@@ -17,7 +17,7 @@ from tritonpy._errors import InvalidArgumentError, UnsupportedError
 from tritonpy._trace import Tracing
 from tritonpy.cli import _tracing, build_parser
 from tritonpy.frontends import Frontends
-from _models import new_prefix, serving, write_model
+from _models import new_prefix, serving, write_model, write_quadruple
 
 CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
         "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -241,3 +241,35 @@ def test_parts_of_one_file_are_numbered_across_log_frequencies(tmp_path: Path) -
     tracing.close()
     ids = [[t["head"]["id"] for t in _traces(_load(Path(f"{base}.{n}"))).values()] for n in (0, 1)]
     assert ids == [[1], [2, 3]]
+
+
+def test_an_ensembles_steps_are_traced_under_it(tmp_path: Path) -> None:
+    # As Triton 2.51 (compared side by side): each step has a trace of its own, with the
+    # ensemble's request id and its trace id as parent_id, written with the ensemble's; the
+    # steps' traces have no INFER_RESPONSE_COMPLETE.
+    write_quadruple(tmp_path / "repo")
+    trace_file = tmp_path / "trace.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
+    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+        try:
+            out = http.infer("quadruple", _inputs(httpclient), request_id="q1").as_numpy("OUT")
+            assert out.tolist() == [4, 8, 12]
+        finally:
+            http.close()
+            fe.stop_in_thread()
+    traces = _traces(_load(trace_file))
+    assert sorted(traces) == [1, 2, 3]
+    assert traces[1]["head"] == {"id": 1, "model_name": "quadruple", "model_version": 1,
+                                 "request_id": "q1"}
+    assert traces[1]["names"] == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START",
+                                  "QUEUE_START", "INFER_RESPONSE_COMPLETE", "REQUEST_END",
+                                  "HTTP_SEND_START", "HTTP_SEND_END"]
+    for step in (2, 3):
+        assert traces[step]["head"] == {"id": step, "model_name": "double", "model_version": 1,
+                                        "request_id": "q1", "parent_id": 1}
+        assert traces[step]["names"] == [n for n in CORE if n != "INFER_RESPONSE_COMPLETE"]
+    assert traces[2]["ns"][-1] <= traces[3]["ns"][0]  # the second step after the first
