@@ -77,6 +77,7 @@ class RequestBody(TypedDict, total=False):
     inputs: list  # WireTensor
     outputs: list[str]  # requested output names
     preferred_memory: list  # [kind, device_id]
+    trace: int  # the host's trace id of a traced request (request.trace(); BLS calls name it)
 
 
 class ExecuteBody(TypedDict):

@@ -791,7 +791,7 @@ class StubRuntime:
         if not req._model_name:
             raise TritonModelException("BLS InferenceRequest needs a model_name")
         encode = self.transport.encode
-        return {
+        body: dict[str, Any] = {
             "request": {
                 "model": req._model_name,
                 "version": req._model_version,
@@ -808,6 +808,10 @@ class StubRuntime:
             "decoupled": decoupled,
             "exec": _EXECUTE.get(),
         }
+        trace = req._trace.triton_trace
+        if trace:  # InferenceRequest(..., trace=request.trace()) of a traced request
+            body["request"]["trace"] = trace
+        return body
 
     def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
         if self._exec_busy and cmd in _WAITS_ON_SERVER:

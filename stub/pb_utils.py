@@ -62,7 +62,8 @@ class PreferredMemory:
 
 
 class Trace:
-    """Trace context of a request (accepted and carried; tritonpy does not trace)."""
+    """Trace context of a request: ``request.trace()`` of a traced request names its trace,
+    and a BLS ``InferenceRequest(..., trace=request.trace())`` is traced under it, as Triton."""
 
     def __init__(self, triton_trace: int = 0, trace_context: str | None = None) -> None:
         self.triton_trace = triton_trace
@@ -213,7 +214,8 @@ class InferenceRequest:
         r._flags = rb.get("flags", 0)
         r._timeout = rb.get("timeout", 0)
         r._preferred_memory = _DEFAULT_MEMORY
-        r._trace = _NO_TRACE
+        trace = rb.get("trace")
+        r._trace = Trace(trace) if type(trace) is int and trace > 0 else _NO_TRACE
         r._parameters = rb.get("parameters") or {}
         r._host_id = rb["id"]
         r._cancelled = False

@@ -181,3 +181,22 @@ def write_quadruple(repo: str | os.PathLike[str]) -> None:
     mdir = Path(repo) / "quadruple"
     (mdir / "1").mkdir(parents=True, exist_ok=True)
     (mdir / "config.pbtxt").write_text(textwrap.dedent(QUADRUPLE_ENSEMBLE))
+
+
+#: Calls ``double`` twice through BLS: once with ``trace=request.trace()``, once without.
+BLS_TRACED_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN")
+            traced = pb_utils.InferenceRequest(model_name="double", requested_output_names=["OUT"],
+                                               inputs=[x], trace=r.trace()).exec()
+            pb_utils.InferenceRequest(model_name="double", requested_output_names=["OUT"],
+                                      inputs=[x]).exec()
+            out.append(pb_utils.InferenceResponse(
+                [pb_utils.get_output_tensor_by_name(traced, "OUT")]))
+        return out
+"""

@@ -106,6 +106,14 @@ class BlsRouter:
             timeout_us=int(rb.get("timeout", 0)), parameters=params,
         )
         req.caller = inst
+        trace_id = rb.get("trace")
+        if type(trace_id) is int and trace_id > 0:
+            # InferenceRequest(..., trace=request.trace()): traced under that request's trace,
+            # if it is one that this instance executes now.
+            parent = next((r.trace for r in list(inst.active.values())
+                           if r.trace is not None and r.trace.id == trace_id), None)
+            if parent is not None:
+                req.trace = parent.child(target.name)
         # Waits count only while the execute that made the call runs (a task an async execute
         # left behind may still call after its execute has returned).
         key = body.get("exec")

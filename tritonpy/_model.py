@@ -541,6 +541,8 @@ class ModelRuntime(RuntimeBase):
                 "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
                 "inputs": inputs, "outputs": req.requested or self.all_outputs,
             })
+            if req.trace is not None:  # for request.trace(): BLS calls traced under it
+                bodies[-1]["trace"] = req.trace.id
         exec_id = inst.next_exec_id()
         if not ok:
             self._finish_execute(inst, batch)

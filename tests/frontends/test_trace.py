@@ -17,7 +17,7 @@ from tritonpy._errors import InvalidArgumentError, UnsupportedError
 from tritonpy._trace import Tracing
 from tritonpy.cli import _tracing, build_parser
 from tritonpy.frontends import Frontends
-from _models import new_prefix, serving, write_model, write_quadruple
+from _models import BLS_TRACED_PY, new_prefix, serving, write_model, write_quadruple
 
 CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
         "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -273,3 +273,30 @@ def test_an_ensembles_steps_are_traced_under_it(tmp_path: Path) -> None:
                                         "request_id": "q1", "parent_id": 1}
         assert traces[step]["names"] == [n for n in CORE if n != "INFER_RESPONSE_COMPLETE"]
     assert traces[2]["ns"][-1] <= traces[3]["ns"][0]  # the second step after the first
+
+
+def test_a_bls_call_given_request_trace_is_traced_under_it(tmp_path: Path) -> None:
+    # As Triton 2.51: InferenceRequest(..., trace=request.trace()) gives the call a trace of
+    # its own under the caller's (parent_id; the call's own request id, here none); a call
+    # without it is not traced.
+    write_model(tmp_path / "repo", "double")
+    write_model(tmp_path / "repo", "bls_traced", BLS_TRACED_PY)
+    trace_file = tmp_path / "trace.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
+    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+        try:
+            out = http.infer("bls_traced", _inputs(httpclient), request_id="b1").as_numpy("OUT")
+            assert out.tolist() == [2, 4, 6]
+        finally:
+            http.close()
+            fe.stop_in_thread()
+    traces = _traces(_load(trace_file))
+    assert sorted(traces) == [1, 2]
+    assert traces[1]["head"]["model_name"] == "bls_traced"
+    assert traces[2]["head"] == {"id": 2, "model_name": "double", "model_version": 1,
+                                 "parent_id": 1}
+    assert traces[2]["names"] == [n for n in CORE if n != "INFER_RESPONSE_COMPLETE"]
