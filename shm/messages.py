@@ -78,6 +78,7 @@ class RequestBody(TypedDict, total=False):
     outputs: list[str]  # requested output names
     preferred_memory: list  # [kind, device_id]
     trace: int  # the host's trace id of a traced request (request.trace(); BLS calls name it)
+    trace_context: str  # OpenTelemetry mode: the model span's W3C context, as JSON
 
 
 class ExecuteBody(TypedDict):

@@ -70,6 +70,9 @@ class Trace:
         self.trace_context = trace_context
 
     def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """In OpenTelemetry trace mode, the request's model span as W3C context in JSON
+        (``{"traceparent": "00-<trace id>-<span id>-01"}``), for the model to pass on to the
+        services it calls; None otherwise (as Triton 2.51, which takes no argument here)."""
         return self.trace_context
 
 
@@ -215,7 +218,8 @@ class InferenceRequest:
         r._timeout = rb.get("timeout", 0)
         r._preferred_memory = _DEFAULT_MEMORY
         trace = rb.get("trace")
-        r._trace = Trace(trace) if type(trace) is int and trace > 0 else _NO_TRACE
+        r._trace = (Trace(trace, rb.get("trace_context")) if type(trace) is int and trace > 0
+                    else _NO_TRACE)
         r._parameters = rb.get("parameters") or {}
         r._host_id = rb["id"]
         r._cancelled = False

@@ -543,6 +543,9 @@ class ModelRuntime(RuntimeBase):
             })
             if req.trace is not None:  # for request.trace(): BLS calls traced under it
                 bodies[-1]["trace"] = req.trace.id
+                context = req.trace.otel_context()
+                if context is not None:
+                    bodies[-1]["trace_context"] = context
         exec_id = inst.next_exec_id()
         if not ok:
             self._finish_execute(inst, batch)

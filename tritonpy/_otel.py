@@ -119,7 +119,7 @@ def _model_spans(trace: Any, trace_id: str, parent: str, offset: int) -> list[di
     model = [e for e in events if e[0] not in _FRONTEND and e[0] not in _COMPUTE]
     if not model:
         return []
-    span_id = secrets.token_hex(8)
+    span_id = trace.span_ids[2] if trace.span_ids else secrets.token_hex(8)
     out = []
     for child in trace.children:
         out += _model_spans(child, trace_id, span_id, offset)
@@ -145,8 +145,11 @@ def spans_of(trace: Any, offset: int) -> list[dict[str, Any]]:
     if not events:
         return []
     context = trace.context
-    trace_id = context[0] if context else secrets.token_hex(16)
-    top_id = secrets.token_hex(8)
+    if trace.span_ids:
+        trace_id, top_id = trace.span_ids[0], trace.span_ids[1]
+    else:
+        trace_id = context[0] if context else secrets.token_hex(16)
+        top_id = secrets.token_hex(8)
     front = [e for e in events if e[0] in _FRONTEND]
     out = _model_spans(trace, trace_id, top_id, offset)
     out.append(_span(trace_id, top_id, context[1] if context else None, "InferRequest",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import secrets
 import threading
 import time
 from typing import Any, Iterable, Iterator, Mapping
@@ -42,13 +43,17 @@ class Trace:
     input and output tensors (level TENSORS)."""
 
     __slots__ = ("id", "model", "version", "request_id", "events", "tensors", "timestamps",
-                 "context", "parent_id", "children", "_levels", "_ids", "_sink", "_finished")
+                 "context", "parent_id", "children", "span_ids", "_levels", "_ids", "_sink",
+                 "_finished")
 
     def __init__(self, trace_id: int, model: str, sink: Any, levels: list[str],
                  context: tuple[str, str] | None = None, ids: Any = None,
-                 parent_id: int = 0) -> None:
+                 parent_id: int = 0, span_ids: tuple[str, str, str] | None = None) -> None:
         self.id = trace_id
         self.context = context  # OpenTelemetry: the caller's (trace id, span id), if given
+        # OpenTelemetry: (trace id, InferRequest span id, model span id), made up front so that
+        # the model can read its span's context (request.trace().get_context()).
+        self.span_ids = span_ids
         self.parent_id = parent_id  # an ensemble step's: its ensemble request's trace id
         self.children: list[Trace] = []  # the traces of an ensemble's steps
         self._levels = levels
@@ -88,10 +93,19 @@ class Trace:
     def child(self, model: str) -> Trace:
         """The trace of an ensemble step's request, written with this one (as Triton: its own
         id, ``parent_id`` this trace's)."""
+        span_ids = None if self.span_ids is None else (self.span_ids[0], "", _span_id())
         trace = Trace(self._ids() if self._ids is not None else 0, model, self._sink,
-                      self._levels, ids=self._ids, parent_id=self.id)
+                      self._levels, ids=self._ids, parent_id=self.id, span_ids=span_ids)
         self.children.append(trace)
         return trace
+
+    def otel_context(self) -> str | None:
+        """What ``request.trace().get_context()`` gives the model in OpenTelemetry mode, as in
+        Triton: its model span's W3C context, as JSON; None in Triton mode."""
+        if self.span_ids is None:
+            return None
+        return json.dumps({"traceparent": f"00-{self.span_ids[0]}-{self.span_ids[2]}-01"},
+                          separators=(",", ":"))
 
     def finish(self) -> None:
         """The request is over: hand the trace, with its steps', to its file (once)."""
@@ -114,6 +128,10 @@ class Trace:
             out += ({"id": self.id, "timestamps": [{"name": n, "ns": ns}]}
                     for n, ns in self.events)
         return out + (self.tensors or [])
+
+
+def _span_id() -> str:
+    return secrets.token_hex(8)
 
 
 def _tensor(trace_id: int, activity: str, name: str, array: np.ndarray) -> dict:
@@ -324,7 +342,8 @@ class Tracing:
                 return None
             if context is not None and self._exporter is not None:
                 return Trace(self._next_id_locked(), model, self._exporter, values["trace_level"],
-                             context, ids=self._next_id)
+                             context, ids=self._next_id,
+                             span_ids=(context[0], _span_id(), _span_id()))
             rate, count = int(values["trace_rate"]), int(values["trace_count"])
             if rate <= 0 or count == 0:
                 return None
@@ -337,7 +356,8 @@ class Tracing:
             trace_id = self._next_id_locked()
             if self._exporter is not None:
                 return Trace(trace_id, model, self._exporter, values["trace_level"],
-                             ids=self._next_id)
+                             ids=self._next_id,
+                             span_ids=(secrets.token_hex(16), _span_id(), _span_id()))
             key = (values["trace_file"], int(values["log_frequency"]))
             sink = self._sinks.get(key)
             if sink is None:

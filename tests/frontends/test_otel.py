@@ -311,3 +311,43 @@ def test_an_ensembles_steps_are_spans_under_its_model_span(tmp_path, collector) 
     for compute in (s for s in spans if s["name"] == "compute"):
         assert by_id[compute["parentSpanId"]]["name"] == "double"
     assert len({s["traceId"] for s in spans}) == 1
+
+
+CONTEXT_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array(
+            [str(r.trace().get_context()).encode()], dtype=np.object_))]) for r in requests]
+"""
+CONTEXT_CONFIG = """
+backend: "python"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
+"""
+
+
+def test_the_model_reads_its_spans_context(tmp_path, collector) -> None:
+    # As Triton 2.51: request.trace().get_context() is the model span's W3C context as JSON
+    # (for the model to pass on); an untraced request's is None.
+    write_model(tmp_path / "repo", "context", CONTEXT_PY, CONTEXT_CONFIG)
+    tracing = Tracing(level="TIMESTAMPS", rate=2, mode="opentelemetry",
+                      otel=OtelSettings(url=collector.url, bsp_schedule_delay=50))
+    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+        try:
+            untraced = http.infer("context", _inputs(httpclient)).as_numpy("OUT")[0]
+            traced = http.infer("context", _inputs(httpclient),
+                                headers={"traceparent": TRACEPARENT}).as_numpy("OUT")[0]
+            wait_until(lambda: len(collector.spans()) >= 3, 10, "three spans")
+        finally:
+            http.close()
+            fe.stop_in_thread()
+    assert untraced == b"None"  # rate 2: the first request is not sampled
+    (model,) = [s for s in collector.spans() if s["name"] == "context"]
+    assert json.loads(traced) == {"traceparent": f"00-{PARENT_TRACE}-{model['spanId']}-01"}
