@@ -11,8 +11,11 @@ array with, per trace, one entry naming the model and one entry per timestamp; t
 ``trace_file`` itself (``log_frequency`` 0, closed when the server stops) or, every
 ``log_frequency`` traces, to ``trace_file.0``, ``trace_file.1``...
 
-Only requests from the HTTP and gRPC frontends are traced (the in-process API and BLS calls
-carry no trace, as requests made without one in Triton). Level TENSORS records each input
+Only requests from the HTTP and gRPC frontends are sampled (the in-process API carries no
+trace, as requests made without one in Triton). As in Triton, an ensemble's steps, and the BLS
+calls a model makes with ``trace=request.trace()``, are traced under their caller: traces of
+their own (``parent_id`` the caller's), written with it. In OpenTelemetry mode (``mode``) the
+traces go to :mod:`._otel` as spans instead of to a file. Level TENSORS records each input
 when the request is queued (``TENSOR_QUEUE_INPUT``) and each output of its responses
 (``TENSOR_BACKEND_OUTPUT``), values joined by commas as Triton writes them.
 """
@@ -55,7 +58,7 @@ class Trace:
         # the model can read its span's context (request.trace().get_context()).
         self.span_ids = span_ids
         self.parent_id = parent_id  # an ensemble step's: its ensemble request's trace id
-        self.children: list[Trace] = []  # the traces of an ensemble's steps
+        self.children: list[Trace] = []  # its ensemble steps' and traced BLS calls' traces
         self._levels = levels
         self._ids = ids  # the server's trace ids (a callable), for the children
         self.model = model
@@ -91,8 +94,8 @@ class Trace:
             self.tensors += (_tensor(self.id, "TENSOR_BACKEND_OUTPUT", n, a) for n, a in outputs)
 
     def child(self, model: str) -> Trace:
-        """The trace of an ensemble step's request, written with this one (as Triton: its own
-        id, ``parent_id`` this trace's)."""
+        """The trace of an ensemble step's request, or of a BLS call made with this trace,
+        written with this one (as Triton: its own id, ``parent_id`` this trace's)."""
         span_ids = None if self.span_ids is None else (self.span_ids[0], "", _span_id())
         trace = Trace(self._ids() if self._ids is not None else 0, model, self._sink,
                       self._levels, ids=self._ids, parent_id=self.id, span_ids=span_ids)
@@ -279,7 +282,8 @@ class Tracing:
         mode = new.get("trace_mode")
         if mode is not None and mode != self.mode and self.mode == "triton":
             raise InvalidArgumentError(
-                f"trace_mode can not be changed (tritonpy traces in mode 'triton'), got {mode!r}")
+                f"trace_mode can not be changed over the network (this server traces in mode "
+                f"'triton'), got {mode!r}")
         # As Triton: in OpenTelemetry mode the mode and the file settings are left as they are.
         ignored = {"trace_mode"} | ({"log_frequency", *self.otel.as_json()} if self.otel else set())
         values = {k: v for k, v in new.items() if k not in ignored}
