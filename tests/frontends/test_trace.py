@@ -300,3 +300,29 @@ def test_a_bls_call_given_request_trace_is_traced_under_it(tmp_path: Path) -> No
     assert traces[2]["head"] == {"id": 2, "model_name": "double", "model_version": 1,
                                  "parent_id": 1}
     assert traces[2]["names"] == [n for n in CORE if n != "INFER_RESPONSE_COMPLETE"]
+
+
+def test_a_grpc_stream_request_is_traced_with_its_reads_and_sends(traced) -> None:
+    # As Triton 2.51 (compared side by side): a ModelStreamInfer request's trace has the
+    # GRPC_WAITREAD and GRPC_SEND timestamps too, and ends after its answer is written.
+    import queue as queue_mod
+    server, fe, trace_file = traced
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+    answers: queue_mod.Queue = queue_mod.Queue()
+    try:
+        grpcc.start_stream(callback=lambda result, error: answers.put((result, error)))
+        grpcc.async_stream_infer("double", _inputs(grpcclient), request_id="s1")
+        result, error = answers.get(timeout=20)
+        assert error is None and result.as_numpy("OUT").tolist() == [2, 4, 6]
+        grpcc.stop_stream()
+    finally:
+        grpcc.close()
+    fe.stop_in_thread()
+    server.stop()
+    traces = _traces(_load(trace_file))
+    (only,) = traces.values()
+    assert only["head"] == {"id": 1, "model_name": "double", "model_version": 1,
+                            "request_id": "s1"}
+    assert only["names"] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE,
+                             "GRPC_SEND_START", "GRPC_SEND_END"]
+    assert only["ns"] == sorted(only["ns"])

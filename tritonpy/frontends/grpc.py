@@ -56,6 +56,16 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
+
+
+class _Traced:
+    """A stream response of a traced request: the writer stamps GRPC_SEND_START/END around it
+    and, after the request's last one, finishes the trace (as Triton's stream traces)."""
+
+    __slots__ = ("msg", "trace", "final")
+
+    def __init__(self, msg: Any, trace: Any, final: bool) -> None:
+        self.msg, self.trace, self.final = msg, trace, final
 #: Answers a stream holds for its client before it takes no more from the server.
 _STREAM_AHEAD = 64
 _DECOUPLED = "ModelInfer RPC doesn't support models with decoupled transaction policy"
@@ -513,14 +523,27 @@ class GRPCService:
                     continue
                 if isinstance(item, BaseException):
                     raise item
+                traced = item if type(item) is _Traced else None
+                if traced is not None:
+                    item = traced.msg
+                    traced.trace.at("GRPC_SEND_START")
                 try:
                     await context.write(item)
                 except Exception as exc:  # the client is gone: nobody to answer
                     log.debug("stream ended: a response could not be written: %r", exc)
                     return
+                finally:
+                    if traced is not None:
+                        traced.trace.at("GRPC_SEND_END")
+                        if traced.final:
+                            traced.trace.finish()
         finally:
             # The client went away or the server is stopping: cancel what is still running
             # (DataPlane.stream cancels each request inside the server).
+            while not queue.empty():  # traces whose last answer was not written: end them
+                left = queue.get_nowait()
+                if type(left) is _Traced and left.final:
+                    left.trace.finish()
             self._streams.discard(wake)
             reader.cancel()
             for task in list(tasks):
@@ -531,6 +554,8 @@ class GRPCService:
                           wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None],
                           metadata: Any) -> None:
         decoupled = False
+        req: InferRequest | None = None
+        handed = False  # the trace's last answer went to the writer, which finishes it
         try:
             if self.stopping:  # the drain waits for what runs, not for what comes after it
                 raise UnavailableError("the server is stopping: this stream takes no new "
@@ -539,17 +564,23 @@ class GRPCService:
             if self.header_forward is not None:  # the stream's metadata, for each request
                 forward_headers(req, metadata, self.header_forward)
             if self.plane.server.tracing.active:
+                t_read = time.monotonic_ns()  # the HTTP/2 server hands over a read message
+                req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
                 req.traceparent = traceparent(metadata)
             model = self.plane.model(req.model, req.version)
             decoupled = bool(model.decoupled())
             if decoupled:
                 turn.set_result(None)
-            async for result in self.plane.stream(req, model):
+            # The trace is finished by the writer, after the last answer's GRPC_SEND_END.
+            async for result in self.plane.stream(req, model, own_trace=False):
                 if not decoupled and wait_for is not None:
                     await wait_for
                 msg = self._stream_message(result, req.enable_empty_final, decoupled,
                                            request.model_version)
                 if msg is not None:
+                    if req.trace is not None:
+                        msg = _Traced(msg, req.trace, result.final)
+                        handed = result.final
                     queue.put_nowait(msg)
                     if queue.qsize() >= _STREAM_AHEAD:
                         room.clear()
@@ -562,13 +593,18 @@ class GRPCService:
                 await wait_for
             err = to_error(exc)
             log.debug("stream request %r failed: %s", request.id, err.message)
-            queue.put_nowait(service_pb2.ModelStreamInferResponse(
+            msg = service_pb2.ModelStreamInferResponse(
                 error_message=err.message,
-                infer_response=service_pb2.ModelInferResponse(id=request.id),
-            ))
+                infer_response=service_pb2.ModelInferResponse(id=request.id))
+            trace = req.trace if req is not None else None
+            if trace is not None and not handed:
+                msg, handed = _Traced(msg, trace, True), True
+            queue.put_nowait(msg)
         finally:
             if not turn.done():
                 turn.set_result(None)
+            if req is not None and req.trace is not None and not handed:
+                req.trace.finish()  # cancelled, or its last answer had nothing to send
 
     @staticmethod
     def _stream_message(result: InferResult, enable_empty_final: bool, decoupled: bool,
