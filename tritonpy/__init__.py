@@ -22,7 +22,9 @@ from ._errors import (
     UnknownError,
     UnsupportedError,
 )
+from ._otel import OtelSettings
 from ._request import AsyncResponseStream, InferenceResponse, ResponseStream, Tensor
+from ._trace import Tracing
 from .server import Model, Server, __version__
 
 __all__ = [
@@ -36,9 +38,11 @@ __all__ = [
     "InvalidArgumentError",
     "Model",
     "NotFoundError",
+    "OtelSettings",
     "ResponseStream",
     "Server",
     "Tensor",
+    "Tracing",
     "TritonpyError",
     "UnavailableError",
     "UnknownError",

@@ -230,7 +230,9 @@ class Tracing:
         rate: trace every ``rate``-th request (0: none).
         count: stop after this many traces (-1: no limit).
         log_frequency: write every this many traces to a new ``file.N`` (0: all to ``file``).
-        file: the trace file; required unless the level is OFF.
+        file: the trace file; required unless the level is OFF (in mode "triton").
+        mode: "triton" (to the file) or "opentelemetry" (spans to an OTLP/HTTP collector).
+        otel: the exporter's settings in mode "opentelemetry" (default: Triton's).
     """
 
     def __init__(self, level: str | list[str] = "OFF", rate: int | str = 1000,

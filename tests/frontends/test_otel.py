@@ -79,9 +79,10 @@ def collector() -> Iterator[Collector]:
 @pytest.fixture
 def traced(tmp_path: Path, collector: Collector) -> Iterator[tuple[tritonpy.Server, Frontends]]:
     write_model(tmp_path / "repo", "double")
-    tracing = Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",
-                      otel=OtelSettings(url=collector.url, resource={"deployment": "test"},
-                                        bsp_schedule_delay=100))
+    tracing = tritonpy.Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",  # public API
+                               otel=tritonpy.OtelSettings(url=collector.url,
+                                                          resource={"deployment": "test"},
+                                                          bsp_schedule_delay=100))
     with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
         fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
                        http_address="127.0.0.1", grpc_address="127.0.0.1")
