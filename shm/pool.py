@@ -8,7 +8,8 @@ the bytes of all its segments together.
 
 When ``/dev/shm`` itself has no room for a new segment, the pool calls ``on_exhausted(size)``
 (outside its lock) once: the process's hook gives idle segments back across processes (see
-``Cmd.RECLAIM``) and says whether the room came; if so, the allocation is tried again.
+``Cmd.RECLAIM``) and says whether this thread may wait for them. If so, the pool waits up to
+``RECLAIM_WAIT_S`` for the room and tries once more.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._errors import NO_SPACE, ShmExhaustedError
-from .segment import PAGE, Segment, free_bytes, process_token, round_up
+from .segment import PAGE, Segment, free_bytes, process_token, round_up, wait_for_room
 
 ALIGN = 64
 MiB = 1 << 20
@@ -196,7 +197,8 @@ class Pool:
             return self._allocate(nbytes)
         except ShmExhaustedError as exc:
             hook = self.on_exhausted
-            if hook is None or exc.reason != NO_SPACE or not hook(exc.asked):
+            if (hook is None or exc.reason != NO_SPACE or not hook(exc.asked)
+                    or not wait_for_room(self.directory, exc.asked, RECLAIM_WAIT_S)):
                 raise
         return self._allocate(nbytes)
 

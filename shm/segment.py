@@ -36,22 +36,22 @@ def process_token() -> str:
     return f"{os.getpid()}x{secrets.token_hex(3)}"
 
 
-def free_bytes(directory: str | None) -> int:
-    """Bytes still free on the filesystem that backs ``directory`` (``/dev/shm`` for None)."""
+def _blocks(directory: str | None, field: str) -> int:
     try:
         st = os.statvfs(directory or SHM_DIR)
     except OSError:
         return 0
-    return st.f_bavail * st.f_frsize
+    return int(getattr(st, field)) * st.f_frsize
+
+
+def free_bytes(directory: str | None) -> int:
+    """Bytes still free on the filesystem that backs ``directory`` (``/dev/shm`` for None)."""
+    return _blocks(directory, "f_bavail")
 
 
 def total_bytes(directory: str | None) -> int:
     """The size of the filesystem that backs ``directory`` (``/dev/shm`` for None)."""
-    try:
-        st = os.statvfs(directory or SHM_DIR)
-    except OSError:
-        return 0
-    return st.f_blocks * st.f_frsize
+    return _blocks(directory, "f_blocks")
 
 
 def wait_for_room(directory: str | None, nbytes: int, timeout: float) -> bool:

@@ -25,8 +25,7 @@ from typing import Any, Callable
 
 from tritonpy.shm import Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm.messages import PROTOCOL_VERSION
-from tritonpy.shm.pool import RECLAIM_EVERY_S, RECLAIM_WAIT_S
-from tritonpy.shm.segment import wait_for_room
+from tritonpy.shm.pool import RECLAIM_EVERY_S
 
 from . import pb_utils
 from ._pberrors import (
@@ -488,9 +487,9 @@ class StubRuntime:
 
     def _reclaim(self, need: int) -> bool:
         """The pool's hook when /dev/shm has no room for a new segment of ``need`` bytes: give
-        this stub's idle segments back, have the host ask every other process to do the same,
-        and wait a moment (this thread only) for the room. Other processes' idle segments
-        otherwise hold it until their idle time (5 s) runs out."""
+        this stub's idle segments back and have the host ask every other process to do the
+        same (their idle segments otherwise hold the room until their idle time, 5 s, runs
+        out); the pool then waits a moment for it (this thread only)."""
         try:
             self._give_back_idle()
             now = time.monotonic()
@@ -499,7 +498,7 @@ class StubRuntime:
                 self.channel.send(Cmd.RECLAIM, 0, need)
         except ChannelClosedError:
             return False
-        return wait_for_room(self.pool.directory, need, RECLAIM_WAIT_S)
+        return True
 
     def _reply(self, call_id: int, body: dict) -> None:
         self.channel.send(Cmd.REPLY, call_id, body)

@@ -148,6 +148,23 @@ def serving_models(repo: str | os.PathLike[str], models: Mapping[str, tuple[str,
         yield server
 
 
+@contextlib.contextmanager
+def serving_frontends(repo: str | os.PathLike[str], **kwargs: Any) -> Iterator[tuple[Any, Any]]:
+    """(server, frontends): :func:`serving` on ``repo`` (a fresh shm prefix) behind HTTP and
+    gRPC frontends on loopback (free ports, no metrics); the frontends stop first, as
+    ``tritonpy serve`` stops (a test may stop them itself before)."""
+    from tritonpy.frontends import Frontends
+
+    with serving(repo, new_prefix(), **kwargs) as server:
+        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
+                       http_address="127.0.0.1", grpc_address="127.0.0.1")
+        fe.start_in_thread()
+        try:
+            yield server, fe
+        finally:
+            fe.stop_in_thread()
+
+
 def infer(model: tritonpy.Model, inputs: Mapping[str, Any], wait: float = 30.0,
           **kwargs: Any) -> tritonpy.InferenceResponse:
     """The one response of a default-mode request (waits at most ``wait`` seconds)."""

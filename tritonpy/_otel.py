@@ -53,6 +53,11 @@ def parse_traceparent(value: str) -> tuple[str, str] | None:
     return m.group(1), m.group(2)
 
 
+#: The settings that the trace setting endpoints show in OpenTelemetry mode, and leave as they are.
+SETTING_NAMES = ("url", "resource", "bsp_schedule_delay", "bsp_max_export_batch_size",
+                 "bsp_max_queue_size")
+
+
 @dataclass
 class OtelSettings:
     """Triton's ``--trace-config opentelemetry,<setting>=<value>`` settings."""
@@ -119,7 +124,7 @@ def _model_spans(trace: Any, trace_id: str, parent: str, offset: int) -> list[di
     model = [e for e in events if e[0] not in _FRONTEND and e[0] not in _COMPUTE]
     if not model:
         return []
-    span_id = trace.span_ids[2] if trace.span_ids else secrets.token_hex(8)
+    span_id = trace.span_ids[2]
     out = []
     for child in trace.children:
         out += _model_spans(child, trace_id, span_id, offset)
@@ -144,16 +149,12 @@ def spans_of(trace: Any, offset: int) -> list[dict[str, Any]]:
     events = sorted(trace.events, key=lambda e: e[1])
     if not events:
         return []
-    context = trace.context
-    if trace.span_ids:
-        trace_id, top_id = trace.span_ids[0], trace.span_ids[1]
-    else:
-        trace_id = context[0] if context else secrets.token_hex(16)
-        top_id = secrets.token_hex(8)
+    trace_id, top_id, _ = trace.span_ids  # made when the trace started (Tracing.start)
     front = [e for e in events if e[0] in _FRONTEND]
     out = _model_spans(trace, trace_id, top_id, offset)
-    out.append(_span(trace_id, top_id, context[1] if context else None, "InferRequest",
-                     front, offset, start=events[0][1], end=events[-1][1]))
+    caller = trace.context[1] if trace.context else None
+    out.append(_span(trace_id, top_id, caller, "InferRequest", front, offset,
+                     start=events[0][1], end=events[-1][1]))
     return out
 
 

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ._errors import InvalidArgumentError, UnsupportedError
-from ._otel import OtelSettings, OtlpExporter, parse_traceparent
+from ._otel import SETTING_NAMES, OtelSettings, OtlpExporter, parse_traceparent
 from .shm.dtypes import triton_dtype_of
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,7 @@ class Tracing:
             raise InvalidArgumentError("trace settings must be a JSON object")
         known = {"trace_level", "trace_mode", "trace_file", *_NUMBERS}
         if self.otel is not None:  # as Triton: shown, but not changed over the network
-            known |= set(self.otel.as_json())
+            known.update(SETTING_NAMES)
         unknown = sorted(set(new) - known)
         if unknown:
             raise InvalidArgumentError(f"unknown trace setting(s): {', '.join(unknown)}")
@@ -287,7 +287,7 @@ class Tracing:
                 f"trace_mode can not be changed over the network (this server traces in mode "
                 f"'triton'), got {mode!r}")
         # As Triton: in OpenTelemetry mode the mode and the file settings are left as they are.
-        ignored = {"trace_mode"} | ({"log_frequency", *self.otel.as_json()} if self.otel else set())
+        ignored = {"trace_mode", *(("log_frequency", *SETTING_NAMES) if self.otel else ())}
         values = {k: v for k, v in new.items() if k not in ignored}
         cleared = [k for k, v in values.items() if v is None]
         if cleared and not model:

@@ -20,8 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
 from tritonpy.shm.dtypes import triton_dtype_of
-from tritonpy.shm.pool import RECLAIM_EVERY_S, RECLAIM_WAIT_S
-from tritonpy.shm.segment import wait_for_room
+from tritonpy.shm.pool import RECLAIM_EVERY_S
 
 from . import _repo_manager
 from ._bls import BlsRouter
@@ -250,16 +249,15 @@ class Server:
 
     def _reclaim(self, need: int) -> bool:
         """The host pool's hook when /dev/shm has no room for a new segment of ``need``
-        bytes: give the host's idle segments back, ask every stub to do the same, and wait a
-        moment for the room; not on the frame loop, which reads the stubs' answers."""
+        bytes: give the host's idle segments back and ask every stub to do the same; the pool
+        may then wait for the room, but not on the frame loop, which reads the stubs' answers
+        (there this request fails, and the room is there for the next ones)."""
         self._give_back_idle(force=True)
         now = time.monotonic()
         if now - self._reclaim_sent >= RECLAIM_EVERY_S:
             self._reclaim_sent = now
             self.broadcast(Cmd.RECLAIM, need)
-        if self.frames.on_loop():
-            return False  # this request fails; the room will be there for the next ones
-        return wait_for_room(self.pool.directory, need, RECLAIM_WAIT_S)
+        return not self.frames.on_loop()
 
     def broadcast(self, cmd: Cmd, body: Any, exclude: StubProcess | None = None) -> None:
         for rt in self.repo.runtimes():

@@ -50,13 +50,13 @@ from ._stress_checks import (
 )
 from ._stress_models import write_repository
 from .shm import list_segments, sweep_orphans
+from .shm.segment import free_bytes
 
 # -- shm full ---------------------------------------------------------------------------------
 
 def _fill_dev_shm(path: Path, leave: int) -> int:
     """Reserve all of ``/dev/shm`` but ``leave`` bytes in one file (another tenant's); its size."""
-    st = os.statvfs("/dev/shm")
-    size = max(0, st.f_bavail * st.f_frsize - leave)
+    size = max(0, free_bytes(None) - leave)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         if size:
@@ -186,15 +186,11 @@ def _bls_and_stream(server: Any, scenario: str, size: int) -> list[Row]:
     def extra() -> int:
         return sum(max(0, p.get("mapped_bytes", 0) - keep) for p in server.shm_usage())
 
-    def free() -> int:
-        st = os.statvfs("/dev/shm")
-        return st.f_bavail * st.f_frsize
-
-    before, free_before, t0 = extra(), free(), time.monotonic()
+    before, free_before, t0 = extra(), free_bytes(None), time.monotonic()
     back = wait_until(lambda: extra() == 0, 30)
     rows.append(Row(scenario, "idle segments given back (every pool)",
                     f"{mib(before)} mapped beyond the pools' first segments, then "
-                    f"{mib(extra())}; /dev/shm free {mib(free_before)} -> {mib(free())}",
+                    f"{mib(extra())}; /dev/shm free {mib(free_before)} -> {mib(free_bytes(None))}",
                     time.monotonic() - t0, OK if back else FAILED))
     return rows
 

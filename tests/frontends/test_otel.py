@@ -25,7 +25,7 @@ from tritonpy._otel import OtelSettings, parse_traceparent
 from tritonpy._trace import Tracing
 from tritonpy.cli import _tracing, build_parser
 from tritonpy.frontends import Frontends
-from _models import new_prefix, serving, wait_until, write_model, write_quadruple
+from _models import serving_frontends, wait_until, write_model, write_quadruple
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,14 +83,8 @@ def traced(tmp_path: Path, collector: Collector) -> Iterator[tuple[tritonpy.Serv
                                otel=tritonpy.OtelSettings(url=collector.url,
                                                           resource={"deployment": "test"},
                                                           bsp_schedule_delay=100))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
-        try:
-            yield server, fe
-        finally:
-            fe.stop_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
+        yield server, fe
 
 
 def _inputs(mod: Any) -> list[Any]:
@@ -209,10 +203,7 @@ def test_a_collector_that_is_down_costs_nothing_but_a_warning(tmp_path, caplog) 
     write_model(tmp_path / "repo", "double")
     tracing = Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",
                       otel=OtelSettings(url="127.0.0.1:9/v1/traces", bsp_schedule_delay=50))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             for _ in range(5):
@@ -222,7 +213,6 @@ def test_a_collector_that_is_down_costs_nothing_but_a_warning(tmp_path, caplog) 
                        "the export warning")
         finally:
             http.close()
-            fe.stop_in_thread()
     assert caplog.text.count("OpenTelemetry: cannot export") == 1  # once, not per export
 
 
@@ -264,16 +254,12 @@ def test_what_waits_is_sent_when_the_server_stops(tmp_path, collector) -> None:
     write_model(tmp_path / "repo", "double")
     tracing = Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",
                       otel=OtelSettings(url=collector.url, bsp_schedule_delay=60_000))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             http.infer("double", _inputs(httpclient))
         finally:
             http.close()
-            fe.stop_in_thread()
         time.sleep(0.3)
         assert collector.spans() == []  # a minute's schedule: nothing sent yet
     assert [s["name"] for s in collector.spans()] == ["compute", "double", "InferRequest"]
@@ -285,17 +271,13 @@ def test_an_ensembles_steps_are_spans_under_its_model_span(tmp_path, collector) 
     write_quadruple(tmp_path / "repo")
     tracing = Tracing(level="TIMESTAMPS", rate=1, mode="opentelemetry",
                       otel=OtelSettings(url=collector.url, bsp_schedule_delay=50))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             http.infer("quadruple", _inputs(httpclient), request_id="q1")
             wait_until(lambda: len(collector.spans()) >= 6, 10, "six spans")
         finally:
             http.close()
-            fe.stop_in_thread()
     spans = collector.spans()
     assert sorted(s["name"] for s in spans) == ["InferRequest", "compute", "compute", "double",
                                                 "double", "quadruple"]
@@ -336,10 +318,7 @@ def test_the_model_reads_its_spans_context(tmp_path, collector) -> None:
     write_model(tmp_path / "repo", "context", CONTEXT_PY, CONTEXT_CONFIG)
     tracing = Tracing(level="TIMESTAMPS", rate=2, mode="opentelemetry",
                       otel=OtelSettings(url=collector.url, bsp_schedule_delay=50))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             untraced = http.infer("context", _inputs(httpclient)).as_numpy("OUT")[0]
@@ -348,7 +327,6 @@ def test_the_model_reads_its_spans_context(tmp_path, collector) -> None:
             wait_until(lambda: len(collector.spans()) >= 3, 10, "three spans")
         finally:
             http.close()
-            fe.stop_in_thread()
     assert untraced == b"None"  # rate 2: the first request is not sampled
     (model,) = [s for s in collector.spans() if s["name"] == "context"]
     assert json.loads(traced) == {"traceparent": f"00-{PARENT_TRACE}-{model['spanId']}-01"}

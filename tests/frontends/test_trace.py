@@ -17,7 +17,7 @@ from tritonpy._errors import InvalidArgumentError, UnsupportedError
 from tritonpy._trace import Tracing
 from tritonpy.cli import _tracing, build_parser
 from tritonpy.frontends import Frontends
-from _models import BLS_TRACED_PY, new_prefix, serving, write_model, write_quadruple
+from _models import BLS_TRACED_PY, serving_frontends, write_model, write_quadruple
 
 CORE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
         "COMPUTE_OUTPUT_START", "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
@@ -48,14 +48,8 @@ def traced(tmp_path: Path) -> Iterator[tuple[tritonpy.Server, Frontends, Path]]:
     write_model(tmp_path / "repo", "double")
     trace_file = tmp_path / "trace.json"
     tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
-        try:
-            yield server, fe, trace_file
-        finally:
-            fe.stop_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
+        yield server, fe, trace_file
 
 
 def _inputs(mod):
@@ -250,17 +244,13 @@ def test_an_ensembles_steps_are_traced_under_it(tmp_path: Path) -> None:
     write_quadruple(tmp_path / "repo")
     trace_file = tmp_path / "trace.json"
     tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             out = http.infer("quadruple", _inputs(httpclient), request_id="q1").as_numpy("OUT")
             assert out.tolist() == [4, 8, 12]
         finally:
             http.close()
-            fe.stop_in_thread()
     traces = _traces(_load(trace_file))
     assert sorted(traces) == [1, 2, 3]
     assert traces[1]["head"] == {"id": 1, "model_name": "quadruple", "model_version": 1,
@@ -283,17 +273,13 @@ def test_a_bls_call_given_request_trace_is_traced_under_it(tmp_path: Path) -> No
     write_model(tmp_path / "repo", "bls_traced", BLS_TRACED_PY)
     trace_file = tmp_path / "trace.json"
     tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
-    with serving(tmp_path / "repo", new_prefix(), tracing=tracing) as server:
-        fe = Frontends(server, http_port=0, grpc_port=0, allow_metrics=False,
-                       http_address="127.0.0.1", grpc_address="127.0.0.1")
-        fe.start_in_thread()
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
             out = http.infer("bls_traced", _inputs(httpclient), request_id="b1").as_numpy("OUT")
             assert out.tolist() == [2, 4, 6]
         finally:
             http.close()
-            fe.stop_in_thread()
     traces = _traces(_load(trace_file))
     assert sorted(traces) == [1, 2]
     assert traces[1]["head"]["model_name"] == "bls_traced"
