@@ -12,8 +12,12 @@ import enum
 from typing import Any, TypedDict
 
 # 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
-# element). 4: RECLAIM. A stub of another version is refused.
-PROTOCOL_VERSION = 4
+# element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. A stub of another
+# version is refused.
+PROTOCOL_VERSION = 5
+# preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
+MEMORY_CPU = 0
+MEMORY_GPU = 2
 
 
 class Cmd(enum.IntEnum):
@@ -76,7 +80,8 @@ class RequestBody(TypedDict, total=False):
     parameters: dict[str, Any]
     inputs: list  # WireTensor
     outputs: list[str]  # requested output names
-    preferred_memory: list  # [kind, device_id]
+    preferred_memory: list  # [kind, device_id]: a BLS call's; absent: where the target puts them
+    gpu_ok: bool  # its responses may carry GPU tensors (else the stub copies them to the CPU)
     trace: int  # the host's trace id of a traced request (request.trace(); BLS calls name it)
     trace_context: str  # OpenTelemetry mode: the model span's W3C context, as JSON
 

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
+from . import cuda
 from ._errors import ProtocolError
+from .cuda import GPU, IPC_HANDLE_BYTES, DeviceRef
 from .dtypes import ITEMSIZE, deserialize_bytes, numpy_dtype, serialize_bytes, triton_dtype_of
 from .pool import Pool, SegmentMap
 from .segment import PAGE, Segment
@@ -42,6 +44,7 @@ WireTensor = list  # [name, triton_dtype, shape, data: bytes | handle]
 # for an immutable block: one that the sender keeps and sends again (a BLS input Tensor sent
 # over and over), so nobody may write into it. The host reads it through read-only views;
 # a stub hands it to model code as a copy-on-write mapping (writes stay private to that view).
+# A GPU tensor's handle is [ipc_handle, offset, nbytes, export_id, GPU, device] (see cuda.py).
 IMMUTABLE = 1
 
 
@@ -193,7 +196,7 @@ class TensorTransport:
 
     def __init__(self, pool: Pool, segments: SegmentMap | None = None,
                  inline_limit: int = INLINE_LIMIT, writable_inline: bool = True,
-                 private_views: bool = True) -> None:
+                 private_views: bool = True, device_refs: bool = False) -> None:
         self.pool = pool
         self.segments = segments if segments is not None else pool.segments
         self.inline_limit = inline_limit
@@ -204,6 +207,9 @@ class TensorTransport:
         # Immutable blocks reach model code as copy-on-write views (a stub), or as read-only
         # views for a reader that never writes (the host, whose users get copies).
         self.private = PrivateViews() if private_views else None
+        # GPU tensors decode to DeviceRef stand-ins (the host, which only passes them on), or
+        # to CuPy arrays over the sender's device memory (a stub).
+        self.device_refs = device_refs
         self.copies = 0  # bytes copied into shm by encode(), for tests and benchmarks
         self.forwards = 0  # arrays sent by handle without a copy
         self.reuses = 0  # sends of a tensor's kept shm copy (see encode's ``owner``)
@@ -217,6 +223,8 @@ class TensorTransport:
         at its second send, which every later send reuses without copying (immutable). The
         real Triton keeps the copy made at the first send; a second copy spares the common
         once-sent tensor a private mapping at the receiver."""
+        if type(arr) is not np.ndarray and cuda.is_device_array(arr):
+            return [name, triton_dtype_of(arr), list(arr.shape), self._device_handle(arr, peer)]
         dt = triton_dtype_of(arr)
         shape = list(arr.shape)
         if dt == "BYTES":
@@ -266,6 +274,14 @@ class TensorTransport:
         owner._shm = arr
         return [seg.name, off, arr.nbytes, peer.export(arr), IMMUTABLE]
 
+    @staticmethod
+    def _device_handle(arr: Any, peer: Peer) -> list:
+        if type(arr) is DeviceRef:  # the host passes a GPU tensor on
+            return [arr.handle, arr.offset, arr.nbytes, peer.export(arr), GPU, arr.device]
+        arr = cuda.contiguous(arr)
+        handle, off, device = cuda.export(arr)
+        return [handle, off, int(arr.nbytes), peer.export(arr), GPU, device]
+
     def encode_many(self, tensors: list[tuple[str, np.ndarray]], peer: Peer) -> list[WireTensor]:
         return [self.encode(n, a, peer) for n, a in tensors]
 
@@ -302,6 +318,8 @@ class TensorTransport:
                 if len(shape) != 1:
                     arr = arr.reshape(shape)
             return name, arr
+        if isinstance(data, list) and len(data) == 6 and data[4] == GPU:
+            return name, self._decode_device(name, dt, shape, count, data, peer)
         if not (isinstance(data, list) and (len(data) == 4 or len(data) == 5 and data[4] == IMMUTABLE)):
             raise ProtocolError(f"malformed tensor {name!r}: bad data field")
         seg_name, off, nbytes, eid = data[:4]
@@ -344,6 +362,29 @@ class TensorTransport:
                          nbytes >= URGENT_RELEASE_BYTES and len(data) == 4)
         return name, root.reshape(shape)
 
+    def _decode_device(self, name: str, dt: str, shape: list, count: int, data: list,
+                       peer: Peer) -> Any:
+        handle, off, nbytes, eid, _, device = data
+        if not (type(eid) is int and type(off) is int and type(nbytes) is int
+                and type(device) is int and type(handle) is bytes):
+            raise ProtocolError(f"malformed GPU handle for tensor {name!r}")
+        if len(handle) != IPC_HANDLE_BYTES or off < 0 or dt == "BYTES" \
+                or nbytes != count * ITEMSIZE[dt]:
+            peer.owe_release(eid)
+            raise ProtocolError(f"GPU handle for tensor {name!r} does not fit its {dt} {shape}: "
+                                f"{nbytes} bytes, handle of {len(handle)}")
+        npdt = _NUMPY_DTYPES[dt]
+        if self.device_refs:
+            ref = DeviceRef(handle, off, nbytes, device, npdt, tuple(shape))
+            weakref.finalize(ref, peer.owe_release, eid)
+            return ref
+        try:
+            return cuda.open_array(handle, off, nbytes, npdt, tuple(shape),
+                                   lambda: peer.owe_release(eid))
+        except Exception as exc:
+            peer.owe_release(eid)
+            raise ProtocolError(f"tensor {name!r}: cannot map its GPU memory: {exc}") from None
+
     def discard(self, wires: Any, peer: Peer) -> None:
         """Give back the handles of wire tensors that will never be decoded (their reader is
         gone), without mapping them: the sender's blocks are freed as if views had died."""
@@ -351,7 +392,7 @@ class TensorTransport:
             return
         for w in wires:
             data = w[3] if type(w) is list and len(w) == 4 else None
-            if type(data) is list and len(data) in (4, 5) and type(data[3]) is int:
+            if type(data) is list and len(data) in (4, 5, 6) and type(data[3]) is int:
                 peer.owe_release(data[3], type(data[2]) is int and len(data) == 4
                                  and data[2] >= URGENT_RELEASE_BYTES)
 

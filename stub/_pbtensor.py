@@ -5,6 +5,8 @@ from typing import Any
 
 import numpy as np
 
+from tritonpy.shm import cuda
+
 from ._pberrors import TritonModelException
 
 TRITON_STRING_TO_NUMPY: dict[str, Any] = {
@@ -101,6 +103,9 @@ class Tensor:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if type(self._arr) is not np.ndarray and not self.is_cpu():
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to "
+                                       "NumPy.")  # Triton's words
         return self._arr
 
     def shape(self) -> list[int]:
@@ -110,10 +115,17 @@ class Tensor:
         return self._dtype
 
     def is_cpu(self) -> bool:
-        return True
+        return not hasattr(self._arr, "__cuda_array_interface__")
+
+    def to_cpu(self) -> Tensor:
+        """This tensor in host memory: itself when it is there, else a copy of a GPU tensor
+        (no torch or CuPy code needed in the model)."""
+        if self.is_cpu():
+            return self
+        return Tensor._wrap(self._name, cuda.to_host(self._arr))
 
     def to_dlpack(self) -> Any:
-        """A DLPack capsule of the data (CPU; BYTES tensors have no DLPack form)."""
+        """A DLPack capsule of the data (CPU or GPU; BYTES tensors have no DLPack form)."""
         if self._dtype == 13:
             raise TritonModelException("DLPack does not support BYTES tensors")
         return self._arr.__dlpack__()
@@ -141,15 +153,18 @@ class Tensor:
                 f"Tensor '{name}': from_dlpack was given a {type(dlpack_tensor).__name__}. "
                 "Provided tensor is not supported. Tensor must be a DLPack capsule or have "
                 "`__dlpack__` and `__dlpack_device__` attributes")
+        if isinstance(dlpack_tensor, Tensor) and not dlpack_tensor.is_cpu():
+            return Tensor._wrap(name, dlpack_tensor._arr)  # the same device memory
         if not capsule:
             dev = dlpack_tensor.__dlpack_device__()
+            if int(dev[0]) == cuda.KDL_CUDA:
+                return Tensor._wrap(name, _cupy_from_dlpack(dlpack_tensor))
             if int(dev[0]) != 1:  # kDLCPU
                 raise TritonModelException(
-                    "GPU tensors need the gpu extra (cupy) and a GPU; this tensor is on "
-                    f"device type {int(dev[0])}"
-                )
+                    f"Tensor '{name}': DLPack device type {int(dev[0])} is not supported; "
+                    "tensors must be in CPU (1) or CUDA (2) memory")
             return Tensor(name, np.from_dlpack(dlpack_tensor))
-        # A bare capsule: wrap it so numpy can consume it.
+        # A bare capsule (torch.utils.dlpack.to_dlpack): numpy takes a CPU one, CuPy the rest.
         class _Capsule:
             def __init__(self, cap: Any) -> None:
                 self.cap = cap
@@ -160,7 +175,23 @@ class Tensor:
             def __dlpack_device__(self) -> tuple[int, int]:
                 return (1, 0)
 
-        return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
+        try:
+            return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
+        except (BufferError, RuntimeError, TypeError, ValueError):
+            return Tensor._wrap(name, _cupy_from_dlpack(dlpack_tensor))
 
     def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={list(self._arr.shape)}, dtype={self._arr.dtype})"
+        where = "" if self.is_cpu() else ", GPU"
+        return (f"Tensor({self._name!r}, shape={list(self._arr.shape)}, "
+                f"dtype={self._arr.dtype}{where})")
+
+
+def _cupy_from_dlpack(obj: Any) -> Any:
+    """A CuPy array over a CUDA DLPack tensor (or capsule), zero copy."""
+    try:
+        cp = cuda.cupy()
+    except Exception as exc:
+        raise TritonModelException(f"GPU tensors need CuPy: {exc}") from None
+    if isinstance(obj, cp.ndarray):
+        return obj
+    return cp.from_dlpack(obj)

@@ -23,7 +23,10 @@ import time
 import traceback
 from typing import Any, Callable
 
-from tritonpy.shm import Channel, ChannelClosedError, Cmd, Pool, TensorTransport
+import numpy as np
+
+from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
+from tritonpy.shm import cuda
 from tritonpy.shm.messages import PROTOCOL_VERSION
 from tritonpy.shm.pool import RECLAIM_EVERY_S
 
@@ -183,6 +186,9 @@ class StubRuntime:
             label=f"stub:{self.name}",
         )
         self.transport = TensorTransport(self.pool)
+        # As Triton's FORCE_CPU_ONLY_INPUT_TENSORS (default "yes"): GPU inputs are copied to
+        # the CPU before execute sees them, unless the model's config says "no".
+        self.cpu_inputs = True
         self.channel = Channel(sock, self.transport, f"stub:{self.name}",
                                maintenance=self._maintain)
         self.pool.on_exhausted = self._reclaim
@@ -526,6 +532,9 @@ class StubRuntime:
             args = body["args"]
             self.model_config = json.loads(args["model_config"])
             self.decoupled = bool(body.get("decoupled"))
+            force = ((self.model_config.get("parameters") or {})
+                     .get("FORCE_CPU_ONLY_INPUT_TENSORS") or {}).get("string_value", "yes")
+            self.cpu_inputs = str(force).strip().lower() not in ("no", "false", "off", "0")
             self.max_async = max(1, int(body.get("max_async", 1)))
             if hasattr(self.model, "initialize"):
                 result = self.model.initialize(args)
@@ -588,8 +597,13 @@ class StubRuntime:
         peer = self.peer
         wrap = Tensor._wrap
         received = pb_utils.InferenceRequest._received
+        cpu_inputs = self.cpu_inputs
         for rb in body["requests"]:
             inputs = [wrap(*decode(w, peer)) for w in rb["inputs"]]
+            if cpu_inputs:
+                for t in inputs:
+                    if type(t._arr) is not np.ndarray and not t.is_cpu():
+                        t._arr = cuda.to_host(t._arr)
             req = received(rb.get("model", ""), inputs, rb, self.decoupled)
             out.append(req)
             self._active[req._host_id] = req
@@ -741,15 +755,25 @@ class StubRuntime:
         if resp._err is not None:
             body["error"] = resp._err._to_wire()
         wanted = req._requested_output_names
-        encode = self.transport.encode
-        body["outputs"] = [
-            encode(t._name, t._arr, self.peer)
-            for t in resp._output_tensors
-            if not wanted or t._name in wanted
-        ]
+        encode, peer, gpu_ok = self.transport.encode, self.peer, req._gpu_ok
+        outputs = body["outputs"] = []
+        for t in resp._output_tensors:
+            if wanted and t._name not in wanted:
+                continue
+            arr = t._arr
+            if type(arr) is not np.ndarray and not gpu_ok and not t.is_cpu():
+                arr = self._host_copy(arr)
+            outputs.append(encode(t._name, arr, peer))
         if resp._parameters:
             body["parameters"] = resp._parameters
         return body
+
+    def _host_copy(self, arr: Any) -> np.ndarray:
+        """A GPU output copied to the CPU for a reader there: straight into shared memory
+        when it will travel by handle."""
+        if arr.nbytes <= INLINE_LIMIT:
+            return cuda.to_host(arr)
+        return cuda.to_host(arr, self.pool.new_array(arr.dtype, tuple(arr.shape)))
 
     def send_response(self, req: pb_utils.InferenceRequest,
                       resp: pb_utils.InferenceResponse | None, final: bool) -> None:
@@ -801,12 +825,14 @@ class StubRuntime:
                 "parameters": req._parameters,
                 "inputs": [encode(t._name, t._arr, self.peer, t) for t in req._inputs],
                 "outputs": req._requested_output_names,
-                "preferred_memory": [req._preferred_memory.preferred_memory_type,
-                                     req._preferred_memory.preferred_device_id],
             },
             "decoupled": decoupled,
             "exec": _EXECUTE.get(),
         }
+        memory = req._preferred_memory
+        if memory is not None:
+            body["request"]["preferred_memory"] = [memory.preferred_memory_type,
+                                                   memory.preferred_device_id]
         trace = req._trace.triton_trace
         if trace:  # InferenceRequest(..., trace=request.trace()) of a traced request
             body["request"]["trace"] = trace
@@ -832,10 +858,10 @@ class StubRuntime:
         if decoupled:
             waiter = _Waiter()
             call_id = self._call(Cmd.BLS_INFER, body, waiter)
-            return _ResponseIterator(self, call_id, waiter)
+            return _ResponseIterator(self, call_id, waiter, req._preferred_memory)
         waiter = _Waiter()
         self._call(Cmd.BLS_INFER, body, waiter)
-        return self._to_response(self._await(waiter, spin=True))
+        return self._to_response(self._await(waiter, spin=True), req._preferred_memory)
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
@@ -852,7 +878,7 @@ class StubRuntime:
             except BaseException:  # cancelled: nobody will read this stream
                 waiter.abandon(self.drop_reply)
                 raise
-            return _AsyncResponseIterator(self, call_id, waiter)
+            return _AsyncResponseIterator(self, call_id, waiter, req._preferred_memory)
         fut = waiter.future
         assert fut is not None
         try:
@@ -861,17 +887,20 @@ class StubRuntime:
             if fut.done() and not fut.cancelled():  # the reply came just before the cancel
                 self.drop_reply(fut.result())
             raise
-        return self._to_response(body)
+        return self._to_response(body, req._preferred_memory)
 
     def drop_reply(self, body: Any) -> None:
         """A BLS reply nobody will read: its tensors' blocks go back undecoded."""
         if isinstance(body, dict):
             self.transport.discard(body.get("outputs"), self.peer)
 
-    def _to_response(self, body: dict) -> pb_utils.InferenceResponse:
+    def _to_response(self, body: dict,
+                     memory: pb_utils.PreferredMemory | None = None) -> pb_utils.InferenceResponse:
         err = body.get("error")
         decode, peer, wrap = self.transport.decode, self.peer, Tensor._wrap
         outputs = [wrap(*decode(w, peer)) for w in body.get("outputs") or ()]
+        if memory is not None:
+            _place(outputs, memory)
         return pb_utils.InferenceResponse(
             outputs, TritonError._from_wire(err) if err else None, body.get("parameters") or {})
 
@@ -911,13 +940,28 @@ class StubRuntime:
         return float(self._await(waiter).get("value", 0.0))
 
 
+def _place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
+    """Move BLS outputs where the caller's ``preferred_memory`` asks (BYTES stay on the CPU).
+    The host asked the target for CPU outputs already when the caller prefers the CPU."""
+    if memory.preferred_memory_type != pb_utils.TRITONSERVER_MEMORY_GPU:
+        for t in outputs:
+            if type(t._arr) is not np.ndarray and not t.is_cpu():
+                t._arr = cuda.to_host(t._arr)
+        return
+    for t in outputs:
+        if t.is_cpu() and t._dtype != 13:
+            t._arr = cuda.to_device(t._arr, memory.preferred_device_id)
+
+
 class _ResponseIterator:
     """What ``exec(decoupled=True)`` returns: responses as they arrive, with cancel()."""
 
-    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter) -> None:
+    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter,
+                 memory: pb_utils.PreferredMemory | None = None) -> None:
         self._rt = rt
         self._call_id = call_id
         self._waiter = waiter
+        self._memory = memory
         self._done = False
         # As Triton's: the responses are kept, and iterating again once the stream has ended
         # starts over from the first.
@@ -935,7 +979,7 @@ class _ResponseIterator:
         if body.get("empty") and not body.get("error"):
             resp = pb_utils.InferenceResponse([])  # a bare final flag: an empty response
         else:
-            resp = self._rt._to_response(body)
+            resp = self._rt._to_response(body, self._memory)
         self._seen.append(resp)
         self._pos = len(self._seen)
         return resp

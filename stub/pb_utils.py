@@ -76,7 +76,6 @@ class Trace:
         return self.trace_context
 
 
-_DEFAULT_MEMORY = PreferredMemory()
 _UNSET: Any = object()  # an argument left out (None given explicitly is a TypeError, as Triton)
 _NO_TRACE = Trace()
 
@@ -193,7 +192,8 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        self._preferred_memory = preferred_memory or PreferredMemory()
+        # None: BLS outputs stay where the target model made them (Triton's default).
+        self._preferred_memory = preferred_memory
         self._trace = trace or Trace()
         self._parameters = _check_parameters(parameters)
         # Set by the runtime on requests that arrive in execute().
@@ -202,6 +202,7 @@ class InferenceRequest:
         self._sender: ResponseSender | None = None
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._decoupled_model = False
+        self._gpu_ok = False
 
     @classmethod
     def _received(cls, model_name: str, inputs: list[Tensor], rb: dict,
@@ -216,7 +217,10 @@ class InferenceRequest:
         r._model_version = rb.get("version", -1)
         r._flags = rb.get("flags", 0)
         r._timeout = rb.get("timeout", 0)
-        r._preferred_memory = _DEFAULT_MEMORY
+        r._preferred_memory = None
+        # Whether its responses may carry GPU tensors: only to a BLS caller that did not ask
+        # for CPU outputs (the host's frontends and ensembles read tensors on the CPU).
+        r._gpu_ok = rb.get("gpu_ok", False)
         trace = rb.get("trace")
         r._trace = (Trace(trace, rb.get("trace_context")) if type(trace) is int and trace > 0
                     else _NO_TRACE)

@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tritonpy.shm import Cmd
+from tritonpy.shm.messages import MEMORY_GPU
 
 from ._errors import InvalidArgumentError, NotFoundError, TritonpyError, UnavailableError
 from ._request import HostRequest
@@ -106,6 +107,8 @@ class BlsRouter:
             timeout_us=int(rb.get("timeout", 0)), parameters=params,
         )
         req.caller = inst
+        memory = rb.get("preferred_memory")
+        req.gpu_ok = not (type(memory) is list and memory and memory[0] != MEMORY_GPU)
         trace_id = rb.get("trace")
         if type(trace_id) is int and trace_id > 0:
             # InferenceRequest(..., trace=request.trace()): traced under that request's trace,

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable
 
 from tritonpy.shm import Cmd, ShmExhaustedError
+from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.messages import RequestBody
 
 from ._errors import (
@@ -470,7 +471,10 @@ class ModelRuntime(RuntimeBase):
 
     def _answered_from_cache(self, req: HostRequest, cache: Any) -> bool:
         """Answer ``req`` from the response cache if it holds its answer; else arrange for
-        its successful answer to be kept there."""
+        its successful answer to be kept there. GPU tensors (a BLS call's) are not cached: the
+        host never reads device memory."""
+        if req.caller is not None and any(type(a) is DeviceRef for _, a in req.inputs):
+            return False
         t0 = time.monotonic_ns()
         key = cache.key(self.name, self.version, req.inputs)
         hit = cache.lookup(key, req.requested or self.all_outputs)
@@ -483,7 +487,8 @@ class ModelRuntime(RuntimeBase):
         sink, stats = req.sink, self.stats
 
         def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
-            if final and error is None and outputs:
+            if final and error is None and outputs and not any(
+                    type(a) is DeviceRef for _, a in outputs):
                 t = time.monotonic_ns()
                 cache.insert(key, outputs, params)  # copies: before the caller takes them
                 stats.cache_inserted(time.monotonic_ns() - t)
@@ -541,6 +546,8 @@ class ModelRuntime(RuntimeBase):
                 "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
                 "inputs": inputs, "outputs": req.requested or self.all_outputs,
             })
+            if req.gpu_ok:
+                bodies[-1]["gpu_ok"] = True
             if req.trace is not None:  # for request.trace(): BLS calls traced under it
                 bodies[-1]["trace"] = req.trace.id
                 context = req.trace.otel_context()

@@ -84,7 +84,7 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "queue_deadline", "trace", "__weakref__",
+        "queue_deadline", "trace", "gpu_ok", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -119,6 +119,9 @@ class HostRequest:
         # When its queue timeout passes (time.monotonic_ns; 0: never), set by the batcher.
         self.queue_deadline = 0
         self.trace: Any = None  # a _trace.Trace when the request is traced
+        # Whether its answer may hold GPU tensors (DeviceRef): a BLS call whose caller did not
+        # ask for CPU outputs. Everyone else reads outputs on the CPU, so the stub copies them.
+        self.gpu_ok = False
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:

@@ -139,10 +139,13 @@ def _span_id() -> str:
 
 def _tensor(trace_id: int, activity: str, name: str, array: np.ndarray) -> dict:
     """A tensor entry as Triton writes it: values joined by commas (floats to 6 significant
-    digits, strings quoted), the shape too, and Triton's datatype name."""
-    flat = np.asarray(array).reshape(-1)
+    digits, strings quoted), the shape too, and Triton's datatype name. A GPU tensor passed
+    on by a BLS call (which the host never reads) has no data."""
+    flat = np.asarray(array).reshape(-1) if isinstance(array, np.ndarray) else np.empty(0)
     kind = flat.dtype.kind
-    if kind == "f":
+    if not flat.size:
+        data = ""
+    elif kind == "f":
         data = ",".join(f"{v:g}" for v in flat.tolist())
     elif kind in "OSU":
         data = ",".join(json.dumps(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v))

@@ -170,7 +170,7 @@ class Server:
         self.pool.free(*self.pool.allocate(1), 1)
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
-                                         private_views=False)
+                                         private_views=False, device_refs=True)
         self.frames = FrameLoop(self._loop)
         self.pool.on_exhausted = self._reclaim
         self._reclaim_sent = 0.0

@@ -1,0 +1,229 @@
+"""GPU tensors across processes: CUDA IPC handles, through CuPy (the ``gpu`` extra).
+
+A GPU tensor crosses the channel as a handle like a shm one, with the device memory's CUDA IPC
+handle in place of a segment name::
+
+    [ipc_handle: bytes, offset, nbytes, export_id, GPU, device]
+
+``ipc_handle`` names the whole device allocation the tensor lies in (``cudaIpcGetMemHandle`` of
+its base, found with the driver's ``cuMemGetAddressRange``) and ``offset`` is where the tensor
+starts in it, so a tensor CuPy's memory pool carved out of a bigger block still travels as is.
+The release protocol is the shm one: the sender keeps the array in its export table until the
+receiver's last view dies.
+
+The host never touches CUDA: it holds a :class:`DeviceRef` in place of the array and passes
+the handle on (a BLS input to its target, a target's output back to its caller). A stub maps a
+handle once per allocation (``cudaIpcOpenMemHandle``, counted, closed with its last view); a
+handle of its own memory that comes back to it (an identity model's output) is its own array,
+since CUDA refuses to open a process's own handle.
+
+CuPy is imported on first use only, so that a process that never sees a GPU tensor never
+creates a CUDA context.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+from ._errors import ProtocolError
+
+GPU = 2  # a handle's fifth element for a GPU tensor (1 is IMMUTABLE, for shm)
+IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
+KDL_CUDA = 2  # DLPack device type of CUDA memory
+
+_cupy: Any = None
+_lock = threading.RLock()  # re-entrant: a finalizer may unmap from inside a map
+# Allocations of this process that it gave handles for: handle -> base pointer.
+_exported: dict[bytes, int] = {}
+# Allocations of other processes mapped here: handle -> [base pointer, views alive].
+_opened: dict[bytes, list[int]] = {}
+# The same, by base pointer (an opened array sent on forwards the original handle).
+_opened_ranges: dict[int, tuple[bytes, int]] = {}
+
+
+def cupy() -> Any:
+    """The ``cupy`` module; ProtocolError naming the ``gpu`` extra where it is missing."""
+    global _cupy
+    if _cupy is None:
+        try:
+            import cupy as cp
+        except ImportError as exc:
+            raise ProtocolError(
+                "a GPU tensor needs CuPy in this process: pip install 'tritonpy[gpu]' "
+                f"({exc})") from None
+        _cupy = cp
+    return _cupy
+
+
+def is_device_array(obj: Any) -> bool:
+    """True for a CuPy array (anything with ``__cuda_array_interface__``) or a DeviceRef."""
+    return hasattr(obj, "__cuda_array_interface__") or type(obj) is DeviceRef
+
+
+class DeviceRef:
+    """The host's stand-in for a GPU tensor that it passes on without touching it.
+
+    It has what routing and validation read of an array (``dtype``, ``shape``, ``ndim``,
+    ``nbytes``); dropping the last reference owes the release to the process that sent it.
+    """
+
+    __slots__ = ("handle", "offset", "nbytes", "device", "dtype", "shape", "__weakref__")
+
+    def __init__(self, handle: bytes, offset: int, nbytes: int, device: int, dtype: np.dtype,
+                 shape: tuple[int, ...]) -> None:
+        self.handle = handle
+        self.offset = offset
+        self.nbytes = nbytes
+        self.device = device
+        self.dtype = dtype
+        self.shape = shape
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __repr__(self) -> str:
+        return f"DeviceRef(GPU {self.device}, shape={list(self.shape)}, dtype={self.dtype})"
+
+
+# -- the driver call CuPy does not wrap ---------------------------------------------------------
+_libcuda: Any = None
+
+
+def address_range(ptr: int) -> tuple[int, int]:
+    """(base, size) of the device allocation that ``ptr`` lies in (``cuMemGetAddressRange``).
+
+    The CUDA context must be current on this thread (``export`` makes it so).
+    """
+    global _libcuda
+    if _libcuda is None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as exc:
+            raise ProtocolError(f"cannot load the CUDA driver (libcuda.so.1): {exc}") from None
+        fn = lib.cuMemGetAddressRange_v2
+        fn.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_size_t),
+                       ctypes.c_uint64]
+        fn.restype = ctypes.c_int
+        _libcuda = fn
+    base, size = ctypes.c_uint64(0), ctypes.c_size_t(0)
+    status = _libcuda(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
+    if status != 0:
+        raise ProtocolError(f"cuMemGetAddressRange failed for device pointer {ptr:#x} "
+                            f"(CUresult {status})")
+    return int(base.value), int(size.value)
+
+
+# -- sending ------------------------------------------------------------------------------------
+def export(arr: Any) -> tuple[bytes, int, int]:
+    """(ipc_handle, offset, device) for a C-contiguous CuPy array, once the work queued on the
+    current stream is done (the receiver reads it on a stream of its own)."""
+    cp = cupy()
+    device = int(arr.device.id)
+    ptr = int(arr.data.ptr)
+    with _lock:
+        for base, (handle, size) in _opened_ranges.items():
+            if base <= ptr < base + size:  # mapped from elsewhere: pass the original on
+                return handle, ptr - base, device
+    with cp.cuda.Device(device):
+        cp.cuda.get_current_stream().synchronize()
+        base, _size = address_range(ptr)
+        handle = bytes(cp.cuda.runtime.ipcGetMemHandle(base))
+    with _lock:
+        _exported[handle] = base
+    return handle, ptr - base, device
+
+
+def contiguous(arr: Any) -> Any:
+    """``arr`` itself when C-contiguous, else a C-contiguous copy on its device."""
+    if arr.flags.c_contiguous:
+        return arr
+    return cupy().ascontiguousarray(arr)
+
+
+# -- receiving ----------------------------------------------------------------------------------
+class _Mapped:
+    """Owner of one view's device memory: its death closes the mapping (with the last view of
+    that allocation) and owes the release to the sender."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _unmap(handle: bytes, release: Callable[[], None]) -> None:
+    try:
+        with _lock:
+            entry = _opened.get(handle)
+            if entry is None:
+                return
+            entry[1] -= 1
+            if entry[1] > 0:
+                return
+            del _opened[handle]
+            _opened_ranges.pop(entry[0], None)
+            try:
+                cupy().cuda.runtime.ipcCloseMemHandle(entry[0])
+            except Exception:
+                pass  # the context is gone (interpreter exit): nothing left to close
+    finally:
+        release()
+
+
+def open_array(handle: bytes, offset: int, nbytes: int, dtype: np.dtype,
+               shape: tuple[int, ...], release: Callable[[], None]) -> Any:
+    """A CuPy array over another process's device memory; ``release`` runs once no view of
+    it is left."""
+    cp = cupy()
+    own = _exported.get(handle)
+    keep = _Mapped()
+    if own is not None:  # our own memory came back: it is still alive (we hold the export)
+        base = own
+        weakref.finalize(keep, release)
+    else:
+        with _lock:  # held while mapping: the driver maps a handle once per process
+            entry = _opened.get(handle)
+            if entry is None:
+                mapped = int(cp.cuda.runtime.ipcOpenMemHandle(
+                    handle, cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess))
+                entry = _opened[handle] = [mapped, 0]
+            entry[1] += 1
+            base = entry[0]
+            seen = _opened_ranges.get(base)
+            if seen is None or seen[1] < offset + nbytes:
+                _opened_ranges[base] = (handle, offset + nbytes)
+        weakref.finalize(keep, _unmap, handle, release)
+    mem = cp.cuda.UnownedMemory(base + offset, nbytes, keep)
+    return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
+
+
+def to_host(arr: Any, out: np.ndarray | None = None) -> np.ndarray:
+    """A copy of a CuPy array in host memory (into ``out`` when given)."""
+    if out is None:
+        return cupy().asnumpy(arr)
+    contiguous(arr).get(out=out)
+    return out
+
+
+def to_device(arr: np.ndarray, device: int = 0) -> Any:
+    """A copy of a numpy array on GPU ``device`` (of this process)."""
+    cp = cupy()
+    if not 0 <= device < cp.cuda.runtime.getDeviceCount():
+        device = cp.cuda.runtime.getDevice()  # a GPU instance's stub sees its own device only
+    with cp.cuda.Device(device):
+        return cp.asarray(arr)
+
+
+def open_count() -> int:
+    """How many other processes' allocations are mapped here now (tests, leak checks)."""
+    with _lock:
+        return len(_opened)
