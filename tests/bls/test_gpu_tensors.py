@@ -108,6 +108,54 @@ class TritonPythonModel:
         return out
 """
 
+# Decoupled: three GPU responses, IN + 0, IN + 1, IN + 2, through the response sender.
+STREAM_PY = """
+import cupy
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = cupy.asarray(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())
+            sender = r.get_response_sender()
+            for i in range(3):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", x + i)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+# Streams from gpu_stream with exec(decoupled=True) and the preferred_memory of its "memory"
+# parameter; reports where each response's tensor landed and its values.
+STREAM_CALLER_PY = """
+import json
+import cupy
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+STATS = getattr(cupy, "_fake_stats", dict)
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            memory = json.loads(r.parameters())["memory"]
+            kw = {} if memory == "default" else {"preferred_memory": pb_utils.PreferredMemory(
+                pb_utils.TRITONSERVER_MEMORY_CPU, 0)}
+            x = pb_utils.get_input_tensor_by_name(r, "IN")
+            seen = []
+            opened = STATS().get("ipc_open", 0)
+            for resp in pb_utils.InferenceRequest(
+                    model_name="gpu_stream", inputs=[x], requested_output_names=["OUT"],
+                    **kw).exec(decoupled=True):
+                t = pb_utils.get_output_tensor_by_name(resp, "OUT")
+                if t is not None:
+                    seen.append([t.is_cpu(), t.to_cpu().as_numpy().tolist()])
+            seen.append(STATS().get("ipc_open", 0) - opened)  # handles this stub mapped
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
+                "REPORT", np.array([json.dumps(seen).encode()], np.object_))]))
+        return out
+"""
+
 IO = ('backend: "python"\nmax_batch_size: 0\n'
       'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
 DOUBLE_CONFIG = IO + 'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
@@ -121,6 +169,8 @@ MODELS = {
     "gpu_target": (TARGET_PY, TARGET_CONFIG + GPU_INPUTS),
     "cpu_target": (TARGET_PY, TARGET_CONFIG),
     "caller": (CALLER_PY, CALLER_CONFIG),
+    "gpu_stream": (STREAM_PY, DOUBLE_CONFIG + "model_transaction_policy { decoupled: true }\n"),
+    "stream_caller": (STREAM_CALLER_PY, CALLER_CONFIG),
 }
 
 
@@ -210,6 +260,19 @@ def test_preferred_memory_puts_bls_outputs_where_asked(server) -> None:
     gpu = call(server, "cpu_target", "gpu", x)
     assert gpu["target"]["is_cpu"] is True and gpu["is_cpu"] is False
     assert gpu["values"] == x.tolist()
+
+
+def test_a_decoupled_models_gpu_responses_through_bls_and_to_a_client(server) -> None:
+    x = np.arange(3, dtype=np.float32)
+    want = [(x + i).tolist() for i in range(3)]
+    report = json.loads(infer(server, "stream_caller", x, memory="default")["REPORT"][0])
+    assert report[:3] == [[False, v] for v in want] and report[3] == 3  # mapped by handle
+    # CPU asked for: the target copies its GPU outputs to the host, the caller maps nothing.
+    report = json.loads(infer(server, "stream_caller", x, memory="cpu")["REPORT"][0])
+    assert report == [[True, v] for v in want] + [0]
+    got = [r.outputs["OUT"].to_numpy().tolist()
+           for r in server.model("gpu_stream").infer({"IN": x}) if r.outputs]
+    assert got == want
 
 
 def test_device_memory_is_given_back_and_handles_closed(server) -> None:
