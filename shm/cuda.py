@@ -59,6 +59,15 @@ def cupy() -> Any:
     return _cupy
 
 
+def available() -> bool:
+    """Whether CuPy can be imported here (imports it)."""
+    try:
+        cupy()
+    except ProtocolError:
+        return False
+    return True
+
+
 def is_device_array(obj: Any) -> bool:
     """True for a CuPy array (anything with ``__cuda_array_interface__``) or a DeviceRef."""
     return hasattr(obj, "__cuda_array_interface__") or type(obj) is DeviceRef

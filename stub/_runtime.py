@@ -942,11 +942,14 @@ class StubRuntime:
 
 def _place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
     """Move BLS outputs where the caller's ``preferred_memory`` asks (BYTES stay on the CPU).
-    The host asked the target for CPU outputs already when the caller prefers the CPU."""
+    The host asked the target for CPU outputs already when the caller prefers the CPU. A GPU
+    asked for where CuPy is missing is a preference that cannot be met: outputs stay put."""
     if memory.preferred_memory_type != pb_utils.TRITONSERVER_MEMORY_GPU:
         for t in outputs:
             if type(t._arr) is not np.ndarray and not t.is_cpu():
                 t._arr = cuda.to_host(t._arr)
+        return
+    if not cuda.available():
         return
     for t in outputs:
         if t.is_cpu() and t._dtype != 13:

@@ -8,6 +8,7 @@ slow part, and these tests only read.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import time
 from collections.abc import Iterator
@@ -270,6 +271,18 @@ def test_async_bls_calls_are_batched_by_the_targets_dynamic_batcher(server) -> N
 def test_preferred_memory_cpu_is_accepted_and_honoured(server, kind: int) -> None:
     report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
                                "preferred_memory": [kind, 0],
+                               "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(1, 1)}})
+    assert report["exception"] is None, report["exception"]
+    (resp,) = report["responses"]
+    assert resp["error"] is None
+    assert resp["outputs"]["OUTPUT0"]["values"] == [2.0, 3.0]
+
+
+def test_preferred_memory_gpu_without_cupy_leaves_outputs_on_the_cpu(server) -> None:
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here: this is about a stub without it")
+    report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
+                               "preferred_memory": [2, 0],  # TRITONSERVER_MEMORY_GPU
                                "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(1, 1)}})
     assert report["exception"] is None, report["exception"]
     (resp,) = report["responses"]
