@@ -224,7 +224,9 @@ class TensorTransport:
         real Triton keeps the copy made at the first send; a second copy spares the common
         once-sent tensor a private mapping at the receiver."""
         if type(arr) is not np.ndarray and cuda.is_device_array(arr):
-            return [name, triton_dtype_of(arr), list(arr.shape), self._device_handle(arr, peer)]
+            # An empty one has no device memory to name: it arrives as an empty CPU tensor.
+            data = self._device_handle(arr, peer) if arr.nbytes else b""
+            return [name, triton_dtype_of(arr), list(arr.shape), data]
         dt = triton_dtype_of(arr)
         shape = list(arr.shape)
         if dt == "BYTES":

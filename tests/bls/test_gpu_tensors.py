@@ -200,7 +200,7 @@ def usage(server) -> dict:
     return json.loads(infer(server, "caller", np.zeros(1, np.float32), usage=True)["REPORT"][0])
 
 
-@pytest.mark.parametrize("n", [4, 1 << 18])  # inline, and 1 MiB (by shm handle)
+@pytest.mark.parametrize("n", [0, 4, 1 << 18])  # empty, inline, and 1 MiB (by shm handle)
 def test_a_gpu_output_reaches_the_client_on_the_cpu(server, n: int) -> None:
     x = np.arange(n, dtype=np.float32)
     out = infer(server, "gpu_double", x)
@@ -250,6 +250,11 @@ def test_by_default_a_model_gets_gpu_inputs_on_the_cpu(server) -> None:
     assert r["target"]["stats"]["d2h"] >= 1
     assert r["is_cpu"] is True and r["as_numpy"] == "ok"  # a CPU output stays on the CPU
     assert r["values"] == x.tolist()
+
+
+def test_an_empty_gpu_tensor_goes_as_an_empty_one(server) -> None:
+    r = call(server, "gpu_target", "default", np.zeros(0, np.float32))
+    assert r["values"] == [] and r["target"]["is_cpu"] is True  # no device memory to map
 
 
 def test_preferred_memory_puts_bls_outputs_where_asked(server) -> None:

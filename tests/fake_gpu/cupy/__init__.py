@@ -141,6 +141,10 @@ class ndarray:
         dt = numpy.dtype(dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dt.itemsize
+        if nbytes == 0 and memptr is None:  # as CuPy: no memory at all, a null pointer
+            self.data = MemoryPointer(types.SimpleNamespace(ptr=0), 0)
+            self._host = numpy.empty(shape, dt)
+            return
         if memptr is None:
             mapping = _malloc(nbytes)
             memptr = MemoryPointer(types.SimpleNamespace(ptr=mapping.base, mapping=mapping), 0)
