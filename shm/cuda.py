@@ -215,6 +215,11 @@ def open_array(handle: bytes, offset: int, nbytes: int, dtype: np.dtype,
     return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
 
 
+def copy_into(dst: Any, offset: int, src: np.ndarray) -> None:
+    """Copy the bytes of host array ``src`` into 1-D uint8 CuPy array ``dst`` at ``offset``."""
+    dst[offset:offset + src.nbytes].set(src.reshape(-1).view(np.uint8))
+
+
 def to_host(arr: Any, out: np.ndarray | None = None) -> np.ndarray:
     """A copy of a CuPy array in host memory (into ``out`` when given)."""
     if out is None:

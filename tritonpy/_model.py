@@ -471,9 +471,9 @@ class ModelRuntime(RuntimeBase):
 
     def _answered_from_cache(self, req: HostRequest, cache: Any) -> bool:
         """Answer ``req`` from the response cache if it holds its answer; else arrange for
-        its successful answer to be kept there. GPU tensors (a BLS call's) are not cached: the
-        host never reads device memory."""
-        if req.caller is not None and any(type(a) is DeviceRef for _, a in req.inputs):
+        its successful answer to be kept there. GPU tensors (a BLS call's, a client's CUDA
+        shared memory) are not cached: the host never reads device memory."""
+        if any(type(a) is DeviceRef for _, a in req.inputs):
             return False
         t0 = time.monotonic_ns()
         key = cache.key(self.name, self.version, req.inputs)

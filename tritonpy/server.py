@@ -19,6 +19,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
+from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.dtypes import triton_dtype_of
 from tritonpy.shm.pool import RECLAIM_EVERY_S
 
@@ -282,7 +283,10 @@ class Server:
         return not (self.strict_readiness and self.repo.not_available())
 
     def metadata(self) -> dict:
-        return {"name": self.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if self.repo.gpu_count():  # as a Triton built with GPU support
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return {"name": self.server_id, "version": __version__, "extensions": extensions}
 
     def models(self) -> list[dict]:
         """Repository index: ``{"name", "version", "state", "reason"}`` for every model, as
@@ -484,6 +488,8 @@ class Server:
 
 
 def _as_input(name: str, value: Any) -> np.ndarray:
+    if type(value) is DeviceRef:  # in a client's CUDA shared memory: the stub maps it
+        return value  # type: ignore[return-value]
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     if hasattr(value, "to_numpy") and not isinstance(value, np.ndarray):
         arr = value.to_numpy()

@@ -16,49 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests._models import serving_frontends, serving_models, wait_until
-
-FAKE_GPU = Path(__file__).resolve().parents[1] / "fake_gpu"
-
-# OUT = IN * 2, computed on the "GPU" and returned as a GPU tensor.
-GPU_DOUBLE_PY = """
-import cupy
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = cupy.asarray(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())
-            t = pb_utils.Tensor.from_dlpack("OUT", x * 2)
-            assert not t.is_cpu()
-            out.append(pb_utils.InferenceResponse([t]))
-        return out
-"""
-
-# Reports where its input arrived and what the fake device did, returns the input unchanged
-# (a GPU input goes back as the very same device memory).
-TARGET_PY = """
-import json
-import cupy
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-STATS = getattr(cupy, "_fake_stats", dict)  # the stand-in's counters (none on a real GPU)
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            t = pb_utils.get_input_tensor_by_name(r, "IN")
-            seen = {"is_cpu": t.is_cpu(), "stats": STATS()}
-            report = pb_utils.Tensor("REPORT", np.array([json.dumps(seen).encode()], np.object_))
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor.from_dlpack("OUT", t)
-                                                   if not t.is_cpu() else
-                                                   pb_utils.Tensor("OUT", t.as_numpy() + 0),
-                                                   report]))
-        return out
-"""
+from _gpu_models import (
+    DOUBLE_CONFIG,
+    FAKE_GPU,
+    GPU_DOUBLE_PY,
+    GPU_INPUTS,
+    IO,
+    TARGET_CONFIG,
+    TARGET_PY,
+)
+from _models import serving_frontends, serving_models, wait_until
 
 # Sends IN to the model named by its "target" parameter as a GPU tensor, with the
 # preferred_memory its "memory" parameter names, and reports what came back.
@@ -156,12 +123,6 @@ class TritonPythonModel:
         return out
 """
 
-IO = ('backend: "python"\nmax_batch_size: 0\n'
-      'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n')
-DOUBLE_CONFIG = IO + 'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-TARGET_CONFIG = (IO + 'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] },\n'
-                 '         { name: "REPORT", data_type: TYPE_STRING, dims: [ 1 ] } ]\n')
-GPU_INPUTS = 'parameters { key: "FORCE_CPU_ONLY_INPUT_TENSORS" value { string_value: "no" } }\n'
 CALLER_CONFIG = IO + 'output [ { name: "REPORT", data_type: TYPE_STRING, dims: [ 1 ] } ]\n'
 
 MODELS = {
@@ -211,7 +172,7 @@ def test_a_gpu_output_over_http_and_grpc(tmp_path: Path, monkeypatch) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
-    from tests._models import write_model
+    from _models import write_model
 
     monkeypatch.setenv("PYTHONPATH",
                        os.pathsep.join([str(FAKE_GPU), os.environ.get("PYTHONPATH", "")]))

@@ -304,6 +304,7 @@ def test_http_health_metadata_config(served: Served, http: httpclient.InferenceS
     meta = http.get_server_metadata()
     # Triton's name by default: tritonclient's own example checks it (--id changes it).
     assert meta["name"] == "triton" and "binary_tensor_data" in meta["extensions"]
+    assert "cuda_shared_memory" not in meta["extensions"]  # no GPU counted: not offered
     assert http.is_model_ready("add_sub") and http.is_model_ready("add_sub", "1")
     assert not http.is_model_ready("no_such_model")
     md = http.get_model_metadata("add_sub", "1")

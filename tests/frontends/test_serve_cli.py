@@ -12,15 +12,13 @@ import os
 import re
 import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import psutil
@@ -30,8 +28,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from _models import segments, wait_until
+from _serve import START_TIMEOUT, Serve, free_ports, serve_repo
 
-START_TIMEOUT = 60.0
 
 SLOW_CONFIG = """
 name: "slow"
@@ -90,93 +88,6 @@ def write_model(repo: Path, name: str, config: str, code: str) -> None:
     (repo / name / "1").mkdir(parents=True)
     (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
-
-
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct ports the OS just handed out (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-
-class Serve:
-    """A ``tritonpy serve`` subprocess; its output goes to a log file the test can read."""
-
-    def __init__(self, args: list[str], prefix: str, workdir: Path) -> None:
-        self.log_path = workdir / f"serve-{prefix}.log"
-        self._log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "tritonpy", "serve", "--http-address", "127.0.0.1",
-               "--grpc-address", "127.0.0.1",
-               f"--backend-config=python,shm-region-prefix-name={prefix}", *args]
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, cwd=workdir,
-                                     start_new_session=True)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def endpoints(self) -> dict[str, str]:
-        """The ``listening:`` lines the server logs, once all three are there."""
-        def found() -> dict[str, str] | None:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"tritonpy serve exited with {self.proc.returncode}:\n{self.log()}")
-            got = dict(re.findall(r"listening: (HTTP|gRPC|metrics) (\S+)", self.log()))
-            return got if len(got) == 3 else None
-        return wait_until(found, START_TIMEOUT, "tritonpy serve to listen")
-
-    def stubs(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
-
-    def wait(self, timeout: float) -> int:
-        return self.proc.wait(timeout)
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait(10)
-        else:
-            # The server is gone; reap anything of its group still around (a leaked stub).
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self._log.close()
-
-
-@pytest.fixture
-def serve(tmp_path: Path, shm_prefix: str) -> Iterator[Callable[..., Serve]]:
-    started: list[Serve] = []
-
-    def start(*args: str) -> Serve:
-        s = Serve(list(args), shm_prefix, tmp_path)
-        started.append(s)
-        return s
-
-    try:
-        yield start
-    finally:
-        for s in started:
-            s.close()
-
-
-def serve_repo(serve: Callable[..., Serve], repo: Path, *flags: str) -> tuple[Serve, int, int]:
-    """``tritonpy serve`` of ``repo`` on free ports, listening: (server, HTTP port, gRPC port)."""
-    http_port, grpc_port, metrics_port = free_ports(3)
-    server = serve("--model-repository", str(repo), "--http-port", str(http_port),
-                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), *flags)
-    server.endpoints()
-    return server, http_port, grpc_port
 
 
 def slow_infer(url: str, seconds: float, request_id: str) -> Any:

@@ -95,7 +95,10 @@ class Frontends:
                                      getattr(options, "shm_region_prefix_name", DEFAULT_SHM_PREFIX)]
         self.server = server
         self.exit_timeout = exit_timeout
-        self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes), log_settings)
+        repo = getattr(server, "repo", None)
+        gpu_count = repo.gpu_count if repo is not None else (lambda: 0)
+        self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes, gpu_count),
+                               log_settings)
         self.http = HTTPFrontend(
             self.plane, http_address, http_port, max_input_size, restricted=http_restricted,
             header_forward=header_pattern(http_header_forward),

@@ -31,6 +31,7 @@ from .._errors import (
     UnsupportedError,
 )
 from .._trace import Trace
+from ..shm.cuda import DeviceRef
 from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError, TruncatedElementError
 from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
 from ..validation import request_prefix
@@ -780,9 +781,27 @@ class DataPlane:
 
     def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
                        model: str, request_id: str = "") -> np.ndarray | PendingBytes:
-        """A zero-copy array over a client's shared-memory window (BYTES: decoded later)."""
+        """A zero-copy array over a client's shared-memory window (BYTES: decoded later); for
+        a CUDA region, the stand-in that the model's stub maps."""
+        if self.shm.is_cuda(ref.region):
+            return self._input_from_cuda(name, datatype, shape, ref, model, request_id)
         return input_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
                               model=model, request_id=request_id)
+
+    def _input_from_cuda(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef,
+                         model: str, request_id: str) -> DeviceRef:
+        if datatype == "BYTES":
+            raise InvalidArgumentError(
+                f"input '{name}': BYTES tensors cannot be read from CUDA shared memory")
+        dtype = _numpy_dtype(name, datatype)
+        count = element_count(name, shape)
+        check_byte_size(name, datatype, count)
+        expected = count * ITEMSIZE[datatype]
+        if ref.byte_size != expected:
+            raise InvalidArgumentError(
+                f"{request_prefix(request_id)}input byte size mismatch for input '{name}' for "
+                f"model '{model}'. Expected {expected}, got {ref.byte_size}")
+        return self.shm.cuda_input(ref.region, ref.offset, ref.byte_size, dtype, tuple(shape))
 
     async def _decode_pending(self, req: InferRequest, model: Model, names: list[str] | None) -> bool:
         """Check the request against the model, then decode its BYTES inputs: in a worker
@@ -809,7 +828,10 @@ class DataPlane:
                     f"Duplicate output name '{out.name}' is not allowed in a request")
             names.add(out.name)
             if out.shm is not None:
-                self.shm.view(out.shm.region, out.shm.offset, out.shm.byte_size).release()
+                if self.shm.is_cuda(out.shm.region):
+                    self.shm.cuda_check(out.shm.region, out.shm.offset, out.shm.byte_size)
+                else:
+                    self.shm.view(out.shm.region, out.shm.offset, out.shm.byte_size).release()
 
     async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
         """Run one request on a default-mode model and return its single response.
@@ -941,7 +963,9 @@ class DataPlane:
                 f"shared memory size specified with the request for output '{out.name}' "
                 f"({ref.byte_size} bytes) should be at least {n} bytes to hold the results"
             )
-        if n:
+        if n and self.shm.is_cuda(ref.region):
+            self.shm.cuda_write(ref.region, ref.offset, data)
+        elif n:
             view = self.shm.view(ref.region, ref.offset, n)
             try:
                 view[:] = data

@@ -27,7 +27,6 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 
 from .._errors import (
     InvalidArgumentError,
-    NotFoundError,
     TritonpyError,
     UnavailableError,
     UnsupportedError,
@@ -377,25 +376,29 @@ class GRPCService:
         self.plane.shm.unregister(request.name)
         return service_pb2.SystemSharedMemoryUnregisterResponse()
 
-    # CUDA shared memory: as a Triton built without GPU support.
+    # CUDA shared memory (refused, as a Triton built without GPU support, where no GPU counts).
 
     @_rpc
     async def CudaSharedMemoryStatus(self, request: Any, context: Any) -> Any:  # noqa: N802
-        """No CUDA regions can exist."""
-        if request.name:
-            raise NotFoundError(f"Unable to find cuda shared memory region: '{request.name}'")
-        return service_pb2.CudaSharedMemoryStatusResponse()
+        """Registered CUDA shared-memory regions."""
+        resp = service_pb2.CudaSharedMemoryStatusResponse()
+        for r in self.plane.shm.cuda_status(request.name):
+            resp.regions[str(r["name"])].CopyFrom(
+                service_pb2.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=r["name"], device_id=r["device_id"], byte_size=r["byte_size"]))
+        return resp
 
     @_rpc
     async def CudaSharedMemoryRegister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        """Refused: GPUs are not supported by this frontend."""
-        raise InvalidArgumentError(
-            f"failed to register CUDA shared memory region: '{request.name}', GPUs not supported"
-        )
+        """Register a device allocation by its CUDA IPC handle."""
+        self.plane.shm.register_cuda(request.name, bytes(request.raw_handle), request.device_id,
+                                     request.byte_size)
+        return service_pb2.CudaSharedMemoryRegisterResponse()
 
     @_rpc
     async def CudaSharedMemoryUnregister(self, request: Any, context: Any) -> Any:  # noqa: N802
-        """Nothing to unregister."""
+        """Unregister one region, or all when the name is empty."""
+        self.plane.shm.unregister_cuda(request.name)
         return service_pb2.CudaSharedMemoryUnregisterResponse()
 
     # -- settings ----------------------------------------------------------------------------

@@ -24,7 +24,6 @@ import numpy as np
 from ..shm.dtypes import ITEMSIZE
 from .._errors import (
     InvalidArgumentError,
-    NotFoundError,
     TritonpyError,
     UnavailableError,
     UnsupportedError,
@@ -374,22 +373,34 @@ class HTTPFrontend:
         return Response(200, content_type="application/json")
 
     async def _cuda_shm(self, request: Request, region: str, action: str) -> Response:
-        # tritonpy is built without CUDA shared memory, as a Triton built without GPU support:
-        # status lists nothing, unregister has nothing to do, register is refused.
+        # Without GPUs (none counted), as a Triton built without GPU support: status lists
+        # nothing, unregister has nothing to do, register is refused.
         if not self._shm_method_ok(request, action):
             return _method_not_allowed()
+        shm = self.plane.shm
         if action == "status":
-            if region:
-                raise NotFoundError(f"Unable to find cuda shared memory region: '{region}'")
-            return json_response([])
+            return json_response(shm.cuda_status(region))
         if action == "register":
-            if not region:
-                raise InvalidArgumentError(
-                    "'region name' is necessary to register cuda shared memory region"
-                )
-            raise InvalidArgumentError(
-                f"failed to register CUDA shared memory region: '{region}', GPUs not supported"
-            )
+            shm.require_gpus(region)
+            body = _json_body(request, required=True)
+            for field in ("raw_handle", "device_id", "byte_size"):
+                if field not in body:
+                    raise InvalidArgumentError(
+                        f"CUDA shared memory register request has no '{field}' field")
+            raw = body["raw_handle"]
+            b64 = raw.get("b64") if isinstance(raw, dict) else None
+            if not isinstance(b64, str):
+                raise InvalidArgumentError("Unable to parse 'raw_handle': expected {\"b64\": ...}")
+            try:
+                handle = base64.b64decode(b64, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidArgumentError("Unable to parse 'raw_handle': not base64") from None
+            device, size = body["device_id"], body["byte_size"]
+            if not is_uint(device) or not is_uint(size):
+                raise InvalidArgumentError("Unable to parse 'device_id' or 'byte_size'")
+            shm.register_cuda(region, handle, device, size)
+        else:
+            shm.unregister_cuda(region)
         return Response(200, content_type="application/json")
 
     # -- inference ---------------------------------------------------------------------------

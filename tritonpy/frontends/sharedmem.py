@@ -1,4 +1,4 @@
-"""The system shared-memory extension: regions a client creates and registers with the server.
+"""The shared-memory extensions: regions a client creates and registers with the server.
 
 A client creates a POSIX shm object (``tritonclient.utils.shared_memory``), registers a window
 of it (key, offset, byte size) under a region name, and then names that region in an input's or
@@ -8,6 +8,13 @@ inputs from and write outputs into these windows.
 Every size and offset here comes from the network, so each one is checked against the window
 before any memory is touched (STYLE §10). Keys under tritonpy's own segment prefix are refused:
 they are the server's tensor pools, and a client must not be able to read or scribble on them.
+
+CUDA shared memory: a client registers the CUDA IPC handle of a device allocation
+(``tritonclient.utils.cuda_shared_memory``), its GPU and its size. An input read from such a
+region reaches the model's stub by that handle (a :class:`~tritonpy.shm.cuda.DeviceRef`: the
+host does not map it), where it is mapped, and copied to the CPU unless the model takes GPU
+inputs. An output written into one is copied there by the host: the only place the host uses
+CuPy, mapping each region once, on its first output.
 """
 from __future__ import annotations
 
@@ -16,11 +23,14 @@ import mmap
 import os
 import threading
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
+import numpy as np
 import posix_ipc
 
-from .._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from ..shm import cuda
+from ..shm.cuda import IPC_HANDLE_BYTES, DeviceRef
+from .._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnavailableError
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +44,15 @@ class _Region:
     mm: mmap.mmap
 
 
+@dataclass
+class _CudaRegion:
+    name: str
+    handle: bytes
+    device_id: int
+    byte_size: int
+    mapped: Any = None  # the host's CuPy view of the whole region, made for its first output
+
+
 class SharedMemoryRegistry:
     """The registered system shared-memory regions of one server (thread-safe).
 
@@ -42,9 +61,12 @@ class SharedMemoryRegistry:
             register, normally the server's ``shm-region-prefix-name``.
     """
 
-    def __init__(self, reserved_prefixes: Iterable[str] = ()) -> None:
+    def __init__(self, reserved_prefixes: Iterable[str] = (),
+                 gpu_count: Callable[[], int] = lambda: 0) -> None:
         self._lock = threading.Lock()
         self._regions: dict[str, _Region] = {}
+        self._cuda: dict[str, _CudaRegion] = {}
+        self._gpu_count = gpu_count
         # Mappings unregistered while a request still held a view of them; unmapped as soon as
         # the last view dies (Triton likewise defers the munmap of a region in use).
         self._deferred: list[mmap.mmap] = []
@@ -73,7 +95,7 @@ class SharedMemoryRegistry:
             )
         with self._lock:
             self._reap()
-            if name in self._regions:
+            if name in self._regions or name in self._cuda:
                 raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
             mm = _map(name, "/" + bare, offset, byte_size)
             self._regions[name] = _Region(name, key, offset, byte_size, mm)
@@ -97,13 +119,7 @@ class SharedMemoryRegistry:
     def status(self, name: str = "") -> list[dict[str, object]]:
         """Triton's status list: ``[{"name", "key", "offset", "byte_size"}]``."""
         with self._lock:
-            if name:
-                region = self._regions.get(name)
-                if region is None:
-                    raise NotFoundError(f"Unable to find system shared memory region: '{name}'")
-                regions = [region]
-            else:
-                regions = sorted(self._regions.values(), key=lambda r: r.name)  # as Triton lists them
+            regions = _listed(self._regions, name, "system")
             return [
                 {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
                 for r in regions
@@ -112,25 +128,111 @@ class SharedMemoryRegistry:
     def close(self) -> None:
         """Unregister everything (server shutdown)."""
         self.unregister("")
+        self.unregister_cuda("")
+
+    # -- CUDA shared memory ------------------------------------------------------------------
+
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """Register the device allocation that ``raw_handle`` (a ``cudaIpcMemHandle_t``) names,
+        on the server's GPU ``device_id``, as region ``name`` of ``byte_size`` bytes."""
+        gpus = self.require_gpus(name)
+        if not isinstance(raw_handle, bytes) or len(raw_handle) != IPC_HANDLE_BYTES:
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region '{name}': the raw handle must be "
+                f"a CUDA IPC handle of {IPC_HANDLE_BYTES} bytes, got "
+                f"{len(raw_handle) if isinstance(raw_handle, bytes) else type(raw_handle).__name__}")
+        for value, what in ((device_id, "device_id"), (byte_size, "byte_size")):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgumentError(f"failed to register CUDA shared memory region "
+                                           f"'{name}': {what} must be a non-negative integer")
+        if device_id >= gpus:
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region '{name}': GPU {device_id} is not "
+                f"one of the server's {gpus}")
+        if byte_size == 0:
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region '{name}': byte_size must not be 0")
+        with self._lock:
+            if name in self._regions or name in self._cuda:
+                raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+            self._cuda[name] = _CudaRegion(name, raw_handle, device_id, byte_size)
+        log.debug("registered CUDA shared memory region %r (GPU %d, %d bytes)", name, device_id,
+                  byte_size)
+
+    def require_gpus(self, name: str) -> int:
+        """The server's GPU count; refuses a CUDA registration where there is none (Triton's
+        words when built without GPU support), before its body is read."""
+        if not name:
+            raise InvalidArgumentError(
+                "'region name' is necessary to register cuda shared memory region")
+        gpus = self._gpu_count()
+        if gpus == 0:
+            raise InvalidArgumentError(
+                f"failed to register CUDA shared memory region: '{name}', GPUs not supported")
+        return gpus
+
+    def unregister_cuda(self, name: str = "") -> None:
+        """Unregister CUDA region ``name``, or all of them (an unknown name is no error). The
+        host's mapping of it closes once no output copy uses it."""
+        with self._lock:
+            for n in [name] if name else list(self._cuda):
+                if self._cuda.pop(n, None) is not None:
+                    log.debug("unregistered CUDA shared memory region %r", n)
+
+    def cuda_status(self, name: str = "") -> list[dict[str, object]]:
+        """Triton's status list: ``[{"name", "device_id", "byte_size"}]``."""
+        with self._lock:
+            regions = _listed(self._cuda, name, "cuda")
+            return [{"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size}
+                    for r in regions]
+
+    def is_cuda(self, name: str) -> bool:
+        return name in self._cuda
+
+    def _cuda_window(self, name: str, offset: int, byte_size: int) -> _CudaRegion:
+        region = self._cuda.get(name)
+        if region is None:
+            raise NotFoundError(f"Unable to find shared memory region: '{name}'")
+        _check_window(name, offset, byte_size, region.byte_size)
+        return region
+
+    def cuda_check(self, name: str, offset: int, byte_size: int) -> None:
+        """Fail, as :meth:`view` does, on a window that is not inside CUDA region ``name``."""
+        self._cuda_window(name, offset, byte_size)
+
+    def cuda_input(self, name: str, offset: int, byte_size: int, dtype: np.dtype,
+                   shape: tuple[int, ...]) -> DeviceRef:
+        """The stand-in for an input in CUDA region ``name``: the stub that runs the request
+        maps it (nothing is released: the memory is the client's)."""
+        region = self._cuda_window(name, offset, byte_size)
+        return DeviceRef(region.handle, offset, byte_size, region.device_id, dtype, shape)
+
+    def cuda_write(self, name: str, offset: int, data: Any) -> None:
+        """Copy ``data`` (bytes-like) to ``offset`` of CUDA region ``name``."""
+        src = np.frombuffer(data, np.uint8)
+        region = self._cuda_window(name, offset, len(src))
+        if region.mapped is None:
+            if not cuda.available():
+                raise UnavailableError(
+                    f"output to CUDA shared memory region '{name}' needs CuPy in the server: "
+                    "pip install 'tritonpy[gpu]'")
+            try:
+                region.mapped = cuda.open_array(region.handle, 0, region.byte_size, np.uint8,
+                                                (region.byte_size,), lambda: None)
+            except Exception as exc:
+                raise InvalidArgumentError(
+                    f"cannot map CUDA shared memory region '{name}': {exc}") from None
+        cuda.copy_into(region.mapped, offset, src)
 
     # -- data --------------------------------------------------------------------------------
 
     def view(self, name: str, offset: int, byte_size: int) -> memoryview:
         """A writable view of ``byte_size`` bytes at ``offset`` inside region ``name``."""
-        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-            raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
-        if isinstance(byte_size, bool) or not isinstance(byte_size, int) or byte_size < 0:
-            raise InvalidArgumentError(f"Invalid byte size for shared memory region: '{name}'")
         with self._lock:
             region = self._regions.get(name)
             if region is None:
                 raise NotFoundError(f"Unable to find shared memory region: '{name}'")
-            if offset >= region.byte_size:
-                raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
-            if offset + byte_size > region.byte_size:
-                raise InvalidArgumentError(
-                    f"Invalid offset + byte size for shared memory region: '{name}'"
-                )
+            _check_window(name, offset, byte_size, region.byte_size)
             start = region.offset + offset
             return memoryview(region.mm)[start:start + byte_size]
 
@@ -150,6 +252,28 @@ class SharedMemoryRegistry:
             except BufferError:
                 still.append(mm)
         self._deferred = still
+
+
+def _listed(regions: dict[str, Any], name: str, kind: str) -> list[Any]:
+    """Region ``name`` (NotFoundError in Triton's words), or all of them in name order, as
+    Triton lists them."""
+    if not name:
+        return sorted(regions.values(), key=lambda r: r.name)
+    region = regions.get(name)
+    if region is None:
+        raise NotFoundError(f"Unable to find {kind} shared memory region: '{name}'")
+    return [region]
+
+
+def _check_window(name: str, offset: int, byte_size: int, region_size: int) -> None:
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
+    if isinstance(byte_size, bool) or not isinstance(byte_size, int) or byte_size < 0:
+        raise InvalidArgumentError(f"Invalid byte size for shared memory region: '{name}'")
+    if offset >= region_size:
+        raise InvalidArgumentError(f"Invalid offset for shared memory region: '{name}'")
+    if offset + byte_size > region_size:
+        raise InvalidArgumentError(f"Invalid offset + byte size for shared memory region: '{name}'")
 
 
 def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:

@@ -207,7 +207,19 @@ class ndarray:
         return _from_host(self._host)
 
     def __getitem__(self, key: Any) -> ndarray:
-        return _from_host(self._host[key])
+        part = self._host[key]
+        if isinstance(part, numpy.ndarray) and numpy.shares_memory(part, self._host):
+            view = ndarray.__new__(ndarray)  # a view, as CuPy's basic indexing gives
+            # sharing the memory object, which keeps an opened handle's owner alive
+            view.data = MemoryPointer(self.data.mem, int(part.ctypes.data) - self.data.mem.ptr)
+            view._mapping = self._mapping
+            view._host = part
+            return view
+        return _from_host(numpy.asarray(part))
+
+    def set(self, arr: numpy.ndarray, stream: Any = None) -> None:
+        _stats["h2d"] += 1
+        self._host[...] = arr
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self._host[key] = value._host if isinstance(value, ndarray) else value
