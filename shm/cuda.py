@@ -80,10 +80,12 @@ class DeviceRef:
     ``nbytes``); dropping the last reference owes the release to the process that sent it.
     """
 
-    __slots__ = ("handle", "offset", "nbytes", "device", "dtype", "shape", "__weakref__")
+    __slots__ = ("handle", "offset", "nbytes", "device", "dtype", "shape", "owner",
+                 "__weakref__")
 
     def __init__(self, handle: bytes, offset: int, nbytes: int, device: int, dtype: np.dtype,
-                 shape: tuple[int, ...]) -> None:
+                 shape: tuple[int, ...], owner: Any = None) -> None:
+        self.owner = owner  # what keeps the memory alive here (an embedder's CuPy array)
         self.handle = handle
         self.offset = offset
         self.nbytes = nbytes
@@ -152,6 +154,14 @@ def export(arr: Any) -> tuple[bytes, int, int]:
     with _lock:
         _exported[handle] = base
     return handle, ptr - base, device
+
+
+def ref_of(arr: Any) -> DeviceRef:
+    """A DeviceRef for a CuPy array of this process, which it keeps alive."""
+    arr = contiguous(arr)
+    handle, offset, device = export(arr)
+    return DeviceRef(handle, offset, int(arr.nbytes), device, np.dtype(arr.dtype),
+                     tuple(arr.shape), arr)
 
 
 def contiguous(arr: Any) -> Any:

@@ -19,6 +19,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry
 
 from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
+from tritonpy.shm import cuda
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.dtypes import triton_dtype_of
 from tritonpy.shm.pool import RECLAIM_EVERY_S
@@ -490,6 +491,16 @@ class Server:
 def _as_input(name: str, value: Any) -> np.ndarray:
     if type(value) is DeviceRef:  # in a client's CUDA shared memory: the stub maps it
         return value  # type: ignore[return-value]
+    if not isinstance(value, np.ndarray) and hasattr(value, "__cuda_array_interface__"):
+        # An embedder's CuPy array: the stub maps it by its CUDA IPC handle (a GPU model that
+        # takes GPU inputs gets this very memory); kept alive until the stub lets go of it.
+        if not value.nbytes:
+            return np.empty(value.shape, np.dtype(value.dtype))
+        try:
+            return cuda.ref_of(value)  # type: ignore[return-value]
+        except Exception as exc:
+            raise InvalidArgumentError(f"input '{name}': cannot share its GPU memory: {exc}") \
+                from None
     arr = value if isinstance(value, np.ndarray) else np.asarray(value)
     if hasattr(value, "to_numpy") and not isinstance(value, np.ndarray):
         arr = value.to_numpy()
