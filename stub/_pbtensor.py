@@ -194,4 +194,10 @@ def _cupy_from_dlpack(obj: Any) -> Any:
         raise TritonModelException(f"GPU tensors need CuPy: {exc}") from None
     if isinstance(obj, cp.ndarray):
         return obj
-    return cp.from_dlpack(obj)
+    try:
+        return cp.from_dlpack(obj)
+    except TypeError:  # a bare capsule, on a CuPy whose from_dlpack wants __dlpack__
+        legacy = getattr(cp, "fromDlpack", None)
+        if legacy is None or type(obj).__name__ != "PyCapsule":
+            raise
+        return legacy(obj)
