@@ -284,8 +284,24 @@ class TensorTransport:
         handle, off, device = cuda.export(arr)
         return [handle, off, int(arr.nbytes), peer.export(arr), GPU, device]
 
-    def encode_many(self, tensors: list[tuple[str, np.ndarray]], peer: Peer) -> list[WireTensor]:
-        return [self.encode(n, a, peer) for n, a in tensors]
+    def encode_many(self, tensors: Any, peer: Peer) -> list[WireTensor]:
+        """Wire forms of (name, array) pairs; when one cannot be encoded (shared memory
+        exhausted), the handles made for the others are given back before the error goes on:
+        their message will never be sent."""
+        out: list[WireTensor] = []
+        try:
+            for n, a in tensors:
+                out.append(self.encode(n, a, peer))
+        except BaseException:
+            self.give_back(out, peer)
+            raise
+        return out
+
+    @staticmethod
+    def give_back(wires: list[WireTensor], peer: Peer) -> None:
+        """Drop the exports behind wire tensors that will not be sent (the sender's side of
+        :meth:`discard`)."""
+        peer.release([w[3][3] for w in wires if type(w[3]) is list])
 
     # -- receiving ----------------------------------------------------------------------------
     def decode(self, wire: Any, peer: Peer) -> tuple[str, np.ndarray]:

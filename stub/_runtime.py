@@ -757,13 +757,17 @@ class StubRuntime:
         wanted = req._requested_output_names
         encode, peer, gpu_ok = self.transport.encode, self.peer, req._gpu_ok
         outputs = body["outputs"] = []
-        for t in resp._output_tensors:
-            if wanted and t._name not in wanted:
-                continue
-            arr = t._arr
-            if type(arr) is not np.ndarray and not gpu_ok and not t.is_cpu():
-                arr = self._host_copy(arr)
-            outputs.append(encode(t._name, arr, peer))
+        try:
+            for t in resp._output_tensors:
+                if wanted and t._name not in wanted:
+                    continue
+                arr = t._arr
+                if type(arr) is not np.ndarray and not gpu_ok and not t.is_cpu():
+                    arr = self._host_copy(arr)
+                outputs.append(encode(t._name, arr, peer))
+        except BaseException:
+            self.transport.give_back(outputs, peer)  # this response will not be sent
+            raise
         if resp._parameters:
             body["parameters"] = resp._parameters
         return body
@@ -813,7 +817,7 @@ class StubRuntime:
             )
         if not req._model_name:
             raise TritonModelException("BLS InferenceRequest needs a model_name")
-        encode = self.transport.encode
+        inputs = self._bls_inputs(req)
         body: dict[str, Any] = {
             "request": {
                 "model": req._model_name,
@@ -823,7 +827,7 @@ class StubRuntime:
                 "flags": req._flags,
                 "timeout": req._timeout,
                 "parameters": req._parameters,
-                "inputs": [encode(t._name, t._arr, self.peer, t) for t in req._inputs],
+                "inputs": inputs,
                 "outputs": req._requested_output_names,
             },
             "decoupled": decoupled,
@@ -837,6 +841,17 @@ class StubRuntime:
         if trace:  # InferenceRequest(..., trace=request.trace()) of a traced request
             body["request"]["trace"] = trace
         return body
+
+    def _bls_inputs(self, req: pb_utils.InferenceRequest) -> list:
+        encode, peer = self.transport.encode, self.peer
+        inputs: list = []
+        try:
+            for t in req._inputs:
+                inputs.append(encode(t._name, t._arr, peer, t))
+        except BaseException:
+            self.transport.give_back(inputs, peer)  # the call will not be made
+            raise
+        return inputs
 
     def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
         if self._exec_busy and cmd in _WAITS_ON_SERVER:

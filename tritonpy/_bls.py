@@ -83,7 +83,7 @@ class BlsRouter:
                 out["empty"] = True
             else:
                 try:
-                    out["outputs"] = [srv.transport.encode(n, a, peer) for n, a in outputs]
+                    out["outputs"] = srv.transport.encode_many(outputs, peer)
                 except TritonpyError as exc:
                     error = exc
                 except Exception as exc:  # e.g. shm exhausted while forwarding

@@ -528,12 +528,12 @@ class ModelRuntime(RuntimeBase):
         assert stub is not None
         t0 = time.monotonic_ns()
         peer = stub.channel.peer
-        encode = self.server.transport.encode
+        encode_many = self.server.transport.encode_many
         bodies: list[RequestBody] = []
         ok: list[HostRequest] = []
         for req in batch:
             try:
-                inputs = [encode(n, a, peer) for n, a in req.inputs]
+                inputs = encode_many(req.inputs, peer)
             except ShmExhaustedError as exc:
                 self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
                 req.fail(UnavailableError(str(exc)))
