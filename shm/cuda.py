@@ -3,7 +3,8 @@
 A GPU tensor crosses the channel as a handle like a shm one, with the device memory's CUDA IPC
 handle in place of a segment name::
 
-    [ipc_handle: bytes, offset, nbytes, export_id, GPU, device]
+    [ipc_handle: bytes, offset, nbytes, export_id, GPU, device]      (or one more element, 0,
+                                                                     for a client's memory)
 
 ``ipc_handle`` names the whole device allocation the tensor lies in (``cudaIpcGetMemHandle`` of
 its base, found with the driver's ``cuMemGetAddressRange``) and ``offset`` is where the tensor
@@ -11,10 +12,11 @@ starts in it, so a tensor CuPy's memory pool carved out of a bigger block still 
 The release protocol is the shm one: the sender keeps the array in its export table until the
 receiver's last view dies.
 
-The host never touches CUDA: it holds a :class:`DeviceRef` in place of the array and passes
-the handle on (a BLS input to its target, a target's output back to its caller). A stub maps a
-handle once per allocation (``cudaIpcOpenMemHandle``, counted, closed with its last view); a
-handle of its own memory that comes back to it (an identity model's output) is its own array,
+The host does not map GPU tensors: it holds a :class:`DeviceRef` in place of the array and
+passes the handle on (a BLS input to its target, a target's output back to its caller). A stub
+maps a handle once per allocation (``cudaIpcOpenMemHandle``, counted) and keeps the last few it
+is done with open for the next tensor in the same allocation (CuPy's pool hands allocations
+out again); a handle of its own memory that comes back to it (an identity model's output) is its own array,
 since CUDA refuses to open a process's own handle.
 
 CuPy is imported on first use only, so that a process that never sees a GPU tensor never
@@ -22,6 +24,7 @@ creates a CUDA context.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import threading
 import weakref
@@ -43,6 +46,12 @@ _exported: dict[bytes, int] = {}
 _opened: dict[bytes, list[int]] = {}
 # The same, by base pointer (an opened array sent on forwards the original handle).
 _opened_ranges: dict[int, tuple[bytes, int]] = {}
+# Mappings whose last view is gone, kept open (oldest first) because the sender's CuPy pool
+# hands the same allocations out again: the next tensor in one of them costs no
+# cudaIpcOpenMemHandle. A freed allocation's handle is never handed out again (CUDA makes a
+# new one for new memory), so a kept mapping is only ever reused for the memory it maps.
+IDLE_MAPPINGS = 16
+_idle: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
 
 def cupy() -> Any:
@@ -80,12 +89,15 @@ class DeviceRef:
     ``nbytes``); dropping the last reference owes the release to the process that sent it.
     """
 
-    __slots__ = ("handle", "offset", "nbytes", "device", "dtype", "shape", "owner",
+    __slots__ = ("handle", "offset", "nbytes", "device", "dtype", "shape", "owner", "reuse",
                  "__weakref__")
 
     def __init__(self, handle: bytes, offset: int, nbytes: int, device: int, dtype: np.dtype,
-                 shape: tuple[int, ...], owner: Any = None) -> None:
+                 shape: tuple[int, ...], owner: Any = None, reuse: bool = True) -> None:
         self.owner = owner  # what keeps the memory alive here (an embedder's CuPy array)
+        # False for a client's CUDA shared memory: a stub must not keep it mapped for reuse
+        # (the client may free it once it is unregistered).
+        self.reuse = reuse
         self.handle = handle
         self.offset = offset
         self.nbytes = nbytes
@@ -173,13 +185,13 @@ def contiguous(arr: Any) -> Any:
 
 # -- receiving ----------------------------------------------------------------------------------
 class _Mapped:
-    """Owner of one view's device memory: its death closes the mapping (with the last view of
-    that allocation) and owes the release to the sender."""
+    """Owner of one view's device memory: its death lets go of the mapping (with the last view
+    of that allocation: kept open for reuse, or closed) and owes the release to the sender."""
 
     __slots__ = ("__weakref__",)
 
 
-def _unmap(handle: bytes, release: Callable[[], None]) -> None:
+def _unmap(handle: bytes, release: Callable[[], None], reuse: bool) -> None:
     try:
         with _lock:
             entry = _opened.get(handle)
@@ -190,18 +202,28 @@ def _unmap(handle: bytes, release: Callable[[], None]) -> None:
                 return
             del _opened[handle]
             _opened_ranges.pop(entry[0], None)
-            try:
-                cupy().cuda.runtime.ipcCloseMemHandle(entry[0])
-            except Exception:
-                pass  # the context is gone (interpreter exit): nothing left to close
+            if not reuse:
+                _close(entry[0])
+                return
+            _idle[handle] = entry[0]
+            while len(_idle) > IDLE_MAPPINGS:
+                _close(_idle.popitem(last=False)[1])
     finally:
         release()
 
 
+def _close(base: int) -> None:
+    try:
+        cupy().cuda.runtime.ipcCloseMemHandle(base)
+    except Exception:
+        pass  # the context is gone (interpreter exit): nothing left to close
+
+
 def open_array(handle: bytes, offset: int, nbytes: int, dtype: np.dtype,
-               shape: tuple[int, ...], release: Callable[[], None]) -> Any:
+               shape: tuple[int, ...], release: Callable[[], None], reuse: bool = True) -> Any:
     """A CuPy array over another process's device memory; ``release`` runs once no view of
-    it is left."""
+    it is left. ``reuse``: keep the mapping open then, for the next tensor in it (False: a
+    client's region, whose owner may free it once unregistered)."""
     cp = cupy()
     own = _exported.get(handle)
     keep = _Mapped()
@@ -212,15 +234,17 @@ def open_array(handle: bytes, offset: int, nbytes: int, dtype: np.dtype,
         with _lock:  # held while mapping: the driver maps a handle once per process
             entry = _opened.get(handle)
             if entry is None:
-                mapped = int(cp.cuda.runtime.ipcOpenMemHandle(
-                    handle, cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess))
+                mapped = _idle.pop(handle, None)
+                if mapped is None:
+                    mapped = int(cp.cuda.runtime.ipcOpenMemHandle(
+                        handle, cp.cuda.runtime.cudaIpcMemLazyEnablePeerAccess))
                 entry = _opened[handle] = [mapped, 0]
             entry[1] += 1
             base = entry[0]
             seen = _opened_ranges.get(base)
             if seen is None or seen[1] < offset + nbytes:
                 _opened_ranges[base] = (handle, offset + nbytes)
-        weakref.finalize(keep, _unmap, handle, release)
+        weakref.finalize(keep, _unmap, handle, release, reuse)
     mem = cp.cuda.UnownedMemory(base + offset, nbytes, keep)
     return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
 
@@ -248,6 +272,6 @@ def to_device(arr: np.ndarray, device: int = 0) -> Any:
 
 
 def open_count() -> int:
-    """How many other processes' allocations are mapped here now (tests, leak checks)."""
+    """How many other processes' allocations are mapped here now, in use or kept for reuse."""
     with _lock:
-        return len(_opened)
+        return len(_opened) + len(_idle)

@@ -279,7 +279,8 @@ class TensorTransport:
     @staticmethod
     def _device_handle(arr: Any, peer: Peer) -> list:
         if type(arr) is DeviceRef:  # the host passes a GPU tensor on
-            return [arr.handle, arr.offset, arr.nbytes, peer.export(arr), GPU, arr.device]
+            wire = [arr.handle, arr.offset, arr.nbytes, peer.export(arr), GPU, arr.device]
+            return wire if arr.reuse else wire + [0]
         arr = cuda.contiguous(arr)
         handle, off, device = cuda.export(arr)
         return [handle, off, int(arr.nbytes), peer.export(arr), GPU, device]
@@ -336,7 +337,7 @@ class TensorTransport:
                 if len(shape) != 1:
                     arr = arr.reshape(shape)
             return name, arr
-        if isinstance(data, list) and len(data) == 6 and data[4] == GPU:
+        if isinstance(data, list) and 6 <= len(data) <= 7 and data[4] == GPU:
             return name, self._decode_device(name, dt, shape, count, data, peer)
         if not (isinstance(data, list) and (len(data) == 4 or len(data) == 5 and data[4] == IMMUTABLE)):
             raise ProtocolError(f"malformed tensor {name!r}: bad data field")
@@ -382,7 +383,8 @@ class TensorTransport:
 
     def _decode_device(self, name: str, dt: str, shape: list, count: int, data: list,
                        peer: Peer) -> Any:
-        handle, off, nbytes, eid, _, device = data
+        handle, off, nbytes, eid, _, device = data[:6]
+        reuse = len(data) == 6 or data[6] != 0
         if not (type(eid) is int and type(off) is int and type(nbytes) is int
                 and type(device) is int and type(handle) is bytes):
             raise ProtocolError(f"malformed GPU handle for tensor {name!r}")
@@ -393,12 +395,12 @@ class TensorTransport:
                                 f"{nbytes} bytes, handle of {len(handle)}")
         npdt = _NUMPY_DTYPES[dt]
         if self.device_refs:
-            ref = DeviceRef(handle, off, nbytes, device, npdt, tuple(shape))
+            ref = DeviceRef(handle, off, nbytes, device, npdt, tuple(shape), reuse=reuse)
             weakref.finalize(ref, peer.owe_release, eid)
             return ref
         try:
             return cuda.open_array(handle, off, nbytes, npdt, tuple(shape),
-                                   lambda: peer.owe_release(eid))
+                                   lambda: peer.owe_release(eid), reuse)
         except Exception as exc:
             peer.owe_release(eid)
             raise ProtocolError(f"tensor {name!r}: cannot map its GPU memory: {exc}") from None
@@ -410,7 +412,7 @@ class TensorTransport:
             return
         for w in wires:
             data = w[3] if type(w) is list and len(w) == 4 else None
-            if type(data) is list and len(data) in (4, 5, 6) and type(data[3]) is int:
+            if type(data) is list and 4 <= len(data) <= 7 and type(data[3]) is int:
                 peer.owe_release(data[3], type(data[2]) is int and len(data) == 4
                                  and data[2] >= URGENT_RELEASE_BYTES)
 

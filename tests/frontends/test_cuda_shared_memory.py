@@ -137,6 +137,9 @@ def test_cuda_shared_memory_inputs_and_outputs(serve: Callable[..., Serve],
         # (its one copy to the host before the gRPC round was the HTTP round's output)
         assert r["target"]["stats"]["d2h"] == {"http": 0, "grpc": 1}[kind], kind
         assert r["target"]["stats"]["open_now"] == 1, kind
+        # ... and lets go of it afterwards, not kept for reuse as a stub's memory would be
+        # (the client may free it once unregistered): the gRPC round maps it anew.
+        assert r["target"]["stats"]["ipc_open"] == {"http": 1, "grpc": 2}[kind], kind
         assert r["identity"] == x, kind
         assert "output 'OUT' (8 bytes) should be at least 64 bytes" in r["too_small"], kind
         assert "Invalid offset + byte size for shared memory region: 'in'" in r["outside"], kind

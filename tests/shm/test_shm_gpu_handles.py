@@ -86,3 +86,13 @@ def test_a_stub_without_cupy_refuses_a_gpu_tensor_naming_the_extra(shm_prefix: s
     finally:
         pool.close()
         stub_side.segments.close()
+
+
+def test_a_clients_memory_stays_marked_not_to_be_kept_mapped(host) -> None:
+    # A client's CUDA shared memory (7th element 0) is passed on with the mark, so that the
+    # stub maps it for this request only.
+    _, ref = host.decode(["IN", "FP32", [16], [HANDLE, 0, 64, 3, GPU, 0, 0]], Peer("host"))
+    assert ref.reuse is False
+    assert host.encode("IN", ref, Peer("stub"))[3][4:] == [GPU, 0, 0]
+    _, ref = host.decode(["IN", "FP32", [16], [HANDLE, 0, 64, 4, GPU, 0]], Peer("host"))
+    assert ref.reuse is True and len(host.encode("IN", ref, Peer("stub"))[3]) == 6

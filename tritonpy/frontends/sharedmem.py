@@ -205,7 +205,8 @@ class SharedMemoryRegistry:
         """The stand-in for an input in CUDA region ``name``: the stub that runs the request
         maps it (nothing is released: the memory is the client's)."""
         region = self._cuda_window(name, offset, byte_size)
-        return DeviceRef(region.handle, offset, byte_size, region.device_id, dtype, shape)
+        return DeviceRef(region.handle, offset, byte_size, region.device_id, dtype, shape,
+                         reuse=False)
 
     def cuda_write(self, name: str, offset: int, data: Any) -> None:
         """Copy ``data`` (bytes-like) to ``offset`` of CUDA region ``name``."""
@@ -218,7 +219,7 @@ class SharedMemoryRegistry:
                     "pip install 'tritonpy[gpu]'")
             try:
                 region.mapped = cuda.open_array(region.handle, 0, region.byte_size, np.uint8,
-                                                (region.byte_size,), lambda: None)
+                                                (region.byte_size,), lambda: None, reuse=False)
             except Exception as exc:
                 raise InvalidArgumentError(
                     f"cannot map CUDA shared memory region '{name}': {exc}") from None

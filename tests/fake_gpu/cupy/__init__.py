@@ -2,7 +2,8 @@
 
 There is no GPU on the machines the tests run on, so this is the one mock the suite allows: it
 stands in for CuPy and for the CUDA driver. Each "device allocation" is a memfd mapped in the
-process that made it; its "device pointer" is that mapping's address. A CUDA IPC handle names
+process that made it; its "device pointer" is that mapping's address. Its pool hands a freed
+allocation of the same size out again, as CuPy's does. A CUDA IPC handle names
 the allocation by (pid, fd), and ``ipcOpenMemHandle`` in another process maps
 ``/proc/<pid>/fd/<fd>``: the memory is really shared across processes, as with CUDA IPC, so a
 test sees whether tritonpy passes GPU tensors by handle, keeps them alive until released, and
@@ -54,40 +55,48 @@ class OutOfMemoryError(MemoryError):
 class _Mapping:
     """One stretch of fake device memory mapped in this process (made here, or opened)."""
 
-    def __init__(self, fd: int, size: int, owner_pid: int, counted: bool) -> None:
+    def __init__(self, fd: int, size: int) -> None:
         self.fd = fd
         self.size = size
-        self.owner_pid = owner_pid
         self.mm = mmap.mmap(fd, max(size, 1))
         self.bytes = numpy.frombuffer(self.mm, numpy.uint8)
         self.base = int(self.bytes.ctypes.data)
-        if counted:
-            _used[0] += size
-            weakref.finalize(self, _free, size, fd)
 
 
-def _free(size: int, fd: int) -> None:
-    _used[0] -= size
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+class _Block:
+    """One allocation handed out by the pool; back to the pool when no array refers to it."""
+
+    __slots__ = ("mapping", "__weakref__")
 
 
-# base address -> mapping: allocations made here (weak: freed with their last array) and
-# handles opened here (strong until ipcCloseMemHandle).
-_made: weakref.WeakValueDictionary[int, _Mapping] = weakref.WeakValueDictionary()
+# base address -> mapping: allocations made here (kept by the pool, as CuPy's, until
+# free_all_blocks) and handles opened here (until ipcCloseMemHandle).
+_made: dict[int, _Mapping] = {}
 _opened: dict[int, _Mapping] = {}
+_free_blocks: dict[int, list[_Mapping]] = {}  # by size, as CuPy's pool reuses them
 
 
-def _malloc(nbytes: int) -> _Mapping:
+def _malloc(nbytes: int) -> _Block:
     if _used[0] + nbytes > _CAPACITY:
         raise OutOfMemoryError(nbytes, _used[0])
-    fd = os.memfd_create("fake-cupy", os.MFD_CLOEXEC)
-    os.ftruncate(fd, max(nbytes, 1))
-    m = _Mapping(fd, nbytes, os.getpid(), True)
-    _made[m.base] = m
-    return m
+    free = _free_blocks.get(nbytes)
+    if free:
+        m = free.pop()
+    else:
+        fd = os.memfd_create("fake-cupy", os.MFD_CLOEXEC)
+        os.ftruncate(fd, max(nbytes, 1))
+        m = _Mapping(fd, nbytes)
+        _made[m.base] = m
+    _used[0] += nbytes
+    block = _Block()
+    block.mapping = m
+    weakref.finalize(block, _recycle, m)
+    return block
+
+
+def _recycle(m: _Mapping) -> None:
+    _used[0] -= m.size
+    _free_blocks.setdefault(m.size, []).append(m)
 
 
 def _find(ptr: int) -> _Mapping:
@@ -146,9 +155,9 @@ class ndarray:
             self._host = numpy.empty(shape, dt)
             return
         if memptr is None:
-            mapping = _malloc(nbytes)
-            memptr = MemoryPointer(types.SimpleNamespace(ptr=mapping.base, mapping=mapping), 0)
-            mem_map = mapping
+            block = _malloc(nbytes)
+            mem_map = block.mapping
+            memptr = MemoryPointer(types.SimpleNamespace(ptr=mem_map.base, block=block), 0)
         else:
             mem_map = _find(memptr.ptr)
         start = memptr.ptr - mem_map.base
@@ -294,7 +303,7 @@ def _ipc_open(handle: bytes, flags: int = 0) -> int:
         raise CUDARuntimeError("cudaErrorInvalidContext: a process cannot open its own IPC handle")
     local = os.open(f"/proc/{pid}/fd/{fd}", os.O_RDWR | os.O_CLOEXEC)
     with _lock:
-        m = _Mapping(local, size, pid, False)
+        m = _Mapping(local, size)
         os.close(local)
         _opened[m.base] = m
         _stats["ipc_open"] += 1
@@ -318,7 +327,11 @@ class _Pool:
         return _used[0]
 
     def free_all_blocks(self) -> None:
-        pass
+        for blocks in _free_blocks.values():
+            for m in blocks:
+                _made.pop(m.base, None)
+                os.close(m.fd)
+        _free_blocks.clear()
 
 
 _POOL = _Pool()
