@@ -201,3 +201,28 @@ def _post(port: int, path: str, body: dict) -> tuple[int, dict]:
         return resp.status, json.loads(resp.read() or b"{}")
     finally:
         conn.close()
+
+
+def test_the_registry_checks_windows_and_names_what_the_server_lacks() -> None:
+    import importlib.util
+
+    import numpy as np
+
+    from tritonpy._errors import InvalidArgumentError, UnavailableError
+    from tritonpy.frontends.sharedmem import SharedMemoryRegistry
+
+    reg = SharedMemoryRegistry(gpu_count=lambda: 1)
+    reg.register_cuda("r", b"\1" * 64, 0, 256)
+    ref = reg.cuda_input("r", 64, 128, np.dtype(np.float32), (32,))
+    assert (ref.handle, ref.offset, ref.nbytes, ref.shape, ref.reuse) == (
+        b"\1" * 64, 64, 128, (32,), False)
+    with pytest.raises(InvalidArgumentError, match="Invalid offset \\+ byte size"):
+        reg.cuda_input("r", 200, 128, np.dtype(np.float32), (32,))
+    with pytest.raises(InvalidArgumentError, match="Invalid offset for shared memory region"):
+        reg.cuda_check("r", -1, 4)
+    if importlib.util.find_spec("cupy") is None:
+        # An output into a CUDA region is copied there by the server: it needs CuPy.
+        with pytest.raises(UnavailableError, match=r"needs CuPy in the server: .*tritonpy\[gpu\]"):
+            reg.cuda_write("r", 0, b"\0" * 8)
+    reg.close()
+    assert reg.cuda_status() == []
