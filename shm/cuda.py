@@ -269,9 +269,3 @@ def to_device(arr: np.ndarray, device: int = 0) -> Any:
         device = cp.cuda.runtime.getDevice()  # a GPU instance's stub sees its own device only
     with cp.cuda.Device(device):
         return cp.asarray(arr)
-
-
-def open_count() -> int:
-    """How many other processes' allocations are mapped here now, in use or kept for reuse."""
-    with _lock:
-        return len(_opened) + len(_idle)
