@@ -226,3 +226,39 @@ def test_the_registry_checks_windows_and_names_what_the_server_lacks() -> None:
             reg.cuda_write("r", 0, b"\0" * 8)
     reg.close()
     assert reg.cuda_status() == []
+
+
+@pytest.mark.gpu
+def test_cuda_shared_memory_on_a_real_gpu(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory",
+                                  reason="tritonclient's CUDA shared memory needs cuda-python")
+    repo = tmp_path / "repo"
+    write_model(repo, "gpu_double", GPU_DOUBLE_PY, DOUBLE_CONFIG)
+    server, http_port, grpc_port = serve_repo(serve, repo)
+    x = np.arange(16, dtype=np.float32)
+    h_in = cudashm.create_shared_memory_region("in", x.nbytes, 0)
+    h_out = cudashm.create_shared_memory_region("out", x.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(h_in, [x])
+        for mod, url in ((httpclient, f"127.0.0.1:{http_port}"),
+                         (grpcclient, f"127.0.0.1:{grpc_port}")):
+            c = mod.InferenceServerClient(url)  # type: ignore[attr-defined]
+            c.register_cuda_shared_memory("in", cudashm.get_raw_handle(h_in), 0, x.nbytes)
+            c.register_cuda_shared_memory("out", cudashm.get_raw_handle(h_out), 0, x.nbytes)
+            inp = mod.InferInput("IN", [16], "FP32")
+            inp.set_shared_memory("in", x.nbytes)
+            out = mod.InferRequestedOutput("OUT")
+            out.set_shared_memory("out", x.nbytes)
+            c.infer("gpu_double", [inp], outputs=[out])
+            got = cudashm.get_contents_as_numpy(h_out, np.float32, [16])
+            np.testing.assert_array_equal(got, x * 2)
+            c.unregister_cuda_shared_memory()
+            c.close()
+    finally:
+        cudashm.destroy_shared_memory_region(h_in)
+        cudashm.destroy_shared_memory_region(h_out)
+    stop(server)
