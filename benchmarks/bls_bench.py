@@ -7,12 +7,18 @@ BLS round trip carries it to ``identity`` and back. "sync" and "async ×8" send 
 before the loop (both servers keep its shm copy: the steady state of a constant input);
 "sync, new Tensor" wraps the data in a new Tensor for each call, which costs one copy per call.
 
-Usage: python benchmarks/bls_bench.py [--quick] [--only triton|tritonpy]
+With ``--gpu`` the tensor is a CuPy array on GPU 0 and ``identity`` takes it on the GPU
+(``benchmarks/gpu_models``): the call passes a CUDA IPC handle each way. It needs CuPy and a
+GPU, and says so and stops where either is missing.
+
+Usage: python benchmarks/bls_bench.py [--quick] [--only triton|tritonpy] [--gpu]
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -50,6 +56,26 @@ def points(quick: bool) -> list[Point]:
         + [Point(4 * KIB, ASYNC), Point(1 * MIB, ASYNC)]
         + [Point(s, SYNC_NEW) for s in sizes if s >= MIB]
     )
+
+
+GPU_MODELS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_models")
+
+
+def gpu_points(quick: bool) -> list[Point]:
+    """GPU tensors: sync at each size, async ×8 at 4 KiB and 1 MiB (no "new Tensor" mode)."""
+    sizes = [16, 4 * KIB, 1 * MIB, 16 * MIB, 64 * MIB] + ([] if quick else [256 * MIB])
+    return [Point(s, SYNC) for s in sizes] + [Point(4 * KIB, ASYNC), Point(1 * MIB, ASYNC)]
+
+
+def gpu_missing() -> str | None:
+    """Why the GPU points cannot run here, or None."""
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install 'tritonpy[gpu]')"
+    from tritonpy._gpus import visible_gpu_count
+
+    if visible_gpu_count() == 0:
+        return "no GPU: nvidia-smi -L lists none"
+    return None
 
 
 def bls_loop(client: httpclient.InferenceServerClient, size: int, iters: int, mode: int) -> float:
@@ -97,7 +123,8 @@ def _us(value: float) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.1f}"
 
 
-def report(pts: list[Point], results: dict[str, dict[Point, float | str]], limits: Limits) -> None:
+def report(pts: list[Point], results: dict[str, dict[Point, float | str]], limits: Limits,
+           gpu: bool = False) -> None:
     """Print the side-by-side table and any errors under it."""
     labels = list(results)
     header = ["size", "mode", "limit µs"]
@@ -130,8 +157,9 @@ def report(pts: list[Point], results: dict[str, dict[Point, float | str]], limit
             row.append(f"{v / limit:.1f}" if isinstance(v, float) else "—")
         rows.append(row)
     print_table(
+        ("GPU tensors (CuPy, GPU 0), " if gpu else "") +
         "BLS round trip (µs per call, timed inside execute; GB/s = 2 × size / time; "
-        "limit = round-trip floor + one memcpy; speedup = anchor µs / tritonpy µs)",
+        "limit = round-trip floor + one host memcpy; speedup = anchor µs / tritonpy µs)",
         header,
         rows,
     )
@@ -144,18 +172,26 @@ def main() -> None:
     parser = bench_parser(__doc__, "short loops, 3 repeats, no 256 MiB")
     parser.add_argument("--call-seconds", type=float, help="target length of one bls_loop call")
     parser.add_argument("--repeats", type=int, help="bls_loop calls per point (median taken)")
+    parser.add_argument("--gpu", action="store_true", help="GPU tensors (CuPy), by CUDA IPC")
     args = parse_bench_args(parser)
     call_seconds = args.call_seconds or (0.05 if args.quick else 0.3)
     repeats = args.repeats or (3 if args.quick else 5)
     pts = points(args.quick)
+    repo = BENCH_MODELS
+    if args.gpu:
+        missing = gpu_missing()
+        if missing is not None:
+            print(f"GPU BLS round trip: not run ({missing})")
+            return
+        pts, repo = gpu_points(args.quick), GPU_MODELS
 
     limits = measure_limits(quick=args.quick, sizes=sorted({p.size for p in pts if p.size >= MIB}))
     print_limits(limits)
     results = run_on_each(
-        server_specs(args.only), BENCH_MODELS, lambda server: run_server(server, pts, call_seconds, repeats)
+        server_specs(args.only), repo, lambda server: run_server(server, pts, call_seconds, repeats)
     )
     if results:
-        report(pts, results, limits)
+        report(pts, results, limits, gpu=args.gpu)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ the allocation by (pid, fd), and ``ipcOpenMemHandle`` in another process maps
 test sees whether tritonpy passes GPU tensors by handle, keeps them alive until released, and
 closes what it opened. As CUDA does, it refuses to open a process's own handle.
 
-It has what tritonpy and the tests' models call: ``ndarray`` (with ``__cuda_array_interface__``,
-``data.ptr``, ``device``, ``get``, DLPack), ``empty``, ``arange``, ``asarray``, ``asnumpy``,
+It has what tritonpy, the tests' models and ``bls_bench.py --gpu`` call: ``ndarray`` (with
+``__cuda_array_interface__``, ``data.ptr``, ``device``, ``get``, DLPack), ``empty``, ``ones``,
+``arange``, ``asarray``, ``asnumpy``,
 ``ascontiguousarray``, ``from_dlpack``, ``+ * **``, ``cuda.runtime``'s IPC calls,
 ``cuda.UnownedMemory`` / ``MemoryPointer`` / ``Device`` / ``get_current_stream``, the default
 memory pool's ``used_bytes()`` and ``cuda.memory.OutOfMemoryError``; and it puts its own
@@ -258,6 +259,10 @@ def _from_host(host: numpy.ndarray) -> ndarray:
 
 def empty(shape: Any, dtype: Any = float) -> ndarray:
     return ndarray(shape, dtype)  # untouched pages: no host memory is used
+
+
+def ones(shape: Any, dtype: Any = float) -> ndarray:
+    return _from_host(numpy.ones(shape, dtype))
 
 
 def arange(n: int, dtype: Any = None) -> ndarray:

@@ -4,11 +4,15 @@ The timing is taken with ``time.perf_counter`` inside ``execute`` around the who
 the figure is the cost of one BLS call (request out, identity's execute, response back) as a
 model sees it, free of the client's HTTP overhead. Only documented ``pb_utils`` calls are
 used so that the same file runs on the real Triton and on tritonpy.
+
+With the config parameter ``TENSOR_DEVICE: "gpu"`` (``benchmarks/gpu_models``, which links this
+file) the tensor is a CuPy array on the GPU, sent with ``Tensor.from_dlpack``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -32,6 +36,15 @@ def _check(response: Any) -> None:
 class TritonPythonModel:
     """Loop BLS calls to ``identity`` and report mean µs per call."""
 
+    def initialize(self, args: dict[str, str]) -> None:
+        """Read where the tensor lives: the CPU, or the GPU (CuPy) when the config says so."""
+        params = json.loads(args["model_config"]).get("parameters", {})
+        self.cupy: Any = None
+        if params.get("TENSOR_DEVICE", {}).get("string_value") == "gpu":
+            import cupy
+
+            self.cupy = cupy
+
     async def execute(self, requests: list[Any]) -> list[Any]:
         """``async def`` so that MODE 1 may await ``async_exec``; MODE 0 never awaits."""
         responses = []
@@ -53,8 +66,12 @@ class TritonPythonModel:
         # In modes 0 and 1 the tensor is built once and sent by every call (a constant input,
         # the common BLS case): both servers keep its shared-memory copy after the first sends.
         # Mode 2 wraps the data in a new Tensor for each call, which costs a copy each time.
-        data = np.ones(size, dtype=np.uint8)
-        tensor = pb_utils.Tensor("INPUT0", data)
+        if self.cupy is None:
+            data = np.ones(size, dtype=np.uint8)
+            tensor = pb_utils.Tensor("INPUT0", data)
+        else:
+            data = self.cupy.ones(size, dtype=self.cupy.uint8)
+            tensor = pb_utils.Tensor.from_dlpack("INPUT0", data)
 
         def make_request() -> Any:
             return pb_utils.InferenceRequest(
@@ -74,7 +91,8 @@ class TritonPythonModel:
         for _ in range(2):
             first = make_request().exec()
             _check(first)
-            got = pb_utils.get_output_tensor_by_name(first, "OUTPUT0").as_numpy().nbytes
+            out = pb_utils.get_output_tensor_by_name(first, "OUTPUT0")
+            got = out.as_numpy().nbytes if out.is_cpu() else int(np.prod(out.shape()))
             if got != size:
                 raise pb_utils.TritonModelException(f"identity returned {got} bytes, sent {size}")
             del first

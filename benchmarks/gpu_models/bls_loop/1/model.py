@@ -1,0 +1,1 @@
+../../../bench_models/bls_loop/1/model.py
