@@ -39,6 +39,7 @@ IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 KDL_CUDA = 2  # DLPack device type of CUDA memory
 
 _cupy: Any = None
+_no_cupy = ""  # why CuPy could not be imported: tried once per process, not per tensor
 _lock = threading.RLock()  # re-entrant: a finalizer may unmap from inside a map
 # Allocations of this process that it gave handles for: handle -> base pointer.
 _exported: dict[bytes, int] = {}
@@ -56,15 +57,18 @@ _idle: collections.OrderedDict[bytes, int] = collections.OrderedDict()
 
 def cupy() -> Any:
     """The ``cupy`` module; ProtocolError naming the ``gpu`` extra where it is missing."""
-    global _cupy
+    global _cupy, _no_cupy
     if _cupy is None:
-        try:
-            import cupy as cp
-        except ImportError as exc:
-            raise ProtocolError(
-                "a GPU tensor needs CuPy in this process: pip install 'tritonpy[gpu]' "
-                f"({exc})") from None
-        _cupy = cp
+        if not _no_cupy:
+            try:
+                import cupy as cp
+            except ImportError as exc:
+                _no_cupy = str(exc)
+            else:
+                _cupy = cp
+                return cp
+        raise ProtocolError("a GPU tensor needs CuPy in this process: pip install "
+                            f"'tritonpy[gpu]' ({_no_cupy})")
     return _cupy
 
 

@@ -278,31 +278,26 @@ class TensorTransport:
 
     @staticmethod
     def _device_handle(arr: Any, peer: Peer) -> list:
-        if type(arr) is DeviceRef:  # the host passes a GPU tensor on
-            wire = [arr.handle, arr.offset, arr.nbytes, peer.export(arr), GPU, arr.device]
-            return wire if arr.reuse else wire + [0]
-        arr = cuda.contiguous(arr)
-        handle, off, device = cuda.export(arr)
-        return [handle, off, int(arr.nbytes), peer.export(arr), GPU, device]
+        # A DeviceRef is passed on as it came (the host); a CuPy array gets one, which keeps
+        # it alive in the export table.
+        ref = arr if type(arr) is DeviceRef else cuda.ref_of(arr)
+        wire = [ref.handle, ref.offset, ref.nbytes, peer.export(ref), GPU, ref.device]
+        return wire if ref.reuse else wire + [0]
 
     def encode_many(self, tensors: Any, peer: Peer) -> list[WireTensor]:
-        """Wire forms of (name, array) pairs; when one cannot be encoded (shared memory
-        exhausted), the handles made for the others are given back before the error goes on:
-        their message will never be sent."""
+        """Wire forms of (name, array) or (name, array, owner) tuples (``owner``: see
+        :meth:`encode`); when one cannot be encoded (shared memory exhausted), the handles
+        made for the others are given back before the error goes on: their message will never
+        be sent."""
         out: list[WireTensor] = []
         try:
-            for n, a in tensors:
-                out.append(self.encode(n, a, peer))
+            for item in tensors:
+                out.append(self.encode(item[0], item[1], peer,
+                                       item[2] if len(item) > 2 else None))
         except BaseException:
-            self.give_back(out, peer)
+            peer.release([w[3][3] for w in out if type(w[3]) is list])  # (see discard)
             raise
         return out
-
-    @staticmethod
-    def give_back(wires: list[WireTensor], peer: Peer) -> None:
-        """Drop the exports behind wire tensors that will not be sent (the sender's side of
-        :meth:`discard`)."""
-        peer.release([w[3][3] for w in wires if type(w[3]) is list])
 
     # -- receiving ----------------------------------------------------------------------------
     def decode(self, wire: Any, peer: Peer) -> tuple[str, np.ndarray]:

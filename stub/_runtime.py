@@ -479,14 +479,12 @@ class StubRuntime:
         return waiter.items.popleft()
 
     def _maintain(self) -> None:
-        self.pool.reap()
-        dropped = self.pool.take_dropped()
-        if dropped:
-            self.channel.send(Cmd.DROPPED, 0, dropped)
+        self._give_back_idle(force=False)
 
-    def _give_back_idle(self) -> None:
-        """Unlink every idle segment of this stub's pool now, and tell the others to unmap."""
-        self.pool.reap(force=True)
+    def _give_back_idle(self, force: bool = True) -> None:
+        """Unlink this stub's segments idle for their idle time (``force``: every idle one,
+        now), and tell the others to unmap them."""
+        self.pool.reap(force)
         dropped = self.pool.take_dropped()
         if dropped:
             self.channel.send(Cmd.DROPPED, 0, dropped)
@@ -755,19 +753,11 @@ class StubRuntime:
         if resp._err is not None:
             body["error"] = resp._err._to_wire()
         wanted = req._requested_output_names
-        encode, peer, gpu_ok = self.transport.encode, self.peer, req._gpu_ok
-        outputs = body["outputs"] = []
-        try:
-            for t in resp._output_tensors:
-                if wanted and t._name not in wanted:
-                    continue
-                arr = t._arr
-                if type(arr) is not np.ndarray and not gpu_ok and not t.is_cpu():
-                    arr = self._host_copy(arr)
-                outputs.append(encode(t._name, arr, peer))
-        except BaseException:
-            self.transport.give_back(outputs, peer)  # this response will not be sent
-            raise
+        gpu_ok = req._gpu_ok
+        body["outputs"] = self.transport.encode_many(
+            [(t._name, t._arr if gpu_ok or type(t._arr) is np.ndarray or t.is_cpu()
+              else self._host_copy(t._arr))
+             for t in resp._output_tensors if not wanted or t._name in wanted], self.peer)
         if resp._parameters:
             body["parameters"] = resp._parameters
         return body
@@ -817,7 +807,7 @@ class StubRuntime:
             )
         if not req._model_name:
             raise TritonModelException("BLS InferenceRequest needs a model_name")
-        inputs = self._bls_inputs(req)
+        inputs = self.transport.encode_many([(t._name, t._arr, t) for t in req._inputs], self.peer)
         body: dict[str, Any] = {
             "request": {
                 "model": req._model_name,
@@ -841,17 +831,6 @@ class StubRuntime:
         if trace:  # InferenceRequest(..., trace=request.trace()) of a traced request
             body["request"]["trace"] = trace
         return body
-
-    def _bls_inputs(self, req: pb_utils.InferenceRequest) -> list:
-        encode, peer = self.transport.encode, self.peer
-        inputs: list = []
-        try:
-            for t in req._inputs:
-                inputs.append(encode(t._name, t._arr, peer, t))
-        except BaseException:
-            self.transport.give_back(inputs, peer)  # the call will not be made
-            raise
-        return inputs
 
     def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
         if self._exec_busy and cmd in _WAITS_ON_SERVER:
@@ -956,15 +935,11 @@ class StubRuntime:
 
 
 def _place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
-    """Move BLS outputs where the caller's ``preferred_memory`` asks (BYTES stay on the CPU).
-    The host asked the target for CPU outputs already when the caller prefers the CPU. A GPU
-    asked for where CuPy is missing is a preference that cannot be met: outputs stay put."""
-    if memory.preferred_memory_type != pb_utils.TRITONSERVER_MEMORY_GPU:
-        for t in outputs:
-            if type(t._arr) is not np.ndarray and not t.is_cpu():
-                t._arr = cuda.to_host(t._arr)
-        return
-    if not cuda.available():
+    """Copy CPU outputs of a BLS call to the GPU when the caller's ``preferred_memory`` asks
+    for it (BYTES stay on the CPU). A CPU preference needs nothing here: the host asked the
+    target for CPU outputs then. A GPU asked for where CuPy is missing is a preference that
+    cannot be met: outputs stay put."""
+    if memory.preferred_memory_type != pb_utils.TRITONSERVER_MEMORY_GPU or not cuda.available():
         return
     for t in outputs:
         if t.is_cpu() and t._dtype != 13:

@@ -237,21 +237,27 @@ def test_parts_of_one_file_are_numbered_across_log_frequencies(tmp_path: Path) -
     assert ids == [[1], [2, 3]]
 
 
-def test_an_ensembles_steps_are_traced_under_it(tmp_path: Path) -> None:
-    # As Triton 2.51 (compared side by side): each step has a trace of its own, with the
-    # ensemble's request id and its trace id as parent_id, written with the ensemble's; the
-    # steps' traces have no INFER_RESPONSE_COMPLETE.
-    write_quadruple(tmp_path / "repo")
+def _traced_http_infer(tmp_path: Path, model: str, request_id: str) -> tuple[list, dict]:
+    """(OUT, traces) of one HTTP request to ``model`` of ``tmp_path``/repo, every request
+    traced at TIMESTAMPS level."""
     trace_file = tmp_path / "trace.json"
     tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
     with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
         http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
         try:
-            out = http.infer("quadruple", _inputs(httpclient), request_id="q1").as_numpy("OUT")
-            assert out.tolist() == [4, 8, 12]
+            out = http.infer(model, _inputs(httpclient), request_id=request_id).as_numpy("OUT")
         finally:
             http.close()
-    traces = _traces(_load(trace_file))
+    return out.tolist(), _traces(_load(trace_file))
+
+
+def test_an_ensembles_steps_are_traced_under_it(tmp_path: Path) -> None:
+    # As Triton 2.51 (compared side by side): each step has a trace of its own, with the
+    # ensemble's request id and its trace id as parent_id, written with the ensemble's; the
+    # steps' traces have no INFER_RESPONSE_COMPLETE.
+    write_quadruple(tmp_path / "repo")
+    out, traces = _traced_http_infer(tmp_path, "quadruple", "q1")
+    assert out == [4, 8, 12]
     assert sorted(traces) == [1, 2, 3]
     assert traces[1]["head"] == {"id": 1, "model_name": "quadruple", "model_version": 1,
                                  "request_id": "q1"}
@@ -271,16 +277,8 @@ def test_a_bls_call_given_request_trace_is_traced_under_it(tmp_path: Path) -> No
     # without it is not traced.
     write_model(tmp_path / "repo", "double")
     write_model(tmp_path / "repo", "bls_traced", BLS_TRACED_PY)
-    trace_file = tmp_path / "trace.json"
-    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
-    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
-        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
-        try:
-            out = http.infer("bls_traced", _inputs(httpclient), request_id="b1").as_numpy("OUT")
-            assert out.tolist() == [2, 4, 6]
-        finally:
-            http.close()
-    traces = _traces(_load(trace_file))
+    out, traces = _traced_http_infer(tmp_path, "bls_traced", "b1")
+    assert out == [2, 4, 6]
     assert sorted(traces) == [1, 2]
     assert traces[1]["head"]["model_name"] == "bls_traced"
     assert traces[2]["head"] == {"id": 2, "model_name": "double", "model_version": 1,
