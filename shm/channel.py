@@ -33,8 +33,13 @@ FRAME_LIMIT = 60 * 1024
 RELEASE_BATCH = 8192
 # How long owed releases of small blocks wait for a frame to carry them before the flusher sends
 # them: in request/response traffic they then cost no frame and no wake-up of the peer of their
-# own. Big blocks' releases (Peer.owe_release urgent) go at once.
-RELEASE_DELAY_S = 0.001
+# own. Big blocks' releases (Peer.owe_release urgent) go at once. While releases are owed, the
+# flusher looks every RELEASE_DELAY_S (it is not woken per release: that wake-up cost more than
+# the release itself); after PARK_AFTER_TICKS looks that found nothing owed it sleeps until the
+# next release wakes it.
+RELEASE_DELAY_S = 0.002
+PARK_AFTER_TICKS = 5
+MAINTENANCE_EVERY_S = 1.0
 CARRY_MAX = 1024  # release ids one frame carries
 logger = logging.getLogger(__name__)
 _KNOWN = frozenset(int(c) for c in Cmd)
@@ -94,8 +99,6 @@ class Channel:
         self.release_frames_received = 0
         self._maintenance = maintenance
         self._local = threading.local()
-        self._carry: list[int] = []  # ids the flusher took and waits to send
-        self._carry_lock = threading.Lock()
         self.frames_carrying_releases = 0
         # A socket an event loop watches is non-blocking (the loop must never wait on a peer
         # that does not read): what it does not take waits here, in order, until the owner's
@@ -171,7 +174,8 @@ class Channel:
             pack = self._local.pack
         except AttributeError:
             pack = self._local.pack = msgpack.Packer(use_bin_type=True).pack
-        if (self._carry or not self.peer.releases_owed.empty()) and cmd != _RELEASE:
+        peer = self.peer
+        if (peer.lazy or peer.urgent) and cmd != _RELEASE:
             ids = self._take_releases(CARRY_MAX)
             data = pack([int(cmd), call_id, body, ids] if ids else [int(cmd), call_id, body])
             if ids:
@@ -197,11 +201,9 @@ class Channel:
         self.frames_sent += 1
 
     def _take_releases(self, limit: int | None) -> list[int]:
-        with self._carry_lock:
-            ids, self._carry = self._carry, []
-        ids.extend(self.peer.take_owed())
+        ids = self.peer.take_owed()
         if limit is not None and len(ids) > limit:
-            # Back in the queue, which wakes the flusher: nothing else may come to carry them.
+            # Back in the queue, for the next frame or the flusher.
             owe = self.peer.owe_release
             for eid in ids[limit:]:
                 owe(eid)
@@ -209,36 +211,46 @@ class Channel:
         return ids
 
     def _flush_releases(self) -> None:
-        owed = self.peer.releases_owed
+        """The flusher thread: sends the releases no frame took (see RELEASE_DELAY_S), and runs
+        the owner's maintenance about every MAINTENANCE_EVERY_S."""
+        peer = self.peer
+        quiet = 0  # looks in a row that found nothing owed
+        next_maintenance = time.monotonic() + MAINTENANCE_EVERY_S
         while True:
             try:
-                first = owed.get(timeout=1.0)
+                token = peer.wake.get(
+                    timeout=MAINTENANCE_EVERY_S if peer.parked else RELEASE_DELAY_S)
             except queue.Empty:
-                if self.closed:
+                token = 0
+            if token is None or self.closed:
+                return
+            now = time.monotonic()
+            if now >= next_maintenance and self._maintenance is not None:
+                next_maintenance = now + MAINTENANCE_EVERY_S
+                try:
+                    self._maintenance()
+                except ChannelClosedError:
                     return
-                if self._maintenance is not None:
-                    try:
-                        self._maintenance()
-                    except ChannelClosedError:
-                        return
-                    except Exception:  # keep flushing releases whatever maintenance does
-                        logger.exception("%s: maintenance failed", self.name)
-                continue
-            if first is None or self.closed:
-                return
-            if first > 0:
-                with self._carry_lock:
-                    self._carry.append(first)
-                time.sleep(RELEASE_DELAY_S)  # a frame sent to the peer meanwhile takes them along
+                except Exception:  # keep flushing releases whatever maintenance does
+                    logger.exception("%s: maintenance failed", self.name)
+            if peer.urgent or (peer.lazy and now - peer.lazy_since >= RELEASE_DELAY_S):
+                quiet = 0
                 ids = self._take_releases(None)
-            else:  # urgent: a big block the peer may be waiting to reuse
-                ids = [-first] + self._take_releases(None)
-            try:
-                for i in range(0, len(ids), RELEASE_BATCH):
-                    self.release_frames_sent += 1
-                    self.send(Cmd.RELEASE, 0, ids[i:i + RELEASE_BATCH])
-            except ChannelClosedError:
-                return
+                try:
+                    for i in range(0, len(ids), RELEASE_BATCH):
+                        self.release_frames_sent += 1
+                        self.send(Cmd.RELEASE, 0, ids[i:i + RELEASE_BATCH])
+                except ChannelClosedError:
+                    return
+            elif peer.lazy:
+                quiet = 0
+            elif not peer.parked:
+                quiet += 1
+                if quiet >= PARK_AFTER_TICKS:
+                    quiet = 0
+                    peer.parked = True
+                    if peer.lazy:  # owed before it could see the flusher parked: not woken
+                        peer.parked = False
 
     # -- receiving ----------------------------------------------------------------------------
     def recv(self, spin_s: float = 0.0, wait: bool = True) -> list | None:
@@ -351,7 +363,7 @@ class Channel:
     def close(self) -> None:
         """Close the socket and stop the flusher; what the peer held is dropped."""
         self.closed = True
-        self.peer.releases_owed.put(None)
+        self.peer.wake.put(None)
         with self._backlog_lock:  # what waits is dropped with the peer; its waiters go on
             if self._backlog is not None:
                 self._backlog.clear()

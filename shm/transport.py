@@ -10,10 +10,12 @@ and a forwarded handle (host -> another stub) chains the releases back hop by ho
 from __future__ import annotations
 
 import bisect
+import collections
 import itertools
 import os
 import queue
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -56,8 +58,17 @@ class Peer:
         self._exports: dict[int, Any] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        # SimpleQueue.put is safe from finalizers, whichever thread drops the last view.
-        self.releases_owed: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        # Releases owed to the peer, appended by finalizers in whichever thread drops the last
+        # view (deque.append is atomic). A frame going to the peer anyway takes them all along.
+        # The channel's flusher sends what no frame took within RELEASE_DELAY_S, and the
+        # urgent ones at once. Only ``wake`` wakes the flusher: every urgent release does, and
+        # a plain one only when the flusher is parked (nothing was owed for a while). So
+        # steady traffic, whose frames carry the releases, costs no wake-up per release.
+        self.lazy: collections.deque[int] = collections.deque()
+        self.urgent: collections.deque[int] = collections.deque()
+        self.lazy_since = 0.0  # time.monotonic() when ``lazy`` last stopped being empty
+        self.parked = True
+        self.wake: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # None: stop
         self.alive = True
 
     def export(self, keep: Any) -> int:
@@ -87,21 +98,35 @@ class Peer:
 
     def owe_release(self, eid: int, urgent: bool = False) -> None:
         """Queue a release for the peer; ``urgent`` (a big block, which the peer may need back
-        for its next tensor) goes at once instead of waiting for a frame to carry it. Queued
-        as ``-eid`` then."""
-        if self.alive:
-            self.releases_owed.put(-eid if urgent else eid)
+        for its next tensor) goes at once instead of waiting for a frame to carry it."""
+        if not self.alive:
+            return
+        if urgent:
+            self.urgent.append(eid)
+            self.wake.put(1)
+            return
+        lazy = self.lazy
+        if not lazy:
+            self.lazy_since = time.monotonic()
+        lazy.append(eid)
+        if self.parked:  # (the flusher re-checks ``lazy`` after it parks: see Channel)
+            self.parked = False
+            self.wake.put(0)
 
-    def take_owed(self, first: int | None = None) -> list[int]:
-        out = [] if first is None else [abs(first)]
-        get = self.releases_owed.get_nowait
-        while True:
+    def owes(self) -> bool:
+        return bool(self.lazy or self.urgent)
+
+    def take_owed(self) -> list[int]:
+        """Every release owed now (another thread may take some at the same time)."""
+        out: list[int] = []
+        for owed in (self.urgent, self.lazy):
+            pop = owed.popleft
             try:
-                x = get()
-            except queue.Empty:
-                return out
-            if x is not None:
-                out.append(x if x > 0 else -x)
+                while owed:
+                    out.append(pop())
+            except IndexError:
+                pass
+        return out
 
 
 _PAGEMAP = "/proc/self/pagemap"
