@@ -12,9 +12,9 @@ import enum
 from typing import Any, TypedDict
 
 # 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
-# element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. A stub of another
-# version is refused.
-PROTOCOL_VERSION = 5
+# element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. 6: HELD, ACK, pace.
+# A stub of another version is refused.
+PROTOCOL_VERSION = 6
 # preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
 MEMORY_CPU = 0
 MEMORY_GPU = 2
@@ -37,6 +37,10 @@ class Cmd(enum.IntEnum):
     RESPONSE_SEND = 12  # S->H: ResponseBody (decoupled / response sender)
     CANCEL = 13  # H->S: {ids}: requests cancelled by the client
     RESCHEDULE = 14  # S->H: {id}: request released with RELEASE_RESCHEDULE
+    # Back-pressure on a request whose body has ``pace`` (see RequestBody): the stub keeps at
+    # most that many of its responses (and their bytes) that the consumer has not taken yet.
+    HELD = 15  # S->H: [ids]: the model's next send for these waits: acknowledge what was taken
+    ACK = 16  # H->S: [[id, taken], ...]: how many of the request's responses were taken so far
     # BLS and the model loading API
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id
     BLS_RESPONSE = 21  # H->S: ResponseBody
@@ -84,6 +88,7 @@ class RequestBody(TypedDict, total=False):
     gpu_ok: bool  # its responses may carry GPU tensors (else the stub copies them to the CPU)
     trace: int  # the host's trace id of a traced request (request.trace(); BLS calls name it)
     trace_context: str  # OpenTelemetry mode: the model span's W3C context, as JSON
+    pace: list[int]  # [bytes, responses]: at most that much sent and not yet taken (see HELD)
 
 
 class ExecuteBody(TypedDict):

@@ -27,6 +27,7 @@ import numpy as np
 
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
+from tritonpy.shm.channel import EMPTY
 from tritonpy.shm.messages import PROTOCOL_VERSION
 from tritonpy.shm.pool import RECLAIM_EVERY_S
 
@@ -53,6 +54,8 @@ _PREFETCH_WAIT_S = 0.02
 # A context variable, so that it follows an async execute into the tasks it awaits.
 _EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
 _IDLE_POLL_S = 0.05
+# A model streaming responses looks for frames from the host (PAUSE, CANCEL) this often at most.
+_PEEK_EVERY_S = 0.001
 
 
 def _let_go(err: BaseException | None) -> None:
@@ -171,6 +174,20 @@ def _set_result(w: _Waiter, body: Any) -> None:
         w.drop(body)
 
 
+class _Pace:
+    """A paced request's responses that its consumer has not taken yet (back-pressure)."""
+
+    __slots__ = ("max_bytes", "max_count", "sizes", "unread", "acked", "waiter")
+
+    def __init__(self, max_bytes: int, max_count: int) -> None:
+        self.max_bytes = max_bytes
+        self.max_count = max(max_count, 1)
+        self.sizes: collections.deque[int] = collections.deque()  # bytes of each, oldest first
+        self.unread = 0  # their sum
+        self.acked = 0  # responses the consumer took (the host's last ACK)
+        self.waiter: _Waiter | None = None  # senders waiting for the consumer (HELD sent)
+
+
 class StubRuntime:
     """One model instance's process."""
 
@@ -214,6 +231,11 @@ class StubRuntime:
         self._call_ids = itertools.count(1)
         self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
         self._early_cancel: set[int] = set()  # CANCELs that came before their request
+        # Paced requests (back-pressure, a body's ``pace``): what their consumers have not
+        # taken yet. See send_response.
+        self._pace: dict[int, _Pace] = {}
+        self._async_thread = 0  # the event loop thread of async execute (never made to wait)
+        self._peeked = 0.0  # when send_response last looked for frames (see _peek)
         self.model: Any = None
         self.model_config: dict = {}
         self.decoupled = False
@@ -396,6 +418,10 @@ class StubRuntime:
                     if len(self._early_cancel) > 1024:
                         self._early_cancel.clear()
                     self._early_cancel.add(rid)
+                self._unpace(rid)
+        elif cmd == Cmd.ACK:
+            for rid, taken in body or ():
+                self._taken(rid, taken)
         elif cmd == Cmd.DROPPED:
             pass  # the channel already unmapped them
         elif cmd == Cmd.RECLAIM:
@@ -403,6 +429,28 @@ class StubRuntime:
         else:
             return False
         return True
+
+    def _unpace(self, rid: Any) -> None:
+        """No more pacing for this request (cancelled, or its final response went)."""
+        p = self._pace.pop(rid, None)
+        if p is not None and p.waiter is not None:
+            p.waiter.deliver({"final": True})
+
+    def _taken(self, rid: Any, taken: Any) -> None:
+        """The consumer of a paced request has taken ``taken`` of its responses so far."""
+        p = self._pace.get(rid)
+        if p is None or type(taken) is not int:
+            return
+        with self._mu:
+            sizes = p.sizes
+            for _ in range(min(taken - p.acked, len(sizes))):
+                p.unread -= sizes.popleft()
+            p.acked = max(p.acked, taken)
+            w = p.waiter
+            if w is None or len(sizes) > p.max_count // 2 or p.unread > p.max_bytes // 2:
+                return
+            p.waiter = None
+        w.deliver({"final": True})
 
     def _run_task(self, msg: list) -> None:
         cmd, call_id, body = msg
@@ -436,9 +484,10 @@ class StubRuntime:
             with self._mu:
                 self._in_model -= 1
 
-    def _await(self, waiter: _Waiter, spin: bool = False) -> Any:
+    def _await(self, waiter: _Waiter, spin: bool = False, take: bool = True) -> Any:
         """Wait for the next reply of a sync call, reading the socket ourselves if we can;
-        ``spin``: poll first (see below)."""
+        ``spin``: poll first (see below); ``take``: False leaves it there (several threads may
+        wait for the same waiter: see send_response) and returns None."""
         cv = self._cv
         with self._mu:
             self._sync_waiting += 1
@@ -476,7 +525,7 @@ class StubRuntime:
                 self._model_touch = time.monotonic()
                 if not self._sync_waiting and self._calls:
                     cv.notify()  # other calls still wait for replies: the worker reads now
-        return waiter.items.popleft()
+        return waiter.items.popleft() if take else None
 
     def _maintain(self) -> None:
         self._give_back_idle(force=False)
@@ -605,6 +654,9 @@ class StubRuntime:
             req = received(rb.get("model", ""), inputs, rb, self.decoupled)
             out.append(req)
             self._active[req._host_id] = req
+            pace = rb.get("pace")
+            if pace:
+                self._pace[req._host_id] = _Pace(int(pace[0]), int(pace[1]))
             if self._early_cancel and req._host_id in self._early_cancel:
                 self._early_cancel.discard(req._host_id)
                 req._cancelled = True
@@ -675,6 +727,8 @@ class StubRuntime:
                     or (r._sender is not None and not r._sender._closed)):
                 continue
             self._active.pop(r._host_id, None)
+            if self._pace:
+                self._unpace(r._host_id)
         self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
 
     def _done_body(self, requests: list, result: Any, err: BaseException | None) -> dict:
@@ -773,9 +827,71 @@ class StubRuntime:
                       resp: pb_utils.InferenceResponse | None, final: bool) -> None:
         if self._forked:
             self._refuse_forked()
+        now = time.monotonic()
+        if now - self._peeked > _PEEK_EVERY_S:
+            self._peeked = now
+            self._peek()
+        p = self._pace.get(req._host_id) if self._pace else None
+        if p is not None:
+            # Back-pressure: once the consumer (a client reading its stream slowly) has not
+            # taken max_bytes or max_count of the responses sent, the send waits until it took
+            # half of them. Not on the event loop of async execute, where every other request
+            # of the instance would wait too: those streams keep the host's bound only (see
+            # AsyncResponseStream).
+            if threading.get_ident() != self._async_thread:
+                self._wait_for_consumer(req, p)
+            nbytes = 0
+            for t in resp._output_tensors if resp is not None else ():
+                nbytes += t._arr.nbytes
+            with self._mu:
+                p.sizes.append(nbytes)
+                p.unread += nbytes
         if final:
             self._active.pop(req._host_id, None)
+            self._unpace(req._host_id)
         self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
+
+    def _wait_for_consumer(self, req: pb_utils.InferenceRequest, p: _Pace) -> None:
+        while True:
+            with self._mu:
+                if req._cancelled or self._pace.get(req._host_id) is not p or (
+                        len(p.sizes) < p.max_count and p.unread < p.max_bytes):
+                    return
+                w = p.waiter
+                first = w is None
+                if first:
+                    w = p.waiter = _Waiter()
+            assert w is not None
+            if first:  # the host acknowledges each response taken from now on
+                self.channel.send(Cmd.HELD, 0, [req._host_id])
+            self._hold_executes()
+            self._await(w, take=False)
+
+    def _peek(self) -> None:
+        """Handle what the host sent meanwhile, without waiting, if no thread reads the
+        socket. A model that streams from its execute reads nothing, and the idle worker takes
+        the read role only _TAKEOVER_S later: a PAUSE (or CANCEL) would come that late."""
+        with self._mu:
+            if self._reading:
+                return
+            self._reading = True
+        try:
+            while True:
+                try:
+                    msg = self.channel.recv(wait=False)
+                except Exception as exc:  # a malformed frame: report it, keep reading
+                    sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
+                    continue
+                if msg is None or msg is EMPTY:
+                    return
+                if not self._handle_inline(msg):
+                    with self._cv:
+                        self._pending.append(msg)
+                        self._cv.notify_all()
+        finally:
+            with self._cv:  # an idle worker that found the role taken polls; it reads now
+                self._reading = False
+                self._cv.notify()
 
     def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> Any:
         if self._forked:
@@ -787,6 +903,7 @@ class StubRuntime:
         started = threading.Event()
 
         def run() -> None:
+            self._async_thread = threading.get_ident()
             asyncio.set_event_loop(loop)
             self._async_sem = asyncio.Semaphore(self.max_async)
             started.set()

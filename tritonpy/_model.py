@@ -31,7 +31,7 @@ from ._request import HostRequest
 from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, make_scheduler
 from ._stats import ModelStats
 from ._stubproc import StubProcess
-from . import _warmup
+from . import _request, _warmup
 
 log = logging.getLogger("tritonpy.model")
 
@@ -548,6 +548,8 @@ class ModelRuntime(RuntimeBase):
             })
             if req.gpu_ok:
                 bodies[-1]["gpu_ok"] = True
+            if req.pacer is not None:
+                bodies[-1]["pace"] = [_request.HOLD_BYTES, _request.HOLD_RESPONSES]
             if req.trace is not None:  # for request.trace(): BLS calls traced under it
                 bodies[-1]["trace"] = req.trace.id
                 context = req.trace.otel_context()
@@ -601,6 +603,11 @@ class ModelRuntime(RuntimeBase):
             self._on_done(inst, stub, call_id, body)
         elif cmd == Cmd.RESPONSE_SEND:
             self._on_response(inst, stub, body)
+        elif cmd == Cmd.HELD:
+            for rid in body if isinstance(body, list) else ():
+                req = inst.active.get(rid) if isinstance(rid, int) else None
+                if req is not None and req.pacer is not None:
+                    req.pacer.held()
         else:
             self.server.on_stub_frame(self, inst, stub, msg)
 

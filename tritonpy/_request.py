@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from tritonpy.shm.dtypes import triton_dtype_of
+from tritonpy.shm.messages import Cmd
 
 from ._errors import CancelledError, TritonpyError
 
@@ -84,7 +85,7 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "queue_deadline", "trace", "gpu_ok", "__weakref__",
+        "queue_deadline", "trace", "gpu_ok", "pacer", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -122,6 +123,9 @@ class HostRequest:
         # Whether its answer may hold GPU tensors (DeviceRef): a BLS call whose caller did not
         # ask for CPU outputs. Everyone else reads outputs on the CPU, so the stub copies them.
         self.gpu_ok = False
+        # The stream that paces the stub's sends (back-pressure, see AsyncResponseStream): a
+        # decoupled request of async_infer (every HTTP and gRPC stream).
+        self.pacer: AsyncResponseStream | None = None
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:
@@ -145,6 +149,16 @@ class HostRequest:
 
     def fail(self, error: TritonpyError) -> None:
         self.respond([], error, None, True)
+
+    def ack(self, taken: int) -> None:
+        """Tell the stub running this request how many of its responses were taken."""
+        stub = getattr(self.instance, "stub", None)
+        if stub is None or self.done or not stub.alive:
+            return
+        try:
+            stub.send(Cmd.ACK, 0, [[self.id, taken]])
+        except Exception:  # the stub is gone: its requests fail on their own
+            pass
 
     def cancel(self, reason: str = "request cancelled") -> None:
         """Cancel: the caller gets CANCELLED now; the executing stub sees is_cancelled()."""
@@ -209,6 +223,14 @@ class ResponseStream:
             self.request.cancel("request cancelled by the client")
 
 
+#: Back-pressure: the stub running a decoupled request of :meth:`Model.async_infer` keeps at
+#: most this many bytes of tensors, and this many responses, that the consumer has not taken
+#: yet; the model's next ``response_sender.send`` waits there until the consumer took half of
+#: them. A model thus streams at its client's pace, and its shared memory stays bounded. A
+#: consumer that takes nothing for ``STALLED_S`` while the model waits has its request
+#: cancelled, as below.
+HOLD_BYTES = 32 << 20
+HOLD_RESPONSES = 4096
 #: A response stream whose consumer lets more than this many responses, or this many bytes of
 #: their tensors, wait and takes none of them for ``STALLED_S`` seconds (a client that stopped
 #: reading its decoupled stream), or lets 4 times as many wait whatever it takes, has its
@@ -237,6 +259,14 @@ class AsyncResponseStream:
         self._taken_at = loop.time()  # when the consumer last took a response (or began)
         self._waiter: asyncio.Future | None = None
         self._finished = False
+        # Back-pacing (HOLD_BYTES): responses taken, and how many of them the stub was told of
+        # (with the bytes taken since); whether the stub said its model waits (HELD).
+        self._taken = 0
+        self._acked = 0
+        self._bytes_since_ack = 0
+        self._paced = False
+        self._held = False
+        self._stall_check: asyncio.TimerHandle | None = None
         self.request: HostRequest | None = None
 
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
@@ -268,6 +298,7 @@ class AsyncResponseStream:
                 or count > _HARD * MAX_WAITING_RESPONSES or size > _HARD * MAX_WAITING_BYTES):
             req.cancel(f"the client did not read its responses: {count} of them "
                        f"({size / (1 << 20):.1f} MiB) were waiting for it")
+        self._held = False  # (a response after HELD: the stub's model goes on)
         w = self._waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -291,9 +322,60 @@ class AsyncResponseStream:
         resp, nbytes = items.popleft()
         self._waiting_bytes -= nbytes
         self._taken_at = self._loop.time()
+        if self._paced:
+            self._taken += 1
+            self._bytes_since_ack += nbytes
+            # Told in batches while the model is free to send, at each response while it waits.
+            if self._held or self._taken - self._acked >= HOLD_RESPONSES // 4 \
+                    or self._bytes_since_ack >= HOLD_BYTES // 4:
+                self._ack()
         if resp.final:
             self._finished = True
         return resp
+
+    def pace(self, req: HostRequest) -> None:
+        """Pace ``req``'s stub by this stream's consumer (a decoupled model's request)."""
+        req.pacer = self
+        self._paced = True
+
+    def held(self) -> None:
+        """The stub's model waits to send (HELD), from any thread."""
+        if asyncio._get_running_loop() is self._loop:
+            self._on_held()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._on_held)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _on_held(self) -> None:
+        self._held = True
+        if self._taken > self._acked:
+            self._ack()
+        if self._stall_check is None:
+            self._stall_check = self._loop.call_later(STALLED_S, self._check_stalled)
+
+    def _ack(self) -> None:
+        self._acked = self._taken
+        self._bytes_since_ack = 0
+        req = self.request
+        if req is not None:
+            req.ack(self._taken)
+
+    def _check_stalled(self) -> None:
+        """While the model waits: cancel the request of a consumer that took nothing for
+        STALLED_S (its model would otherwise wait for ever)."""
+        self._stall_check = None
+        req = self.request
+        if not self._held or req is None:
+            return
+        idle = self._loop.time() - self._taken_at
+        if idle < STALLED_S:
+            self._stall_check = self._loop.call_later(STALLED_S - idle, self._check_stalled)
+            return
+        size = self._waiting_bytes
+        req.cancel(f"the client did not read its responses: {len(self._items)} of them "
+                   f"({size / (1 << 20):.1f} MiB) waited for it for {idle:.0f} s")
 
     def cancel(self) -> None:
         if self.request is not None:

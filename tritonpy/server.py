@@ -612,5 +612,7 @@ class Model:
         req = self._request(stream.sink, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority, trace)
         stream.request = req
+        if getattr(req.model, "decoupled", False):
+            stream.pace(req)
         req.model.submit(req)
         return stream

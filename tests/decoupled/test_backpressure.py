@@ -1,0 +1,220 @@
+"""Back-pressure on decoupled streams: a model streams at its consumer's pace.
+
+The stub running a decoupled request of ``Model.async_infer`` (every HTTP and gRPC stream)
+keeps at most ``HOLD_BYTES`` of tensors (and ``HOLD_RESPONSES`` responses) that the consumer
+has not taken yet: past that, the model's next ``response_sender.send()`` waits until the
+consumer has taken half of them, as the host acknowledges. So a fast producer and a slow
+client no longer fill shared memory with responses nobody reads yet. A consumer that stops
+reading altogether has its request cancelled after ``STALLED_S``, and the waiting model goes on
+(it sees ``is_cancelled()``).
+
+The limits are lowered here (the host runs in this process) so that a few MiB show it.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from _models import serving, write_model
+
+from tritonpy import _request
+
+pytestmark = pytest.mark.timeout(90)
+
+MiB = 1 << 20
+CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] },
+        { name: "THREADS", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] },
+         { name: "SENT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+"""
+# Sends COUNT responses of 1 MiB each (every byte is the response's number, mod 256) as fast as
+# it can, from THREADS threads (response i from thread i % THREADS), then an empty final one.
+# It stops early once the request is cancelled; the final response says how many it sent.
+FLOOD_PY = """
+import threading
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            threads = int(pb_utils.get_input_tensor_by_name(request, "THREADS").as_numpy()[0])
+            sender = request.get_response_sender()
+            sent = [0]
+
+            def produce(first):
+                for i in range(first, count, threads):
+                    if request.is_cancelled():
+                        return
+                    sender.send(pb_utils.InferenceResponse([
+                        pb_utils.Tensor("OUT", np.full(1 << 20, i % 256, np.uint8))]))
+                    sent[0] += 1
+
+            workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SENT", np.array([sent[0]], np.int32))]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+# Small segments, so that the stub pool's peak follows what its live responses hold.
+POOLS = {"shm-default-byte-size": str(4 * MiB), "shm-growth-byte-size": str(4 * MiB)}
+
+
+def stub_peak(srv) -> int:
+    return {p["pool"]: p for p in srv.shm_usage()}["flood_0"]["peak_bytes"]
+
+
+def inputs(count: int, threads: int = 1) -> dict:
+    return {"COUNT": np.array([count], np.int32), "THREADS": np.array([threads], np.int32)}
+
+
+def stream_to(model, count: int, pause_s: float, threads: int = 1) -> tuple[list[int], int]:
+    """Ask for ``count`` responses and read them, ``pause_s`` apart: the number in each OUT
+    (checked whole), and the model's count from the final response."""
+
+    async def read() -> tuple[list[int], int]:
+        return await read_slowly(model.async_infer(inputs(count, threads)), pause_s)
+
+    return asyncio.run(read())
+
+
+async def read_slowly(stream, pause_s: float) -> tuple[list[int], int]:
+    numbers: list[int] = []
+    sent = -1
+    async for resp in stream:
+        assert resp.error is None, resp.error
+        if "SENT" in resp.outputs:
+            sent = int(resp.outputs["SENT"].to_numpy()[0])
+            continue
+        out = resp.outputs["OUT"].to_numpy()
+        assert out.nbytes == MiB and (out == out[0]).all()
+        numbers.append(int(out[0]))
+        del out, resp
+        await asyncio.sleep(pause_s)
+    return numbers, sent
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkeypatch,
+                                                   threads: int) -> None:
+    """60 MiB streamed to a consumer that reads 1 MiB every 10 ms: the model's sends wait, so
+    the stub's pool never holds much more than the 8 MiB limit (it held all 60 MiB before), and
+    every response arrives whole and in order (in each sending thread's order with two)."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 8 * MiB)
+    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        model = srv.model("flood")
+
+        numbers, sent = stream_to(model, 60, 0.01, threads)
+        assert sent == 60
+        if threads == 1:
+            assert numbers == [i % 256 for i in range(60)]
+        else:
+            assert sorted(numbers) == list(range(60))
+            for t in range(threads):
+                mine = [n for n in numbers if n % threads == t]
+                assert mine == sorted(mine)
+        peak = stub_peak(srv)
+        assert peak <= 16 * MiB, f"the stub's pool grew to {peak / MiB:.0f} MiB"
+        # A fast consumer is not held back.
+        assert stream_to(model, 20, 0) == (list(range(20)), 20)
+
+
+def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
+        tmp_path, shm_prefix, monkeypatch) -> None:
+    """The consumer takes two responses and stops: the model waits in send() until the request
+    is cancelled STALLED_S later, then sees is_cancelled() and ends; the consumer, reading
+    again, gets what waited, then the error. The instance then serves the next request."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    monkeypatch.setattr(_request, "STALLED_S", 0.5)
+    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        model = srv.model("flood")
+
+        async def run() -> tuple[int, str, float]:
+            stream = model.async_infer(inputs(1000))
+            it = stream.__aiter__()
+            for _ in range(2):
+                assert (await it.__anext__()).error is None
+            start = time.monotonic()
+            await asyncio.sleep(1.5)  # read nothing meanwhile
+            taken, error = 2, ""
+            async for resp in it:
+                if resp.error is not None:
+                    error = resp.error.message
+                    break
+                taken += 1
+            return taken, error, time.monotonic() - start
+
+        taken, error, _ = asyncio.run(run())
+        assert "the client did not read its responses" in error, error
+        assert taken < 20, f"{taken} responses: the model was not held"
+        assert stream_to(model, 3, 0) == ([0, 1, 2], 3)
+
+
+# FLOOD_PY's model with an ``async def execute`` (one thread: its event loop's), up to 2 at once;
+# it lets the loop run other requests' executes between its sends.
+ASYNC_FLOOD_PY = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(count):
+                sender.send(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.full(1 << 20, i % 256, np.uint8))]))
+                await asyncio.sleep(0)
+            sender.send(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SENT", np.array([count], np.int32))]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_a_slow_consumer_never_holds_the_event_loop_of_async_execute(
+        tmp_path, shm_prefix, monkeypatch) -> None:
+    """An async execute sends on the instance's event loop, which its other requests share: a
+    consumer that stops reading does not make that send wait, so another request of the same
+    instance is answered while the first consumer still reads nothing."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    write_model(tmp_path, "flood", ASYNC_FLOOD_PY,
+                CONFIG + 'parameters { key: "max_concurrent_executes" '
+                         'value: { string_value: "2" } }\n')
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        model = srv.model("flood")
+
+        async def run() -> list[str]:
+            events: list[str] = []
+
+            async def slow() -> None:
+                it = model.async_infer(inputs(30)).__aiter__()
+                assert (await it.__anext__()).error is None
+                events.append("slow reads nothing")
+                await asyncio.sleep(1.5)
+                events.append("slow reads again")
+                assert await read_slowly(it, 0) == ([i % 256 for i in range(1, 30)], 30)
+
+            async def quick() -> None:
+                await asyncio.sleep(0.3)  # the first stream holds its sends by now, were it to
+                assert await read_slowly(model.async_infer(inputs(3)), 0) == ([0, 1, 2], 3)
+                events.append("quick done")
+
+            await asyncio.gather(slow(), quick())
+            return events
+
+        assert asyncio.run(run()) == ["slow reads nothing", "quick done", "slow reads again"]
