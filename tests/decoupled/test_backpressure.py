@@ -218,3 +218,46 @@ def test_a_slow_consumer_never_holds_the_event_loop_of_async_execute(
             return events
 
         assert asyncio.run(run()) == ["slow reads nothing", "quick done", "slow reads again"]
+
+
+def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch) -> None:
+    """The same over the network: tritonclient's gRPC stream, whose callback takes 20 ms a
+    response. HTTP/2 flow control stops the server's writes, the frontend stops taking the
+    stream's responses, and the model's sends wait: the stub's pool peaked at 8 MiB (36 MiB
+    without back-pressure) of the 40 MiB streamed, and every response arrives, in order."""
+    import tritonclient.grpc as grpcclient
+    from _models import serving_frontends
+
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    got: list = []
+    with serving_frontends(tmp_path, backend_config=POOLS) as (srv, fe):
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+
+        def slow(result, error) -> None:
+            if error is not None:
+                got.append(error)
+            else:
+                out = result.as_numpy("OUT")
+                got.append(out if out is not None else int(result.as_numpy("SENT")[0]))
+            time.sleep(0.02)
+
+        try:
+            client.start_stream(callback=slow)
+            request = []
+            for name, value in inputs(40).items():
+                request.append(grpcclient.InferInput(name, [1], "INT32"))
+                request[-1].set_data_from_numpy(value)
+            client.async_stream_infer("flood", request)
+            deadline = time.monotonic() + 60
+            while len(got) < 41 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            client.stop_stream()
+            client.close()
+        peak = stub_peak(srv)
+    assert len(got) == 41 and got[40] == 40, got[-1:]
+    outs = got[:40]
+    assert all(isinstance(o, np.ndarray) and o.nbytes == MiB and (o == i).all()
+               for i, o in enumerate(outs)), [type(o) for o in outs]
+    assert peak <= 16 * MiB, f"the stub's pool grew to {peak / MiB:.0f} MiB"
