@@ -40,7 +40,9 @@ class Cmd(enum.IntEnum):
     # Back-pressure on a request whose body has ``pace`` (see RequestBody): the stub keeps at
     # most that many of its responses (and their bytes) that the consumer has not taken yet.
     HELD = 15  # S->H: [ids]: the model's next send for these waits: acknowledge what was taken
-    ACK = 16  # H->S: [[id, taken], ...]: how many of the request's responses were taken so far
+    # H->S: [[id, taken], ...]: how many of the request's responses were taken so far (-1: no
+    # more pacing for it)
+    ACK = 16
     # BLS and the model loading API
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id
     BLS_RESPONSE = 21  # H->S: ResponseBody

@@ -432,14 +432,19 @@ class StubRuntime:
 
     def _unpace(self, rid: Any) -> None:
         """No more pacing for this request (cancelled, or its final response went)."""
-        p = self._pace.pop(rid, None)
-        if p is not None and p.waiter is not None:
-            p.waiter.deliver({"final": True})
+        with self._mu:  # (against a sender about to wait: see _wait_for_consumer)
+            p = self._pace.pop(rid, None)
+            w = p.waiter if p is not None else None
+        if w is not None:
+            w.deliver({"final": True})
 
     def _taken(self, rid: Any, taken: Any) -> None:
         """The consumer of a paced request has taken ``taken`` of its responses so far."""
         p = self._pace.get(rid)
         if p is None or type(taken) is not int:
+            return
+        if taken < 0:  # the host paces it no more
+            self._unpace(rid)
             return
         with self._mu:
             sizes = p.sizes

@@ -606,8 +606,13 @@ class ModelRuntime(RuntimeBase):
         elif cmd == Cmd.HELD:
             for rid in body if isinstance(body, list) else ():
                 req = inst.active.get(rid) if isinstance(rid, int) else None
-                if req is not None and req.pacer is not None:
+                if req is not None and req.pacer is not None and not req.done:
                     req.pacer.held()
+                else:  # nobody here will acknowledge anything: the stub must not wait
+                    try:
+                        stub.send(Cmd.ACK, 0, [[rid, -1]])
+                    except Exception:
+                        pass
         else:
             self.server.on_stub_frame(self, inst, stub, msg)
 
