@@ -123,9 +123,9 @@ class HostRequest:
         # Whether its answer may hold GPU tensors (DeviceRef): a BLS call whose caller did not
         # ask for CPU outputs. Everyone else reads outputs on the CPU, so the stub copies them.
         self.gpu_ok = False
-        # The stream that paces the stub's sends (back-pressure, see AsyncResponseStream): a
-        # decoupled request of async_infer (every HTTP and gRPC stream).
-        self.pacer: AsyncResponseStream | None = None
+        # The stream that paces the stub's sends (back-pressure, see HOLD_BYTES): a decoupled
+        # request of the in-process API (every HTTP and gRPC stream).
+        self.pacer: _Pacing | None = None
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:
@@ -186,13 +186,87 @@ def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,
         {n: Tensor(n, a) for n, a in outputs or ()}, error, parameters, final)
 
 
-class ResponseStream:
+class _Pacing:
+    """Back-pressure on the stub (see HOLD_BYTES), for both kinds of response stream: how many
+    responses the consumer took, how many of them the stub was told of (ACK), and whether the
+    stub's model waits to send (HELD). Any thread may call in: a lock keeps the counts."""
+
+    request: HostRequest | None
+
+    def _init_pacing(self) -> None:
+        self._pace_lock = threading.Lock()
+        self._timers: Timers | None = None  # the server's, once paced
+        self._taken = 0
+        self._acked = 0
+        self._bytes_since_ack = 0
+        self._held = False
+        self._last_take = time.monotonic()
+        self._stall_armed = False
+
+    def pace(self, req: HostRequest, timers: Timers) -> None:
+        """Pace ``req``'s stub by this stream's consumer (a decoupled model's request)."""
+        req.pacer = self
+        self._timers = timers
+
+    def _took(self, nbytes: int) -> None:
+        """The consumer took a response holding ``nbytes`` of tensors. The stub is told in
+        batches while its model is free to send, at each response while it waits."""
+        self._last_take = time.monotonic()
+        with self._pace_lock:
+            self._taken += 1
+            self._bytes_since_ack += nbytes
+            if not (self._held or self._taken - self._acked >= HOLD_RESPONSES // 4
+                    or self._bytes_since_ack >= HOLD_BYTES // 4):
+                return
+            taken = self._acked = self._taken
+            self._bytes_since_ack = 0
+        self._ack(taken)
+
+    def held(self) -> None:
+        """The stub's model waits to send (HELD)."""
+        with self._pace_lock:
+            self._held = True
+            taken = 0
+            if self._taken > self._acked:
+                taken = self._acked = self._taken
+                self._bytes_since_ack = 0
+            arm = not self._stall_armed
+            self._stall_armed = True
+        if taken:
+            self._ack(taken)
+        if arm and self._timers is not None:
+            self._timers.at(time.monotonic() + STALLED_S, self._check_stalled)
+
+    def _ack(self, taken: int) -> None:
+        req = self.request
+        if req is not None:
+            req.ack(taken)
+
+    def _check_stalled(self) -> None:
+        """While the model waits: cancel the request of a consumer that took nothing for
+        STALLED_S (its model would otherwise wait for ever)."""
+        req = self.request
+        idle = time.monotonic() - self._last_take
+        with self._pace_lock:
+            stalled = self._held and req is not None and idle >= STALLED_S
+            self._stall_armed = self._held and req is not None and not stalled
+        if self._stall_armed:
+            assert self._timers is not None
+            self._timers.at(time.monotonic() + STALLED_S - idle, self._check_stalled)
+        elif stalled:
+            assert req is not None
+            req.cancel(f"the client did not read its responses: it took none for {idle:.0f} s "
+                       "while the model waited to send more")
+
+
+class ResponseStream(_Pacing):
     """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it."""
 
     def __init__(self) -> None:
         self._q: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
         self._finished = False
         self.request: HostRequest | None = None
+        self._init_pacing()
 
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
@@ -201,6 +275,7 @@ class ResponseStream:
             # so that the request's inputs (maybe shm blocks) go as soon as the caller lets go,
             # not whenever the cyclic GC runs.
             self.request = None
+        self._held = False  # (a response after HELD: the stub's model goes on)
         self._q.put(_make_response(req, outputs, error, parameters, final))
 
     def __iter__(self) -> ResponseStream:
@@ -209,23 +284,26 @@ class ResponseStream:
     def __next__(self) -> InferenceResponse:
         if self._finished:
             raise StopIteration
-        resp = self._q.get()
+        resp = self.get()
         if resp.final:
             self._finished = True
         return resp
 
     def get(self, timeout: float | None = None) -> InferenceResponse:
         """The next response, waiting up to ``timeout`` seconds (queue.Empty when none)."""
-        return self._q.get(timeout=timeout)
+        resp = self._q.get(timeout=timeout)
+        if self._timers is not None:
+            self._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()))
+        return resp
 
     def cancel(self) -> None:
         if self.request is not None:
             self.request.cancel("request cancelled by the client")
 
 
-#: Back-pressure: the stub running a decoupled request of :meth:`Model.async_infer` keeps at
-#: most this many bytes of tensors, and this many responses, that the consumer has not taken
-#: yet; the model's next ``response_sender.send`` waits there until the consumer took half of
+#: Back-pressure: the stub running a decoupled request of the in-process API (every HTTP and
+#: gRPC stream is one) keeps at most this many bytes of tensors, and this many responses, that
+#: the consumer has not taken yet; the model's next ``response_sender.send`` waits there until the consumer took half of
 #: them. A model thus streams at its client's pace, and its shared memory stays bounded. A
 #: consumer that takes nothing for ``STALLED_S`` while the model waits has its request
 #: cancelled, as below.
@@ -244,7 +322,7 @@ STALLED_S = 5.0
 _HARD = 4
 
 
-class AsyncResponseStream:
+class AsyncResponseStream(_Pacing):
     """Async iterator of a request's responses, fed from the host's threads.
 
     A deque and at most one pending future (not an ``asyncio.Queue``): a response that is
@@ -259,15 +337,8 @@ class AsyncResponseStream:
         self._taken_at = loop.time()  # when the consumer last took a response (or began)
         self._waiter: asyncio.Future | None = None
         self._finished = False
-        # Back-pacing (HOLD_BYTES): responses taken, and how many of them the stub was told of
-        # (with the bytes taken since); whether the stub said its model waits (HELD).
-        self._taken = 0
-        self._acked = 0
-        self._bytes_since_ack = 0
-        self._paced = False
-        self._held = False
-        self._stall_check: asyncio.TimerHandle | None = None
         self.request: HostRequest | None = None
+        self._init_pacing()
 
     def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
@@ -322,60 +393,21 @@ class AsyncResponseStream:
         resp, nbytes = items.popleft()
         self._waiting_bytes -= nbytes
         self._taken_at = self._loop.time()
-        if self._paced:
-            self._taken += 1
-            self._bytes_since_ack += nbytes
-            # Told in batches while the model is free to send, at each response while it waits.
-            if self._held or self._taken - self._acked >= HOLD_RESPONSES // 4 \
-                    or self._bytes_since_ack >= HOLD_BYTES // 4:
-                self._ack()
+        if self._timers is not None:
+            self._took(nbytes)
         if resp.final:
             self._finished = True
         return resp
 
-    def pace(self, req: HostRequest) -> None:
-        """Pace ``req``'s stub by this stream's consumer (a decoupled model's request)."""
-        req.pacer = self
-        self._paced = True
-
     def held(self) -> None:
-        """The stub's model waits to send (HELD), from any thread."""
+        # On the loop, in order with the pushes that came before it (each clears _held).
         if asyncio._get_running_loop() is self._loop:
-            self._on_held()
+            _Pacing.held(self)
             return
         try:
-            self._loop.call_soon_threadsafe(self._on_held)
+            self._loop.call_soon_threadsafe(_Pacing.held, self)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
-
-    def _on_held(self) -> None:
-        self._held = True
-        if self._taken > self._acked:
-            self._ack()
-        if self._stall_check is None:
-            self._stall_check = self._loop.call_later(STALLED_S, self._check_stalled)
-
-    def _ack(self) -> None:
-        self._acked = self._taken
-        self._bytes_since_ack = 0
-        req = self.request
-        if req is not None:
-            req.ack(self._taken)
-
-    def _check_stalled(self) -> None:
-        """While the model waits: cancel the request of a consumer that took nothing for
-        STALLED_S (its model would otherwise wait for ever)."""
-        self._stall_check = None
-        req = self.request
-        if not self._held or req is None:
-            return
-        idle = self._loop.time() - self._taken_at
-        if idle < STALLED_S:
-            self._stall_check = self._loop.call_later(STALLED_S - idle, self._check_stalled)
-            return
-        size = self._waiting_bytes
-        req.cancel(f"the client did not read its responses: {len(self._items)} of them "
-                   f"({size / (1 << 20):.1f} MiB) waited for it for {idle:.0f} s")
 
     def cancel(self) -> None:
         if self.request is not None:

@@ -596,6 +596,8 @@ class Model:
         req = self._request(stream.sink, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority)
         stream.request = req
+        if getattr(req.model, "decoupled", False):
+            stream.pace(req, self.server.timers)
         req.model.submit(req)
         return stream
 
@@ -613,6 +615,6 @@ class Model:
                             parameters, correlation_id, flags, timeout, priority, trace)
         stream.request = req
         if getattr(req.model, "decoupled", False):
-            stream.pace(req)
+            stream.pace(req, self.server.timers)
         req.model.submit(req)
         return stream

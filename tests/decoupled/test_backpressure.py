@@ -1,7 +1,7 @@
 """Back-pressure on decoupled streams: a model streams at its consumer's pace.
 
-The stub running a decoupled request of ``Model.async_infer`` (every HTTP and gRPC stream)
-keeps at most ``HOLD_BYTES`` of tensors (and ``HOLD_RESPONSES`` responses) that the consumer
+The stub running a decoupled request of ``Model.async_infer`` (every HTTP and gRPC stream) or
+``Model.infer`` keeps at most ``HOLD_BYTES`` of tensors (and ``HOLD_RESPONSES`` responses) that the consumer
 has not taken yet: past that, the model's next ``response_sender.send()`` waits until the
 consumer has taken half of them, as the host acknowledges. So a fast producer and a slow
 client no longer fill shared memory with responses nobody reads yet. A consumer that stops
@@ -79,9 +79,13 @@ def inputs(count: int, threads: int = 1) -> dict:
     return {"COUNT": np.array([count], np.int32), "THREADS": np.array([threads], np.int32)}
 
 
-def stream_to(model, count: int, pause_s: float, threads: int = 1) -> tuple[list[int], int]:
-    """Ask for ``count`` responses and read them, ``pause_s`` apart: the number in each OUT
-    (checked whole), and the model's count from the final response."""
+def stream_to(model, count: int, pause_s: float, threads: int = 1,
+              how: str = "async") -> tuple[list[int], int]:
+    """Ask for ``count`` responses and read them, ``pause_s`` apart, with ``model.async_infer``
+    (``how`` "async") or ``model.infer`` ("sync"): the number in each OUT (checked whole), and
+    the model's count from the final response."""
+    if how == "sync":
+        return read_slowly_sync(model.infer(inputs(count, threads)), pause_s)
 
     async def read() -> tuple[list[int], int]:
         return await read_slowly(model.async_infer(inputs(count, threads)), pause_s)
@@ -89,34 +93,50 @@ def stream_to(model, count: int, pause_s: float, threads: int = 1) -> tuple[list
     return asyncio.run(read())
 
 
+def _number(resp, numbers: list[int]) -> int:
+    """Appends OUT's number to ``numbers`` (-1), or returns the final response's SENT."""
+    assert resp.error is None, resp.error
+    if "SENT" in resp.outputs:
+        return int(resp.outputs["SENT"].to_numpy()[0])
+    out = resp.outputs["OUT"].to_numpy()
+    assert out.nbytes == MiB and (out == out[0]).all()
+    numbers.append(int(out[0]))
+    return -1
+
+
 async def read_slowly(stream, pause_s: float) -> tuple[list[int], int]:
     numbers: list[int] = []
     sent = -1
     async for resp in stream:
-        assert resp.error is None, resp.error
-        if "SENT" in resp.outputs:
-            sent = int(resp.outputs["SENT"].to_numpy()[0])
-            continue
-        out = resp.outputs["OUT"].to_numpy()
-        assert out.nbytes == MiB and (out == out[0]).all()
-        numbers.append(int(out[0]))
-        del out, resp
+        sent = max(sent, _number(resp, numbers))
+        del resp
         await asyncio.sleep(pause_s)
     return numbers, sent
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+def read_slowly_sync(stream, pause_s: float) -> tuple[list[int], int]:
+    numbers: list[int] = []
+    sent = -1
+    for resp in stream:
+        sent = max(sent, _number(resp, numbers))
+        del resp
+        time.sleep(pause_s)
+    return numbers, sent
+
+
+@pytest.mark.parametrize("threads,how", [(1, "async"), (2, "async"), (1, "sync")])
 def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkeypatch,
-                                                   threads: int) -> None:
+                                                   threads: int, how: str) -> None:
     """60 MiB streamed to a consumer that reads 1 MiB every 10 ms: the model's sends wait, so
     the stub's pool never holds much more than the 8 MiB limit (it held all 60 MiB before), and
-    every response arrives whole and in order (in each sending thread's order with two)."""
+    every response arrives whole and in order (in each sending thread's order with two). The
+    same with ``async_infer`` and ``infer``."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 8 * MiB)
     write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
     with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
         model = srv.model("flood")
 
-        numbers, sent = stream_to(model, 60, 0.01, threads)
+        numbers, sent = stream_to(model, 60, 0.01, threads, how)
         assert sent == 60
         if threads == 1:
             assert numbers == [i % 256 for i in range(60)]
@@ -128,7 +148,7 @@ def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkey
         peak = stub_peak(srv)
         assert peak <= 16 * MiB, f"the stub's pool grew to {peak / MiB:.0f} MiB"
         # A fast consumer is not held back.
-        assert stream_to(model, 20, 0) == (list(range(20)), 20)
+        assert stream_to(model, 20, 0, how=how) == (list(range(20)), 20)
 
 
 def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
@@ -161,6 +181,20 @@ def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
         assert "the client did not read its responses" in error, error
         assert taken < 20, f"{taken} responses: the model was not held"
         assert stream_to(model, 3, 0) == ([0, 1, 2], 3)
+        # The same with the sync API.
+        stream = model.infer(inputs(1000))
+        for _ in range(2):
+            assert stream.get(timeout=30).error is None
+        time.sleep(1.5)
+        taken, error = 2, ""
+        for resp in stream:
+            if resp.error is not None:
+                error = resp.error.message
+                break
+            taken += 1
+        assert "the client did not read its responses" in error, error
+        assert taken < 20, f"{taken} responses: the model was not held"
+        assert stream_to(model, 3, 0, how="sync") == ([0, 1, 2], 3)
 
 
 # FLOOD_PY's model with an ``async def execute`` (one thread: its event loop's), up to 2 at once;
