@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +43,9 @@ from ._pberrors import (
     not_a_response,
 )
 from ._loader import import_model
+from ._bls import AsyncResponseIterator, ResponseIterator, place
 from ._pbtensor import Tensor
+from ._waiters import Pace, Waiter, first_item
 
 
 _TAKEOVER_S = 0.02
@@ -68,88 +70,6 @@ def _let_go(err: BaseException | None) -> None:
         traceback.clear_frames(err.__traceback__)
 
 
-class _Waiter:
-    """A reply slot for one stub->host call.
-
-    Sync callers poll ``ready()`` while reading the socket themselves, or sleep on ``sig`` while
-    another thread reads and delivers; an async single reply completes ``future`` on the
-    caller's event loop. An async decoupled stream keeps its replies in ``items`` too, so that
-    it can be iterated with a plain ``for`` (as Triton's docs do) as well as ``async for``;
-    ``wake`` tells a waiting ``async for`` that an item has arrived. ``drop`` takes the replies
-    nobody will read (their tensors' blocks must still go back): set once a stream's reader is
-    gone, and up front for a single async reply, whose awaiting task may be cancelled.
-    """
-
-    __slots__ = ("items", "sig", "loop", "future", "wake", "drop")
-
-    def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
-        self.items: collections.deque[Any] = collections.deque()
-        self.sig = threading.Lock()
-        self.sig.acquire()
-        self.loop = loop
-        self.future: asyncio.Future | None = None
-        self.wake: asyncio.Event | None = None
-        self.drop: Callable[[Any], None] | None = None
-        if loop is not None:
-            if stream:
-                self.wake = asyncio.Event()
-            else:
-                self.future = loop.create_future()
-
-    def deliver(self, body: Any) -> bool:
-        """Hand over one reply; returns True when no more replies are expected."""
-        final = not isinstance(body, dict) or body.get("final", True)
-        if self.future is not None:
-            assert self.loop is not None
-            try:
-                self.loop.call_soon_threadsafe(_set_result, self, body)
-            except RuntimeError:  # the loop is closed: nobody will read it
-                if self.drop is not None:
-                    self.drop(body)
-            return final
-        self.items.append(body)
-        if self.drop is not None:
-            self._drain()
-            return final
-        try:
-            self.sig.release()
-        except RuntimeError:  # already signalled
-            pass
-        if self.wake is not None:
-            assert self.loop is not None
-            self.loop.call_soon_threadsafe(self.wake.set)
-        return final
-
-    def ready(self) -> bool:
-        return bool(self.items)
-
-    def abandon(self, drop: Callable[[Any], None]) -> None:
-        """The reader is gone: replies queued, and those still to come, go to ``drop``."""
-        self.drop = drop
-        self._drain()
-
-    def _drain(self) -> None:
-        # popleft is atomic: of deliver() and abandon() racing, each reply is dropped once.
-        items, drop = self.items, self.drop
-        assert drop is not None
-        while True:
-            try:
-                body = items.popleft()
-            except IndexError:
-                return
-            drop(body)
-
-
-async def _first_item(w: _Waiter) -> None:
-    """Wait (on the event loop) until a stream waiter holds a reply."""
-    assert w.wake is not None
-    while not w.items:
-        w.wake.clear()
-        if w.items:
-            break
-        await w.wake.wait()
-
-
 async def _awaited(awaitable: Any) -> Any:
     """A coroutine of any awaitable (asyncio.run takes coroutines only)."""
     return await awaitable
@@ -163,29 +83,6 @@ def _new_event_loop() -> asyncio.AbstractEventLoop:
     except ImportError:  # e.g. a model's own EXECUTION_ENV_PATH interpreter without it
         return asyncio.new_event_loop()
     return uvloop.new_event_loop()
-
-
-def _set_result(w: _Waiter, body: Any) -> None:
-    fut = w.future
-    assert fut is not None
-    if not fut.done():
-        fut.set_result(body)
-    elif w.drop is not None:  # the awaiting task was cancelled
-        w.drop(body)
-
-
-class _Pace:
-    """A paced request's responses that its consumer has not taken yet (back-pressure)."""
-
-    __slots__ = ("max_bytes", "max_count", "sizes", "unread", "acked", "waiter")
-
-    def __init__(self, max_bytes: int, max_count: int) -> None:
-        self.max_bytes = max_bytes
-        self.max_count = max(max_count, 1)
-        self.sizes: collections.deque[int] = collections.deque()  # bytes of each, oldest first
-        self.unread = 0  # their sum
-        self.acked = 0  # responses the consumer took (the host's last ACK)
-        self.waiter: _Waiter | None = None  # senders waiting for the consumer (HELD sent)
 
 
 class StubRuntime:
@@ -227,13 +124,13 @@ class StubRuntime:
         self._exec_hold = False  # ... and waits on the server: later EXECUTEs go back
         self._exec_waiters = 0  # threads holding an EXECUTE until it is done
         self._exec_cv = threading.Condition(self._mu)
-        self._calls: dict[int, _Waiter] = {}
+        self._calls: dict[int, Waiter] = {}
         self._call_ids = itertools.count(1)
         self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
         self._early_cancel: set[int] = set()  # CANCELs that came before their request
         # Paced requests (back-pressure, a body's ``pace``): what their consumers have not
         # taken yet. See send_response.
-        self._pace: dict[int, _Pace] = {}
+        self._pace: dict[int, Pace] = {}
         self._async_thread = 0  # the event loop thread of async execute (never made to wait)
         self._peeked = 0.0  # when send_response last looked for frames (see _peek)
         self.model: Any = None
@@ -420,8 +317,9 @@ class StubRuntime:
                     self._early_cancel.add(rid)
                 self._unpace(rid)
         elif cmd == Cmd.ACK:
-            for rid, taken in body or ():
-                self._taken(rid, taken)
+            for item in body if type(body) is list else ():
+                if type(item) is list and len(item) == 2:
+                    self._taken(*item)
         elif cmd == Cmd.DROPPED:
             pass  # the channel already unmapped them
         elif cmd == Cmd.RECLAIM:
@@ -440,8 +338,10 @@ class StubRuntime:
 
     def _taken(self, rid: Any, taken: Any) -> None:
         """The consumer of a paced request has taken ``taken`` of its responses so far."""
+        if type(rid) is not int or type(taken) is not int:
+            return
         p = self._pace.get(rid)
-        if p is None or type(taken) is not int:
+        if p is None:
             return
         if taken < 0:  # the host paces it no more
             self._unpace(rid)
@@ -489,7 +389,7 @@ class StubRuntime:
             with self._mu:
                 self._in_model -= 1
 
-    def _await(self, waiter: _Waiter, spin: bool = False, take: bool = True) -> Any:
+    def _await(self, waiter: Waiter, spin: bool = False, take: bool = True) -> Any:
         """Wait for the next reply of a sync call, reading the socket ourselves if we can;
         ``spin``: poll first (see below); ``take``: False leaves it there (several threads may
         wait for the same waiter: see send_response) and returns None."""
@@ -660,8 +560,8 @@ class StubRuntime:
             out.append(req)
             self._active[req._host_id] = req
             pace = rb.get("pace")
-            if pace:
-                self._pace[req._host_id] = _Pace(int(pace[0]), int(pace[1]))
+            if type(pace) is list and len(pace) == 2 and all(type(n) is int for n in pace):
+                self._pace[req._host_id] = Pace(*pace)
             if self._early_cancel and req._host_id in self._early_cancel:
                 self._early_cancel.discard(req._host_id)
                 req._cancelled = True
@@ -856,7 +756,7 @@ class StubRuntime:
             self._unpace(req._host_id)
         self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
 
-    def _wait_for_consumer(self, req: pb_utils.InferenceRequest, p: _Pace) -> None:
+    def _wait_for_consumer(self, req: pb_utils.InferenceRequest, p: Pace) -> None:
         while True:
             with self._mu:
                 if req._cancelled or self._pace.get(req._host_id) is not p or (
@@ -865,7 +765,7 @@ class StubRuntime:
                 w = p.waiter
                 first = w is None
                 if first:
-                    w = p.waiter = _Waiter()
+                    w = p.waiter = Waiter()
             assert w is not None
             if first:  # the host acknowledges each response taken from now on
                 self.channel.send(Cmd.HELD, 0, [req._host_id])
@@ -954,7 +854,7 @@ class StubRuntime:
             body["request"]["trace"] = trace
         return body
 
-    def _call(self, cmd: Cmd, body: Any, waiter: _Waiter) -> int:
+    def _call(self, cmd: Cmd, body: Any, waiter: Waiter) -> int:
         if self._exec_busy and cmd in _WAITS_ON_SERVER:
             self._hold_executes()
         call_id = next(self._call_ids)
@@ -972,17 +872,17 @@ class StubRuntime:
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         body = self._bls_body(req, decoupled)
         if decoupled:
-            waiter = _Waiter()
+            waiter = Waiter()
             call_id = self._call(Cmd.BLS_INFER, body, waiter)
-            return _ResponseIterator(self, call_id, waiter, req._preferred_memory)
-        waiter = _Waiter()
+            return ResponseIterator(self, call_id, waiter, req._preferred_memory)
+        waiter = Waiter()
         self._call(Cmd.BLS_INFER, body, waiter)
         return self._to_response(self._await(waiter, spin=True), req._preferred_memory)
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
         body = self._bls_body(req, decoupled)
-        waiter = _Waiter(stream=decoupled, loop=loop)
+        waiter = Waiter(stream=decoupled, loop=loop)
         if not decoupled:
             waiter.drop = self.drop_reply
         call_id = self._call(Cmd.BLS_INFER, body, waiter)
@@ -990,11 +890,11 @@ class StubRuntime:
             # As Triton: resolved once the first response is in, so that the documented plain
             # ``for`` over the result does not block the event loop waiting for it.
             try:
-                await _first_item(waiter)
+                await first_item(waiter)
             except BaseException:  # cancelled: nobody will read this stream
                 waiter.abandon(self.drop_reply)
                 raise
-            return _AsyncResponseIterator(self, call_id, waiter, req._preferred_memory)
+            return AsyncResponseIterator(self, call_id, waiter, req._preferred_memory)
         fut = waiter.future
         assert fut is not None
         try:
@@ -1016,7 +916,7 @@ class StubRuntime:
         decode, peer, wrap = self.transport.decode, self.peer, Tensor._wrap
         outputs = [wrap(*decode(w, peer)) for w in body.get("outputs") or ()]
         if memory is not None:
-            _place(outputs, memory)
+            place(outputs, memory)
         return pb_utils.InferenceResponse(
             outputs, TritonError._from_wire(err) if err else None, body.get("parameters") or {})
 
@@ -1032,7 +932,7 @@ class StubRuntime:
     def _call_ok(self, cmd: Cmd, body: Any) -> dict:
         """A call to the host and its reply; TritonModelException with the host's message
         when the reply is not ok."""
-        waiter = _Waiter()
+        waiter = Waiter()
         self._call(cmd, body, waiter)
         reply = self._await(waiter)
         if not reply.get("ok"):
@@ -1051,99 +951,9 @@ class StubRuntime:
         self.channel.send(Cmd.METRIC_OP, 0, [family, labels, op, value, buckets])
 
     def metric_value(self, family: str, labels: dict) -> float:
-        waiter = _Waiter()
+        waiter = Waiter()
         self._call(Cmd.METRIC_VALUE, [family, labels], waiter)
         return float(self._await(waiter).get("value", 0.0))
-
-
-def _place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
-    """Copy CPU outputs of a BLS call to the GPU when the caller's ``preferred_memory`` asks
-    for it (BYTES stay on the CPU). A CPU preference needs nothing here: the host asked the
-    target for CPU outputs then. A GPU asked for where CuPy is missing is a preference that
-    cannot be met: outputs stay put."""
-    if memory.preferred_memory_type != pb_utils.TRITONSERVER_MEMORY_GPU or not cuda.available():
-        return
-    for t in outputs:
-        if t.is_cpu() and t._dtype != 13:
-            t._arr = cuda.to_device(t._arr, memory.preferred_device_id)
-
-
-class _ResponseIterator:
-    """What ``exec(decoupled=True)`` returns: responses as they arrive, with cancel()."""
-
-    def __init__(self, rt: StubRuntime, call_id: int, waiter: _Waiter,
-                 memory: pb_utils.PreferredMemory | None = None) -> None:
-        self._rt = rt
-        self._call_id = call_id
-        self._waiter = waiter
-        self._memory = memory
-        self._done = False
-        # As Triton's: the responses are kept, and iterating again once the stream has ended
-        # starts over from the first.
-        self._seen: list[pb_utils.InferenceResponse] = []
-        self._pos = 0
-
-    def __iter__(self) -> _ResponseIterator:
-        if self._done and self._pos == len(self._seen):
-            self._pos = 0
-        return self
-
-    def _take(self, body: dict) -> pb_utils.InferenceResponse:
-        if body.get("final", True):
-            self._done = True
-        if body.get("empty") and not body.get("error"):
-            resp = pb_utils.InferenceResponse([])  # a bare final flag: an empty response
-        else:
-            resp = self._rt._to_response(body, self._memory)
-        self._seen.append(resp)
-        self._pos = len(self._seen)
-        return resp
-
-    def _replay(self) -> pb_utils.InferenceResponse | None:
-        """The next kept response when iterating again, else None."""
-        if self._pos < len(self._seen):
-            self._pos += 1
-            return self._seen[self._pos - 1]
-        return None
-
-    def __next__(self) -> pb_utils.InferenceResponse:
-        kept = self._replay()
-        if kept is not None:
-            return kept
-        if self._done:
-            raise StopIteration
-        return self._take(self._rt._await(self._waiter))
-
-    def cancel(self) -> None:
-        if not self._done:
-            self._rt.cancel_call(self._call_id)
-
-    def __del__(self) -> None:
-        # Dropped before its stream ended (a ``break``, or never iterated): the rest of the
-        # stream still arrives, and each reply's tensors go back undecoded. (Triton's iterator
-        # waits for the rest here instead; the target is not cancelled in either.)
-        if not self._done:
-            try:
-                self._waiter.abandon(self._rt.drop_reply)
-            except Exception:  # at interpreter exit: nothing left to give back to
-                pass
-
-
-class _AsyncResponseIterator(_ResponseIterator):
-    """What ``await async_exec(decoupled=True)`` returns: iterate it with ``async for``, or
-    with a plain ``for`` as Triton's docs do (that blocks the event loop while it waits)."""
-
-    def __aiter__(self) -> _AsyncResponseIterator:
-        return self.__iter__()  # type: ignore[return-value]
-
-    async def __anext__(self) -> pb_utils.InferenceResponse:
-        kept = self._replay()
-        if kept is not None:
-            return kept
-        if self._done:
-            raise StopAsyncIteration
-        await _first_item(self._waiter)
-        return self._take(self._waiter.items.popleft())
 
 
 class _LogForwarder(logging.Handler):
