@@ -305,7 +305,9 @@ class StubRuntime:
             usage.pop("free_system_bytes", None)
             self._reply(call_id, {"ok": True, **usage})
         elif cmd == Cmd.CANCEL:
-            for rid in body or ():
+            for rid in body if type(body) is list else ():
+                if type(rid) is not int:
+                    continue
                 req = self._active.get(rid)
                 if req is not None:
                     req._cancelled = True

@@ -299,8 +299,8 @@ def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch) -> 
 
 def test_malformed_acknowledgements_leave_the_stub_serving(tmp_path, shm_prefix,
                                                            monkeypatch) -> None:
-    """ACK frames of any shape (a bad id, a count that is not one, not a list) are ignored by
-    the stub, which goes on pacing and serving."""
+    """ACK and CANCEL frames of any shape (a bad id, a count that is not one, not a list) are
+    ignored by the stub, which goes on pacing and serving."""
     from tritonpy.shm import Cmd
 
     monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
@@ -310,5 +310,6 @@ def test_malformed_acknowledgements_leave_the_stub_serving(tmp_path, shm_prefix,
         for body in (None, 7, "x", [None], [[1]], [[[1], 2]], [["a", 1]], [[1, "b"]],
                      [[1, 2, 3]], {"a": 1}):
             stub.send(Cmd.ACK, 0, body)
+            stub.send(Cmd.CANCEL, 0, body)
         assert stream_to(srv.model("flood"), 12, 0.01) == ([i for i in range(12)], 12)
         assert stub.alive and srv.runtime("flood").instances[0].stub is stub
