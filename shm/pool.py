@@ -9,7 +9,8 @@ the bytes of all its segments together.
 When ``/dev/shm`` itself has no room for a new segment, the pool calls ``on_exhausted(size)``
 (outside its lock) once: the process's hook gives idle segments back across processes (see
 ``Cmd.RECLAIM``) and says whether this thread may wait for them. If so, the pool waits up to
-``RECLAIM_WAIT_S`` for the room and tries once more.
+``RECLAIM_WAIT_S`` for the room and tries once more; a wait that found none spares the next
+ones for ``NO_ROOM_S``.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from typing import Any, Callable
 import numpy as np
 
 from ._errors import NO_SPACE, ShmExhaustedError
-from .segment import PAGE, Segment, free_bytes, process_token, round_up, wait_for_room
+from .segment import (PAGE, Segment, free_bytes, process_token, round_up, total_bytes,
+                      wait_for_room)
 
 ALIGN = 64
 MiB = 1 << 20
@@ -30,6 +32,9 @@ MiB = 1 << 20
 #: their idle segments back (``Cmd.RECLAIM``), and how often one process asks them at most.
 RECLAIM_WAIT_S = 0.25
 RECLAIM_EVERY_S = 0.05
+#: After such a wait found no room, the pool's allocations fail at once for this long instead of
+#: waiting again (nothing gave room back just now: /dev/shm is full of what others hold).
+NO_ROOM_S = 1.0
 
 
 class _Arena:
@@ -189,6 +194,7 @@ class Pool:
         self.peak_bytes = 0
         self.dropped: list[str] = []  # unlinked names not yet told to peers (take_dropped)
         self.on_exhausted = on_exhausted
+        self._no_room_until = 0.0  # see NO_ROOM_S
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Segment, int]:
@@ -198,7 +204,11 @@ class Pool:
         except ShmExhaustedError as exc:
             hook = self.on_exhausted
             if (hook is None or exc.reason != NO_SPACE or not hook(exc.asked)
-                    or not wait_for_room(self.directory, exc.asked, RECLAIM_WAIT_S)):
+                    or time.monotonic() < self._no_room_until):
+                raise
+            if not wait_for_room(self.directory, exc.asked, RECLAIM_WAIT_S):
+                if exc.asked <= total_bytes(self.directory):  # (else it failed without a wait)
+                    self._no_room_until = time.monotonic() + NO_ROOM_S
                 raise
         return self._allocate(nbytes)
 

@@ -62,6 +62,36 @@ _IN_NAMESPACE = textwrap.dedent("""
         return True
     pool.on_exhausted = give_back
     out["hook_true"] = pool.new_array(np.uint8, (5 * MiB,)).nbytes, asked[1:]
+    # Room held for good by another process: the first allocation waits for it in vain, the
+    # next ones within NO_ROOM_S fail at once (the hook still runs: it gives back what it can).
+    import tritonpy.shm.pool as pool_module
+    import time
+    pool_module.RECLAIM_WAIT_S = 1.0
+    pool_module.NO_ROOM_S = 0.5
+    pool.reap(force=True)
+    other.reap(force=True)
+    hog = other.new_array(np.uint8, (6 * MiB,))
+    calls = []
+    pool.on_exhausted = lambda n: calls.append(n) or True
+    spent = []
+    for _ in range(3):
+        start = time.monotonic()
+        try:
+            pool.new_array(np.uint8, (5 * MiB,))
+        except ShmExhaustedError:
+            spent.append(time.monotonic() - start)
+    out["no_room"] = spent, len(calls)
+    time.sleep(0.6)
+    try:  # larger than /dev/shm: fails at once, and starts no such spell
+        pool.new_array(np.uint8, (64 * MiB,))
+    except ShmExhaustedError:
+        pass
+    start = time.monotonic()
+    try:
+        pool.new_array(np.uint8, (5 * MiB,))
+    except ShmExhaustedError:
+        out["no_room_after"] = time.monotonic() - start
+    del hog
     other.close()
     pool.close()
     print(json.dumps(out))
@@ -101,6 +131,10 @@ def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
     assert out["smalls_ok"] and out["after_free"] == MiB // 2
     assert out["hook_false"] == [5 * MiB]
     assert out["hook_true"] == [5 * MiB, [5 * MiB]]
+    spent, hooked = out["no_room"]
+    assert len(spent) == 3 and hooked == 3
+    assert spent[0] >= 1.0 and spent[1] < 0.5 and spent[2] < 0.5, spent
+    assert out["no_room_after"] >= 1.0  # past NO_ROOM_S it waits again
 
 
 def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
