@@ -15,8 +15,10 @@ import time
 from typing import Any, Callable
 
 from tritonpy.shm import Cmd, ShmExhaustedError
+from tritonpy.shm._errors import NO_SPACE
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.messages import RequestBody
+from tritonpy.shm.segment import total_bytes
 
 from ._errors import (
     CancelledError,
@@ -34,6 +36,10 @@ from ._stubproc import StubProcess
 from . import _request, _warmup
 
 log = logging.getLogger("tritonpy.model")
+# A request whose inputs find /dev/shm full on the frame loop is queued again this often, for
+# this long (see ModelRuntime._retry_later).
+SHM_RETRY_EVERY_S = 0.05
+SHM_RETRY_FOR_S = 0.25
 
 LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
 _KINDS = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
@@ -251,6 +257,7 @@ class ModelRuntime(RuntimeBase):
         # Batch formation (FIFO, dynamic batcher or sequence batcher); ``queue`` is its view
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
         self.sched = make_scheduler(self)
+        self.sched_is_sequence = config.HasField("sequence_batching")
         self.queue: Any = self.sched.queue
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
@@ -535,6 +542,8 @@ class ModelRuntime(RuntimeBase):
             try:
                 inputs = encode_many(req.inputs, peer)
             except ShmExhaustedError as exc:
+                if self._retry_later(req, exc):
+                    continue
                 self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
                 req.fail(UnavailableError(str(exc)))
                 continue
@@ -567,6 +576,29 @@ class ModelRuntime(RuntimeBase):
             stub.send(Cmd.EXECUTE, exec_id, {"requests": bodies})
         except (TritonpyError, OSError):
             pass  # the stub is dying: its death path fails this batch
+
+    def _retry_later(self, req: HostRequest, exc: ShmExhaustedError) -> bool:
+        """On the frame loop, which does not wait for room (see Server._reclaim): queue a
+        request whose inputs found /dev/shm full again a moment later, for up to
+        SHM_RETRY_FOR_S, while the other processes give back the idle segments they were just
+        asked for. Not for a sequence (it would lose its place), nor for a tensor that cannot
+        fit at all. Whether it will be retried."""
+        frames = self.server.frames
+        if exc.reason != NO_SPACE or not frames.on_loop() or self.sched_is_sequence \
+                or exc.asked > total_bytes(self.server.pool.directory):
+            return False
+        now = time.monotonic()
+        if not req.shm_retry_until:
+            req.shm_retry_until = now + SHM_RETRY_FOR_S
+        elif now >= req.shm_retry_until:
+            return False
+        req.instance = None  # queued again: a cancel meanwhile counts as one of a queued request
+        frames.loop.call_later(SHM_RETRY_EVERY_S, self._retry, req)
+        return True
+
+    def _retry(self, req: HostRequest) -> None:
+        if not req.done:
+            self.submit(req)
 
     def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
         with self.lock:

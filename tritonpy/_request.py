@@ -85,7 +85,7 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "queue_deadline", "trace", "gpu_ok", "pacer", "__weakref__",
+        "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -126,6 +126,8 @@ class HostRequest:
         # The stream that paces the stub's sends (back-pressure, see HOLD_BYTES): a decoupled
         # request of the in-process API (every HTTP and gRPC stream).
         self.pacer: _Pacing | None = None
+        # Until when its inputs may wait for room in a full /dev/shm (ModelRuntime._retry_later)
+        self.shm_retry_until = 0.0
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:

@@ -253,7 +253,7 @@ class Server:
         """The host pool's hook when /dev/shm has no room for a new segment of ``need``
         bytes: give the host's idle segments back and ask every stub to do the same; the pool
         may then wait for the room, but not on the frame loop, which reads the stubs' answers
-        (there this request fails, and the room is there for the next ones)."""
+        (there the request is queued again a moment later: ModelRuntime._retry_later)."""
         self._give_back_idle(force=True)
         now = time.monotonic()
         if now - self._reclaim_sent >= RECLAIM_EVERY_S:

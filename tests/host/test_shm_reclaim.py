@@ -62,6 +62,21 @@ _IN_NAMESPACE = textwrap.dedent("""
             {"DATA": data, "OUT_BYTES": np.array([-1], np.int64)}).get(timeout=30)
         out["third"] = third.error.message if third.error else int(third.outputs["OUT"].to_numpy().sum() // 7)
         del third
+        # stress_io_b holds 40 MiB idle again; a client's 40 MiB input now comes on the frame
+        # loop (as every HTTP and gRPC request does), which does not wait for room.
+        again = server.model("stress_io_b").infer(ask).get(timeout=30)
+        out["again"] = again.error.message if again.error else again.outputs["OUT"].to_numpy().nbytes
+        del again
+        import asyncio
+
+        async def on_the_frame_loop():
+            stream = server.model("stress_io").async_infer(
+                {"DATA": data, "OUT_BYTES": np.array([-1], np.int64)})
+            async for resp in stream:
+                return resp.error.message if resp.error else int(resp.outputs["OUT"].to_numpy().sum() // 7)
+
+        out["fourth"] = asyncio.run_coroutine_threadsafe(
+            on_the_frame_loop(), server.frames.loop).result(30)
     finally:
         server.stop()
     print(json.dumps(out))
@@ -84,3 +99,7 @@ def test_a_stub_out_of_room_gets_what_other_stubs_hold_idle(shm_prefix: str) -> 
     assert out["second"] == 40 * MiB, out["second"]
     assert out["seconds"] < 2.0  # not the 5 s idle time
     assert out["third"] == 40 * MiB, out["third"]  # the host's own pool gets the room too
+    assert out["again"] == 40 * MiB, out["again"]
+    # On the frame loop the request is queued again a moment later, by when the room is back
+    # (it used to fail: that loop does not wait).
+    assert out["fourth"] == 40 * MiB, out["fourth"]
