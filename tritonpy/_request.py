@@ -210,15 +210,20 @@ class _Pacing:
         req.pacer = self
         self._timers = timers
 
-    def _took(self, nbytes: int) -> None:
-        """The consumer took a response holding ``nbytes`` of tensors. The stub is told in
-        batches while its model is free to send, at each response while it waits."""
+    def _took(self, nbytes: int, drained: bool) -> None:
+        """The consumer took a response holding ``nbytes`` of tensors (``drained``: none is left
+        waiting). The stub is told in batches of a quarter of its limits while its model is
+        free to send, of an eighth while it waits, and once the consumer has taken all: the
+        stub may count bytes that the host does not see (outputs nobody asked for), and this
+        way it hears of every response taken however it counts."""
         self._last_take = time.monotonic()
         with self._pace_lock:
             self._taken += 1
             self._bytes_since_ack += nbytes
-            if not (self._held or self._taken - self._acked >= HOLD_RESPONSES // 4
-                    or self._bytes_since_ack >= HOLD_BYTES // 4):
+            part = 8 if self._held else 4
+            if not (self._taken - self._acked >= HOLD_RESPONSES // part
+                    or self._bytes_since_ack >= HOLD_BYTES // part
+                    or self._held and drained):
                 return
             taken = self._acked = self._taken
             self._bytes_since_ack = 0
@@ -295,7 +300,8 @@ class ResponseStream(_Pacing):
         """The next response, waiting up to ``timeout`` seconds (queue.Empty when none)."""
         resp = self._q.get(timeout=timeout)
         if self._timers is not None:
-            self._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()))
+            self._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()),
+                       self._q.empty())
         return resp
 
     def cancel(self) -> None:
@@ -396,7 +402,7 @@ class AsyncResponseStream(_Pacing):
         self._waiting_bytes -= nbytes
         self._taken_at = self._loop.time()
         if self._timers is not None:
-            self._took(nbytes)
+            self._took(nbytes, not items)
         if resp.final:
             self._finished = True
         return resp
