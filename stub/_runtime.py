@@ -56,7 +56,8 @@ _PREFETCH_WAIT_S = 0.02
 # A context variable, so that it follows an async execute into the tasks it awaits.
 _EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
 _IDLE_POLL_S = 0.05
-# A model streaming responses looks for frames from the host (PAUSE, CANCEL) this often at most.
+# A model streaming responses looks for frames from the host (ACK, CANCEL, RELEASE) this often
+# at most (see StubRuntime._peek).
 _PEEK_EVERY_S = 0.001
 
 
@@ -769,7 +770,7 @@ class StubRuntime:
                 if first:
                     w = p.waiter = Waiter()
             assert w is not None
-            if first:  # the host acknowledges each response taken from now on
+            if first:  # the host acknowledges what is taken from now on, in eighths
                 self.channel.send(Cmd.HELD, 0, [req._host_id])
             self._hold_executes()
             self._await(w, take=False)
@@ -777,9 +778,11 @@ class StubRuntime:
     def _peek(self) -> None:
         """Handle what the host sent meanwhile, without waiting, if no thread reads the
         socket. A model that streams from its execute reads nothing, and the idle worker takes
-        the read role only _TAKEOVER_S later: a PAUSE (or CANCEL) would come that late."""
+        the read role only _TAKEOVER_S later: an ACK (or CANCEL, or a release, which frees the
+        block for the next response) would come that late. Not while a thread waits in
+        _await: that one reads, and would find the role taken and sleep a while."""
         with self._mu:
-            if self._reading:
+            if self._reading or self._sync_waiting:
                 return
             self._reading = True
         try:
