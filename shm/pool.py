@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._errors import NO_SPACE, ShmExhaustedError
-from .segment import (PAGE, Segment, free_bytes, process_token, round_up, total_bytes,
+from .segment import (PAGE, Segment, could_fit, free_bytes, process_token, round_up,
                       wait_for_room)
 
 ALIGN = 64
@@ -207,7 +207,7 @@ class Pool:
                     or time.monotonic() < self._no_room_until):
                 raise
             if not wait_for_room(self.directory, exc.asked, RECLAIM_WAIT_S):
-                if exc.asked <= total_bytes(self.directory):  # (else it failed without a wait)
+                if could_fit(self.directory, exc.asked):  # (else it failed without a wait)
                     self._no_room_until = time.monotonic() + NO_ROOM_S
                 raise
         return self._allocate(nbytes)

@@ -54,10 +54,15 @@ def total_bytes(directory: str | None) -> int:
     return _blocks(directory, "f_blocks")
 
 
+def could_fit(directory: str | None, nbytes: int) -> bool:
+    """Whether ``directory``'s filesystem is that large at all (were it empty)."""
+    return nbytes <= total_bytes(directory)
+
+
 def wait_for_room(directory: str | None, nbytes: int, timeout: float) -> bool:
     """Whether ``nbytes`` are free on ``directory``'s filesystem within ``timeout`` seconds
-    (False at once when it is smaller than that altogether)."""
-    if nbytes > total_bytes(directory):
+    (False at once when it could never fit)."""
+    if not could_fit(directory, nbytes):
         return False
     deadline = time.monotonic() + timeout
     while free_bytes(directory) < nbytes:

@@ -68,7 +68,7 @@ class Peer:
         self.urgent: collections.deque[int] = collections.deque()
         self.lazy_since = 0.0  # time.monotonic() when ``lazy`` last stopped being empty
         self.parked = True
-        self.wake: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # None: stop
+        self.wake: queue.SimpleQueue[int | None] = queue.SimpleQueue()  # 0: look; None: stop
         self.alive = True
 
     def export(self, keep: Any) -> int:
@@ -103,7 +103,7 @@ class Peer:
             return
         if urgent:
             self.urgent.append(eid)
-            self.wake.put(1)
+            self.wake.put(0)
             return
         lazy = self.lazy
         if not lazy:
@@ -112,9 +112,6 @@ class Peer:
         if self.parked:  # (the flusher re-checks ``lazy`` after it parks: see Channel)
             self.parked = False
             self.wake.put(0)
-
-    def owes(self) -> bool:
-        return bool(self.lazy or self.urgent)
 
     def take_owed(self) -> list[int]:
         """Every release owed now (another thread may take some at the same time)."""

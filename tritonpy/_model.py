@@ -18,7 +18,7 @@ from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm._errors import NO_SPACE
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.messages import RequestBody
-from tritonpy.shm.segment import total_bytes
+from tritonpy.shm.segment import could_fit
 
 from ._errors import (
     CancelledError,
@@ -585,7 +585,7 @@ class ModelRuntime(RuntimeBase):
         fit at all. Whether it will be retried."""
         frames = self.server.frames
         if exc.reason != NO_SPACE or not frames.on_loop() or self.sched_is_sequence \
-                or exc.asked > total_bytes(self.server.pool.directory):
+                or not could_fit(self.server.pool.directory, exc.asked):
             return False
         now = time.monotonic()
         if not req.shm_retry_until:

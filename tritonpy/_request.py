@@ -181,7 +181,7 @@ class HostRequest:
             cb(self, error)
 
 
-def _make_response(req: HostRequest, outputs: list, error: TritonpyError | None,
+def _make_response(req: HostRequest, outputs: list | None, error: TritonpyError | None,
                    parameters: dict | None, final: bool) -> InferenceResponse:
     return InferenceResponse(
         req.model.name, req.model.version, req.request_id,
@@ -275,7 +275,7 @@ class ResponseStream(_Pacing):
         self.request: HostRequest | None = None
         self._init_pacing()
 
-    def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
+    def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         if final:
             # request <-> stream is a reference cycle (req.sink is our bound method): break it
@@ -311,10 +311,10 @@ class ResponseStream(_Pacing):
 
 #: Back-pressure: the stub running a decoupled request of the in-process API (every HTTP and
 #: gRPC stream is one) keeps at most this many bytes of tensors, and this many responses, that
-#: the consumer has not taken yet; the model's next ``response_sender.send`` waits there until the consumer took half of
-#: them. A model thus streams at its client's pace, and its shared memory stays bounded. A
-#: consumer that takes nothing for ``STALLED_S`` while the model waits has its request
-#: cancelled, as below.
+#: the consumer has not taken yet; the model's next ``response_sender.send`` waits there until
+#: the consumer took half of them. A model thus streams at its client's pace, and its shared
+#: memory stays bounded. A consumer that takes nothing for ``STALLED_S`` while the model waits
+#: has its request cancelled, as below.
 HOLD_BYTES = 32 << 20
 HOLD_RESPONSES = 4096
 #: A response stream whose consumer lets more than this many responses, or this many bytes of
@@ -348,7 +348,7 @@ class AsyncResponseStream(_Pacing):
         self.request: HostRequest | None = None
         self._init_pacing()
 
-    def sink(self, req: HostRequest, outputs: list, error: TritonpyError | None,
+    def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         resp = _make_response(req, outputs, error, parameters, final)
         nbytes = 0

@@ -559,7 +559,7 @@ class Model:
     def decoupled(self) -> bool:
         return self._rt().decoupled
 
-    def _request(self, sink: Any, inputs: Mapping[str, Any],
+    def _request(self, stream: ResponseStream | AsyncResponseStream, inputs: Mapping[str, Any],
                  requested_output_names: Sequence[str] | None, request_id: str,
                  parameters: Mapping[str, Any] | None, correlation_id: int | str, flags: int,
                  timeout: int, priority: int, trace: Trace | None = None) -> HostRequest:
@@ -573,11 +573,14 @@ class Model:
         if isinstance(requested_output_names, str):
             requested_output_names = [requested_output_names]
         arrays = [(n, _as_input(n, v)) for n, v in inputs.items()]
-        req = HostRequest(rt, arrays, requested_output_names, sink, request_id=request_id,
+        req = HostRequest(rt, arrays, requested_output_names, stream.sink, request_id=request_id,
                           correlation_id=correlation_id, flags=flags, timeout_us=timeout,
                           priority=priority, parameters=parameters)
         req.trace = trace
         self.server.validate(rt, req)
+        stream.request = req
+        if rt.decoupled:
+            stream.pace(req, self.server.timers)
         return req
 
     def infer(self, inputs: Mapping[str, Any],
@@ -593,11 +596,8 @@ class Model:
         """
         self.server._not_on_frame_loop("model(...).infer() (use async_infer here)")
         stream = ResponseStream()
-        req = self._request(stream.sink, inputs, requested_output_names, request_id,
+        req = self._request(stream, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority)
-        stream.request = req
-        if getattr(req.model, "decoupled", False):
-            stream.pace(req, self.server.timers)
         req.model.submit(req)
         return stream
 
@@ -611,10 +611,7 @@ class Model:
         ``trace``: record the request's timestamps in it (the frontends' tracing). ``loop``:
         the loop that will iterate the stream, when called from another thread."""
         stream = AsyncResponseStream(loop or asyncio.get_running_loop())
-        req = self._request(stream.sink, inputs, requested_output_names, request_id,
+        req = self._request(stream, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority, trace)
-        stream.request = req
-        if getattr(req.model, "decoupled", False):
-            stream.pace(req, self.server.timers)
         req.model.submit(req)
         return stream

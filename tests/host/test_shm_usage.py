@@ -62,12 +62,6 @@ class TritonPythonModel:
                 "OUT", np.ones(mib << 20 or 16, np.uint8))]))
         return out
 """
-SIZED_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "IN", data_type: TYPE_UINT8, dims: [ -1 ] } ]
-output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
-"""
 
 
 def test_a_busy_stub_still_gives_its_idle_segments_back(tmp_path, shm_prefix: str) -> None:
@@ -75,7 +69,8 @@ def test_a_busy_stub_still_gives_its_idle_segments_back(tmp_path, shm_prefix: st
     its idle time (5 s) has passed. Each request's 64 KiB input reaches it by handle, so the
     stub owes the host a release every few milliseconds: its maintenance used to run only after
     a whole second with nothing owed, which steady traffic never left it."""
-    write_model(tmp_path, "sized", SIZED_PY, SIZED_CONFIG)
+    write_model(tmp_path, "sized", SIZED_PY,
+                io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8"))
     small_pool = {"shm-default-byte-size": str(MiB), "shm-growth-byte-size": str(MiB)}
     with serving(tmp_path, shm_prefix, backend_config=small_pool) as srv:
         model = srv.model("sized")
