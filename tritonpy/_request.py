@@ -40,6 +40,11 @@ class Tensor:
             self._arr = self._arr.copy()
         return self._arr
 
+    def view(self) -> np.ndarray:
+        """The array without that copy: read-only when it is a view of its message (for a
+        reader that only reads it, such as the frontends' encoders)."""
+        return self._arr
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         return self._arr if dtype is None else self._arr.astype(dtype)
 

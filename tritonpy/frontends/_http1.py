@@ -343,7 +343,9 @@ class _Connection(asyncio.BufferedProtocol):
         self.url += url
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._grow_head(len(name) + len(value) + 4)
+        self.head_size += len(name) + len(value) + 4  # _grow_head, inline: once per header
+        if self.head_size > MAX_HEAD:
+            self._grow_head(0)
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         old = self.headers.get(key)

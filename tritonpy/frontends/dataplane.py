@@ -10,7 +10,6 @@ one mapping of any failure onto a :class:`~tritonpy._errors.TritonpyError`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import json
@@ -38,6 +37,7 @@ from ..validation import request_prefix
 from .sharedmem import SharedMemoryRegistry
 
 if TYPE_CHECKING:
+    from .._request import AsyncResponseStream
     from ..server import Model, Server
 
 log = logging.getLogger(__name__)
@@ -844,14 +844,24 @@ class DataPlane:
         model = self.model(req.model, req.version)
         if model.decoupled():
             raise UnsupportedError(decoupled_error)
-        result: InferResult | None = None
+        # The model's response stream is read here directly, not through ``stream()``: its
+        # async generator and the closing of it are a good part of the frontend's work.
         try:
-            async with contextlib.aclosing(self.stream(req, model, own_trace=False)) as responses:
-                async for result in responses:
-                    if result.final:
+            responses = await self._start(req, model, own_trace=False)
+            resp = None
+            try:
+                async for resp in responses:
+                    if resp.final:
                         break
-            if result is None:
+            except asyncio.CancelledError:
+                if resp is None or not resp.final:
+                    responses.cancel()
+                raise
+            except Exception as exc:
+                raise to_error(exc) from None
+            if resp is None:
                 raise InternalError(f"model '{req.model}' returned no response")
+            result = self._result(req, resp)
             if result.error is not None:
                 raise result.error
         except BaseException:
@@ -860,18 +870,9 @@ class DataPlane:
             raise
         return result
 
-    async def stream(self, req: InferRequest, model: Model | None = None,
-                     own_trace: bool = True) -> AsyncGenerator[InferResult, None]:
-        """Run one request and yield each response as it arrives (decoupled or not).
-
-        A response-level error is yielded as ``InferResult.error``; an error before the model
-        runs (validation, unknown model) is raised. If the consumer is cancelled (the client
-        went away) the request is cancelled in the server too. A sampled request's trace is in
-        ``req.trace``; it is finished here when the stream ends, unless ``own_trace`` is false
-        (the caller adds its send timestamps, then finishes it).
-        """
-        if model is None:
-            model = self.model(req.model, req.version)
+    async def _start(self, req: InferRequest, model: Model, own_trace: bool) -> AsyncResponseStream:
+        """Check and submit ``req``; its model's response stream. A sampled request's trace is
+        put in ``req.trace`` (finished here if the request fails to start and ``own_trace``)."""
         self.check_outputs(req)
         names = [o.name for o in req.outputs] if req.outputs is not None else None
         large = False
@@ -900,6 +901,22 @@ class DataPlane:
         # The request's inputs may be views of the HTTP body or a client's shm window; the
         # server has its own copy by now, so drop ours (lets an unregister unmap at once).
         req.inputs = {}
+        return responses
+
+    async def stream(self, req: InferRequest, model: Model | None = None,
+                     own_trace: bool = True) -> AsyncGenerator[InferResult, None]:
+        """Run one request and yield each response as it arrives (decoupled or not).
+
+        A response-level error is yielded as ``InferResult.error``; an error before the model
+        runs (validation, unknown model) is raised. If the consumer is cancelled (the client
+        went away) the request is cancelled in the server too. A sampled request's trace is in
+        ``req.trace``; it is finished here when the stream ends, unless ``own_trace`` is false
+        (the caller adds its send timestamps, then finishes it).
+        """
+        if model is None:
+            model = self.model(req.model, req.version)
+        responses = await self._start(req, model, own_trace)
+        trace = req.trace
         finished = False
         try:
             async for resp in responses:
@@ -939,7 +956,7 @@ class DataPlane:
         outs = []
         for name in order:
             t = tensors[name]
-            arr = t.to_numpy()
+            arr = t.view()  # only read from here on: serialized, classified or copied to shm
             spec = wanted.get(name)
             if spec is not None and spec.classification:
                 model = self.model(req.model, req.version)
