@@ -503,7 +503,11 @@ class GRPCService:
                     previous = turn
                     tasks.add(task)
                     task.add_done_callback(task_done)
-                while tasks:
+                # Once: no task is added after the requests end. Not until ``tasks`` is empty:
+                # their done callbacks empty it, and on Python 3.12+ gather() of tasks that are
+                # done returns without yielding to the loop, so a task whose callback had not
+                # run yet kept that loop spinning for ever (the whole frontend with it).
+                if tasks:
                     await asyncio.gather(*list(tasks), return_exceptions=True)
                 queue.put_nowait(_END)
             except Exception as exc:
