@@ -2,8 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 import threading
+import time
+import traceback
 from typing import Any, Callable
+
+log = logging.getLogger(__name__)
+
+#: The frame loop running nothing for this long is logged, with where its thread is. Nothing
+#: on it may wait (it reads every stub's answers and, under ``tritonpy serve``, serves every
+#: HTTP and gRPC request), so a loop that stops is a bug, and the log says where it is stuck
+#: instead of the server going silent.
+STALL_S = 5.0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -48,6 +60,50 @@ class FrameLoop:
                                             daemon=True)
             self._thread.start()
         self.loop = loop
+        # The stall watch (check_stall): when the ping now waiting for the loop was sent
+        # (None: none waits), whether this stall was logged, and the loop's thread.
+        self._ping_sent: float | None = None
+        self._stall_logged = False
+        self._ident = self._thread.ident if self._thread is not None else None
+        if self._ident is None:  # a given loop: its thread, as soon as it runs
+            loop.call_soon_threadsafe(self._learn_thread)
+
+    def _learn_thread(self) -> None:
+        self._ident = threading.get_ident()
+
+    def check_stall(self) -> None:
+        """Called about once a second from another thread (the server's maintenance): ping
+        the loop; log once when the ping has waited :data:`STALL_S`, with the stack of the
+        loop's thread, and again when the loop runs again."""
+        now = time.monotonic()
+        sent = self._ping_sent
+        if sent is None:
+            self._ping_sent = now
+            try:
+                self.loop.call_soon_threadsafe(self._pong, now)
+            except RuntimeError:  # the loop is closed: nothing to watch any more
+                self._ping_sent = None
+            return
+        if not self._stall_logged and now - sent >= STALL_S:
+            self._stall_logged = True
+            log.error("the event loop that reads the stubs' frames has run nothing for %.0f s "
+                      "(under tritonpy serve it also serves HTTP and gRPC: every request "
+                      "waits). Its thread is in:\n%s", now - sent, self._where())
+
+    def _pong(self, sent: float) -> None:
+        self._ident = threading.get_ident()
+        if self._stall_logged:
+            log.warning("the event loop that reads the stubs' frames runs again, after %.1f s",
+                        time.monotonic() - sent)
+            self._stall_logged = False
+        self._ping_sent = None
+
+    def _where(self) -> str:
+        ident = self._ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        if frame is None:
+            return "  (not known: the loop has not run since the server started)"
+        return "".join(traceback.format_stack(frame)).rstrip("\n")
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

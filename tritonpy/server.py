@@ -235,11 +235,13 @@ class Server:
         self.stop()
 
     def _maintain(self) -> None:
-        """Give idle host segments back and tell every stub to unmap them."""
+        """Every second: watch the frame loop for a stall, give idle host segments back and
+        tell every stub to unmap them."""
         while self._started and not self._stopping:
             time.sleep(1.0)
             if self._stopping:
                 return
+            self.frames.check_stall()
             self._give_back_idle(force=False)
 
     def _give_back_idle(self, force: bool) -> None:

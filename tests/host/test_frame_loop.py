@@ -4,6 +4,7 @@ gives its HTTP/gRPC loop), or a thread of the server's own. Real stubs throughou
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 import tritonpy
+import tritonpy._loop
 from _models import fp32, infer, segments, serving, wait_until, write_model
 from tritonpy._loop import new_event_loop
 from tritonpy.shm import Cmd
@@ -148,3 +150,34 @@ def test_starting_a_server_on_the_loop_it_reads_on_is_refused(
     finally:
         server.stop()
     assert segments(shm_prefix) == []
+
+
+def test_a_frame_loop_that_runs_nothing_is_logged_with_where_it_is_stuck(
+        tmp_path: Path, shm_prefix: str, running_loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    # Every stub's answers (and, under tritonpy serve, every HTTP and gRPC request) wait while
+    # that loop is stuck: the server says so, and where, rather than going silent.
+    monkeypatch.setattr(tritonpy._loop, "STALL_S", 1.0)
+    write_model(tmp_path, "crashy", CRASHY_PY)
+    with serving(tmp_path, shm_prefix, loop=running_loop) as server:
+        model = server.model("crashy")
+        assert infer(model, {"IN": fp32(1)}).error is None
+        caplog.set_level(logging.WARNING, logger="tritonpy._loop")
+        release = threading.Event()
+
+        def a_callback_that_blocks_the_loop() -> None:
+            release.wait(20)
+
+        running_loop.call_soon_threadsafe(a_callback_that_blocks_the_loop)
+        try:
+            wait_until(lambda: any("has run nothing for" in r.message for r in caplog.records),
+                       10, "the stall to be logged")
+        finally:
+            release.set()
+        stalled = [r for r in caplog.records if "has run nothing for" in r.message]
+        assert len(stalled) == 1 and stalled[0].levelno == logging.ERROR
+        assert "a_callback_that_blocks_the_loop" in stalled[0].message  # where it is stuck
+        wait_until(lambda: any("runs again, after" in r.message for r in caplog.records),
+                   10, "the recovery to be logged")
+        answer = infer(model, {"IN": fp32(2)})
+        assert answer.error is None and answer.outputs["OUT"].to_numpy().tolist() == [4.0]
