@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from tritonpy._loop import StallWatch
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
 from tritonpy.shm.channel import EMPTY
@@ -140,6 +141,10 @@ class StubRuntime:
         self.phase = "starting"  # starting | initialize | ready | finalize
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
+        # The loop of ``async def execute`` must not block (every request of this instance
+        # waits meanwhile): a stall is logged (loop-stall-seconds), checked by _maintain.
+        self._stall_s = float(options.get("loop_stall_s", 0.0))
+        self._async_watch: StallWatch | None = None
         self.max_async = 1
         self._forked = False  # True in a process the model forked
         # Sync BLS waits poll before sleeping (see _await); not on a single CPU, where the
@@ -436,7 +441,18 @@ class StubRuntime:
         return waiter.items.popleft() if take else None
 
     def _maintain(self) -> None:
+        if self._async_watch is not None:
+            self._async_watch.check()
         self._give_back_idle(force=False)
+
+    def _async_stalled(self, seconds: float, where: str | None) -> None:
+        if where is None:
+            self.log(1, f"the event loop of async def execute runs again, after {seconds:.1f} s")
+        else:
+            self.log(1, f"the event loop of async def execute has run nothing for {seconds:.0f} s: "
+                        "something on it blocks instead of awaiting (a time.sleep, a blocking "
+                        "call, a long computation: run those with asyncio.to_thread), and every "
+                        f"request of this instance waits. Its thread is in:\n{where}")
 
     def _give_back_idle(self, force: bool = True) -> None:
         """Unlink this stub's segments idle for their idle time (``force``: every idle one,
@@ -821,6 +837,8 @@ class StubRuntime:
 
         threading.Thread(target=run, name="stub-async", daemon=True).start()
         started.wait()
+        self._async_watch = StallWatch(loop, self._stall_s, self._async_stalled,
+                                       self._async_thread)
         self._async_loop = loop
 
     # -- calls to the host: BLS, model loading, metrics ---------------------------------------

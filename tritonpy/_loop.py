@@ -11,11 +11,76 @@ from typing import Any, Callable
 
 log = logging.getLogger(__name__)
 
-#: The frame loop running nothing for this long is logged, with where its thread is. Nothing
-#: on it may wait (it reads every stub's answers and, under ``tritonpy serve``, serves every
-#: HTTP and gRPC request), so a loop that stops is a bug, and the log says where it is stuck
-#: instead of the server going silent.
+#: Default of the ``loop-stall-seconds`` backend option: an event loop of the host or of a
+#: stub's ``async def execute`` that runs nothing for this long is logged, with where its
+#: thread is.
 STALL_S = 5.0
+
+
+class StallWatch:
+    """Watches an event loop from another thread for a stall: nothing it runs may block.
+
+    :meth:`check`, called about once a second, pings the loop. A ping that has waited
+    ``after`` seconds is reported once, through ``report(seconds, where)``: how long the loop
+    has run nothing, and the stack of its thread. The loop's next turn reports the end of the
+    stall, ``where`` None.
+
+    Args:
+        loop: the loop to watch.
+        after: seconds (0 or less: never report).
+        report: called on the checking thread for a stall, on the loop for its end.
+        ident: the loop's thread (None: learnt as soon as the loop runs).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after: float,
+                 report: Callable[[float, str | None], None], ident: int | None = None) -> None:
+        self.loop = loop
+        self.after = after
+        self._report = report
+        self._ident = ident
+        # When the ping now waiting for the loop was sent (None: none waits); whether this
+        # stall was reported.
+        self._sent: float | None = None
+        self._reported = False
+        if ident is None and after > 0:
+            try:
+                loop.call_soon_threadsafe(self._learn_thread)
+            except RuntimeError:  # closed already: nothing to watch
+                pass
+
+    def _learn_thread(self) -> None:
+        self._ident = threading.get_ident()
+
+    def check(self) -> None:
+        """Ping the loop; report a ping that waited too long (see the class)."""
+        if self.after <= 0:
+            return
+        now = time.monotonic()
+        sent = self._sent
+        if sent is None:
+            self._sent = now
+            try:
+                self.loop.call_soon_threadsafe(self._pong, now)
+            except RuntimeError:  # the loop is closed
+                self._sent = None
+            return
+        if not self._reported and now - sent >= self.after:
+            self._reported = True
+            self._report(now - sent, self._where())
+
+    def _pong(self, sent: float) -> None:
+        self._ident = threading.get_ident()
+        if self._reported:
+            self._reported = False
+            self._report(time.monotonic() - sent, None)
+        self._sent = None
+
+    def _where(self) -> str:
+        ident = self._ident
+        frame = sys._current_frames().get(ident) if ident is not None else None
+        if frame is None:
+            return "  (not known: the loop has not run since it was started)"
+        return "".join(traceback.format_stack(frame)).rstrip("\n")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -50,9 +115,12 @@ class FrameLoop:
 
     Args:
         loop: a running loop to read on, which outlives every stub (None: a loop of its own).
+        stall_s: a loop that runs nothing for this long is logged (:class:`StallWatch`, which
+            the server's maintenance checks; 0: never).
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
+                 stall_s: float = STALL_S) -> None:
         self._thread: threading.Thread | None = None
         if loop is None:
             loop = new_event_loop()
@@ -60,50 +128,18 @@ class FrameLoop:
                                             daemon=True)
             self._thread.start()
         self.loop = loop
-        # The stall watch (check_stall): when the ping now waiting for the loop was sent
-        # (None: none waits), whether this stall was logged, and the loop's thread.
-        self._ping_sent: float | None = None
-        self._stall_logged = False
-        self._ident = self._thread.ident if self._thread is not None else None
-        if self._ident is None:  # a given loop: its thread, as soon as it runs
-            loop.call_soon_threadsafe(self._learn_thread)
+        self.stall = StallWatch(loop, stall_s, self._stalled,
+                                self._thread.ident if self._thread is not None else None)
 
-    def _learn_thread(self) -> None:
-        self._ident = threading.get_ident()
-
-    def check_stall(self) -> None:
-        """Called about once a second from another thread (the server's maintenance): ping
-        the loop; log once when the ping has waited :data:`STALL_S`, with the stack of the
-        loop's thread, and again when the loop runs again."""
-        now = time.monotonic()
-        sent = self._ping_sent
-        if sent is None:
-            self._ping_sent = now
-            try:
-                self.loop.call_soon_threadsafe(self._pong, now)
-            except RuntimeError:  # the loop is closed: nothing to watch any more
-                self._ping_sent = None
-            return
-        if not self._stall_logged and now - sent >= STALL_S:
-            self._stall_logged = True
-            log.error("the event loop that reads the stubs' frames has run nothing for %.0f s "
-                      "(under tritonpy serve it also serves HTTP and gRPC: every request "
-                      "waits). Its thread is in:\n%s", now - sent, self._where())
-
-    def _pong(self, sent: float) -> None:
-        self._ident = threading.get_ident()
-        if self._stall_logged:
+    @staticmethod
+    def _stalled(seconds: float, where: str | None) -> None:
+        if where is None:
             log.warning("the event loop that reads the stubs' frames runs again, after %.1f s",
-                        time.monotonic() - sent)
-            self._stall_logged = False
-        self._ping_sent = None
-
-    def _where(self) -> str:
-        ident = self._ident
-        frame = sys._current_frames().get(ident) if ident is not None else None
-        if frame is None:
-            return "  (not known: the loop has not run since the server started)"
-        return "".join(traceback.format_stack(frame)).rstrip("\n")
+                        seconds)
+        else:
+            log.error("the event loop that reads the stubs' frames has run nothing for %.0f s: "
+                      "every stub's answers wait, and under tritonpy serve every HTTP and gRPC "
+                      "request. Its thread is in:\n%s", seconds, where)
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

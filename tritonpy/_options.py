@@ -29,6 +29,9 @@ class BackendOptions:
     # An instance of a sync default-mode model without a batcher whose recent executes took
     # less than this on average gets its next request while its execute runs; 0 turns it off.
     execute_prefetch_microseconds: float = 1000.0
+    # An event loop of the host, or of a stub's async def execute, that runs nothing for this
+    # long is logged with where its thread is; 0 turns the watch off.
+    loop_stall_seconds: float = 5.0
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, str] | None) -> BackendOptions:
@@ -65,6 +68,9 @@ class BackendOptions:
         if not 0 <= opts.execute_prefetch_microseconds <= 1e9:
             raise InvalidArgumentError("execute-prefetch-microseconds must be between 0 and "
                                        f"1000000000, got {opts.execute_prefetch_microseconds:g}")
+        if opts.loop_stall_seconds < 0:
+            raise InvalidArgumentError(
+                f"loop-stall-seconds must be >= 0, got {opts.loop_stall_seconds:g}")
         if not opts.shm_region_prefix_name.replace("_", "a").replace("-", "a").isalnum():
             raise InvalidArgumentError(
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "

@@ -173,7 +173,7 @@ class Server:
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False, device_refs=True)
-        self.frames = FrameLoop(self._loop)
+        self.frames = FrameLoop(self._loop, self.options.loop_stall_seconds)
         self.pool.on_exhausted = self._reclaim
         self._reclaim_sent = 0.0
         self._started = True
@@ -241,7 +241,7 @@ class Server:
             time.sleep(1.0)
             if self._stopping:
                 return
-            self.frames.check_stall()
+            self.frames.stall.check()
             self._give_back_idle(force=False)
 
     def _give_back_idle(self, force: bool) -> None:

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import tritonpy
-import tritonpy._loop
 from _models import fp32, infer, segments, serving, wait_until, write_model
 from tritonpy._loop import new_event_loop
 from tritonpy.shm import Cmd
@@ -154,12 +153,12 @@ def test_starting_a_server_on_the_loop_it_reads_on_is_refused(
 
 def test_a_frame_loop_that_runs_nothing_is_logged_with_where_it_is_stuck(
         tmp_path: Path, shm_prefix: str, running_loop: asyncio.AbstractEventLoop,
-        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture) -> None:
     # Every stub's answers (and, under tritonpy serve, every HTTP and gRPC request) wait while
     # that loop is stuck: the server says so, and where, rather than going silent.
-    monkeypatch.setattr(tritonpy._loop, "STALL_S", 1.0)
     write_model(tmp_path, "crashy", CRASHY_PY)
-    with serving(tmp_path, shm_prefix, loop=running_loop) as server:
+    with serving(tmp_path, shm_prefix, loop=running_loop,
+                 backend_config={"loop-stall-seconds": "1"}) as server:
         model = server.model("crashy")
         assert infer(model, {"IN": fp32(1)}).error is None
         caplog.set_level(logging.WARNING, logger="tritonpy._loop")
