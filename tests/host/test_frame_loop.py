@@ -180,3 +180,12 @@ def test_a_frame_loop_that_runs_nothing_is_logged_with_where_it_is_stuck(
                    10, "the recovery to be logged")
         answer = infer(model, {"IN": fp32(2)})
         assert answer.error is None and answer.outputs["OUT"].to_numpy().tolist() == [4.0]
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1", "loop-stall-seconds must be >= 0, got -1"),
+    ("long", "backend option 'loop-stall-seconds' expects a number, got 'long'"),
+])
+def test_a_bad_loop_stall_option_is_refused(tmp_path: Path, value: str, message: str) -> None:
+    with pytest.raises(tritonpy.InvalidArgumentError, match=message):
+        tritonpy.Server(str(tmp_path), backend_config={"loop-stall-seconds": value})
