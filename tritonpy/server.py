@@ -241,8 +241,11 @@ class Server:
             time.sleep(1.0)
             if self._stopping:
                 return
-            self.frames.stall.check()
-            self._give_back_idle(force=False)
+            try:
+                self.frames.stall.check()
+                self._give_back_idle(force=False)
+            except Exception:  # logged, and the next second tries again: never a silent end
+                log.exception("server maintenance failed")
 
     def _give_back_idle(self, force: bool) -> None:
         """Unlink the host's idle segments (``force``: all of them, now) and tell the stubs."""

@@ -189,3 +189,24 @@ def test_a_frame_loop_that_runs_nothing_is_logged_with_where_it_is_stuck(
 def test_a_bad_loop_stall_option_is_refused(tmp_path: Path, value: str, message: str) -> None:
     with pytest.raises(tritonpy.InvalidArgumentError, match=message):
         tritonpy.Server(str(tmp_path), backend_config={"loop-stall-seconds": value})
+
+
+def test_a_failing_maintenance_tick_is_logged_and_the_next_one_runs(
+        tmp_path: Path, shm_prefix: str, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The thread that watches the loop and gives idle segments back must not end in silence
+    # on one error (fault injected into the real pool's reap).
+    with serving(tmp_path, shm_prefix) as server:
+        calls: list[bool] = []
+        real = server.pool.reap
+
+        def reap(force: bool) -> Any:
+            calls.append(force)
+            if len(calls) == 1:
+                raise OSError("injected: /dev/shm went away")
+            return real(force)
+
+        monkeypatch.setattr(server.pool, "reap", reap)
+        wait_until(lambda: len(calls) >= 2, 10, "the tick after the failing one")
+    failed = [r for r in caplog.records if r.getMessage() == "server maintenance failed"]
+    assert len(failed) == 1 and "injected" in (failed[0].exc_text or "")
