@@ -247,7 +247,7 @@ class _Pacing:
         if taken:
             self._ack(taken)
         if arm and self._timers is not None:
-            self._timers.at(time.monotonic() + STALLED_S, self._check_stalled)
+            self._timers.at(time.monotonic() + HELD_STALLED_S, self._check_stalled)
 
     def _ack(self, taken: int) -> None:
         req = self.request
@@ -256,15 +256,15 @@ class _Pacing:
 
     def _check_stalled(self) -> None:
         """While the model waits: cancel the request of a consumer that took nothing for
-        STALLED_S (its model would otherwise wait for ever)."""
+        HELD_STALLED_S (its model would otherwise wait for ever)."""
         req = self.request
         idle = time.monotonic() - self._last_take
         with self._pace_lock:
-            stalled = self._held and req is not None and idle >= STALLED_S
+            stalled = self._held and req is not None and idle >= HELD_STALLED_S
             self._stall_armed = self._held and req is not None and not stalled
         if self._stall_armed:
             assert self._timers is not None
-            self._timers.at(time.monotonic() + STALLED_S - idle, self._check_stalled)
+            self._timers.at(time.monotonic() + HELD_STALLED_S - idle, self._check_stalled)
         elif stalled:
             assert req is not None
             req.cancel(f"the client did not read its responses: it took none for {idle:.0f} s "
@@ -318,10 +318,14 @@ class ResponseStream(_Pacing):
 #: gRPC stream is one) keeps at most this many bytes of tensors, and this many responses, that
 #: the consumer has not taken yet; the model's next ``response_sender.send`` waits there until
 #: the consumer took half of them. A model thus streams at its client's pace, and its shared
-#: memory stays bounded. A consumer that takes nothing for ``STALLED_S`` while the model waits
-#: has its request cancelled, as below.
+#: memory stays bounded.
 HOLD_BYTES = 32 << 20
 HOLD_RESPONSES = 4096
+#: A consumer that takes nothing for this long while the model waits has its request
+#: cancelled, as below (its model would otherwise wait for ever). Nothing grows meanwhile, so
+#: this is long: a consumer that pauses, or reads several streams one after the other, keeps
+#: them. It matches the HTTP frontend's disconnection of a client that reads nothing.
+HELD_STALLED_S = 60.0
 #: A response stream whose consumer lets more than this many responses, or this many bytes of
 #: their tensors, wait and takes none of them for ``STALLED_S`` seconds (a client that stopped
 #: reading its decoupled stream), or lets 4 times as many wait whatever it takes, has its

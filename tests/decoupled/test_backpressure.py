@@ -5,7 +5,7 @@ The stub running a decoupled request of ``Model.async_infer`` (every HTTP and gR
 has not taken yet: past that, the model's next ``response_sender.send()`` waits until the
 consumer has taken half of them, as the host acknowledges. So a fast producer and a slow
 client no longer fill shared memory with responses nobody reads yet. A consumer that stops
-reading altogether has its request cancelled after ``STALLED_S``, and the waiting model goes on
+reading altogether has its request cancelled after ``HELD_STALLED_S``, and the waiting model goes on
 (it sees ``is_cancelled()``).
 
 The limits are lowered here (the host runs in this process) so that a few MiB show it.
@@ -154,10 +154,10 @@ def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkey
 def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
         tmp_path, shm_prefix, monkeypatch) -> None:
     """The consumer takes two responses and stops: the model waits in send() until the request
-    is cancelled STALLED_S later, then sees is_cancelled() and ends; the consumer, reading
+    is cancelled HELD_STALLED_S later, then sees is_cancelled() and ends; the consumer, reading
     again, gets what waited, then the error. The instance then serves the next request."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
-    monkeypatch.setattr(_request, "STALLED_S", 0.5)
+    monkeypatch.setattr(_request, "HELD_STALLED_S", 0.5)
     write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
     with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
         model = srv.model("flood")
@@ -195,6 +195,27 @@ def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
         assert "the client did not read its responses" in error, error
         assert taken < 20, f"{taken} responses: the model was not held"
         assert stream_to(model, 3, 0, how="sync") == ([0, 1, 2], 3)
+
+
+def test_a_consumer_that_pauses_while_the_model_waits_keeps_its_stream(
+        tmp_path, shm_prefix, monkeypatch) -> None:
+    """A pause is not an abandon: the consumer reads two responses, reads nothing for 6 s
+    (longer than the 5 s after which a held stream used to be cancelled; nothing grows
+    meanwhile) while the model waits in send(), then reads on and gets all of them, in order.
+    Only the hold limit is lowered here, not HELD_STALLED_S."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        stream = srv.model("flood").infer(inputs(40))
+        numbers: list[int] = []
+        sent = -1
+        for _ in range(2):
+            sent = max(sent, _number(stream.get(timeout=30), numbers))
+        time.sleep(6.0)
+        assert stub_peak(srv) <= 12 * MiB  # the model was held, not sending all 40 MiB
+        for resp in stream:
+            sent = max(sent, _number(resp, numbers))
+        assert numbers == list(range(40)) and sent == 40
 
 
 # FLOOD_PY's model with an ``async def execute`` (one thread: its event loop's), up to 2 at once;

@@ -1048,14 +1048,15 @@ def test_a_stream_client_that_does_not_read_gets_its_request_cancelled(
         served: Served, monkeypatch: pytest.MonkeyPatch, rule: str, hard: int, stalled_s: float,
         most: int) -> None:
     """A decoupled model streams to a client that stopped reading: once more than the limit
-    waits for it (4 MiB here, 256 MiB by default) and it takes nothing for a while (1 s here,
-    5 s by default), or 4 times as much waits, the request is cancelled, the model stops (it checks is_cancelled()), and
+    waits for it (4 MiB here, 256 MiB by default) and it takes nothing for a while (1 s here;
+    5 s by default, 60 s once the model waits for it to read), or 4 times as much waits, the request is cancelled, the model stops (it checks is_cancelled()), and
     the client, once it reads again, gets what waited, then the error. The host's memory no
     longer grows for as long as the model sends. A client that reads slowly gets it all."""
     from tritonpy import _request
 
     monkeypatch.setattr(_request, "MAX_WAITING_BYTES", 4 << 20)
     monkeypatch.setattr(_request, "STALLED_S", stalled_s)
+    monkeypatch.setattr(_request, "HELD_STALLED_S", stalled_s)  # once the model waits (paced)
     monkeypatch.setattr(_request, "_HARD", hard)
 
     def executions() -> int:  # the model's execute returns once it sees is_cancelled()
