@@ -83,6 +83,18 @@ class StallWatch:
         return "".join(traceback.format_stack(frame)).rstrip("\n")
 
 
+def log_stalls(what: str, consequence: str) -> Callable[[float, str | None], None]:
+    """A :class:`StallWatch` report to the host log: the stall at ERROR (``what`` has run
+    nothing for so long: ``consequence``, and where its thread is), its end at WARNING."""
+    def report(seconds: float, where: str | None) -> None:
+        if where is None:
+            log.warning("%s runs again, after %.1f s", what, seconds)
+        else:
+            log.error("%s has run nothing for %.0f s: %s. Its thread is in:\n%s", what, seconds,
+                      consequence, where)
+    return report
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop's loop (about 60-80 µs of CPU less per HTTP request than asyncio's own on a
     2-vCPU machine), or asyncio's where uvloop is not installed."""
@@ -128,18 +140,12 @@ class FrameLoop:
                                             daemon=True)
             self._thread.start()
         self.loop = loop
-        self.stall = StallWatch(loop, stall_s, self._stalled,
-                                self._thread.ident if self._thread is not None else None)
-
-    @staticmethod
-    def _stalled(seconds: float, where: str | None) -> None:
-        if where is None:
-            log.warning("the event loop that reads the stubs' frames runs again, after %.1f s",
-                        seconds)
-        else:
-            log.error("the event loop that reads the stubs' frames has run nothing for %.0f s: "
-                      "every stub's answers wait, and under tritonpy serve every HTTP and gRPC "
-                      "request. Its thread is in:\n%s", seconds, where)
+        self.stall = StallWatch(
+            loop, stall_s,
+            log_stalls("the event loop that reads the stubs' frames",
+                       "every stub's answers wait, and under tritonpy serve every HTTP and gRPC "
+                       "request"),
+            self._thread.ident if self._thread is not None else None)
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

@@ -34,7 +34,7 @@ from ._errors import (
     UnavailableError,
     input_twice,
 )
-from ._loop import FrameLoop
+from ._loop import FrameLoop, StallWatch
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
@@ -149,6 +149,8 @@ class Server:
         self._started = False
         self._stopping = False
         self._maint: threading.Thread | None = None
+        # Other event loops whose stalls the maintenance watches too (watch_loop).
+        self._loop_watches: list[StallWatch] = []
         # After stop(): the model versions whose in-flight requests outlasted exit_timeout.
         self.cut_short: list[str] = []
 
@@ -243,9 +245,21 @@ class Server:
                 return
             try:
                 self.frames.stall.check()
+                for watch in list(self._loop_watches):
+                    watch.check()
                 self._give_back_idle(force=False)
             except Exception:  # logged, and the next second tries again: never a silent end
                 log.exception("server maintenance failed")
+
+    def watch_loop(self, watch: StallWatch) -> None:
+        """Have the maintenance thread check ``watch`` every second too (e.g. the loop of
+        :meth:`Frontends.start_in_thread <tritonpy.frontends.Frontends.start_in_thread>`)."""
+        self._loop_watches.append(watch)
+
+    def unwatch_loop(self, watch: StallWatch) -> None:
+        """Stop checking ``watch`` (its loop is about to stop)."""
+        if watch in self._loop_watches:
+            self._loop_watches.remove(watch)
 
     def _give_back_idle(self, force: bool) -> None:
         """Unlink the host's idle segments (``force``: all of them, now) and tell the stubs."""

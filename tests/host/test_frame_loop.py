@@ -7,6 +7,7 @@ import asyncio
 import logging
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import tritonpy
-from _models import fp32, infer, segments, serving, wait_until, write_model
+from _models import fp32, infer, segments, serving, serving_frontends, wait_until, write_model
 from tritonpy._loop import new_event_loop
 from tritonpy.shm import Cmd
 
@@ -210,3 +211,33 @@ def test_a_failing_maintenance_tick_is_logged_and_the_next_one_runs(
         wait_until(lambda: len(calls) >= 2, 10, "the tick after the failing one")
     failed = [r for r in caplog.records if r.getMessage() == "server maintenance failed"]
     assert len(failed) == 1 and "injected" in (failed[0].exc_text or "")
+
+
+def test_the_frontends_own_loop_is_watched_too(tmp_path: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    # Frontends.start_in_thread (an embedder's HTTP/gRPC on a loop of their own): a stall there
+    # stops every HTTP and gRPC request, and is reported as the frame loop's is.
+    write_model(tmp_path, "crashy", CRASHY_PY)
+    with serving_frontends(tmp_path, backend_config={"loop-stall-seconds": "1"}) as (server, fe):
+        caplog.set_level(logging.WARNING, logger="tritonpy._loop")
+        release = threading.Event()
+
+        def a_handler_that_blocks_the_frontends() -> None:
+            release.wait(20)
+
+        fe._loop.call_soon_threadsafe(a_handler_that_blocks_the_frontends)
+        try:
+            wait_until(lambda: any("has run nothing" in r.getMessage() for r in caplog.records),
+                       10, "the stall to be logged")
+        finally:
+            release.set()
+        wait_until(lambda: any("runs again" in r.getMessage() for r in caplog.records), 10,
+                   "its end to be logged")
+        ready = urllib.request.urlopen(f"http://127.0.0.1:{fe.http_port}/v2/health/ready",
+                                       timeout=10)
+        assert ready.status == 200
+    stalled = [r.getMessage() for r in caplog.records if "has run nothing" in r.getMessage()]
+    assert len(stalled) == 1
+    assert stalled[0].startswith("the event loop of the HTTP and gRPC frontends has run nothing")
+    assert "a_handler_that_blocks_the_frontends" in stalled[0]
+    assert server._loop_watches == []  # the frontends stopped: no longer watched

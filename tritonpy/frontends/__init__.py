@@ -12,7 +12,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from .._loop import new_event_loop, run_loop
+from .._loop import StallWatch, log_stalls, new_event_loop, run_loop
 from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
 from ._http2 import KeepAlive
 from .grpc import GRPCFrontend
@@ -112,6 +112,7 @@ class Frontends:
                                         metrics_interval_ms) if allow_metrics else None)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._stall: StallWatch | None = None  # the private loop's, while it runs
         self._started: list[Any] = []
 
     @property
@@ -173,6 +174,7 @@ class Frontends:
             loop = new_event_loop()
             self._loop = loop
             asyncio.set_event_loop(loop)
+            self._watch_loop(loop)
             try:
                 loop.run_until_complete(self.start())
             except BaseException as exc:
@@ -193,6 +195,7 @@ class Frontends:
         if failure:
             self._thread.join()
             self._thread = None
+            self._unwatch_loop()
             raise failure[0]
         return self
 
@@ -205,10 +208,29 @@ class Frontends:
         try:
             fut.result(self.exit_timeout + 10)
         finally:
+            self._unwatch_loop()
             loop.call_soon_threadsafe(loop.stop)
             thread.join()
             self._thread = None
             self._loop = None
+
+    def _watch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the private loop's thread: have the server's maintenance watch it for stalls, as
+        it watches its own frame loop (under ``tritonpy serve`` they are one loop)."""
+        watch_loop = getattr(self.server, "watch_loop", None)
+        options = getattr(self.server, "options", None)
+        if watch_loop is None or options is None:
+            return
+        self._stall = StallWatch(loop, options.loop_stall_seconds,
+                                 log_stalls("the event loop of the HTTP and gRPC frontends",
+                                            "every HTTP and gRPC request waits"),
+                                 threading.get_ident())
+        watch_loop(self._stall)
+
+    def _unwatch_loop(self) -> None:
+        watch, self._stall = self._stall, None
+        if watch is not None:
+            self.server.unwatch_loop(watch)
 
     def __enter__(self) -> Frontends:
         return self.start_in_thread()
