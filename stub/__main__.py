@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import json
 import os
 import signal
@@ -31,6 +32,11 @@ def main() -> int:
     # that died of it would fail the very requests the host is draining.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # A crash in native code (a segfault in a library the model calls) prints the Python stack
+    # of the thread that crashed to stderr, whose last lines the host puts in the error of
+    # every request the stub had: it says which line of model.py it was. (Triton's stub dies
+    # without a word.) That thread only: the tail keeps a few lines.
+    faulthandler.enable(all_threads=False)
     sock = socket.socket(fileno=fd)
     from ._runtime import StubRuntime
 

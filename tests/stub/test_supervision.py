@@ -142,6 +142,10 @@ def test_dead_stub_fails_its_batch_and_is_restarted(repo, tmp_path, shm_prefix, 
             assert f"stub process 'crashy_0_0' (pid {first['pid']}) {DEATHS[how]}" in msg
             assert "last stderr lines:" in msg
             assert f"crashy crashy_0_0: about to {how}, batch of 4" in msg
+            if how == "segfault":  # where: the model's line, from the crashing thread's stack
+                assert "Fatal Python error: Segmentation fault" in msg
+                line = CRASHY_PY.splitlines().index("            ctypes.string_at(0)") + 1
+                assert f"crashy/1/model.py\", line {line} in execute" in msg, msg
         assert not psutil.pid_exists(first["pid"]) or \
             psutil.Process(first["pid"]).status() == psutil.STATUS_ZOMBIE
         # Back to ready; the queued request and new ones are served by a new process.
