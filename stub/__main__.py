@@ -37,6 +37,9 @@ def main() -> int:
     # every request the stub had: it says which line of model.py it was. (Triton's stub dies
     # without a word.) That thread only: the tail keeps a few lines.
     faulthandler.enable(all_threads=False)
+    # ``kill -USR1 <stub pid>``: where every thread of the model is (into the host's log,
+    # tagged with the model and instance), and the stub goes on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sock = socket.socket(fileno=fd)
     from ._runtime import StubRuntime
 

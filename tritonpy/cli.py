@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -526,6 +527,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m%d %H:%M:%S"))
+    # Where the log goes, a crash of the server prints every thread's stack, and so does
+    # SIGUSR1 at any time (``kill -USR1 <pid>``: where a server that seems stuck is; it goes on
+    # serving).
+    stream: Any = getattr(handler, "stream", sys.stderr)
+    try:
+        faulthandler.enable(file=stream, all_threads=True)
+        faulthandler.register(signal.SIGUSR1, file=stream, all_threads=True)
+    except (AttributeError, OSError, ValueError):  # a stream without a file descriptor
+        pass
     root = logging.getLogger()
     root.addHandler(handler)
     root.setLevel(logging.INFO)

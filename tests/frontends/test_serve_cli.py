@@ -571,3 +571,21 @@ def test_grpc_keepalive_flags_reach_the_grpc_server(serve: Callable[..., Serve],
         refused = serve("--model-repository", str(repo), flag, "-1")
         assert refused.wait(START_TIMEOUT) != 0
         assert f"{flag} must be >= 0, got -1" in refused.log(), refused.log()
+
+
+def test_sigusr1_logs_where_every_thread_is_and_the_server_goes_on(
+        serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # kill -USR1: the stacks of a server that seems stuck, without stopping it.
+    (tmp_path / "empty").mkdir()
+    server = serve("--model-repository", str(tmp_path / "empty"), "--http-port", "0",
+                   "--grpc-port", "0", "--metrics-port", "0")
+    http = server.endpoints()["HTTP"]
+    server.proc.send_signal(signal.SIGUSR1)
+    wait_until(lambda: "Current thread" in server.log(), 10, "the stacks in the log")
+    log = server.log()
+    assert re.search(r'File ".*tritonpy/cli\.py", line \d+ in main', log), log[-3000:]
+    assert "tritonpy-maint" in log or "_maintain" in log  # every thread, not only the main one
+    with urllib.request.urlopen(f"http://{http}/v2/health/ready", timeout=10) as ready:
+        assert ready.status == 200
+    server.proc.send_signal(signal.SIGINT)
+    assert server.wait(30) == 0

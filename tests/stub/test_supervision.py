@@ -10,7 +10,9 @@ that ends in any way leaves no stub behind, and the next start sweeps its segmen
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -509,3 +511,22 @@ def test_stop_while_a_dead_stub_restarts_leaves_no_stub(tmp_path, shm_prefix, mo
         finally:
             release.set()
             stopper.join(timeout=30)
+
+
+def test_sigusr1_to_a_stub_logs_where_the_models_threads_are(
+        repo, shm_prefix, tmp_path, caplog: pytest.LogCaptureFixture) -> None:
+    # kill -USR1 <stub pid> while a request runs in execute: every thread's stack reaches the
+    # host log, tagged with the instance, down to the model's line; the request completes.
+    caplog.set_level(logging.INFO, logger="tritonpy.model.crashy")
+    with serving(repo, shm_prefix) as srv:
+        model = srv.model("crashy")
+        pid = ok(model)["pid"]
+        busy = model.infer({"IN": X}, parameters={"mode": "busy", "seconds": 2.0,
+                                                  "gate": ""})
+        assert wait_for(lambda: "about to busy" in caplog.text, timeout=15)
+        os.kill(pid, signal.SIGUSR1)
+        assert wait_for(lambda: re.search(r'crashy/1/model\.py", line \d+ in execute',
+                                          caplog.text), timeout=15), caplog.text[-3000:]
+        assert "[crashy_0_0] Thread 0x" in caplog.text  # every thread, tagged
+        answer = busy.get(timeout=30)
+        assert answer.error is None and answer.parameters["pid"] == pid
