@@ -5,6 +5,7 @@ import dataclasses
 from typing import Mapping
 
 from ._errors import InvalidArgumentError
+from ._loop import STALL_S
 
 MiB = 1 << 20
 
@@ -31,7 +32,7 @@ class BackendOptions:
     execute_prefetch_microseconds: float = 1000.0
     # An event loop of the host, or of a stub's async def execute, that runs nothing for this
     # long is logged with where its thread is; 0 turns the watch off.
-    loop_stall_seconds: float = 5.0
+    loop_stall_seconds: float = STALL_S
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, str] | None) -> BackendOptions:
