@@ -199,21 +199,21 @@ class _Pacing:
     stub's model waits to send (HELD). Any thread may call in: a lock keeps the counts."""
 
     request: HostRequest | None
-
-    def _init_pacing(self) -> None:
-        self._pace_lock = threading.Lock()
-        self._timers: Timers | None = None  # the server's, once paced
-        self._taken = 0
-        self._acked = 0
-        self._bytes_since_ack = 0
-        self._held = False
-        self._last_take = time.monotonic()
-        self._stall_armed = False
+    # Unpaced (every default-mode request) until pace(), which sets up the rest: nothing of it
+    # is built per request on the hot path.
+    _timers: Timers | None = None  # the server's, once paced
+    _held = False
 
     def pace(self, req: HostRequest, timers: Timers) -> None:
         """Pace ``req``'s stub by this stream's consumer (a decoupled model's request)."""
-        req.pacer = self
+        self._pace_lock = threading.Lock()
+        self._taken = 0
+        self._acked = 0
+        self._bytes_since_ack = 0
+        self._last_take = time.monotonic()
+        self._stall_armed = False
         self._timers = timers
+        req.pacer = self
 
     def _took(self, nbytes: int, drained: bool) -> None:
         """The consumer took a response holding ``nbytes`` of tensors (``drained``: none is left
@@ -278,7 +278,6 @@ class ResponseStream(_Pacing):
         self._q: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
         self._finished = False
         self.request: HostRequest | None = None
-        self._init_pacing()
 
     def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
@@ -355,7 +354,6 @@ class AsyncResponseStream(_Pacing):
         self._waiter: asyncio.Future | None = None
         self._finished = False
         self.request: HostRequest | None = None
-        self._init_pacing()
 
     def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
@@ -368,11 +366,15 @@ class AsyncResponseStream(_Pacing):
         if final:
             self.request = None  # break the request <-> stream cycle, as ResponseStream does
             live = None
+        self._on_loop(self._push, resp, nbytes, live)
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """``fn(*args)`` on the stream's loop: now if this is it, else handed over (in order)."""
         if asyncio._get_running_loop() is self._loop:
-            self._push(resp, nbytes, live)
+            fn(*args)
             return
         try:
-            self._loop.call_soon_threadsafe(self._push, resp, nbytes, live)
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
@@ -418,13 +420,7 @@ class AsyncResponseStream(_Pacing):
 
     def held(self) -> None:
         # On the loop, in order with the pushes that came before it (each clears _held).
-        if asyncio._get_running_loop() is self._loop:
-            _Pacing.held(self)
-            return
-        try:
-            self._loop.call_soon_threadsafe(_Pacing.held, self)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
+        self._on_loop(_Pacing.held, self)
 
     def cancel(self) -> None:
         if self.request is not None:
