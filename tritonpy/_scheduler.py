@@ -17,7 +17,10 @@ passed under a DELAY policy after the others of their level); a batch grows up t
 batch that cannot reach the largest preferred size waits for the oldest request's
 ``max_queue_delay_microseconds`` (zero: never waits). A timer wakes the batcher exactly when
 the oldest request's delay ends, so no request waits longer than its delay for an instance
-that is free.
+that is free. A batch holds only requests whose variable-size inputs have the same shapes
+(apart from the batch dimension) unless the input allows a ragged batch, and, in a model with
+optional inputs, the same inputs: the first request that differs ends the batch, which is then
+sent at once, as Triton does (so a model may concatenate its requests' inputs).
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import collections
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
 
 from ._errors import TritonpyError, UnavailableError
 from .validation import request_prefix
@@ -49,6 +52,32 @@ def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostReq
         except ValueError:
             continue
     raise ValueError("request is not queued")
+
+
+def batch_key(config: Any) -> Callable[[HostRequest], Hashable] | None:
+    """What requests batched together must share, as a function of a request, or None when
+    any requests may share a batch.
+
+    As Triton's batchers: the shapes (batch dimension aside) of the inputs with a variable-size
+    dimension that do not set ``allow_ragged_batch``, and, in a model with an optional input,
+    which of the inputs the request has.
+    """
+    inputs = config.input
+    equal = frozenset(io.name for io in inputs
+                      if not io.allow_ragged_batch and any(d < 0 for d in io.dims))
+    declared = frozenset(io.name for io in inputs) if any(io.optional for io in inputs) else None
+    if not equal and declared is None:
+        return None
+
+    def key(req: HostRequest) -> Hashable:
+        shapes = tuple(sorted((name, tuple(arr.shape[1:])) for name, arr in req.inputs
+                              if name in equal))
+        if declared is None:
+            return shapes
+        # Control inputs a sequence batcher adds are not the request's own.
+        return shapes, frozenset(name for name, _ in req.inputs if name in declared)
+
+    return key
 
 
 def _free_instance(instances: list[Instance]) -> Instance | None:
@@ -183,6 +212,7 @@ class DynamicBatcher(Unbound):
             self.levels = [_Level(db.default_queue_policy)]
         self.n = 0  # entries in every level (done ones included until they are passed)
         self.waker = Waker(rt)
+        self.key = batch_key(rt.config)
         self.preserve = bool(db.preserve_ordering)
         self._order: collections.deque[list] = collections.deque()
         self._order_lock = threading.Lock()
@@ -347,6 +377,8 @@ class DynamicBatcher(Unbound):
         send_now = False
         oldest = 0
         preferred = self.preferred
+        key = self.key
+        first: Hashable = None
         for req in candidates:
             bs = req.batch_size or 1
             if pending:
@@ -355,6 +387,11 @@ class DynamicBatcher(Unbound):
                 if size + bs > self.max_batch:
                     send_now = True
                     break
+                if key is not None and key(req) != first:
+                    send_now = True  # a different shape ends the batch (Triton's rule)
+                    break
+            elif key is not None:
+                first = key(req)
             pending.append(req)
             size += bs
             if not oldest or req.t_enqueue < oldest:
@@ -424,4 +461,4 @@ def make_scheduler(rt: ModelRuntime) -> Any:
     return FifoScheduler(rt)
 
 
-__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "make_scheduler"]
+__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "make_scheduler"]

@@ -10,7 +10,10 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
 * A sequence has at most one request executing at a time, so its requests run in order.
   ``direct`` sends whatever slots are ready (waiting up to ``max_queue_delay_microseconds``
   for ``minimum_slot_utilization`` when that is set); ``oldest`` batches the ready sequences
-  oldest first, as the dynamic batcher does with ``preferred_batch_size`` and its delay.
+  oldest first, as the dynamic batcher does with ``preferred_batch_size`` and its delay. As in
+  the dynamic batcher, requests batched together have equal shapes (``batch_key``): with
+  ``direct`` a ready sequence whose request differs from the first one's waits for a later
+  batch; with ``oldest`` the first that differs ends the batch, sent at once.
 * The slot is freed when the END request has executed, or when the sequence was idle (nothing
   queued or executing) for ``max_sequence_idle_microseconds``; a later request of a freed
   sequence without START gets Triton's error.
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 
 from ._errors import InvalidArgumentError, TritonpyError
-from ._scheduler import Waker, remove_queued
+from ._scheduler import Waker, batch_key, remove_queued
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -138,6 +141,7 @@ class SequenceBatcher:
             self.preferred = frozenset()
             self.max_preferred = mbs
         self.idle_s = max(int(sb.max_sequence_idle_microseconds), 1) / 1e6
+        self.key = batch_key(rt.config)
         self.iterative = bool(sb.iterative_sequence)
         self.controls = _Controls(rt.config)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
@@ -370,7 +374,20 @@ class SequenceBatcher:
             # direct: a sequence's slot is its place in the batch, as Triton's batch index.
             ready.sort(key=lambda s: s.slot)
         chosen = ready[:self.max_batch]
-        if self.delay_ns:
+        cut = False
+        key = self.key
+        if key is not None and len(chosen) > 1:
+            first = key(chosen[0].pending[0])
+            if self.oldest:
+                # The first sequence whose request differs ends the batch, sent at once.
+                for i, s in enumerate(chosen):
+                    if key(s.pending[0]) != first:
+                        chosen, cut = chosen[:i], True
+                        break
+            else:
+                # direct: a slot whose request differs sits this batch out.
+                chosen = [s for s in chosen if key(s.pending[0]) == first]
+        if self.delay_ns and not cut:
             oldest = chosen[0].pending[0].t_enqueue
             if self.oldest:
                 wait = len(chosen) < self.max_preferred and len(chosen) not in self.preferred

@@ -129,10 +129,11 @@ class TritonPythonModel:
 
 
 def seq_config(strategy: str = "direct { }", controls: str = "", max_batch_size: int = 0,
-               instances: int = 1, idle_us: int = 0, extra: str = "") -> str:
-    """A SEQ_PY configuration: FP32 IN/OUT of one element, the given strategy and controls."""
+               instances: int = 1, idle_us: int = 0, extra: str = "", dims: str = "[ 1 ]") -> str:
+    """A SEQ_PY configuration: FP32 IN/OUT (of one element unless ``dims`` says), the given
+    strategy and controls."""
     idle = f"max_sequence_idle_microseconds: {idle_us}\n" if idle_us else ""
-    return io_config(max_batch_size, dims="[ 1 ]", extra=(
+    return io_config(max_batch_size, dims=dims, extra=(
         f"sequence_batching {{\n{idle}{strategy}\n{controls}\n}}\n"
         f"instance_group [ {{ count: {instances}, kind: KIND_CPU }} ]\n{extra}"))
 

@@ -1,6 +1,7 @@
 """Dynamic batching with real stubs: batches actually formed (seen in execute and in the
 statistics), max_batch_size, preferred_batch_size, max_queue_delay_microseconds, request
-timeouts, priority levels and the queue policy (REJECT / DELAY, max_queue_size).
+timeouts, priority levels and the queue policy (REJECT / DELAY, max_queue_size), and which
+requests may share a batch (equal shapes unless ragged, the same optional inputs).
 
 Batches are made deterministic with a gate: a first request holds the only instance in
 execute while the test queues the others, then the gate opens and the batches that form are
@@ -54,6 +55,12 @@ MODELS = {
     "db_ordered": io_config(8, dims="[ 1 ]", extra="dynamic_batching { preserve_ordering: true }\n"
                             "instance_group [ { count: 2, kind: KIND_CPU } ]\n"),
     "no_db": io_config(8, dims="[ 1 ]", extra=ONE),
+    "db_shapes": io_config(8, dims="[ -1 ]", extra=f"dynamic_batching {{ }}\n{ONE}"),
+    "db_ragged": io_config(8, dims="[ -1 ]", extra=f"dynamic_batching {{ }}\n{ONE}").replace(
+        "dims: [ -1 ] }", "dims: [ -1 ], allow_ragged_batch: true }", 1),
+    "db_optional": io_config(8, dims="[ 1 ]", extra=(
+        'input [ { name: "OPT", data_type: TYPE_FP32, dims: [ 1 ], optional: true } ]\n'
+        f"dynamic_batching {{ }}\n{ONE}")),
 }
 
 
@@ -352,3 +359,52 @@ def test_preserve_ordering_holds_a_later_response_until_earlier_ones(server, gat
     a, b = first.get(timeout=30), second.get(timeout=30)
     assert params(a)["instance"] != params(b)["instance"]  # they really ran side by side
     assert _value(b) == 2
+
+
+def _wide(v: float, width: int, rows: int = 1) -> np.ndarray:
+    return np.full((rows, width), v, dtype=np.float32)
+
+
+def test_requests_of_different_shapes_are_not_batched_together(server, gate):
+    # IN has dims [ -1 ]: as Triton, a batch holds one shape (the batch dimension aside), so a
+    # model may concatenate its requests' inputs; the first request that differs ends the batch,
+    # which goes at once. Rows may differ: 1 and 2 rows of width 2 share a batch.
+    model = server.model("db_shapes")
+    held = _hold(model, gate)
+    sent = [_wide(0, 2), _wide(1, 2, rows=2), _wide(2, 3), _wide(3, 3), _wide(4, 2)]
+    streams = [model.infer({"IN": x}) for x in sent]
+    gate.open()
+    held.get(timeout=30)
+    resps = _all(streams)
+    for x, r in zip(sent, resps):
+        np.testing.assert_array_equal(r.outputs["OUT"].to_numpy(), x)
+    seen = [params(r) for r in resps]
+    assert [(p["exec"], p["batch"], p["rows"], p["pos"]) for p in seen] == [
+        (2, 2, 3, 0), (2, 2, 3, 1), (3, 2, 2, 0), (3, 2, 2, 1), (4, 1, 1, 0)]
+
+
+def test_inputs_that_allow_a_ragged_batch_share_one(server, gate):
+    model = server.model("db_ragged")
+    held = _hold(model, gate)
+    sent = [_wide(0, 2), _wide(1, 3), _wide(2, 1, rows=2), _wide(3, 2)]
+    streams = [model.infer({"IN": x}) for x in sent]
+    gate.open()
+    held.get(timeout=30)
+    resps = _all(streams)
+    for x, r in zip(sent, resps):
+        np.testing.assert_array_equal(r.outputs["OUT"].to_numpy(), x)
+    assert [(params(r)["exec"], params(r)["batch"]) for r in resps] == [(2, 4)] * 4
+
+
+def test_requests_with_different_optional_inputs_are_not_batched_together(server, gate):
+    model = server.model("db_optional")
+    held = _hold(model, gate)
+    opt = {"OPT": _row(9)}
+    sent = [{}, {}, opt, opt, {}]
+    streams = [model.infer({"IN": _row(i), **extra}) for i, extra in enumerate(sent)]
+    gate.open()
+    held.get(timeout=30)
+    resps = _all(streams)
+    assert [_value(r) for r in resps] == [0, 1, 2, 3, 4]
+    assert [(params(r)["exec"], params(r)["batch"]) for r in resps] == [
+        (2, 2), (2, 2), (3, 2), (3, 2), (4, 1)]

@@ -27,6 +27,9 @@ MODELS = {
     "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
                                   "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
     "seq_idle": seq_config(idle_us=300_000),
+    "seq_direct_shapes": seq_config(max_batch_size=2, dims="[ -1 ]"),
+    "seq_oldest_shapes": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4,
+                                    dims="[ -1 ]"),
     "seq_bls": io_config(),
 }
 
@@ -179,6 +182,38 @@ def test_oldest_batches_the_ready_sequences_together(server, gate):
         (2, 4, 0), (2, 4, 1), (2, 4, 2), (2, 4, 3)]
     for k in (1, 2, 3):
         assert _sum(_run(server, "seq_oldest", 1, 21 + k, END, batched=True)) == 10 * k + 1
+
+
+def _wide(server, model, width, cid, flags=0, **kw):
+    x = np.full((1, width), float(width), dtype=np.float32)
+    return server.model(model).infer({"IN": x}, correlation_id=cid, flags=flags, **kw)
+
+
+def test_direct_leaves_a_slot_of_another_shape_out_of_the_batch(server, gate):
+    # IN has dims [ -1 ]: a batch holds one shape, as Triton's. Sequence 52 (slot 1) is ready
+    # beside 51's next request but its width differs, so it waits for the next execute.
+    held = _wide(server, "seq_direct_shapes", 1, 51, START, parameters={"gate": gate.path})
+    other = _wide(server, "seq_direct_shapes", 2, 52, START | END)
+    again = _wide(server, "seq_direct_shapes", 1, 51, END)
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    r_again, r_other = again.get(timeout=30), other.get(timeout=30)
+    assert (_sum(r_again), _sum(r_other)) == (2, 2)
+    assert r_other.outputs["OUT"].to_numpy().shape == (1, 2)
+    assert [(params(r)["exec"], params(r)["batch"]) for r in (r_again, r_other)] == [
+        (2, 1), (3, 1)]
+
+
+def test_oldest_ends_the_batch_at_a_sequence_of_another_shape(server, gate):
+    held = _wide(server, "seq_oldest_shapes", 1, 61, START | END, parameters={"gate": gate.path})
+    streams = [_wide(server, "seq_oldest_shapes", w, cid, START | END)
+               for w, cid in ((1, 62), (1, 63), (2, 64), (1, 65))]
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    resps = [s.get(timeout=30) for s in streams]
+    assert [_sum(r) for r in resps] == [1, 1, 2, 1]
+    assert [(params(r)["exec"], params(r)["batch"]) for r in resps] == [
+        (2, 2), (2, 2), (3, 1), (4, 1)]
 
 
 def test_oldest_waits_its_queue_delay_for_a_preferred_batch(server):
