@@ -166,7 +166,7 @@ class RuntimeBase:
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
                  model_dir: str) -> None:
-        from .validation import RequestValidator
+        from .validation import RequestValidator, Reshapes
 
         self.server = server
         self.name = name
@@ -180,6 +180,7 @@ class RuntimeBase:
         self.max_batch_size = int(config.max_batch_size)
         self.stats = ModelStats(name, version)
         self.validator = RequestValidator(config, name)
+        self.reshapes = Reshapes.of(config)  # None unless an input or output has a reshape
         # A request that names no output asks for every output of the config, as in Triton:
         # the model sees them in requested_output_names(), and outputs it makes that the
         # config does not declare are dropped.
@@ -547,6 +548,13 @@ class ModelRuntime(RuntimeBase):
                 self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
                 req.fail(UnavailableError(str(exc)))
                 continue
+            if self.reshapes is not None:
+                # The model sees an input in its reshape form: the same contiguous data, so
+                # only the wire's shape changes (the request keeps the client's shapes).
+                for wire in inputs:
+                    shape = self.reshapes.input_shape(wire[0], wire[2])
+                    if shape is not None:
+                        wire[2] = shape
             req.t_start = t0
             ok.append(req)
             bodies.append({
@@ -668,6 +676,11 @@ class ModelRuntime(RuntimeBase):
             outputs, error = [], exc
         except Exception as exc:
             outputs, error = [], InternalError(f"bad response from '{inst.name}': {exc}")
+        if outputs and self.reshapes is not None and self.reshapes.outputs:
+            try:
+                outputs = self._reshape_outputs(outputs)
+            except TritonpyError as exc:
+                outputs, error = [], InternalError(f"model '{self.name}': {exc.message}")
         final = bool(body.get("final", True))
         params = body.get("parameters")
         if not self.decoupled:
@@ -686,6 +699,19 @@ class ModelRuntime(RuntimeBase):
         if final:
             inst.active.pop(req.id, None)
         return outputs, error, params, final
+
+    def _reshape_outputs(self, outputs: list) -> list:
+        """Outputs the model made in their ``reshape`` form, in their ``dims`` form (views)."""
+        assert self.reshapes is not None
+        out = []
+        for name, arr in outputs:
+            shape = self.reshapes.output_shape(name, arr.shape)
+            if type(arr) is DeviceRef:
+                arr.shape = tuple(shape)  # decoded for this response alone
+            elif list(arr.shape) != shape:
+                arr = arr.reshape(shape)
+            out.append((name, arr))
+        return out
 
     def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
         req = inst.active.get(body.get("id", -1))

@@ -110,7 +110,7 @@ class ModelRunner:
             normalize_config,
             parse_config_text,
         )
-        from tritonpy.validation import RequestValidator
+        from tritonpy.validation import RequestValidator, Reshapes
 
         pb = _pb()
         self._closed = True  # until initialize succeeds: close() has nothing to undo
@@ -168,6 +168,7 @@ class ModelRunner:
             self.config: dict[str, Any] = json.loads(self.config_json)
             self.decoupled = bool(self.model_config_proto.model_transaction_policy.decoupled)
             self._validator = RequestValidator(self.model_config_proto, name) if validate else None
+            self._reshapes = Reshapes.of(self.model_config_proto)
             #: ``initialize``'s argument, exactly as a server builds it.
             self.args: dict[str, str] = initialize_args(
                 self.config_json, "CPU", self.instance_name, 0, model_dir, version, name)
@@ -220,6 +221,12 @@ class ModelRunner:
             self._validator.validate(
                 {n: (triton_dtype_of(a), tuple(a.shape)) for n, a in arrays.items()},
                 list(requested_outputs or ()) or None, request_id)
+        if self._reshapes is not None:
+            # The model sees an input in its config's reshape form, as through a server.
+            for n, a in arrays.items():
+                shape = self._reshapes.input_shape(n, a.shape)
+                if shape is not None:
+                    arrays[n] = a.reshape(shape)
         req = pb.InferenceRequest(
             model_name=self.name, requested_output_names=list(requested_outputs or ()),
             inputs=[pb.Tensor(n, a) for n, a in arrays.items()], request_id=request_id,

@@ -14,14 +14,16 @@ from typing import Any, NamedTuple
 
 from tritonclient.grpc.model_config_pb2 import DataType, ModelConfig
 
-from tritonpy._errors import InvalidArgumentError
+from tritonpy._errors import InternalError, InvalidArgumentError
 
 __all__ = [
+    "Reshapes",
     "RequestValidator",
     "model_metadata",
     "request_prefix",
     "triton_type_name",
     "validate_request",
+    "reshaped",
 ]
 
 WILDCARD_DIM = -1
@@ -31,6 +33,91 @@ _TYPE_NAMES: dict[int, str] = {
     value: ("BYTES" if name == "TYPE_STRING" else name[len("TYPE_"):])
     for name, value in DataType.items()
 }
+
+def reshaped(shape: Sequence[int], src: Sequence[int], dst: Sequence[int],
+               batched: bool) -> list[int] | None:
+    """``shape`` (with its batch dimension first when ``batched``), read as ``src``, in the
+    form of ``dst``, as Triton applies a config's ``reshape``: its dimensions at the
+    variable-size (-1) places of ``src`` fill those of ``dst`` in order. None when that does
+    not hold the same number of elements (an output that does not have the reshape's shape)."""
+    off = 1 if batched and len(shape) else 0
+    out = list(shape[:off])
+    variable = [shape[i + off] for i, d in enumerate(src) if d == WILDCARD_DIM
+                and i + off < len(shape)]
+    k = 0
+    for d in dst:
+        if d == WILDCARD_DIM:
+            if k == len(variable):
+                return None
+            out.append(variable[k])
+            k += 1
+        else:
+            out.append(d)
+    before = after = 1
+    for d in shape:
+        before *= d
+    for d in out:
+        after *= d
+    return out if before == after else None
+
+
+class Reshapes:
+    """The ``reshape`` of a model's inputs and outputs, as Triton applies it: an input arrives
+    at the model in its ``reshape`` form, and an output the model makes in that form leaves
+    in its ``dims`` form, to clients, BLS callers and ensemble steps alike.
+
+    Built only for a model that has one (``of`` returns None otherwise), so the hot path of
+    the others pays one ``is None``.
+    """
+
+    __slots__ = ("batched", "inputs", "outputs")
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        self.batched = cfg.max_batch_size > 0
+        self.inputs = {io.name: (tuple(io.dims), tuple(io.reshape.shape))
+                       for io in cfg.input if io.HasField("reshape")}
+        self.outputs = {io.name: (tuple(io.reshape.shape), tuple(io.dims))
+                        for io in cfg.output if io.HasField("reshape")}
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> Reshapes | None:
+        if any(io.HasField("reshape") for io in (*cfg.input, *cfg.output)):
+            return cls(cfg)
+        return None
+
+    def input_shape(self, name: str, shape: Sequence[int]) -> list[int] | None:
+        """The shape the model sees for a validated input (None: it has no reshape)."""
+        plan = self.inputs.get(name)
+        if plan is None:
+            return None
+        return reshaped(shape, plan[0], plan[1], self.batched)
+
+    def output_shape(self, name: str, shape: Sequence[int]) -> list[int]:
+        """The shape clients see for an output the model made (``shape`` itself when it has no
+        reshape).
+
+        Raises:
+            InternalError: The output's shape does not fit its reshape.
+        """
+        plan = self.outputs.get(name)
+        if plan is None:
+            return list(shape)
+        out = reshaped(shape, plan[0], plan[1], self.batched)
+        if out is None:
+            batch = "[batch] + " if self.batched else ""
+            raise InternalError(
+                f"output '{name}' has shape {_dims(shape)}, which does not fit the reshape "
+                f"{batch}{_dims(plan[0])} of its configuration (dims {_dims(plan[1])})")
+        return out
+
+
+def _names(names: Any) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _dims(shape: Sequence[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
 
 _BATCH_NOTE = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension "
@@ -135,9 +222,13 @@ class RequestValidator:
                     f"unexpected inference input '{name}' for model '{model}'"
                 )
         if count < len(specs) and any(r not in inputs for r in self._required):
-            # Reached when optional inputs stand in for a required one; Triton lets this
-            # through to the backend, we refuse it.
-            raise self._count_error(inputs, prefix)
+            # Optional inputs stand in for a required one: Triton checks only the count and
+            # lets this through to the model, we refuse it (the config says it is required).
+            missing = [n for n in self._required if n not in inputs]
+            raise InvalidArgumentError(
+                f"{prefix}missing required input(s) {_names(missing)} for model '{model}': got "
+                f"input(s) {_names(inputs)}, and an optional input does not stand in for a "
+                "required one. Please provide all required input(s).")
 
         max_batch = self.max_batch_size
         if max_batch > 0:
@@ -215,17 +306,16 @@ class RequestValidator:
         self, inputs: Mapping[str, Any], prefix: str
     ) -> InvalidArgumentError:
         missing = [n for n in self._required if n not in inputs]
-        got = "[" + ",".join(f"'{n}'" for n in inputs) + "]"
-        lacking = "[" + ",".join(f"'{n}'" for n in missing) + "]"
         total, required = len(self._specs), len(self._required)
         if total == required:
             head = f"expected {total} inputs"
         else:
             head = f"expected number of inputs between {required} and {total}"
+        # Triton 2.51's words (measured), "input(s)" included.
         return InvalidArgumentError(
             f"{prefix}{head} but got {len(inputs)} inputs for model '{self.model_name}'. "
-            f"Got inputs {got}, but missing required inputs {lacking}. Please provide all "
-            "required inputs."
+            f"Got input(s) {_names(inputs)}, but missing required input(s) {_names(missing)}. "
+            "Please provide all required input(s)."
         )
 
 
