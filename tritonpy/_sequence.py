@@ -374,6 +374,7 @@ class SequenceBatcher:
             # direct: a sequence's slot is its place in the batch, as Triton's batch index.
             ready.sort(key=lambda s: s.slot)
         chosen = ready[:self.max_batch]
+        n_ready = len(chosen)
         cut = False
         key = self.key
         if key is not None and len(chosen) > 1:
@@ -392,7 +393,8 @@ class SequenceBatcher:
             if self.oldest:
                 wait = len(chosen) < self.max_preferred and len(chosen) not in self.preferred
             else:
-                wait = self.min_util > 0 and len(chosen) < self.min_util * self.slots
+                # The slots left out for their shape count, as in Triton's utilization.
+                wait = self.min_util > 0 and n_ready < self.min_util * self.slots
             if wait and time.monotonic_ns() - oldest < self.delay_ns:
                 self.waker.arm((oldest + self.delay_ns) / 1e9)
                 return None
