@@ -187,7 +187,7 @@ def test_generate_maps_fields_to_inputs_and_parameters(served: Served) -> None:
     ({"text_input": "x", "parameters": 3}, 400,
      "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object"),
     # Triton 2.51 runs the model without its required input.
-    ({"max_tokens": 5}, 400, "missing required inputs ['text_input']"),
+    ({"max_tokens": 5}, 400, "missing required input(s) ['text_input']"),
     ({"text_input": "fail"}, 400, "asked to fail"),  # the model's INVALID_ARG
 ])
 def test_generate_errors(served: Served, body: object, status: int, message: str) -> None:

@@ -117,29 +117,32 @@ def test_unknown_input(plain: RequestValidator) -> None:
 def test_missing_input_without_optional_inputs(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (2, 1))}, request_id="abc")
     assert message == (
-        "[request id: abc] expected 2 inputs but got 1 inputs for model 'm'. Got inputs ['A'], "
-        "but missing required inputs ['B']. Please provide all required inputs."
+        "[request id: abc] expected 2 inputs but got 1 inputs for model 'm'. Got input(s) ['A'], "
+        "but missing required input(s) ['B']. Please provide all required input(s)."
     )
     assert rejected(plain, {}).startswith(UNKNOWN + "expected 2 inputs but got 0 inputs for model 'm'. "
-                                          "Got inputs [], but missing required inputs ['A','B']")
+                                          "Got input(s) [], but missing required input(s) ['A','B']")
 
 
 def test_too_many_inputs(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (2, 1)), "B": ("BOOL", (3,)), "X": ("FP32", (1,))})
     assert message.startswith(UNKNOWN + "expected 2 inputs but got 3 inputs for model 'm'. "
-                              "Got inputs ['A','B','X'], but missing required inputs []")
+                              "Got input(s) ['A','B','X'], but missing required input(s) []")
 
 
 def test_missing_input_with_optional_inputs(batching: RequestValidator) -> None:
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4))})
     assert message == UNKNOWN + (
-        "expected number of inputs between 2 and 3 but got 1 inputs for model 'm'. Got inputs "
-        "['IN'], but missing required inputs ['TEXT']. Please provide all required inputs."
+        "expected number of inputs between 2 and 3 but got 1 inputs for model 'm'. Got input(s) "
+        "['IN'], but missing required input(s) ['TEXT']. Please provide all required input(s)."
     )
-    # An optional input standing in for a required one: Triton lets it through, we do not.
+    # An optional input standing in for a required one: Triton lets it through, we do not,
+    # and say which one is missing (not the count, which is within range).
     message = rejected(batching, {"IN": ("FP32", (1, 1, 4)), "OPT": ("INT32", (1, 2))})
-    assert message.startswith(UNKNOWN + "expected number of inputs between 2 and 3 but got 2 inputs")
-    assert "missing required inputs ['TEXT']" in message
+    assert message == UNKNOWN + (
+        "missing required input(s) ['TEXT'] for model 'm': got input(s) ['IN','OPT'], and an "
+        "optional input does not stand in for a required one. Please provide all required "
+        "input(s).")
 
 
 # --- rejected: datatypes and shapes -----------------------------------------------------------------
