@@ -819,14 +819,17 @@ class DataPlane:
         return large
 
     def check_outputs(self, req: InferRequest) -> None:
-        """Fail early (before the model runs) on an output asked for twice, or on an output
-        window that does not exist."""
-        names: set[str] = set()
-        for out in req.outputs or ():
-            if out.name in names:
-                raise InvalidArgumentError(
-                    f"Duplicate output name '{out.name}' is not allowed in a request")
-            names.add(out.name)
+        """Fail early (before the model runs) on an output window that does not exist. An
+        output asked for twice is asked for once, with its first entry's settings (Triton 2.51
+        does so, measured; later Tritons refuse it)."""
+        outputs = req.outputs or ()
+        if len(outputs) > 1:
+            first: dict[str, RequestedOutput] = {}
+            for out in outputs:
+                first.setdefault(out.name, out)
+            if len(first) < len(outputs):
+                req.outputs = outputs = list(first.values())
+        for out in outputs:
             if out.shm is not None:
                 if self.shm.is_cuda(out.shm.region):
                     self.shm.cuda_check(out.shm.region, out.shm.offset, out.shm.byte_size)
