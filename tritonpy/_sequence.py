@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
+from tritonclient.grpc.model_config_pb2 import DataType
 
 from ._errors import InvalidArgumentError, TritonpyError
 from ._scheduler import Waker, batch_key, remove_queued
@@ -46,8 +47,11 @@ FLAG_START = 1
 FLAG_END = 2
 # ModelSequenceBatching.Control.Kind values.
 _START, _READY, _END, _CORRID = 0, 1, 2, 3
-_CORRID_DTYPES = {8: np.uint64, 12: np.int64, 6: np.uint32, 10: np.int32, 13: object}
-_INT_TYPE_STRING = 13
+_CORRID_DTYPES = {DataType.TYPE_UINT64: np.uint64, DataType.TYPE_INT64: np.int64,
+                  DataType.TYPE_UINT32: np.uint32, DataType.TYPE_INT32: np.int32,
+                  DataType.TYPE_STRING: object}
+_INT_TYPE_STRING = DataType.TYPE_STRING
+_U64 = (1 << 64) - 1
 
 
 class _Seq:
@@ -110,7 +114,8 @@ class _Controls:
                 arr = np.empty(self.shape, dtype=object)
                 arr.flat[0] = str(cid).encode("utf-8")
             else:
-                arr = np.full(self.shape, cid, dtype=dt)
+                # The ID's low bytes in the configured type, as Triton copies them.
+                arr = np.full(self.shape, int(cid) & _U64, dtype=np.uint64).astype(dt)
             out.append((name, arr))
         return out
 

@@ -27,6 +27,8 @@ MODELS = {
     "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
                                   "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
     "seq_idle": seq_config(idle_us=300_000),
+    **{f"seq_{t.lower()}": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", f"TYPE_{t}"))
+       for t in ("INT32", "UINT32", "INT64")},
     "seq_direct_shapes": seq_config(max_batch_size=2, dims="[ -1 ]"),
     "seq_oldest_shapes": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4,
                                     dims="[ -1 ]"),
@@ -81,6 +83,20 @@ def test_int_sequence_runs_in_order_with_its_controls(server):
     both = _run(server, "seq_int", 5, 43, START | END)  # a sequence of one request
     assert _sum(both) == 5
     assert (controls(both)["START"][0], controls(both)["END"][0]) == (1, 1.0)
+
+
+@pytest.mark.parametrize("model, cid, value, dtype", [
+    ("seq_int32", 5, 5, "int32"),
+    ("seq_int32", 2**32 + 5, 5, "int32"),  # the ID's low bytes, as Triton copies them
+    ("seq_int32", 2**32 - 1, -1, "int32"),
+    ("seq_uint32", 2**32 + 5, 5, "uint32"),
+    ("seq_int64", 2**63 + 1, -(2**63) + 1, "int64"),
+    ("seq_int64", 77, 77, "int64"),
+])
+def test_corrid_control_has_its_configured_type(server, model, cid, value, dtype):
+    resp = _run(server, model, 1, cid, START | END)
+    assert _sum(resp) == 1
+    assert controls(resp)["CORRID"] == [value, dtype, [1]]
 
 
 def test_string_correlation_ids_keep_sequences_apart(server):
