@@ -621,6 +621,8 @@ class ModelRuntime(RuntimeBase):
     def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
         with self.lock:
             inst = req.instance
+            if inst is None and self.sched_is_sequence:
+                self.sched.aborted(req, error)  # its sequence ends there
         if inst is None:  # still queued: it will not run (taking a batch skips it)
             self.stats.request_failed(time.monotonic_ns() - req.t_enqueue,
                                       "CANCELED" if isinstance(error, CancelledError)

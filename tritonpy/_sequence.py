@@ -14,6 +14,12 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   the dynamic batcher, requests batched together have equal shapes (``batch_key``): with
   ``direct`` a ready sequence whose request differs from the first one's waits for a later
   batch; with ``oldest`` the first that differs ends the batch, sent at once.
+* A queued request of a sequence that is answered before it runs (cancelled, or its
+  ``timeout`` passed) ends its sequence when it comes to the head of the sequence's queue, as
+  Triton ends a cancelled one: the requests before it run, those still queued after it are
+  answered CANCELLED (or UNAVAILABLE, Triton's "timeout of the corresponding sequence has been
+  expired"), and a later request needs START. The model never sees a sequence go on without
+  a step, or without its START.
 * The slot is freed when the END request has executed, or when the sequence was idle (nothing
   queued or executing) for ``max_sequence_idle_microseconds``; a later request of a freed
   sequence without START gets Triton's error.
@@ -34,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType
 
-from ._errors import InvalidArgumentError, TritonpyError
+from ._errors import CancelledError, InvalidArgumentError, TritonpyError, UnavailableError
 from ._scheduler import Waker, batch_key, remove_queued
 
 if TYPE_CHECKING:
@@ -45,6 +51,8 @@ log = logging.getLogger("tritonpy.sequence")
 
 FLAG_START = 1
 FLAG_END = 2
+# Triton's words for the requests of a sequence that ended when one of them timed out.
+SEQUENCE_TIMEOUT = "timeout of the corresponding sequence has been expired"
 # ModelSequenceBatching.Control.Kind values.
 _START, _READY, _END, _CORRID = 0, 1, 2, 3
 _CORRID_DTYPES = {DataType.TYPE_UINT64: np.uint64, DataType.TYPE_INT64: np.int64,
@@ -161,6 +169,9 @@ class SequenceBatcher:
         self.n = 0
         self.waker = Waker(rt)
         self.reaper = Waker(rt, self._reap)  # ends sequences idle past their limit
+        # Queued requests answered before they ran (cancel, timeout): id -> the error.
+        self._aborted: dict[int, TritonpyError] = {}
+        self._iter_ids = itertools.count(1)  # iterative requests without a correlation ID
         for inst in rt.instances:
             self.add_instance(inst)
         self.queue = self
@@ -215,11 +226,18 @@ class SequenceBatcher:
     def remove(self, req: HostRequest) -> None:
         remove_queued((s.pending for s in self._all()), req)
         self.n -= 1
+        self._aborted.pop(req.id, None)
 
     def clear(self) -> None:
         for s in self._all():
             s.pending.clear()
         self.n = 0
+        self._aborted.clear()
+
+    def aborted(self, req: HostRequest, error: TritonpyError) -> None:
+        """``req``, still queued, was answered ``error`` (cancel, timeout): its sequence ends
+        when it comes to the head (``_settle``). The caller holds the model lock."""
+        self._aborted[req.id] = error
 
     # -- queueing ----------------------------------------------------------------------------
     def add(self, req: HostRequest) -> TritonpyError | None:
@@ -267,8 +285,11 @@ class SequenceBatcher:
 
     def _add_alone(self, req: HostRequest) -> None:
         """An iterative-sequence request without a correlation ID: as in Triton, a sequence
-        of its own, which ends when the request is released without RESCHEDULE."""
-        seq = _Seq(f"<request {req.id}>")  # never in ``active``: nothing else can join it
+        of its own, which ends when the request is released without RESCHEDULE. Triton gives
+        it a new correlation ID (1, 2, ... per model) and the START flag; so does this."""
+        req.correlation_id = next(self._iter_ids)
+        req.flags = FLAG_START
+        seq = _Seq(req.correlation_id)  # never in ``active``: nothing else can join it
         seq.open = False
         self._assign(seq)
         seq.pending.append(req)
@@ -321,14 +342,51 @@ class SequenceBatcher:
                 seq.open = False
                 if self.active.get(seq.corrid) is seq:
                     del self.active[seq.corrid]
+            error = self._aborted.pop(req.id, None) if self._aborted else None
+            if error is not None and (seq.open or q):
+                # Ended at a request of it answered before it ran: the rest get the same kind
+                # of error.
+                if isinstance(error, CancelledError):
+                    self._end(seq, CancelledError(
+                        f"sequence {seq.corrid} was cancelled: a request of it was cancelled "
+                        "before it ran"), "CANCELED")
+                else:
+                    self._end(seq, UnavailableError(SEQUENCE_TIMEOUT), "REJECTED")
         if not seq.open and not q and not seq.busy:
             self._release(seq)
+
+    def _end(self, seq: _Seq, why: TritonpyError, reason: str) -> None:
+        """End ``seq`` now: the requests still queued for it are answered ``why`` (from the
+        timer thread: the caller holds the model lock; ``reason`` for the statistics), and a
+        later request of its ID needs START."""
+        if seq.open:
+            seq.open = False
+            if self.active.get(seq.corrid) is seq:
+                del self.active[seq.corrid]
+        rest = list(seq.pending)
+        seq.pending.clear()
+        self.n -= len(rest)
+        for req in rest:
+            self._aborted.pop(req.id, None)
+        if not rest:
+            return
+        stats = self.rt.stats
+
+        def answer() -> None:
+            for req in rest:
+                if not req.done:
+                    stats.request_failed(time.monotonic_ns() - req.t_enqueue, reason)
+                    req.fail(why)
+
+        self.rt.server.timers.at(0.0, answer)
 
     def requeue(self, reqs: list[HostRequest]) -> None:
         for req in reversed(reqs):
             seq = self.inflight.pop(req.id, None)
             if seq is None:
                 continue
+            if self.iterative:
+                req.flags = 0  # as Triton: a rescheduled request is neither START nor END
             seq.busy -= 1
             seq.pending.appendleft(req)
             self.n += 1
@@ -341,6 +399,13 @@ class SequenceBatcher:
                 continue
             seq.busy -= 1
             seq.last = now
+            if self.iterative and seq.open:
+                # Released without RESCHEDULE (a rescheduled one was requeued): as Triton, an
+                # iterative sequence ends with its request, and what else was queued for its
+                # ID is cancelled.
+                self._end(seq, CancelledError(
+                    f"iterative sequence {seq.corrid} ended: its request was released without "
+                    "RESCHEDULE"), "CANCELED")
             self._settle(seq)
         if self.by_inst.get(inst):
             self._arm_reaper(now + self.idle_s)

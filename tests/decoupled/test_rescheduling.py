@@ -23,6 +23,7 @@ import tritonpy
 from _bls_models import DECOUPLED_REPO, collect, new_prefix, serve
 
 WAIT_S = 15.0
+START = 1  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
 START_END = 3  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START | _END
 
 
@@ -54,6 +55,39 @@ def test_decoupled_with_correlation_id_and_flags(server):
     responses = collect(infer(server, "iterative", 3, "dec-corr", correlation_id=77,
                               flags=START_END), WAIT_S)
     assert counts(responses) == [1, 2, 3]
+
+
+def _seen(responses: list) -> list[tuple[str, int]]:
+    return [(r.parameters["cid"], r.parameters["flags"]) for r in responses if r.outputs]
+
+
+def test_a_request_without_correlation_id_gets_its_own_id_and_start(server):
+    # As Triton's iterative sequencer: a new ID per request (1, 2, ... per model) and the START
+    # flag; a rescheduled request comes back with neither START nor END.
+    first = _seen(collect(infer(server, "iterative", 3, "ids-1"), WAIT_S))
+    second = _seen(collect(infer(server, "iterative", 2, "ids-2"), WAIT_S))
+    for seen in (first, second):
+        cid = seen[0][0]
+        assert int(cid) > 0
+        assert seen == [(cid, START)] + [(cid, 0)] * (len(seen) - 1)
+    assert first[0][0] != second[0][0]
+    with_id = _seen(collect(infer(server, "iterative", 3, "ids-3", correlation_id=78,
+                                  flags=START_END), WAIT_S))
+    assert with_id == [("78", START_END), ("78", 0), ("78", 0)]
+
+
+def test_an_iterative_sequence_ends_with_its_request(server):
+    # START without END: released without RESCHEDULE, the sequence is over (Triton ends it),
+    # so the ID needs a new START.
+    assert counts(collect(infer(server, "iterative", 2, "end-1", correlation_id=79,
+                                flags=START), WAIT_S)) == [1, 2]
+    late = collect(infer(server, "iterative", 1, "end-2", correlation_id=79), WAIT_S)
+    assert len(late) == 1 and late[0].error is not None
+    assert late[0].error.message == (
+        "inference request for sequence 79 to model 'iterative' must specify the START flag "
+        "on the first request of the sequence")
+    assert counts(collect(infer(server, "iterative", 1, "end-3", correlation_id=79,
+                                flags=START), WAIT_S)) == [1]
 
 
 @pytest.mark.parametrize("n", [1, 3])

@@ -27,6 +27,9 @@ MODELS = {
     "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
                                   "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
     "seq_idle": seq_config(idle_us=300_000),
+    "seq_cancel": seq_config(),
+    "seq_cancel_backlog": seq_config(),
+    "seq_timeout": seq_config(),
     **{f"seq_{t.lower()}": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", f"TYPE_{t}"))
        for t in ("INT32", "UINT32", "INT64")},
     "seq_direct_shapes": seq_config(max_batch_size=2, dims="[ -1 ]"),
@@ -254,6 +257,60 @@ def test_idle_sequence_is_ended_and_its_slot_reused(server):
         "inference request for sequence 31 to model 'seq_idle' must specify the START flag on "
         "the first request of the sequence")
     assert _sum(_run(server, "seq_idle", 1, 32, END)) == 8
+
+
+def _needs_start(resp, cid, model):
+    assert resp.error is not None and resp.error.code.name == "INVALID_ARG"
+    assert resp.error.message == (
+        f"inference request for sequence {cid} to model '{model}' must specify the START flag "
+        "on the first request of the sequence")
+
+
+def test_a_cancelled_queued_request_ends_its_sequence(server, gate):
+    # As Triton: the model never sees the sequence go on without the cancelled step; what was
+    # queued behind it is cancelled too, and the ID needs a new START.
+    held = _send(server, "seq_cancel", 1, 71, START, parameters={"gate": gate.path})
+    cancelled = _send(server, "seq_cancel", 10, 71)
+    behind = _send(server, "seq_cancel", 100, 71)
+    cancelled.cancel()
+    gate.open()
+    assert _sum(held.get(timeout=30)) == 1
+    assert cancelled.get(timeout=30).error.code.name == "CANCELLED"
+    resp = behind.get(timeout=30)
+    assert resp.error is not None and resp.error.code.name == "CANCELLED"
+    assert resp.error.message == (
+        "sequence 71 was cancelled: a request of it was cancelled before it ran")
+    _needs_start(_run(server, "seq_cancel", 1000, 71, END), 71, "seq_cancel")
+    assert _sum(_run(server, "seq_cancel", 5, 71, START | END)) == 5
+    stats = server.statistics("seq_cancel")["model_stats"][0]["inference_stats"]
+    assert stats["fail"]["count"] == 2
+
+
+def test_a_backlogged_sequence_whose_start_is_cancelled_never_runs(server, gate):
+    held = _send(server, "seq_cancel_backlog", 1, 81, START | END,
+                 parameters={"gate": gate.path})  # holds the only slot
+    start = _send(server, "seq_cancel_backlog", 10, 82, START)  # backlogged
+    second = _send(server, "seq_cancel_backlog", 20, 82)
+    start.cancel()
+    gate.open()
+    assert _sum(held.get(timeout=30)) == 1
+    assert start.get(timeout=30).error.code.name == "CANCELLED"
+    assert second.get(timeout=30).error.code.name == "CANCELLED"
+    _needs_start(_run(server, "seq_cancel_backlog", 30, 82, END), 82, "seq_cancel_backlog")
+
+
+def test_a_queued_request_that_times_out_ends_its_sequence(server, gate):
+    held = _send(server, "seq_timeout", 1, 91, START, parameters={"gate": gate.path})
+    late = _send(server, "seq_timeout", 10, 91, timeout=200_000)
+    behind = _send(server, "seq_timeout", 100, 91)
+    resp = late.get(timeout=30)  # while the gate is still closed
+    assert (resp.error.code.name, resp.error.message) == ("UNAVAILABLE", "Request timeout expired")
+    gate.open()
+    assert _sum(held.get(timeout=30)) == 1
+    resp = behind.get(timeout=30)
+    assert resp.error is not None and (resp.error.code.name, resp.error.message) == (
+        "UNAVAILABLE", "timeout of the corresponding sequence has been expired")
+    _needs_start(_run(server, "seq_timeout", 1000, 91, END), 91, "seq_timeout")
 
 
 @pytest.mark.parametrize("cid,target", [(55, "seq_int"), ("bls-seq", "seq_any")])

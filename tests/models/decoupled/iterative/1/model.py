@@ -1,6 +1,7 @@
 """Request rescheduling, decoupled: every execute of a request sends COUNT = how many times
 this request has been executed; until COUNT reaches N the request is released with
-RELEASE_RESCHEDULE (it comes back), then the stream is closed."""
+RELEASE_RESCHEDULE (it comes back), then the stream is closed. Each response's parameters
+say the request's correlation ID and flags as this execute saw them."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -17,7 +18,8 @@ class TritonPythonModel:
             self.counts[key] = count
             sender = request.get_response_sender()
             sender.send(pb_utils.InferenceResponse(
-                output_tensors=[pb_utils.Tensor("COUNT", np.array([count], dtype=np.int32))]))
+                output_tensors=[pb_utils.Tensor("COUNT", np.array([count], dtype=np.int32))],
+                parameters={"cid": str(request.correlation_id()), "flags": request.flags()}))
             if count < n:
                 request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             else:
