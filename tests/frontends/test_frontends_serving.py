@@ -970,6 +970,41 @@ def test_grpc_unsupported_and_settings(grpcc: grpcclient.InferenceServerClient) 
     assert stats["model_stats"][0]["name"] == "add_sub"
 
 
+@pytest.mark.parametrize("failing", ["raiser", "no_such_model"])
+def test_grpc_stream_with_triton_grpc_error_ends_at_its_first_error(
+        served: Served, http: httpclient.InferenceServerClient, failing: str) -> None:
+    # Triton 2.49+: a stream opened with this header ends at its first error with the error's
+    # gRPC status (a model that raises: INTERNAL) instead of answering it in error_message.
+    client = grpcclient.InferenceServerClient(served.grpc)
+    results: queue.Queue[Any] = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)),
+                        headers={"triton_grpc_error": "true"})
+    try:
+        inputs, a, b = add_sub_inputs(grpcclient)
+        client.async_stream_infer("add_sub", inputs, request_id="ok")
+        result, error = results.get(timeout=10)
+        assert error is None and np.array_equal(result.as_numpy("OUTPUT0"), a + b)
+        x = grpcclient.InferInput("INPUT0", [2], "FP32")
+        x.set_data_from_numpy(np.ones(2, np.float32))
+        client.async_stream_infer(failing, [x], request_id="bad")
+        result, error = results.get(timeout=10)
+        assert result is None
+        if failing == "raiser":
+            assert error.status() == "StatusCode.INTERNAL"
+            assert "boom from execute" in error.message()
+        else:
+            assert error.status() == "StatusCode.NOT_FOUND"
+            assert "unknown model" in error.message()
+        # The stream is over: a later request gets no answer on it.
+        with pytest.raises(Exception):
+            client.async_stream_infer("add_sub", inputs, request_id="after")
+            results.get(timeout=1)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert_still_serving(http)
+
+
 def test_grpc_stream_decoupled_and_errors(grpcc: grpcclient.InferenceServerClient) -> None:
     results: queue.Queue[Any] = queue.Queue()
     grpcc.start_stream(callback=lambda result, error: results.put((result, error)))

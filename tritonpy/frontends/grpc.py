@@ -8,7 +8,9 @@ bidirectional stream each request runs concurrently, a failed request becomes an
 ``error_message`` on the stream (the stream stays open), default-mode models answer in request
 order, decoupled models answer as their responses arrive, and every response carries
 ``triton_final_response`` (the flags-only final response only when the request asked for it
-with ``triton_enable_empty_final_response``). On stop, a stream with nothing in flight ends at
+with ``triton_enable_empty_final_response``). A stream opened with the header
+``triton_grpc_error: true`` ends instead at its first error, with that error's gRPC status, and
+what else runs on it is cancelled (as Triton 2.49+). On stop, a stream with nothing in flight ends at
 once and a busy one after its last answer, so an idle client does not hold the shutdown.
 """
 from __future__ import annotations
@@ -55,6 +57,16 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
+
+
+class _Fail:
+    """A stream opened with ``triton_grpc_error: true`` ends at its first error, with that
+    error's gRPC status (Triton 2.49+), instead of answering it in ``error_message``."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TritonpyError) -> None:
+        self.error = error
 
 
 class _Traced:
@@ -482,6 +494,8 @@ class GRPCService:
         room.set()
         tasks: set[asyncio.Task[None]] = set()
         metadata = context.metadata
+        fail_fast = any(k.lower() == "triton_grpc_error" and v.strip().lower() == "true"
+                        for k, v in metadata)
 
         def wake() -> None:
             queue.put_nowait(_STOP)
@@ -499,7 +513,7 @@ class GRPCService:
                 async for request in request_iterator:
                     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     task = asyncio.create_task(self._stream_one(request, queue, room, previous,
-                                                                turn, metadata))
+                                                                turn, metadata, fail_fast))
                     previous = turn
                     tasks.add(task)
                     task.add_done_callback(task_done)
@@ -530,6 +544,9 @@ class GRPCService:
                     continue
                 if isinstance(item, BaseException):
                     raise item
+                if type(item) is _Fail:
+                    err = item.error
+                    await context.abort(getattr(grpc.StatusCode, err.grpc_code), err.message)
                 traced = item if type(item) is _Traced else None
                 if traced is not None:
                     item = traced.msg
@@ -559,7 +576,7 @@ class GRPCService:
 
     async def _stream_one(self, request: Any, queue: asyncio.Queue[Any], room: asyncio.Event,
                           wait_for: asyncio.Future[None] | None, turn: asyncio.Future[None],
-                          metadata: Any) -> None:
+                          metadata: Any, fail_fast: bool = False) -> None:
         decoupled = False
         req: InferRequest | None = None
         handed = False  # the trace's last answer went to the writer, which finishes it
@@ -582,6 +599,9 @@ class GRPCService:
             async for result in self.plane.stream(req, model, own_trace=False):
                 if not decoupled and wait_for is not None:
                     await wait_for
+                if fail_fast and result.error is not None:
+                    queue.put_nowait(_Fail(result.error))
+                    return
                 msg = self._stream_message(result, req.enable_empty_final, decoupled,
                                            request.model_version)
                 if msg is not None:
@@ -600,6 +620,9 @@ class GRPCService:
                 await wait_for
             err = to_error(exc)
             log.debug("stream request %r failed: %s", request.id, err.message)
+            if fail_fast:
+                queue.put_nowait(_Fail(err))
+                return
             msg = service_pb2.ModelStreamInferResponse(
                 error_message=err.message,
                 infer_response=service_pb2.ModelInferResponse(id=request.id))
@@ -700,7 +723,8 @@ class GRPCFrontend:
                 getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
-                metadata=infer and (self.header_forward is not None
+                # A stream reads its own (triton_grpc_error), once per stream.
+                metadata=infer and (m.name == "ModelStreamInfer" or self.header_forward is not None
                                     or self.plane.server.tracing.mode == "opentelemetry"))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
