@@ -391,6 +391,45 @@ def test_http_compression(http: httpclient.InferenceServerClient) -> None:
         assert np.array_equal(res.as_numpy("OUTPUT1"), a - b)
 
 
+def test_http_unknown_content_encoding_is_refused(served: Served) -> None:
+    # Triton 2.51's answer (measured), naming the codings it takes.
+    conn = httplib.HTTPConnection(*served.http.split(":"))
+    try:
+        conn.request("POST", "/v2/models/identity_fp32/infer",
+                     body=_infer_body([dict(FP32_4, data=[1, 2, 3, 4])]),
+                     headers={"Content-Encoding": "br"})
+        resp = conn.getresponse()
+        assert (resp.status, resp.read()) == (501, b'{"error":"Unsupported compression type"}')
+        assert resp.getheader("Accept-Encoding") == "gzip, deflate"
+    finally:
+        conn.close()
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer",
+                            _infer_body([dict(FP32_4, data=[1, 2, 3, 4])]),
+                            {"Content-Encoding": "identity"})
+    assert status == 200 and body["outputs"][0]["data"] == [1, 2, 3, 4]
+
+
+def test_http_binary_data_output_is_the_default_of_unlisted_outputs_only(served: Served) -> None:
+    # Triton 2.51 (measured): a listed output without binary_data comes back as JSON even
+    # when binary_data_output is true; an unlisted one follows binary_data_output.
+    doc = json.loads(_infer_body([dict(FP32_4, data=[1, 2, 3, 4])], outputs=[{"name": "OUTPUT0"}]))
+    doc["parameters"] = {"binary_data_output": True}
+    status, body = raw_post(served, "/v2/models/identity_fp32/infer", json.dumps(doc).encode())
+    assert status == 200 and body["outputs"][0]["data"] == [1, 2, 3, 4]
+    del doc["outputs"]
+    conn = httplib.HTTPConnection(*served.http.split(":"))
+    try:
+        conn.request("POST", "/v2/models/identity_fp32/infer", body=json.dumps(doc).encode())
+        resp = conn.getresponse()
+        head_len = int(resp.getheader("Inference-Header-Content-Length"))
+        data = resp.read()
+        assert resp.status == 200
+        assert json.loads(data[:head_len])["outputs"][0]["parameters"] == {"binary_data_size": 16}
+        assert np.frombuffer(data[head_len:], np.float32).tolist() == [1, 2, 3, 4]
+    finally:
+        conn.close()
+
+
 def _shm_regions(tag: str, sizes: dict[str, int]) -> dict[str, Any]:
     return {n: shm_utils.create_shared_memory_region(f"{tag}_{n}", f"/{tag}_{n}", s)
             for n, s in sizes.items()}

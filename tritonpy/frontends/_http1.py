@@ -44,6 +44,8 @@ SMALL_BODY = 16384
 #: A compressed request body larger than this is inflated off the event loop (a body can
 #: inflate to ~1000 times its size: seconds of CPU for the largest ones).
 INFLATE_ON_LOOP = 65536
+#: Content-Encodings of a request body that are understood ("" and identity: none).
+_CODINGS = frozenset(("", "identity", "gzip", "deflate"))
 #: Largest request head (URL and headers) accepted; a longer one is refused and the
 #: connection closed, so a client cannot grow a connection's memory without end.
 MAX_HEAD = 65536
@@ -186,7 +188,7 @@ class _Connection(asyncio.BufferedProtocol):
         # None once the connection is lost: the parser holds our bound callbacks, and the cycle
         # would keep the connection (and its buffers) alive until the garbage collector ran.
         self.parser: httptools.HttpRequestParser | None = self._new_parser()
-        self.pending: deque[tuple[Request | BaseException | _Compressed, bool]] = deque()
+        self.pending: deque[tuple[Request | BaseException | _Compressed | Response, bool]] = deque()
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.paused = False
@@ -416,6 +418,12 @@ class _Connection(asyncio.BufferedProtocol):
         coding = self.headers.get("content-encoding", "").lower()
         request = Request(method, path, self.headers, body, self.http10,
                           (self.t_begin, time.monotonic_ns()))
+        if coding not in _CODINGS:
+            # Triton's answer (measured with 2.51), and the codings it would take.
+            self._enqueue(Response(501, b'{"error":"Unsupported compression type"}',
+                                   "application/json", {"Accept-Encoding": "gzip, deflate"}),
+                          keep_alive)
+            return
         if coding in ("gzip", "deflate") and body:
             compressed = _Compressed(request, coding, self.server.max_body)
             # A large one (up to ~1000x its size) is inflated off the loop, in its turn.
@@ -426,7 +434,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     # -- answering -----------------------------------------------------------------------
 
-    def _enqueue(self, item: Request | BaseException | _Compressed, keep_alive: bool) -> None:
+    def _enqueue(self, item: Request | BaseException | _Compressed | Response,
+                 keep_alive: bool) -> None:
         self.pending.append((item, keep_alive))
         if self.task is None:
             self.task = self.loop.create_task(self._serve())
@@ -448,6 +457,8 @@ class _Connection(asyncio.BufferedProtocol):
                     accept = item.headers.get("accept-encoding", "")
                     head_only = item.method == "HEAD"
                     response = await self.server.call(item)
+                elif isinstance(item, Response):  # answered before it reached the handler
+                    accept, head_only, response = "", False, item
                 else:
                     accept, head_only = "", False
                     response = self.server.error(item)

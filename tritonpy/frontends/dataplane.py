@@ -971,7 +971,9 @@ class DataPlane:
             if spec is not None and spec.shm is not None:
                 self._write_shm(out, spec.shm)
             else:
-                out.binary = spec.binary if spec is not None and spec.binary is not None else req.binary_output_default
+                # As Triton 2.51 (measured): binary_data_output is the default of the outputs
+                # the request does not list; a listed one is binary only if it says so.
+                out.binary = bool(spec.binary) if spec is not None else req.binary_output_default
             outs.append(out)
         return outs
 
