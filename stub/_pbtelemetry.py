@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import weakref
 from typing import Any
 
 from ._pberrors import TritonModelException
@@ -93,8 +94,19 @@ class MetricFamily:
         return Metric(self, dict(labels or {}), buckets)
 
 
+_FAMILY_DELETED = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+    "been deleted.")
+
+
 class Metric:
-    """One labelled metric of a family."""
+    """One labelled metric of a family.
+
+    As in Triton, a metric does not keep its family alive: once the family object is gone,
+    every operation raises (so ``MetricFamily(...).Metric(...)``, whose family is dropped at
+    once, fails here as it does on Triton).
+    """
 
     def __init__(self, family: MetricFamily, labels: dict[str, str],
                  buckets: list[float] | None) -> None:
@@ -111,40 +123,53 @@ class Metric:
             buckets = bounds
         elif buckets:
             raise TritonModelException("only histogram metrics take buckets")
-        self._family = family
+        self._family = weakref.ref(family)
+        self._name = family.name
+        self._kind = family.kind
         self._labels = {str(k): str(v) for k, v in labels.items()}
         self._buckets = buckets if family.kind == MetricFamily.HISTOGRAM else None
         self._local = 0.0
         self._op("create", 0.0)
 
+    def _live(self) -> None:
+        if self._family() is None:
+            raise TritonModelException(_FAMILY_DELETED)
+
     def _op(self, op: str, value: float) -> None:
         rt = _rt()
         if rt is not None:
-            rt.metric_op(self._family.name, self._labels, op, float(value), self._buckets)
+            rt.metric_op(self._name, self._labels, op, float(value), self._buckets)
 
     def increment(self, value: float) -> None:
-        if self._family.kind != MetricFamily.COUNTER and self._family.kind != MetricFamily.GAUGE:
+        self._live()
+        if self._kind != MetricFamily.COUNTER and self._kind != MetricFamily.GAUGE:
             raise TritonModelException("increment() is for counters and gauges")
-        if self._family.kind == MetricFamily.COUNTER and value < 0:
+        if self._kind == MetricFamily.COUNTER and value < 0:
             raise TritonModelException("a counter cannot be decremented")
         self._local += value
         self._op("increment", value)
 
     def set(self, value: float) -> None:
-        if self._family.kind != MetricFamily.GAUGE:
+        self._live()
+        if self._kind != MetricFamily.GAUGE:
             raise TritonModelException("set() is for gauges")
         self._local = value
         self._op("set", value)
 
     def observe(self, value: float) -> None:
-        if self._family.kind != MetricFamily.HISTOGRAM:
+        self._live()
+        if self._kind != MetricFamily.HISTOGRAM:
             raise TritonModelException("observe() is for histograms")
         self._local += value
         self._op("observe", value)
 
     def value(self) -> float:
-        """The current value (for a histogram, the sum of observations)."""
+        """The current value of a counter or gauge (a histogram has none, as in Triton: read
+        it from the metrics endpoint)."""
+        self._live()
+        if self._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value() is not supported for histogram metrics")
         rt = _rt()
         if rt is not None:
-            return float(rt.metric_value(self._family.name, self._labels))
+            return float(rt.metric_value(self._name, self._labels))
         return self._local

@@ -66,6 +66,8 @@ class Tensor:
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
         if not isinstance(name, str):
             raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")  # Triton's
         if numpy_array is None:
             raise TypeError(f"tensor '{name}': numpy_array must be an array, got None")
         arr = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)

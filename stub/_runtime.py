@@ -530,9 +530,11 @@ class StubRuntime:
             cfg = pb_utils.ModelConfig(body["config"])
             fn = getattr(cls, "auto_complete_config", None)
             if fn is not None:
-                out = fn(cfg)
-                if out is not None:
-                    cfg = out
+                cfg = fn(cfg)
+            if not isinstance(cfg, pb_utils.ModelConfig):  # a forgotten ``return``: Triton's words
+                return {"ok": False, "error": _error_body("INTERNAL", (
+                    f"auto_complete_config function in model '{body['config'].get('name', '')}' "
+                    "must return a valid pb.ModelConfig object."))}
             return {"ok": True, "config": cfg.as_dict()}
         except Exception as exc:
             return {"ok": False, "error": _error_body("INTERNAL", exception_text(exc))}
@@ -729,13 +731,17 @@ class StubRuntime:
             body["empty"] = True
             return body
         if resp._err is not None:
+            # As Triton: a response that carries an error carries no tensors (its parameters
+            # still go).
             body["error"] = resp._err._to_wire()
-        wanted = req._requested_output_names
-        gpu_ok = req._gpu_ok
-        body["outputs"] = self.transport.encode_many(
-            [(t._name, t._arr if gpu_ok or type(t._arr) is np.ndarray or t.is_cpu()
-              else self._host_copy(t._arr))
-             for t in resp._output_tensors if not wanted or t._name in wanted], self.peer)
+            body["outputs"] = []
+        else:
+            wanted = req._requested_output_names
+            gpu_ok = req._gpu_ok
+            body["outputs"] = self.transport.encode_many(
+                [(t._name, t._arr if gpu_ok or type(t._arr) is np.ndarray or t.is_cpu()
+                  else self._host_copy(t._arr))
+                 for t in resp._output_tensors if not wanted or t._name in wanted], self.peer)
         if resp._parameters:
             body["parameters"] = resp._parameters
         return body

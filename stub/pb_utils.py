@@ -401,12 +401,13 @@ def using_decoupled_model_transaction_policy(model_config: dict) -> bool:
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
-    """Triton's layout for a BYTES tensor, as a 1-D uint8 array ("()" for an empty tensor)."""
+    """Triton's layout for a BYTES tensor, as ``bytes`` ("()" for an empty tensor), as Triton's
+    own returns it (its docstring says a uint8 array; ``np.frombuffer`` makes one)."""
     if input_tensor.size == 0:
         return ()
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
-    return np.frombuffer(_serialize_bytes(input_tensor), dtype=np.uint8)
+    return _serialize_bytes(input_tensor)
 
 
 def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:

@@ -159,9 +159,11 @@ class ModelRunner:
             if complete is not None:
                 d = config_to_dict(cfg)
                 d["name"] = d.get("name") or name
-                mc = pb.ModelConfig(d)
-                out = complete(mc)
-                cfg = config_from_dict((out if out is not None else mc).as_dict(), cfg_path)
+                out = complete(pb.ModelConfig(d))
+                if not isinstance(out, pb.ModelConfig):  # as a server (and Triton) refuses it
+                    raise InternalError(f"auto_complete_config function in model '{d['name']}' "
+                                        "must return a valid pb.ModelConfig object.")
+                cfg = config_from_dict(out.as_dict(), cfg_path)
             self.model_config_proto = normalize_config(cfg, name, cfg_path, gpu_count=0)
             self.config_json = config_to_json(self.model_config_proto)
             #: The normalised configuration as the model sees it (Triton's JSON form).

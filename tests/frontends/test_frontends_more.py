@@ -156,12 +156,15 @@ METRIC_MODEL = ("""
 
     class TritonPythonModel:
         def initialize(self, args):
-            items = pb_utils.MetricFamily(name="tpy_test_items", description="elements seen",
-                                          kind=pb_utils.MetricFamily.COUNTER)
-            size = pb_utils.MetricFamily(name="tpy_test_last_size", description="last size",
-                                         kind=pb_utils.MetricFamily.GAUGE)
-            self.items = items.Metric(labels={"model": "metric_model", "kind": "items"})
-            self.size = size.Metric(labels={"model": "metric_model"})
+            self.items_family = pb_utils.MetricFamily(
+                name="tpy_test_items", description="elements seen",
+                kind=pb_utils.MetricFamily.COUNTER)
+            self.size_family = pb_utils.MetricFamily(
+                name="tpy_test_last_size", description="last size",
+                kind=pb_utils.MetricFamily.GAUGE)
+            self.items = self.items_family.Metric(
+                labels={"model": "metric_model", "kind": "items"})
+            self.size = self.size_family.Metric(labels={"model": "metric_model"})
 
         def execute(self, requests):
             out = []

@@ -253,3 +253,17 @@ def test_an_invalid_config_is_not_tried_again(tmp_path: Path) -> None:
         state = {m["name"]: m for m in server.models()}["broken"]
         assert state["state"] == "UNAVAILABLE"
         assert not (tmp_path / "broken" / "attempts").exists()  # never got to initialize
+
+
+def test_auto_complete_config_must_return_the_config(tmp_path: Path) -> None:
+    # A forgotten ``return`` fails the load, in Triton's words, as it does on Triton; the
+    # other models load.
+    write_model(tmp_path, "no_return", AUTO_PY.replace("DECOUPLED", "False").replace(
+        "        return cfg\n", "", 1), config="")
+    write_model(tmp_path, "fine", AUTO_PY.replace("DECOUPLED", "False"), config="")
+    with serving(tmp_path, new_prefix()) as server:
+        state = {m["name"]: m for m in server.models()}
+        assert state["fine"]["state"] == "READY"
+        assert state["no_return"]["state"] == "UNAVAILABLE"
+        assert ("auto_complete_config function in model 'no_return' must return a valid "
+                "pb.ModelConfig object.") in state["no_return"]["reason"]

@@ -57,6 +57,12 @@ class TritonPythonModel:
         if mode == "bad_item":
             responses[1] = "not a response"
             return responses
+        if mode == "error_outputs":
+            return [pb_utils.InferenceResponse(
+                r.output_tensors(), error=pb_utils.TritonError("bad", pb_utils.TritonError.NOT_FOUND),
+                parameters={"kept": True}) for r in responses]
+        if mode == "empty_name":
+            pb_utils.Tensor("", pb_utils.get_input_tensor_by_name(requests[0], "IN").as_numpy())
         raise AssertionError(mode)
 '''
 
@@ -134,6 +140,20 @@ def test_a_wrong_item_fails_only_its_own_request(model):
         np.testing.assert_array_equal(resps[i].outputs["OUT"].to_numpy(),
                                       np.full((1, 3), 2 * i))
     assert good_batch(model) == pid
+
+
+def test_an_error_response_carries_no_tensors(model):
+    # As Triton: a response with an error loses its outputs (its parameters stay).
+    for r in batch(model, "error_outputs"):
+        assert isinstance(r.error, tritonpy.NotFoundError) and r.error.message == "bad"
+        assert r.outputs == {} and r.parameters == {"kept": True}
+
+
+def test_a_tensor_without_a_name_is_refused_where_it_is_made(model):
+    resps = batch(model, "empty_name")
+    assert "TritonModelException: Tensor name cannot be an empty string." in resps[0].error.message
+    assert "model.py(" in resps[0].error.message
+    good_batch(model)
 
 
 def test_failures_are_counted_in_statistics(model):

@@ -360,8 +360,8 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     async def initialize(self, args):
-        fam = pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.COUNTER)
-        self.count = fam.Metric({"m": "t"})
+        self.fam = pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.COUNTER)
+        self.count = self.fam.Metric({"m": "t"})
         try:  # one name, one kind: refused as by the server
             pb_utils.MetricFamily("runner_count", "calls", pb_utils.MetricFamily.GAUGE)
             raise AssertionError("a second kind for one family name was accepted")

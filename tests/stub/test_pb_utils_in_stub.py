@@ -52,11 +52,13 @@ class TritonPythonModel:
         self.args = dict(args)
         self.config = json.loads(args["model_config"])
         self.ready = True
-        counter = pb_utils.MetricFamily("probe_requests", "requests seen by the probe",
-                                        pb_utils.MetricFamily.COUNTER)
-        gauge = pb_utils.MetricFamily("probe_level", "a level", pb_utils.MetricFamily.GAUGE)
-        hist = pb_utils.MetricFamily("probe_latency", "a latency",
-                                     pb_utils.MetricFamily.HISTOGRAM)
+        # The families are kept: as in Triton, a metric whose family is gone cannot be used.
+        self.families = [
+            pb_utils.MetricFamily("probe_requests", "requests seen by the probe",
+                                  pb_utils.MetricFamily.COUNTER),
+            pb_utils.MetricFamily("probe_level", "a level", pb_utils.MetricFamily.GAUGE),
+            pb_utils.MetricFamily("probe_latency", "a latency", pb_utils.MetricFamily.HISTOGRAM)]
+        counter, gauge, hist = self.families
         self.counter = counter.Metric(labels={"model": "probe", "kind": "test"})
         self.gauge = gauge.Metric(labels={"model": "probe"})
         self.hist = hist.Metric(labels={"model": "probe"}, buckets=[1.0, 10.0])
@@ -100,8 +102,8 @@ class TritonPythonModel:
         info = {
             "dtype": t.triton_dtype(), "kind": arr.dtype.kind, "shape": json.dumps(t.shape()),
             "all_bytes": all(isinstance(v, bytes) for v in arr.ravel()),
-            "encoded_dtype": str(encoded.dtype),
-            "encoded_len": int(encoded.size),
+            "encoded_type": type(encoded).__name__,
+            "encoded_len": len(encoded),
             "roundtrip": decoded.tolist() == arr.ravel().tolist(),
             "empty": repr(pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_))),
         }
@@ -254,8 +256,19 @@ class TritonPythonModel:
         self.gauge.increment(1)
         self.hist.observe(0.5)
         self.hist.observe(5)
-        info = {"counter": str(self.counter.value()), "gauge": str(self.gauge.value()),
-                "hist": str(self.hist.value())}
+        info = {"counter": str(self.counter.value()), "gauge": str(self.gauge.value())}
+        try:
+            self.hist.value()
+            info["hist_value_refused"] = False
+        except pb_utils.TritonModelException:  # as Triton: a histogram has no single value
+            info["hist_value_refused"] = True
+        dropped = pb_utils.MetricFamily("probe_dropped", "a family nobody keeps",
+                                        pb_utils.MetricFamily.COUNTER).Metric(labels={"a": "b"})
+        try:
+            dropped.increment(1)
+            info["dropped_family"] = ""
+        except pb_utils.TritonModelException as exc:
+            info["dropped_family"] = str(exc)
         try:
             self.counter.increment(-1)
             info["negative_refused"] = False
@@ -345,7 +358,7 @@ def test_bytes_tensor_and_serialization(probe):
     p = resp.parameters
     assert p["dtype"] == 13 and p["kind"] == "O" and p["all_bytes"] is True
     assert json.loads(p["shape"]) == [3]
-    assert p["encoded_dtype"] == "uint8"
+    assert p["encoded_type"] == "bytes"  # what Triton's serialize_byte_tensor returns
     assert p["encoded_len"] == 4 * 3 + 3 + len("héllo".encode())
     assert p["roundtrip"] is True
     assert p["empty"] == "()"
@@ -534,12 +547,18 @@ def test_custom_metrics_round_trip_and_export(server, probe):
     assert float(p["counter"]) == before + 3
     assert float(p["gauge"]) == 31.0
     assert p["negative_refused"] is True
-    hist_sum = float(p["hist"])
-    assert hist_sum >= 5.5
+    assert p["hist_value_refused"] is True
+    # Triton's QA (test_metric_lifetime_error): the family of MetricFamily(...).Metric(...) is
+    # gone at once, and so is its metric.
+    assert p["dropped_family"] == (
+        "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+        "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+        "been deleted.")
     s = _samples(server)
     assert s[("probe_requests_total", (("kind", "test"), ("model", "probe")))] == before + 3
     assert s[("probe_level", (("model", "probe"),))] == 31.0
-    assert s[("probe_latency_sum", (("model", "probe"),))] == hist_sum
+    hist_sum = s[("probe_latency_sum", (("model", "probe"),))]
+    assert hist_sum >= 5.5
     n = s[("probe_latency_count", (("model", "probe"),))]
     # Bounds written as Triton writes them (le="1", not "1.0").
     assert s[("probe_latency_bucket", (("le", "1"), ("model", "probe")))] == n / 2
