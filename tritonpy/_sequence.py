@@ -241,18 +241,19 @@ class SequenceBatcher:
 
     # -- queueing ----------------------------------------------------------------------------
     def add(self, req: HostRequest) -> TritonpyError | None:
+        # Triton's order: the batch size first, then the correlation ID.
+        if req.batch_size > 1:
+            return InvalidArgumentError(
+                f"inference request to model '{self.name}' must specify batch-size 1 due to "
+                "requirements of sequence batcher")
         cid = req.correlation_id
         if cid is None or cid == 0 or cid == "" or isinstance(cid, bool):
-            if self.iterative and req.batch_size <= 1:
+            if self.iterative:
                 self._add_alone(req)
                 return None
             return InvalidArgumentError(
                 f"inference request to model '{self.name}' must specify a non-zero or "
                 "non-empty correlation ID")
-        if req.batch_size > 1:
-            return InvalidArgumentError(
-                f"inference request to model '{self.name}' must specify batch-size 1 due to "
-                "requirements of sequence batcher")
         corr = self.controls.corrid
         if corr is not None and corr[2] != isinstance(cid, str):
             want = "a string" if corr[2] else "an integer"

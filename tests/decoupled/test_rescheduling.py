@@ -82,10 +82,14 @@ def test_an_iterative_sequence_ends_with_its_request(server):
     assert counts(collect(infer(server, "iterative", 2, "end-1", correlation_id=79,
                                 flags=START), WAIT_S)) == [1, 2]
     late = collect(infer(server, "iterative", 1, "end-2", correlation_id=79), WAIT_S)
-    assert len(late) == 1 and late[0].error is not None
-    assert late[0].error.message == (
+    assert len(late) == 1 and late[0].error is not None  # never run
+    # The final response may reach the client before its request is released (on Triton
+    # too): a request sent in between is cancelled with the sequence, one sent after needs
+    # START.
+    assert late[0].error.message in (
         "inference request for sequence 79 to model 'iterative' must specify the START flag "
-        "on the first request of the sequence")
+        "on the first request of the sequence",
+        "iterative sequence 79 ended: its request was released without RESCHEDULE")
     assert counts(collect(infer(server, "iterative", 1, "end-3", correlation_id=79,
                                 flags=START), WAIT_S)) == [1]
 

@@ -23,7 +23,8 @@ import pytest
 
 from _models import wait_for
 from tritonpy.frontends import new_event_loop
-from tritonpy.frontends._http1 import LARGE_BODY, MAX_HEAD, BodyTooLarge, HTTPServer, Request, Response
+from tritonpy.frontends._http1 import (LARGE_BODY, MAX_HEAD, BodyTooLarge, HTTPServer, Request,
+                                      Response, _coding)
 
 LIMIT = 1000
 
@@ -287,6 +288,12 @@ def test_compressed_request_and_response_bodies() -> None:
         sock.sendall(post("/z", payload))  # no Accept-Encoding: plain
         status, headers, body = read_response(sock)
         assert "content-encoding" not in headers and body == payload * 3
+        sock.sendall(post("/z", payload, "Accept-Encoding: gzip;q=0"))  # refused: plain
+        status, headers, body = read_response(sock)
+        assert "content-encoding" not in headers and body == payload * 3
+        sock.sendall(post("/z", payload, "Accept-Encoding: gzip;q=0.2, deflate;q=0.9"))
+        status, headers, body = read_response(sock)
+        assert headers["content-encoding"] == "deflate" and zlib.decompress(body) == payload * 3
         # A body that does not inflate, and one that inflates past the limit.
         sock.sendall(post("/z", b"not gzip", "Content-Encoding: gzip"))
         status, _, body = read_response(sock)
@@ -516,3 +523,13 @@ def test_a_client_that_reads_nothing_is_cut_off() -> None:
         assert freed.wait(10), "the stalled response still holds its parts"
         assert wait_for(lambda: not running.server.connections, 5)
         sock.close()
+
+
+@pytest.mark.parametrize("accept, coding", [
+    ("gzip", "gzip"), ("deflate", "deflate"), ("gzip, deflate", "gzip"),
+    ("deflate;q=1.0, gzip;q=0.5", "deflate"), ("gzip;q=0", None), ("gzip;q=0, deflate", "deflate"),
+    ("*", "gzip"), ("*;q=0", None), ("identity", None), ("br", None), ("GZIP", "gzip"),
+    ("gzip;q=bad, deflate;q=0.1", "deflate"), ("", None),
+])
+def test_accept_encoding_q_values_choose_the_response_coding(accept: str, coding: str | None) -> None:
+    assert _coding(accept) == coding

@@ -139,9 +139,10 @@ def test_request_for_unknown_or_ended_sequence_gets_tritons_error(server):
         "on the first request of the sequence")
 
 
-def test_batched_request_is_refused_by_the_sequence_batcher(server):
+@pytest.mark.parametrize("cid", ["x", 0])  # the batch size is checked first, as in Triton
+def test_batched_request_is_refused_by_the_sequence_batcher(server, cid):
     resp = server.model("seq_str").infer({"IN": np.ones((2, 1), np.float32)},
-                                         correlation_id="x", flags=START).get(timeout=10)
+                                         correlation_id=cid, flags=START).get(timeout=10)
     assert resp.error is not None and resp.error.message == (
         "inference request to model 'seq_str' must specify batch-size 1 due to requirements of "
         "sequence batcher")

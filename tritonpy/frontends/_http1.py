@@ -145,13 +145,38 @@ class _Compressed:
         return self.request
 
 
+def _coding(accept: str) -> str | None:
+    """The coding of gzip/deflate that an Accept-Encoding value prefers (its q-values read: a
+    coding at q=0 is refused, ``*`` stands for the ones not named), or None."""
+    q: dict[str, float] = {}
+    for item in accept.lower().split(","):
+        name, _, params = item.partition(";")
+        name = name.strip()
+        weight = 1.0
+        for param in params.split(";"):
+            key, _, value = param.partition("=")
+            if key.strip() == "q":
+                try:
+                    weight = float(value)
+                except ValueError:
+                    weight = 0.0
+        if name:
+            q[name] = weight
+    best, best_q = None, 0.0
+    for coding in ("gzip", "deflate"):
+        weight = q.get(coding, q.get("*", 0.0))
+        if weight > best_q:
+            best, best_q = coding, weight
+    return best
+
+
 def _compress(body: bytes, accept: str) -> tuple[bytes, str] | None:
-    """The body in the first coding of gzip/deflate that ``accept`` names, or None."""
-    accept = accept.lower()
-    if "gzip" in accept:
+    """The body in the coding of gzip/deflate that ``accept`` prefers, or None."""
+    coding = _coding(accept) if accept else None
+    if coding == "gzip":
         out = zlib.compressobj(wbits=16 + zlib.MAX_WBITS)
         return out.compress(body) + out.flush(), "gzip"
-    if "deflate" in accept:
+    if coding == "deflate":
         return zlib.compress(body), "deflate"
     return None
 
