@@ -27,6 +27,14 @@ TRITON_TO_NUMPY: dict[str, Any] = {
     "FP64": np.float64,
     "BYTES": np.object_,
 }
+try:
+    # numpy has no bfloat16: ml_dtypes' (which tritonclient also uses for BF16) stands in.
+    import ml_dtypes
+
+    BFLOAT16: Any = np.dtype(ml_dtypes.bfloat16)
+    TRITON_TO_NUMPY["BF16"] = ml_dtypes.bfloat16
+except ImportError:  # pragma: no cover - a stub's own interpreter without it: no BF16 there
+    BFLOAT16 = None
 _NUMPY_TO_TRITON = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
 ITEMSIZE = {k: (np.dtype(v).itemsize if k != "BYTES" else 0) for k, v in TRITON_TO_NUMPY.items()}
 ALL_TYPES = frozenset(TRITON_TO_NUMPY) | {"BF16"}

@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import ctypes
+
 import numpy as np
 
 from tritonpy.shm import cuda
+from tritonpy.shm.dtypes import BFLOAT16
 
 from ._pberrors import TritonModelException
 
@@ -30,6 +33,10 @@ _CODE_TO_NUMPY: dict[int, Any] = {
     7: np.int16, 8: np.int32, 9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64,
     13: np.object_,
 }
+_BF16 = 14  # TYPE_BF16: numpy has none; ml_dtypes.bfloat16 stands in (as in tritonclient)
+if BFLOAT16 is not None:
+    _CODE_TO_NUMPY[_BF16] = BFLOAT16.type
+    TRITON_STRING_TO_NUMPY["TYPE_BF16"] = BFLOAT16.type
 _NUMPY_TO_CODE = {np.dtype(v): k for k, v in _CODE_TO_NUMPY.items()}
 
 
@@ -71,7 +78,7 @@ class Tensor:
         if numpy_array is None:
             raise TypeError(f"tensor '{name}': numpy_array must be an array, got None")
         arr = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
-        if arr.dtype.kind in ("U", "V"):
+        if arr.dtype.kind in ("U", "V") and arr.dtype != BFLOAT16:
             raise TritonModelException(
                 "Tensor dtype used for numpy_array is not supported by Python backend. "
                 "Please use np.object_ instead."
@@ -108,6 +115,10 @@ class Tensor:
         if type(self._arr) is not np.ndarray and not self.is_cpu():
             raise TritonModelException("Tensor is stored in GPU and cannot be converted to "
                                        "NumPy.")  # Triton's words
+        if self._dtype == _BF16:
+            raise TritonModelException(  # Triton's words: BF16 goes through DLPack
+                "Tensor dtype is BF16 and cannot be converted to NumPy. Use to_dlpack() and "
+                "from_dlpack() instead.")
         return self._arr
 
     def shape(self) -> list[int]:
@@ -130,11 +141,15 @@ class Tensor:
         """A DLPack capsule of the data (CPU or GPU; BYTES tensors have no DLPack form)."""
         if self._dtype == 13:
             raise TritonModelException("DLPack does not support BYTES tensors")
+        if self._dtype == _BF16:
+            return _bf16_capsule(self._arr)
         return self._arr.__dlpack__()
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._dtype == 13:
             raise TritonModelException("DLPack does not support BYTES tensors")
+        if self._dtype == _BF16:
+            return _bf16_capsule(self._arr, **kwargs)
         return self._arr.__dlpack__(**kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
@@ -165,7 +180,13 @@ class Tensor:
                 raise TritonModelException(
                     f"Tensor '{name}': DLPack device type {int(dev[0])} is not supported; "
                     "tensors must be in CPU (1) or CUDA (2) memory")
-            return Tensor(name, np.from_dlpack(dlpack_tensor))
+            try:
+                return Tensor(name, np.from_dlpack(dlpack_tensor))
+            except (BufferError, RuntimeError):
+                if BFLOAT16 is None:
+                    raise
+                # Perhaps BF16 (a torch.bfloat16 tensor), which numpy does not import.
+                return Tensor(name, _from_bf16_capsule(dlpack_tensor.__dlpack__()))
         # A bare capsule (torch.utils.dlpack.to_dlpack): numpy takes a CPU one, CuPy the rest.
         class _Capsule:
             def __init__(self, cap: Any) -> None:
@@ -177,6 +198,8 @@ class Tensor:
             def __dlpack_device__(self) -> tuple[int, int]:
                 return (1, 0)
 
+        if BFLOAT16 is not None and _is_bf16_capsule(dlpack_tensor):
+            return Tensor(name, _from_bf16_capsule(dlpack_tensor))
         try:
             return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
         except (BufferError, RuntimeError, TypeError, ValueError):
@@ -186,6 +209,65 @@ class Tensor:
         where = "" if self.is_cpu() else ", GPU"
         return (f"Tensor({self._name!r}, shape={list(self._arr.shape)}, "
                 f"dtype={self._arr.dtype}{where})")
+
+
+# -- BF16 through DLPack -------------------------------------------------------------------
+# numpy neither exports nor imports DLPack's bfloat16 (kDLBfloat, 16 bits). A BF16 tensor is
+# exported as numpy's capsule of its uint16 view with the DLTensor's dtype rewritten, and a
+# bfloat16 capsule (torch.utils.dlpack.to_dlpack of a torch.bfloat16 tensor) imported the other
+# way round. Only the three bytes of the dtype change; numpy's deleter keeps ownership right.
+_KDL_UINT, _KDL_BFLOAT = 1, 4
+_GET_NAME = ctypes.pythonapi.PyCapsule_GetName
+_GET_NAME.restype = ctypes.c_char_p
+_GET_NAME.argtypes = [ctypes.py_object]
+_GET_POINTER = ctypes.pythonapi.PyCapsule_GetPointer
+_GET_POINTER.restype = ctypes.c_void_p
+_GET_POINTER.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# Where DLTensor.dtype (uint8 code, uint8 bits, uint16 lanes) lies in the capsule's struct:
+# DLManagedTensor starts with its DLTensor (data, device, ndim: 20 bytes); the versioned
+# struct has its version, manager_ctx, deleter and flags (32 bytes) before the DLTensor.
+_DTYPE_OFFSET = {b"dltensor": 20, b"dltensor_versioned": 32 + 20}
+
+
+def _dtype_field(capsule: Any) -> Any:
+    name = _GET_NAME(capsule)
+    offset = _DTYPE_OFFSET.get(name)
+    if offset is None:
+        raise TritonModelException(f"not a DLPack capsule that can be read (named {name!r})")
+    return (ctypes.c_uint8 * 2).from_address(_GET_POINTER(capsule, name) + offset)
+
+
+def _is_bf16_capsule(capsule: Any) -> bool:
+    try:
+        code, bits = _dtype_field(capsule)
+    except (TritonModelException, ValueError):
+        return False
+    return bool(code == _KDL_BFLOAT and bits == 16)
+
+
+def _bf16_capsule(arr: Any, **kwargs: Any) -> Any:
+    if type(arr) is not np.ndarray:
+        raise TritonModelException("BF16 tensors in GPU memory have no DLPack form here")
+    capsule = arr.view(np.uint16).__dlpack__(**kwargs)
+    field = _dtype_field(capsule)
+    field[0], field[1] = _KDL_BFLOAT, 16
+    return capsule
+
+
+def _from_bf16_capsule(capsule: Any) -> np.ndarray:
+    field = _dtype_field(capsule)
+    if (field[0], field[1]) != (_KDL_BFLOAT, 16):
+        raise TritonModelException("DLPack tensor of an unsupported data type")
+    field[0] = _KDL_UINT  # then numpy takes it (and its ownership) as uint16
+
+    class _Holder:
+        def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+            return capsule
+
+        def __dlpack_device__(self) -> tuple[int, int]:
+            return (1, 0)
+
+    return np.from_dlpack(_Holder()).view(BFLOAT16)
 
 
 def _cupy_from_dlpack(obj: Any) -> Any:

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.utils import shared_memory as shm_utils
 
-from tritonpy._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnsupportedError
+from tritonpy._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
 from tritonpy.cli import build_parser
 from tritonpy.frontends.dataplane import (
     InferRequest,
@@ -117,8 +117,10 @@ def test_array_from_raw_checks_sizes() -> None:
         array_from_raw("s", "BYTES", [4], serialize_bytes(words), model="m")
     with pytest.raises(InvalidArgumentError, match="invalid datatype 'FLOAT'"):
         array_from_raw("x", "FLOAT", [1], b"1234", model="m")
-    with pytest.raises(UnsupportedError, match="BF16"):
-        array_from_raw("x", "BF16", [1], b"12", model="m")
+    bf16 = array_from_raw("x", "BF16", [2], b"\x80\x3f\x00\x40", model="m")  # 1.0, 2.0
+    assert str(bf16.dtype) == "bfloat16" and bf16.astype(np.float32).tolist() == [1.0, 2.0]
+    with pytest.raises(InvalidArgumentError, match="Expected 4, got 2"):
+        array_from_raw("x", "BF16", [2], b"12", model="m")
     with pytest.raises(InvalidArgumentError, match="shape"):
         array_from_raw("x", "INT32", [-1], b"", model="m")
 

@@ -171,7 +171,7 @@ def _bad_handles(seg: str, size: int) -> list:
         ["t", "FP128", [4], [seg, 0, 16, 9]],  # bad dtypes
         ["t", "TYPE_FP32", [4], [seg, 0, 16, 10]],
         ["t", "STRING", [4], [seg, 0, 16, 11]],
-        ["t", "BF16", [4], [seg, 0, 8, 12]],
+        ["t", "BF16", [4], [seg, 0, 16, 12]],  # BF16 is 2 bytes an element
         ["t", 11, [4], [seg, 0, 16, 13]],
         ["t", "FP32", [1 << 41], [seg, 0, 16, 14]],  # huge shapes
         ["t", "FP32", [1 << 30, 1 << 30], [seg, 0, 16, 15]],

@@ -383,8 +383,8 @@ def shm_ref(name: str, params: Mapping[str, object]) -> ShmRef | None:
 
 def _numpy_dtype(name: str, datatype: object) -> np.dtype:
     if not isinstance(datatype, str) or datatype not in TRITON_TO_NUMPY:
-        if datatype == "BF16":
-            raise UnsupportedError(f"input '{name}': BF16 tensors are not supported (numpy has no bfloat16)")
+        if datatype == "BF16":  # only where ml_dtypes cannot be imported
+            raise UnsupportedError(f"input '{name}': BF16 tensors need the ml_dtypes package")
         raise InvalidArgumentError(f"invalid datatype '{datatype}' for input '{name}'")
     return np.dtype(TRITON_TO_NUMPY[datatype])
 
@@ -433,6 +433,10 @@ _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
 def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object) -> np.ndarray:
     """An array from a JSON ``data`` list (any nesting; row-major like Triton)."""
     dtype = _numpy_dtype(name, datatype)
+    if datatype == "BF16":  # Triton's words: JSON has no bfloat16 form
+        raise InvalidArgumentError(
+            f"receiving BF16 data via JSON is not supported. Please use the binary data format "
+            f"for input {name}")
     count = element_count(name, shape)
     if not isinstance(data, list):
         raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': expected a list")
