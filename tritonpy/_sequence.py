@@ -65,7 +65,7 @@ _U64 = (1 << 64) - 1
 class _Seq:
     """One sequence: its slot (once it has one) and its requests not yet sent."""
 
-    __slots__ = ("corrid", "inst", "slot", "pending", "busy", "last", "open")
+    __slots__ = ("corrid", "inst", "slot", "pending", "busy", "last", "open", "done_ns")
 
     def __init__(self, corrid: int | str) -> None:
         self.corrid = corrid
@@ -75,6 +75,13 @@ class _Seq:
         self.busy = 0  # requests of it executing now (0 or 1)
         self.last = time.monotonic()
         self.open = True  # no END seen yet
+        self.done_ns = 0  # when its last request finished (time.monotonic_ns)
+
+
+def _ready_since(seq: _Seq) -> int:
+    """When a sequence's next request became ready to run: it arrived, or the one before it
+    finished, whichever was later."""
+    return max(seq.pending[0].t_enqueue, seq.done_ns)
 
 
 class _Controls:
@@ -400,6 +407,7 @@ class SequenceBatcher:
                 continue
             seq.busy -= 1
             seq.last = now
+            seq.done_ns = time.monotonic_ns()
             if self.iterative and seq.open:
                 # Released without RESCHEDULE (a rescheduled one was requeued): as Triton, an
                 # iterative sequence ends with its request, and what else was queued for its
@@ -440,7 +448,9 @@ class SequenceBatcher:
         if not ready:
             return None
         if self.oldest:
-            ready.sort(key=lambda s: s.pending[0].t_enqueue)
+            # As Triton's: a request joins the oldest-first batcher when it is its sequence's
+            # next (its arrival, or its predecessor's end); its age and delay count from then.
+            ready.sort(key=_ready_since)
         else:
             # direct: a sequence's slot is its place in the batch, as Triton's batch index.
             ready.sort(key=lambda s: s.slot)
@@ -460,7 +470,7 @@ class SequenceBatcher:
                 # direct: a slot whose request differs sits this batch out.
                 chosen = [s for s in chosen if key(s.pending[0]) == first]
         if self.delay_ns and not cut:
-            oldest = chosen[0].pending[0].t_enqueue
+            oldest = _ready_since(chosen[0]) if self.oldest else chosen[0].pending[0].t_enqueue
             if self.oldest:
                 wait = len(chosen) < self.max_preferred and len(chosen) not in self.preferred
             else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 
 import numpy as np
 import pytest
@@ -27,6 +28,9 @@ MODELS = {
     "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
                                   "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
     "seq_idle": seq_config(idle_us=300_000),
+    "seq_oldest_ready": seq_config("oldest { max_candidate_sequences: 2 preferred_batch_size: "
+                                   "[ 2 ] max_queue_delay_microseconds: 1000000 }",
+                                   max_batch_size=2),
     "seq_cancel": seq_config(),
     "seq_cancel_backlog": seq_config(),
     "seq_timeout": seq_config(),
@@ -234,6 +238,24 @@ def test_oldest_ends_the_batch_at_a_sequence_of_another_shape(server, gate):
     assert [_sum(r) for r in resps] == [1, 1, 2, 1]
     assert [(params(r)["exec"], params(r)["batch"]) for r in resps] == [
         (2, 2), (2, 2), (3, 1), (4, 1)]
+
+
+def test_oldest_counts_the_delay_from_when_a_request_became_its_sequences_next(server, gate):
+    # As Triton's: A2 waits behind A1 (its own sequence) for 1.3 s, longer than the 1 s delay,
+    # yet once A1 is done it still waits its delay for a partner (B1) instead of going alone.
+    first = _send(server, "seq_oldest_ready", 1, 51, START, batched=True,
+                  parameters={"gate": gate.path})
+    partner = _send(server, "seq_oldest_ready", 7, 52, START | END, batched=True)
+    second = _send(server, "seq_oldest_ready", 2, 51, END, batched=True)  # queued behind A1
+    time.sleep(1.3)
+    gate.open()
+    assert [params(r.get(timeout=30))["batch"] for r in (first, partner)] == [2, 2]
+    time.sleep(0.3)
+    late = _send(server, "seq_oldest_ready", 5, 53, START | END, batched=True)
+    r_second, r_late = second.get(timeout=30), late.get(timeout=30)
+    assert (_sum(r_second), _sum(r_late)) == (3, 5)
+    assert [(params(r)["exec"], params(r)["batch"]) for r in (r_second, r_late)] == [
+        (2, 2), (2, 2)]
 
 
 def test_oldest_waits_its_queue_delay_for_a_preferred_batch(server):
