@@ -16,8 +16,10 @@ independent branches run concurrently. Step outputs are the arrays the host deco
 step's stub — views of that stub's shared memory — and they are handed to the next step as they
 are, so the transport forwards their handles instead of copying. Steps the requested outputs do
 not need are pruned. The first error fails the request with ``in ensemble '<name>', <the
-step's message>``; the other in-flight steps are then cancelled rather than waited for (Triton
-waits for them).
+step's message>``; the other in-flight steps are then cancelled (Triton 2.51 lets them run on,
+unseen), as they are when the client cancels the request (Triton 2.51 does not tell them).
+The ensemble's own ``reshape`` applies as in Triton: its inputs flow into the steps in their
+reshape form, and its outputs leave in their dims form.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
-from ._model import READY, RuntimeBase
+from ._model import READY, RuntimeBase, reshape_arrays
 from ._request import HostRequest
 
 if TYPE_CHECKING:
@@ -508,6 +510,10 @@ class _Context:
                     value = self._use(t, it)
                     if value is not None:
                         out.append((t, value))
+                reshapes = self.ens.reshapes
+                if reshapes is not None and reshapes.outputs:
+                    # Its outputs leave in their dims form (TritonpyError when one cannot).
+                    out = reshape_arrays(out, reshapes.output_shape)
                 return out
         return None
 
@@ -515,8 +521,13 @@ class _Context:
     def start(self) -> None:
         req = self.request
         req.on_cancel = self._cancelled
+        inputs = req.inputs
+        reshapes = self.ens.reshapes
+        if reshapes is not None and reshapes.inputs:
+            # As Triton: the ensemble's own inputs flow on in their reshape form.
+            inputs = reshape_arrays(inputs, reshapes.input_shape)
         with self.lock:
-            updated = [u for u in (self._add(n, a) for n, a in req.inputs) if u is not None]
+            updated = [u for u in (self._add(n, a) for n, a in inputs) if u is not None]
             given = {n for n, _ in req.inputs}
             for name in self.ens.optional_inputs:
                 if name not in given:
@@ -539,7 +550,10 @@ class _Context:
             else:
                 self.inflight += len(launches)
                 self.pending.update(launches)
-                outs = self._outputs_ready(updated)
+                try:
+                    outs = self._outputs_ready(updated)
+                except TritonpyError as exc:  # an output that does not fit its reshape
+                    self.error = _in_ensemble(self.ens.name, exc)
         self._emit(outs)
         return launches
 

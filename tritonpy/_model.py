@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm._errors import NO_SPACE
@@ -155,6 +155,22 @@ def _take_back(active: dict[int, HostRequest], batch: list[HostRequest]) -> list
         active.pop(req.id, None)
         req.instance = None
     return [req for req in batch if not req.done]
+
+
+def reshape_arrays(pairs: Iterable[tuple[str, Any]],
+                   shape_of: Callable[[str, Any], list[int] | None]) -> list:
+    """``(name, array)`` pairs, each array in the shape ``shape_of`` gives it (None: as it is):
+    numpy views; a DeviceRef, decoded for one request alone, takes its new shape."""
+    out = []
+    for name, arr in pairs:
+        shape = shape_of(name, arr.shape)
+        if shape is not None and list(arr.shape) != shape:
+            if type(arr) is DeviceRef:
+                arr.shape = tuple(shape)
+            else:
+                arr = arr.reshape(shape)
+        out.append((name, arr))
+    return out
 
 
 class RuntimeBase:
@@ -705,15 +721,7 @@ class ModelRuntime(RuntimeBase):
     def _reshape_outputs(self, outputs: list) -> list:
         """Outputs the model made in their ``reshape`` form, in their ``dims`` form (views)."""
         assert self.reshapes is not None
-        out = []
-        for name, arr in outputs:
-            shape = self.reshapes.output_shape(name, arr.shape)
-            if type(arr) is DeviceRef:
-                arr.shape = tuple(shape)  # decoded for this response alone
-            elif list(arr.shape) != shape:
-                arr = arr.reshape(shape)
-            out.append((name, arr))
-        return out
+        return reshape_arrays(outputs, self.reshapes.output_shape)
 
     def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
         req = inst.active.get(body.get("id", -1))

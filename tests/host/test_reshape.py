@@ -95,12 +95,28 @@ ensemble_scheduling { step [
     input_map { key: "IN", value: "mid" }, output_map { key: "OUT", value: "OUT" } }
 ] }
 """
+SQUARE22 = ('backend: "python"\nmax_batch_size: 0\n'
+            'input [ { name: "IN", data_type: TYPE_FP32, dims: [ 2, 2 ] } ]\n'
+            'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 2, 2 ] } ]\n')
+# The ensemble's own reshape: its IN ([4] for clients) reaches the [2, 2] step as [2, 2], and
+# its OUT, made [2, 2] by that step, leaves as [4].
+ENSEMBLE_OWN = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 2, 2 ] } } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 4 ], reshape: { shape: [ 2, 2 ] } } ]
+ensemble_scheduling { step [
+  { model_name: "double22", model_version: -1,
+    input_map { key: "IN", value: "IN" }, output_map { key: "OUT", value: "OUT" } }
+] }
+"""
 MODELS = {
     "rs": (SHAPES_PY, _io(0, "[ 4 ]", "[ 2, 2 ]")),
     "rs_batch": (SHAPES_PY, _io(8, "[ 1 ]", "[ ]")),
     "rs_var": (SHAPES_PY, _io(4, "[ -1, 6 ]", "[ -1, 2, 3 ]")),
     "rs_out": (SQUARE_PY, RS_OUT),
     "fixed4": (DOUBLE_PY, FIXED4),
+    "double22": (DOUBLE_PY, SQUARE22),
     "bls_rs": (BLS_PY, FIXED4),
 }
 
@@ -108,8 +124,9 @@ MODELS = {
 def _repo(root):
     for name, (model_py, config) in MODELS.items():
         write_model(root, name, model_py, config)
-    (root / "ens" / "1").mkdir(parents=True)
-    (root / "ens" / "config.pbtxt").write_text(ENSEMBLE)
+    for name, text in (("ens", ENSEMBLE), ("ens_own", ENSEMBLE_OWN)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
     return root
 
 
@@ -161,6 +178,13 @@ def test_bls_callers_and_ensemble_steps_get_outputs_in_dims_form(server) -> None
     resp = infer(server.model("ens"), {"IN": x})
     assert resp.error is None, resp.error
     np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), x * 2)
+
+
+def test_an_ensembles_own_reshape_applies_to_its_inputs_and_outputs(server) -> None:
+    x = np.arange(4, dtype=np.float32)
+    resp = infer(server.model("ens_own"), {"IN": x})
+    assert resp.error is None, resp.error
+    np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), x * 2)  # [4], as its dims
 
 
 def test_http_and_grpc_clients_get_the_shape_the_metadata_names(tmp_path) -> None:
