@@ -11,6 +11,7 @@ its caller instead of hanging.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +32,13 @@ _FIRST_CHECK_S = 0.02
 _RECHECK_S = 0.25
 
 
+def _refused(model: str, err: TritonpyError) -> TritonpyError:
+    """A BLS request refused before it was queued (unknown model, bad inputs, a scheduler
+    that will not take it), in Triton's words: its Python backend prefixes these, not the
+    errors of a request that ran."""
+    return type(err)(f"Model {model} - Error when running inference: {err.message}", err.code)
+
+
 class BlsRouter:
     """Handles BLS_INFER / BLS_CANCEL frames for the server."""
 
@@ -43,8 +51,14 @@ class BlsRouter:
         decoupled = bool(body.get("decoupled"))
         peer = stub.channel.peer
         srv = self.server
+        request = body.get("request")
+        name = str(request.get("model", "")) if isinstance(request, dict) else ""
+        # The thread submitting the request, while it does: an error the scheduler answers
+        # then is a refusal (the request was never queued), in Triton's words too.
+        submitting = [0]
 
         def reply_error(err: TritonpyError) -> None:
+            err = _refused(name, err)
             try:
                 stub.send(Cmd.BLS_RESPONSE, call_id, {"error": err.to_wire(), "final": True})
             except Exception:
@@ -57,10 +71,12 @@ class BlsRouter:
             except NotFoundError as exc:  # Triton's sentence first: models match on it
                 raise NotFoundError(f"Failed for execute the inference request. Model "
                                     f"'{rb['model']}' is not ready. ({exc.message})") from None
-            if target.decoupled and not decoupled:
+            if target.decoupled and not decoupled:  # Triton's words
                 raise InvalidArgumentError(
-                    f"model '{target.name}' is decoupled: call exec(decoupled=True) or "
-                    "async_exec(decoupled=True) to receive its responses")
+                    f"Model {target.name} is using the decoupled. The current BLS request call "
+                    "doesn't support models using the decoupled transaction policy. Please use "
+                    "'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+                    "decoupled models.")
             inputs = srv.transport.decode_many(rb.get("inputs") or [], peer)
             params = rb.get("parameters") or {}
             for k, v in params.items():
@@ -89,6 +105,8 @@ class BlsRouter:
                 except Exception as exc:  # e.g. shm exhausted while forwarding
                     error = UnavailableError(str(exc))
             if error is not None:
+                if final and submitting[0] == threading.get_ident():
+                    error = _refused(name, error)
                 out["error"] = error.to_wire()
             if parameters:
                 out["parameters"] = parameters
@@ -129,7 +147,12 @@ class BlsRouter:
         inst.bls_calls[call_id] = req
         if req.caller_exec:
             inst.waiting_on.add(req)
-        target.submit(req)
+        # An ensemble answers its steps' errors as errors of a request that ran.
+        submitting[0] = 0 if target.is_ensemble else threading.get_ident()
+        try:
+            target.submit(req)
+        finally:
+            submitting[0] = 0
 
     def cancel(self, inst: Instance, call_id: int) -> None:
         req = inst.bls_calls.get(call_id)

@@ -147,6 +147,7 @@ def test_target_that_raises(server, driver_pid, mode, text_in_message) -> None:
     resp = one(report)
     assert resp["error"] is not None
     assert text_in_message in resp["error"]["message"]
+    assert not resp["error"]["message"].startswith("Model ")  # it ran: Triton adds no prefix
     # The model's own frame, though its repository lies inside tritonpy's source checkout.
     assert "/failing/1/model.py(" in resp["error"]["message"]
     assert resp["error"]["code"] == INTERNAL
@@ -181,9 +182,11 @@ def test_unknown_model_or_version_is_not_found(server, driver_pid, spec, needle)
     assert resp["error"] is not None
     assert resp["error"]["code"] == NOT_FOUND
     assert needle in resp["error"]["message"]
-    # Triton's own sentence comes first (models and Triton's tests match on it).
+    # Triton's own words come first (models and Triton's tests match on them): its Python
+    # backend's prefix for a request refused before it was queued, then core's sentence.
     assert resp["error"]["message"].startswith(
-        f"Failed for execute the inference request. Model '{spec['model']}' is not ready.")
+        f"Model {spec['model']} - Error when running inference: Failed for execute the "
+        f"inference request. Model '{spec['model']}' is not ready.")
     assert_driver_still_serves(server, driver_pid)
 
 
@@ -194,8 +197,9 @@ def test_model_in_the_repository_but_not_loaded_is_not_found(server) -> None:
     resp = one(report)
     assert resp["error"] is not None and resp["error"]["code"] == NOT_FOUND
     assert resp["error"]["message"] == (
-        "Failed for execute the inference request. Model 'lazy_target' is not ready. "
-        "(Request for unknown model: 'lazy_target' is not found)")
+        "Model lazy_target - Error when running inference: Failed for execute the inference "
+        "request. Model 'lazy_target' is not ready. (Request for unknown model: 'lazy_target' "
+        "is not found)")
 
 
 # -- bad inputs ----------------------------------------------------------------------------------
@@ -212,6 +216,21 @@ def test_bad_inputs_are_invalid_arg(server, driver_pid, inputs, outputs, needle)
     assert resp["error"] is not None, resp
     assert resp["error"]["code"] == INVALID_ARG, resp["error"]
     assert needle in resp["error"]["message"]
+    assert resp["error"]["message"].startswith("Model add_sub - Error when running inference: ")
+    assert_driver_still_serves(server, driver_pid)
+
+
+def test_exec_without_decoupled_on_a_decoupled_model_is_refused_in_tritons_words(
+        server, driver_pid) -> None:
+    report, _ = drive(server, {"model": "square", "outputs": ["OUT"],
+                               "inputs": {"IN": {"data": [2], "dtype": "int32"}}})
+    resp = one(report)
+    assert resp["error"] is not None and resp["error"]["code"] == INVALID_ARG
+    assert resp["error"]["message"] == (
+        "Model square - Error when running inference: Model square is using the decoupled. The "
+        "current BLS request call doesn't support models using the decoupled transaction "
+        "policy. Please use 'decoupled=True' argument to the 'exec' or 'async_exec' calls for "
+        "decoupled models.")
     assert_driver_still_serves(server, driver_pid)
 
 
@@ -224,7 +243,8 @@ def test_an_input_named_twice_is_invalid_arg(server, driver_pid) -> None:
     resp = one(report)
     assert resp["error"] is not None, resp
     assert resp["error"]["code"] == INVALID_ARG, resp["error"]
-    assert resp["error"]["message"] == "input 'INPUT0' already exists in request"
+    assert resp["error"]["message"] == (
+        "Model add_sub - Error when running inference: input 'INPUT0' already exists in request")
     assert_driver_still_serves(server, driver_pid)
 
 

@@ -346,3 +346,14 @@ def test_bls_drives_a_stateful_model(server, cid, target):
     # The BLS sequence ended with its last request: the ID is free again.
     late = _run(server, target, 1, cid)
     assert late.error is not None and "must specify the START flag" in late.error.message
+
+
+def test_a_bls_request_the_sequence_batcher_refuses_is_answered_in_tritons_words(server):
+    # No correlation ID: the scheduler refuses it before it is queued, and Triton's Python
+    # backend prefixes such a refusal (the caller's error says so).
+    resp = server.model("seq_bls").infer(
+        {"IN": np.array([1], np.float32)}, parameters={"cid": 0, "target": "seq_int"}
+    ).get(timeout=30)
+    assert resp.error is not None
+    assert ("Model seq_int - Error when running inference: inference request to model "
+            "'seq_int' must specify a non-zero or non-empty correlation ID") in resp.error.message
