@@ -397,7 +397,9 @@ class EnsembleRuntime(RuntimeBase):
         total_ns = time.monotonic_ns() - ctx.request.t_enqueue
         if ok:
             rows = ctx.request.batch_size
-            self.stats.execution(rows, [(rows, total_ns, 0)], (), 0, ctx.compute_ns, 0)
+            # As Triton's: compute times are the sums of the steps' (their queueing is not
+            # the ensemble's compute), and the ensemble itself queues nothing.
+            self.stats.execution(rows, [(rows, total_ns, 0)], (), *ctx.compute_ns)
         else:
             self.stats.request_failed(total_ns, "OTHER")
         with self.lock:
@@ -439,7 +441,7 @@ class _Context:
         self.held: list | None = None
         self.finished = False
         self.lock = threading.Lock()
-        self.compute_ns = 0
+        self.compute_ns = [0, 0, 0]  # the steps' input, infer and output ns, summed
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any) -> tuple[str, int] | None:
@@ -562,6 +564,8 @@ class _Context:
             return
         req = self.request
         final = self.inflight == 0
+        if final and self.error is None:  # an ensemble that is a step of another one
+            req.compute = (self.compute_ns[0], self.compute_ns[1], self.compute_ns[2])
         if self.error is not None:
             if final:
                 self.finished = True
@@ -570,10 +574,10 @@ class _Context:
             return
         if outs is not None:
             if self.ens.decoupled:
-                req.respond(outs, None, None, final)
+                req.respond(outs, None, self._parameters(), final)
                 self.held = outs  # remembers that a response went out
             elif final:
-                req.respond(outs, None, None, True)
+                req.respond(outs, None, self._parameters(), True)
             else:
                 self.held = outs
             if final:
@@ -586,7 +590,7 @@ class _Context:
         if self.ens.decoupled:
             req.respond(None, None, None, True)  # a decoupled ensemble may answer nothing
         elif self.held is not None:
-            req.respond(self.held, None, None, True)
+            req.respond(self.held, None, self._parameters(), True)
         else:
             self.error = InvalidArgumentError(
                 f"in ensemble '{self.ens.name}', unexpected deadlock, at least one output is "
@@ -596,6 +600,13 @@ class _Context:
             return
         self.ens._finished(self, True)
 
+    def _parameters(self) -> dict:
+        """What Triton's ensemble puts in each of its responses (measured with 2.51): the
+        request's sequence ID and flags, whether or not it is part of a sequence."""
+        req = self.request
+        return {"sequence_id": req.correlation_id,
+                "sequence_start": bool(req.flags & 1), "sequence_end": bool(req.flags & 2)}
+
     def _on_step(self, step: _Step, sreq: HostRequest, outputs: Any,
                  error: TritonpyError | None, parameters: dict | None, final: bool) -> None:
         cancel: list[HostRequest] = []
@@ -604,7 +615,8 @@ class _Context:
             if final:
                 self.inflight -= 1
                 self.pending.discard(sreq)
-                self.compute_ns += time.monotonic_ns() - sreq.t_enqueue
+                if sreq.compute is not None:  # a decoupled step may end before its execute
+                    self.compute_ns = [a + b for a, b in zip(self.compute_ns, sreq.compute)]
             if error is not None:
                 if self.error is None:
                     self.error = _in_ensemble(self.ens.name, error)

@@ -799,10 +799,13 @@ class ModelRuntime(RuntimeBase):
                                  [t_out - r.t_enqueue for r in ran], input_ns, t_done - t_run,
                                  t_out - t_done)
         else:
+            compute = (input_ns, t_done - t_run, t_out - t_done)
+            for r in ran:
+                r.compute = compute
             self.stats.execution(sum(r.batch_size for r in batch),
                                  [(r.batch_size, t_out - r.t_enqueue,
                                    r.t_start - r.t_enqueue + waited) for r in ran], (),
-                                 input_ns, t_done - t_run, t_out - t_done)
+                                 *compute)
         for r in batch:
             if r.trace is not None:  # a prefetched execute starts when it stops waiting
                 r.trace.stamps((("COMPUTE_START", t_run if waited else r.t_start),

@@ -90,7 +90,8 @@ class HostRequest:
         "id", "model", "inputs", "requested", "request_id", "correlation_id", "flags",
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
-        "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "__weakref__",
+        "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "compute",
+        "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -133,6 +134,9 @@ class HostRequest:
         self.pacer: _Pacing | None = None
         # Until when its inputs may wait for room in a full /dev/shm (ModelRuntime._retry_later)
         self.shm_retry_until = 0.0
+        # (input, infer, output) ns of the execute that ran it, once it succeeded: an
+        # ensemble's statistics are the sums of its steps'.
+        self.compute: tuple[int, int, int] | None = None
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:

@@ -256,6 +256,17 @@ def test_linear_chain_runs_every_step_in_order(server: tritonpy.Server) -> None:
     assert ens["inference_stats"]["compute_infer"]["ns"] > 0
 
 
+def test_ensemble_responses_carry_the_sequence_parameters_as_tritons(
+        server: tritonpy.Server) -> None:
+    # Triton 2.51 (measured) puts the request's sequence ID and flags in every ensemble
+    # response, over HTTP and gRPC alike, sequence or not.
+    x = np.array([1], np.float32)
+    assert infer(server.model("chain3"), {"IN": x}).parameters == {
+        "sequence_id": 0, "sequence_start": False, "sequence_end": False}
+    assert infer(server.model("chain3"), {"IN": x}, correlation_id=42, flags=1).parameters == {
+        "sequence_id": 42, "sequence_start": True, "sequence_end": False}
+
+
 def test_diamond_runs_its_middle_steps_concurrently(server: tritonpy.Server,
                                                     tmp_path: Path) -> None:
     resp = infer(server.model("diamond"), {"IN": np.array([1, 2], np.float32)},
@@ -359,8 +370,10 @@ def test_ensemble_over_real_tritonclient_http(server: tritonpy.Server) -> None:
             assert client.get_model_config("chain3")["platform"] == "ensemble"
             inp = httpclient.InferInput("IN", [4], "FP32")
             inp.set_data_from_numpy(np.array([0, 1, 2, 3], np.float32), binary_data=True)
-            result = client.infer("chain3", [inp])
+            result = client.infer("chain3", [inp], sequence_id=7, sequence_end=True)
             np.testing.assert_array_equal(result.as_numpy("OUT"), [3, 5, 7, 9])
+            assert result.get_response()["parameters"] == {  # as Triton 2.51's (measured)
+                "sequence_id": 7, "sequence_start": False, "sequence_end": True}
             stats = client.get_inference_statistics("chain3")["model_stats"][0]
             assert stats["name"] == "chain3"
             assert int(stats["inference_stats"]["success"]["count"]) >= 1
@@ -496,3 +509,28 @@ def test_cancelling_an_ensemble_request_answers_cancelled(server: tritonpy.Serve
     # The server still serves the ensemble afterwards.
     ok = infer(server.model("chain3"), {"IN": np.array([1], np.float32)})
     np.testing.assert_array_equal(ok.outputs["OUT"].to_numpy(), [5])
+
+
+def test_ensemble_compute_times_are_the_sums_of_its_steps(tmp_path: Path) -> None:
+    # As Triton's: an ensemble's compute_input/infer/output are its steps' summed, not the
+    # request's wall time (which here includes 300 ms queued in a step's dynamic batcher),
+    # and the ensemble itself queues nothing.
+    batching = FP32_IO + "max_batch_size: 4\n"
+    write_model(tmp_path, "a1", PLUS1, batching)
+    write_model(tmp_path, "b2", SCALE2,
+                batching + "dynamic_batching { max_queue_delay_microseconds: 300000 }\n")
+    write_ensemble(tmp_path, "timed", ensemble_config([
+        step("a1", {"IN": "IN"}, {"OUT": "t"}), step("b2", {"IN": "t"}, {"OUT": "OUT"})])
+        .replace("max_batch_size: 0", "max_batch_size: 4"))
+    with serving(tmp_path, new_prefix()) as server:
+        resp = infer(server.model("timed"), {"IN": np.array([[1, 2]], np.float32)})
+        assert resp.error is None, resp.error
+        np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), [[4, 6]])
+        ens = stat(server, "timed")["inference_stats"]
+        steps = [stat(server, m)["inference_stats"] for m in ("a1", "b2")]
+        for key in ("compute_input", "compute_infer", "compute_output"):
+            assert ens[key]["count"] == 1
+            assert ens[key]["ns"] == sum(s[key]["ns"] for s in steps) > 0
+        assert ens["queue"]["ns"] == 0
+        assert steps[1]["queue"]["ns"] >= 300_000_000  # waited in the step's batcher
+        assert ens["success"]["ns"] >= 300_000_000  # the request's own time includes it
