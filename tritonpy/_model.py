@@ -229,15 +229,20 @@ class RuntimeBase:
         """What is left to do once the version no longer takes requests."""
         raise NotImplementedError
 
-    def drain(self, timeout: float, busy: Callable[[], bool] | None = None) -> bool:
+    def drain(self, timeout: float | None, busy: Callable[[], bool] | None = None) -> bool:
         """Wait until nothing is queued or in flight, or until ``busy()`` (called with
-        ``lock`` held) is false; bounded by ``timeout``. Returns whether that came."""
+        ``lock`` held) is false; bounded by ``timeout``. Returns whether that came.
+
+        ``timeout`` None: as long as that takes (Triton lets an unloaded or replaced version
+        finish every request), until the server stops; from then on its exit timeout."""
         busy = busy or self._busy
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
         with self.lock:
             self._draining += 1
             try:
                 while busy():
+                    if timeout is None and self.server._stopping and deadline == float("inf"):
+                        deadline = time.monotonic() + self.server.exit_timeout
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -246,14 +251,19 @@ class RuntimeBase:
             finally:
                 self._draining -= 1
 
-    def unload(self, timeout: float = 30.0) -> None:
-        """Stop taking requests, let what is in flight finish (bounded by ``timeout``), then
-        release what the version holds."""
+    def unload(self, timeout: float | None = 30.0) -> None:
+        """Stop taking requests, let what is in flight finish (bounded by ``timeout``; None:
+        see ``drain``), then release what the version holds."""
         if self.state == READY:
             self.state = UNLOADING
+            self._hand_over()
             self.cut_short = not self.drain(timeout)
         self.state = UNAVAILABLE
-        self._unloaded(timeout)
+        self._unloaded(self.server.exit_timeout if timeout is None else timeout)
+
+    def _hand_over(self) -> None:
+        """A version replaced by a reload: what it has queued and not started goes to its
+        successor now (only what it runs is left to finish here)."""
 
 
 class ModelRuntime(RuntimeBase):
@@ -427,13 +437,14 @@ class ModelRuntime(RuntimeBase):
             plans = self._take_locked()
         self._send_plans(plans)
         if gone:
-            self._retire(gone, self.server.exit_timeout)
+            self._retire(gone, None)
         log.info("model '%s' version %d: instances %s", self.name, self.version,
                  [i.name for i in self.instances if i.state != "RETIRING"])
 
-    def _retire(self, insts: list[Instance], timeout: float) -> None:
+    def _retire(self, insts: list[Instance], timeout: float | None) -> None:
         """Finalize the RETIRING ones of ``insts`` once idle (waiting at most ``timeout`` for
-        their in-flight executes), except those that still hold sequences."""
+        their in-flight executes; None: see ``drain``), except those that still hold
+        sequences."""
         held = self.sched.holds
         self.drain(timeout, lambda: any(i.state == "RETIRING" and not held(i)
                                         and (i.running or i.active) for i in insts))
@@ -445,12 +456,12 @@ class ModelRuntime(RuntimeBase):
             self.instances = [i for i in self.instances if i not in done]
         for inst in done:
             if inst.stub is not None:
-                inst.stub.stop(finalize=True, timeout=min(timeout, 10.0))
+                inst.stub.stop(finalize=True, timeout=min(timeout or 10.0, 10.0))
 
     def retire_later(self, inst: Instance) -> None:
         """A RETIRING instance's last sequence ended: finalize it in the background (the
         caller holds the model lock)."""
-        threading.Thread(target=self._retire, args=([inst], self.server.exit_timeout),
+        threading.Thread(target=self._retire, args=([inst], None),
                          daemon=True, name=f"{inst.name}-retire").start()
 
     # -- scheduling ----------------------------------------------------------------------------
@@ -982,6 +993,16 @@ class ModelRuntime(RuntimeBase):
         return bool(self.queue and any(i.state == "READY" for i in self.instances)) or any(
             i.running or i.active for i in self.instances
             if i.state in ("READY", "RESTARTING", "RETIRING"))
+
+    def _hand_over(self) -> None:
+        succ = self.successor
+        if succ is None or self.sched_is_sequence:  # a sequence stays where it began
+            return
+        with self.lock:
+            leftover = [r for r in self.queue if not r.done]
+            self.queue.clear()
+        for req in leftover:
+            self._forward(succ, req)
 
     def _unloaded(self, timeout: float) -> None:
         """Forward or fail what is still queued, then finalize every instance."""

@@ -323,9 +323,23 @@ class RepositoryManager:
     def _retire(self, runtimes: list[ModelRuntime]) -> None:
         try:
             for rt in runtimes:
-                rt.unload(timeout=self.server.exit_timeout)
+                rt.unload(timeout=None)  # as Triton: every request finishes (see drain)
         finally:
             self._retiring.discard(threading.current_thread())
+
+    def _in_background(self, fn: Any, *args: Any, name: str) -> None:
+        """Run ``fn`` on a thread that ``shut_down`` waits for."""
+        def run() -> None:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s failed", name)
+            finally:
+                self._retiring.discard(threading.current_thread())
+
+        t = threading.Thread(target=run, daemon=True, name=name)
+        self._retiring.add(t)
+        t.start()
 
     def _auto_complete(self, entry: ModelEntry, cfg: Any, cfg_path: str) -> Any:
         """Run the model's ``auto_complete_config`` in a short-lived stub, if it has one."""
@@ -364,7 +378,11 @@ class RepositoryManager:
             stub.stop(finalize=False, timeout=2)
         return config_from_dict(reply["config"], cfg_path)
 
-    def unload(self, name: str, api: bool = False) -> None:
+    def unload(self, name: str, api: bool = False, wait: bool = True) -> None:
+        """Unload ``name`` (and the ensembles that run it). Its in-flight and queued requests
+        finish first, however long they take, as in Triton; with ``wait`` False (Triton's
+        HTTP, gRPC and pb_utils unload) this returns at once and the model shows UNLOADING
+        meanwhile."""
         if api and self.server.model_control_mode != "explicit":
             raise UnavailableError(
                 "explicit model load / unload is not allowed unless the model control mode is "
@@ -377,19 +395,20 @@ class RepositoryManager:
             return
         entry = self.require_known(name)
         self._orphans.pop(name, None)
-        self._unload_with_dependents(entry, self.server.exit_timeout)
+        self._unload_with_dependents(entry, None, wait)
 
-    def _unload_with_dependents(self, entry: ModelEntry, timeout: float) -> None:
+    def _unload_with_dependents(self, entry: ModelEntry, timeout: float | None,
+                                wait: bool = True) -> None:
         """Unload ``entry`` and, first, as Triton does, the loaded ensembles that run it
         (directly or through other ensembles); they load again when it does."""
         for ens in reversed(self._dependents(entry.name)):  # the outermost first
             e = self.entries[ens]
             steps = {st.model for rt in e.runtimes.values() if isinstance(rt, EnsembleRuntime)
                      for st in rt.steps}
-            self._unload_entry(e, timeout)
+            self._unload_entry(e, timeout, wait)
             self._orphans[ens] = steps
             log.info("unloaded ensemble '%s', which runs '%s'", ens, entry.name)
-        self._unload_entry(entry, timeout)
+        self._unload_entry(entry, timeout, wait)
 
     def _dependents(self, name: str) -> list[str]:
         """The loaded ensembles that run ``name``, directly or through other ensembles; an
@@ -407,7 +426,10 @@ class RepositoryManager:
                     todo.append(other)
         return found
 
-    def _unload_entry(self, entry: ModelEntry, timeout: float) -> None:
+    def _unload_entry(self, entry: ModelEntry, timeout: float | None, wait: bool = True) -> None:
+        """Take ``entry``'s versions out of service now; they finish their requests (bounded by
+        ``timeout``, None: see ``ModelRuntime.drain``) and are released before this returns,
+        or on a thread of their own without ``wait`` (the model shows UNLOADING meanwhile)."""
         with entry.lock:
             if not entry.runtimes:
                 if entry.state == UNAVAILABLE:  # e.g. failed to load: unloaded now, on purpose
@@ -416,11 +438,20 @@ class RepositoryManager:
             entry.state = UNLOADING
             rts, entry.runtimes = entry.runtimes, {}
             entry.unloaded = sorted(rts)
+            entry.retired.extend(rts.values())
+
+        def finish() -> None:
             for rt in rts.values():
                 rt.unload(timeout)
-                entry.retired.append(rt)
-            entry.state = UNAVAILABLE
-            entry.reason = "unloaded"
+            with entry.lock:
+                if not entry.runtimes and entry.state == UNLOADING:  # not loaded again since
+                    entry.state = UNAVAILABLE
+                    entry.reason = "unloaded"
+
+        if wait:
+            finish()
+        else:
+            self._in_background(finish, name=f"{entry.name}-unload")
 
     # -- poll mode -----------------------------------------------------------------------------
     def _poll(self) -> None:
@@ -438,7 +469,7 @@ class RepositoryManager:
                 continue
             for name, entry in list(self.entries.items()):
                 if not os.path.isdir(entry.directory):
-                    self._unload_with_dependents(entry, self.server.exit_timeout)
+                    self._unload_with_dependents(entry, None, wait=False)
                     self.entries.pop(name, None)
                     continue
                 fp = fingerprint(entry.directory)

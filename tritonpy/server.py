@@ -325,16 +325,19 @@ class Server:
         self._not_on_frame_loop("load()")
         self.repo.load(name, config=config, files=files, api=True)
 
-    def unload(self, name: str, unload_dependents: bool = False) -> None:
+    def unload(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
         """Unload a model (explicit mode); with ``unload_dependents`` an ensemble's step
-        models go too, unless another loaded ensemble still runs them."""
+        models go too, unless another loaded ensemble still runs them. The model takes no new
+        request at once; those in flight or queued finish first, however long they take (as
+        in Triton), and ``wait`` says whether to return only then (False: at once, as Triton's
+        HTTP, gRPC and ``pb_utils.unload_model`` do; the model shows UNLOADING meanwhile)."""
         from ._ensemble import step_models_to_unload
 
         self._not_on_frame_loop("unload()")
         steps = step_models_to_unload(self.repo, name) if unload_dependents else []
-        self.repo.unload(name, api=True)
+        self.repo.unload(name, api=True, wait=wait)
         for step in steps:
-            self.repo.unload(step, api=True)
+            self.repo.unload(step, api=True, wait=wait)
 
     def runtime(self, name: str, version: int = -1) -> ModelRuntime:
         """The loaded runtime of a model version (-1: the newest loaded)."""
@@ -491,8 +494,8 @@ class Server:
                 if cmd == Cmd.LOAD_MODEL:
                     files = body.get("files") or None
                     self.repo.load(name, config=body.get("config") or None, files=files, api=True)
-                else:
-                    self.repo.unload(name, api=True)
+                else:  # as Triton's: returns at once (a model may unload itself)
+                    self.repo.unload(name, api=True, wait=False)
                 reply = {"ok": True}
         except TritonpyError as exc:
             reply = {"ok": False, "error": exc.to_wire()}

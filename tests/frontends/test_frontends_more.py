@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import tritonpy
-from _models import wait_until
+from _models import wait_for, wait_until
 from tritonpy.frontends import Frontends
 
 IDENT = ("""
@@ -348,8 +348,14 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
         assert who(http, httpclient) == "disk"
         http.unload_model("lazy")
         assert not http.is_model_ready("lazy")
-        entry = {m["name"]: m for m in http.get_model_repository_index()}["lazy"]
-        assert entry["state"] == "UNAVAILABLE" and entry["reason"] == "unloaded"
+
+        def entry() -> dict:
+            return {m["name"]: m for m in http.get_model_repository_index()}["lazy"]
+
+        # As Triton's, the unload returns at once: UNLOADING until its requests are done.
+        assert entry()["state"] in ("UNLOADING", "UNAVAILABLE")
+        assert wait_for(lambda: entry()["state"] == "UNAVAILABLE", timeout=30)
+        assert entry()["reason"] == "unloaded"
         with pytest.raises(InferenceServerException) as e:
             who(http, httpclient)
         assert e.value.status() == "404"

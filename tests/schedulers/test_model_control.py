@@ -156,12 +156,17 @@ def test_reload_hands_queued_requests_the_old_version_never_ran_to_the_new_one(
         held = model.infer({"IN": fp32(1)}, parameters={"gate": gate.path})
         queued = model.infer({"IN": fp32(2)})  # behind the held one, on the old version
         (mdir / "1" / "model.py").write_text(tagged("new"))
-        server.load("m")  # the old version drains for 0.5 s only: its request is still held
+        server.load("m")
         resp = queued.get(timeout=30)
         assert resp.error is None, resp.error
         assert params(resp)["tag"] == "new" and resp.outputs["OUT"].to_numpy()[0] == 2
-        stuck = held.get(timeout=30)  # stopped with the old instance: answered, not hung
-        assert stuck.error is not None and stuck.error.code.name == "UNAVAILABLE"
+        # As Triton: the old version finishes what it runs, however long (exit_timeout
+        # bounds only the server's stop): held well past its 0.5 s, it still answers.
+        time.sleep(1.0)
+        gate.open()
+        done = held.get(timeout=30)
+        assert done.error is None, done.error
+        assert params(done)["tag"] == "old" and done.outputs["OUT"].to_numpy()[0] == 1
 
 
 def test_unload_finishes_in_flight_requests_first(tmp_path, shm_prefix):
@@ -184,6 +189,65 @@ def test_unload_finishes_in_flight_requests_first(tmp_path, shm_prefix):
         unloader.join(30)
         assert not unloader.is_alive()
         assert _states(server)["m"] == "UNAVAILABLE"
+
+
+def test_unload_without_waiting_returns_at_once_and_its_requests_outlive_the_exit_timeout(
+        tmp_path, shm_prefix):
+    # Triton's HTTP, gRPC and pb_utils unload: the call returns at once, the model shows
+    # UNLOADING, and its in-flight request finishes however long it takes (exit_timeout
+    # bounds only the server's stop).
+    write_model(tmp_path, "m", tagged("m"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit", load_models=["m"],
+                 exit_timeout=0.5) as server, Gate(tmp_path) as gate:
+        held = server.model("m").infer({"IN": fp32(5)}, parameters={"gate": gate.path})
+        t0 = time.monotonic()
+        server.unload("m", wait=False)
+        assert time.monotonic() - t0 < 0.5
+        assert _states(server)["m"] == "UNLOADING"
+        time.sleep(1.0)  # twice the exit timeout
+        gate.open()
+        resp = held.get(timeout=30)
+        assert resp.error is None and resp.outputs["OUT"].to_numpy()[0] == 5
+        assert wait_for(lambda: _states(server)["m"] == "UNAVAILABLE", timeout=30)
+
+
+SELF_UNLOAD_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pb_utils.unload_model("selfish")  # itself: returns at once, as in Triton
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests]
+"""
+
+
+def test_a_model_that_unloads_itself_answers_and_then_unloads(tmp_path, shm_prefix):
+    write_model(tmp_path, "selfish", SELF_UNLOAD_PY)
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["selfish"]) as server:
+        t0 = time.monotonic()
+        resp = infer(server.model("selfish"), {"IN": fp32(3)})
+        assert resp.error is None and resp.outputs["OUT"].to_numpy()[0] == 3
+        assert time.monotonic() - t0 < 10  # it used to wait out the exit timeout, then fail
+        assert wait_for(lambda: _states(server)["selfish"] == "UNAVAILABLE", timeout=30)
+
+
+def test_stop_bounds_an_unload_whose_request_never_ends(tmp_path, shm_prefix):
+    write_model(tmp_path, "stuck", STUCK_PY,
+                io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    with serving(tmp_path, shm_prefix, exit_timeout=2, model_control_mode="explicit",
+                 load_models=["stuck"]) as server:
+        stream = server.model("stuck").infer({"IN": fp32(1)})
+        server.unload("stuck", wait=False)  # waits for a request that never ends
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        server.stop()
+        elapsed = time.monotonic() - t0
+    assert elapsed < 10, elapsed  # the exit timeout bounds it, then the stub is given up on
+    resp = stream.get(timeout=5)
+    assert resp.error is not None and resp.error.code.name == "UNAVAILABLE"
 
 
 def test_poll_mode_loads_reloads_and_unloads(tmp_path, shm_prefix):

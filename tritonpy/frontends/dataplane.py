@@ -772,8 +772,9 @@ class DataPlane:
             raise InternalError(f"failed to load '{name}', failed to poll from model repository") from None
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
-        """Unload a model in explicit mode."""
-        await asyncio.to_thread(self.server.unload, name, unload_dependents)
+        """Unload a model in explicit mode; as Triton's, this returns at once while its
+        in-flight requests finish (the model shows UNLOADING meanwhile)."""
+        await asyncio.to_thread(self.server.unload, name, unload_dependents, False)
 
     async def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         """Triton's ModelStatisticsResponse in JSON form."""
