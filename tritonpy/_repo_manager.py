@@ -69,6 +69,10 @@ class RepositoryManager:
         # Ensembles unloaded because a model they run was: their step models, to load them
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
+        self._scanned: dict[str, str] = {}  # the repositories' models, as last scanned
+        # Directories of file-override loads that a later load left (removed at shut-down:
+        # a version loaded from one may still be finishing its requests).
+        self._stale_tmpdirs: list[str] = []
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -76,6 +80,7 @@ class RepositoryManager:
 
         models, errors = scan_repositories(self.server.repositories)
         with self._lock:
+            self._scanned = models
             for name, directory in models.items():
                 entry = self.entries.get(name)
                 if entry is None:
@@ -142,9 +147,9 @@ class RepositoryManager:
         if entries:
             with concurrent.futures.ThreadPoolExecutor(min(8, len(entries))) as ex:
                 list(ex.map(lambda e: self._unload_entry(e, timeout), entries))
-        for e in entries:
-            if e.tmpdir:
-                shutil.rmtree(e.tmpdir, ignore_errors=True)
+        for tmp in [e.tmpdir for e in entries if e.tmpdir] + self._stale_tmpdirs:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._stale_tmpdirs.clear()
         return [f"'{rt.name}' version {rt.version}" for rt in live if rt.cut_short]
 
     # -- load / unload -------------------------------------------------------------------------
@@ -174,9 +179,17 @@ class RepositoryManager:
                 with open(dest, "wb") as fh:
                     fh.write(data)
             if entry.tmpdir:
-                shutil.rmtree(entry.tmpdir, ignore_errors=True)
+                self._stale_tmpdirs.append(entry.tmpdir)  # its version may still be serving
             entry.tmpdir = tmp
             entry.directory = mdir
+        else:
+            known = self.entries.get(name)
+            if known is not None and known.tmpdir and name in self._scanned:
+                # As Triton: a load without files undoes a files override and loads the
+                # repository's model again.
+                self._stale_tmpdirs.append(known.tmpdir)
+                known.tmpdir = None
+                known.directory = self._scanned[name]
         entry = self.require_known(name)
         override = None
         if config:

@@ -387,6 +387,22 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
         http.unload_model("from_files")
 
 
+def test_a_load_without_files_goes_back_to_the_repositorys_model(
+        http: httpclient.InferenceServerClient) -> None:
+    # As Triton: a files override lasts until a load without one (push a candidate, then roll
+    # back to the repository). It used to reload the override's directory, without its config.
+    code = textwrap.dedent(LAZY[1]).replace("self.who = ", "self.who = 'files:' + ")
+    try:
+        http.load_model("lazy", config=lazy_config("candidate"),
+                        files={"file:1/model.py": code.encode()})
+        assert who(http, httpclient) == "files:candidate"
+        http.load_model("lazy")
+        assert who(http, httpclient) == "disk"
+        assert http.get_model_config("lazy")["parameters"]["WHO"]["string_value"] == "disk"
+    finally:
+        http.unload_model("lazy")
+
+
 def test_repository_load_unload_over_grpc(served: Served, grpcc: grpcclient.InferenceServerClient) -> None:
     index = {m.name: m for m in grpcc.get_model_repository_index().models}
     assert index["bls_sync"].state == "READY" and "lazy" in index
