@@ -51,6 +51,10 @@ class ModelEntry:
         self.version_files: dict[int, str] = {}  # see repository.version_fingerprints
         self.lock = threading.Lock()
         self.tmpdir: str | None = None
+        # Its last load failed on its configuration (unreadable, invalid, another backend):
+        # as in Triton, where such a directory fails the poll, it is no model of the server
+        # and does not count against readiness.
+        self.unreadable = False
 
 
 class RepositoryManager:
@@ -309,6 +313,7 @@ class RepositoryManager:
             if not old:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
+                entry.unreadable = isinstance(exc, (ConfigError, UnsupportedError))
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files
@@ -322,6 +327,7 @@ class RepositoryManager:
         entry.runtimes = serving
         entry.state = READY
         entry.reason = ""
+        entry.unreadable = False
         if gone:  # the new versions serve already; the old ones finish up meanwhile
             entry.retired.extend(gone)
             t = threading.Thread(target=self._retire, args=(gone,), daemon=True,
@@ -545,13 +551,12 @@ class RepositoryManager:
         return all(rt.ready() for rt in self.runtimes())
 
     def not_available(self) -> list[str]:
-        """Models neither ready nor unloaded on purpose: failed (or broken in the repository,
-        outside explicit mode, where every model is meant to load), loading or unloading."""
-        out = [name for name, e in self.entries.items()
-               if e.state != READY and e.reason != "unloaded"]
-        if self.server.model_control_mode != "explicit":
-            out.extend(self.scan_errors)
-        return out
+        """Models neither ready nor unloaded on purpose: failed, loading or unloading. As in
+        Triton, a directory whose configuration cannot even be read is not a model of the
+        server and does not count (a broken folder dropped into a polled repository does not
+        take the server out of service)."""
+        return [name for name, e in self.entries.items()
+                if e.state != READY and e.reason != "unloaded" and not e.unreadable]
 
     def index(self) -> list[dict]:
         out = []

@@ -268,6 +268,12 @@ def test_poll_mode_loads_reloads_and_unloads(tmp_path, shm_prefix):
         time.sleep(1.0)  # several polls: the failed reload leaves the old version serving
         assert _states(server)["a"] == "READY"
         assert params(infer(server.model("a"), {"IN": np.ones((1, 1), np.float32)}))["tag"] == "a2"
+        broken = tmp_path / "broken"  # a folder whose config cannot be read
+        broken.mkdir()
+        (broken / "config.pbtxt").write_text("this is { not a config")
+        time.sleep(1.0)
+        assert server.ready()  # as Triton: it is no model of the server, readiness stays
+        shutil.rmtree(broken)
         shutil.rmtree(tmp_path / "b")  # a removed model directory
         assert wait_for(lambda: "b" not in _states(server), timeout=30)
         with pytest.raises(NotFoundError):
