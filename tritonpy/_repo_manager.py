@@ -13,6 +13,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -35,6 +36,10 @@ from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, config
 log = logging.getLogger("tritonpy.repository")
 
 
+# "version N is at UNAVAILABLE state: <why>" (errors.version_failed)
+_VERSION_FAILED = re.compile(r"version (\d+) is at UNAVAILABLE state: (.*)", re.DOTALL)
+
+
 class ModelEntry:
     """One model name: its directory and its loaded versions."""
 
@@ -51,6 +56,10 @@ class ModelEntry:
         self.version_files: dict[int, str] = {}  # see repository.version_fingerprints
         self.lock = threading.Lock()
         self.tmpdir: str | None = None
+        # The versions its first load is loading, then those that failed and why (Triton's
+        # index lists each, with the reason the version gave).
+        self.loading: list[int] = []
+        self.failed: dict[int, str] = {}
         # Its last load failed on its configuration (unreadable, invalid, another backend):
         # as in Triton, where such a directory fails the poll, it is no model of the server
         # and does not count against readiness.
@@ -289,6 +298,8 @@ class RepositoryManager:
             cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=self.gpu_count())
             labels = read_labels(cfg, entry.directory, cfg_path) if entry.directory else {}
             versions = select_versions(cfg, available_versions(entry.directory))
+            if not old:
+                entry.loading, entry.failed = list(versions), {}
             if ensemble:  # steps are loaded (explicit mode) and checked first
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
                 versions = []
@@ -314,6 +325,8 @@ class RepositoryManager:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
                 entry.unreadable = isinstance(exc, (ConfigError, UnsupportedError))
+                failed = _VERSION_FAILED.match(exc.message)
+                entry.failed = {int(failed.group(1)): failed.group(2)} if failed else {}
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files
@@ -571,6 +584,14 @@ class RepositoryManager:
                                 "reason": ""})
             elif not e.tried:  # as Triton: a model never loaded is listed by name alone
                 out.append({"name": name, "version": "", "state": "", "reason": ""})
+            elif e.state == LOADING and e.loading:
+                for v in e.loading:  # as Triton: each version being loaded
+                    out.append({"name": name, "version": str(v), "state": LOADING, "reason": ""})
+            elif e.state == UNAVAILABLE and e.failed and e.reason != "unloaded":
+                # As Triton: the version that failed, with the reason it gave.
+                for v, why in sorted(e.failed.items()):
+                    out.append({"name": name, "version": str(v), "state": UNAVAILABLE,
+                                "reason": why})
             elif e.unloaded and (e.state == UNLOADING or e.reason == "unloaded"):
                 # As Triton: the versions the unload took down, each UNAVAILABLE ("unloaded").
                 for v in e.unloaded:

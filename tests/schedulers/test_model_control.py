@@ -359,3 +359,21 @@ def test_stop_is_bounded_by_the_exit_timeout_when_a_request_never_ends(tmp_path,
     assert server.cut_short == ["'stuck' version 1"]
     resp = stream.get(timeout=5)  # answered, not left hanging
     assert resp.error is not None and resp.error.code.name == "UNAVAILABLE"
+
+
+def test_the_index_lists_each_version_being_loaded(tmp_path, shm_prefix):
+    # As Triton's index: {"name", "version", "state": "LOADING"} while initialize runs.
+    gate, started = tmp_path / "gate", tmp_path / "started"
+    write_model(tmp_path / "repo", "slow", tagged("slow", gate=str(gate), started=str(started)),
+                versions=(1, 2))
+    with serving(tmp_path / "repo", shm_prefix, model_control_mode="explicit") as server:
+        loader = threading.Thread(target=server.load, args=("slow",))
+        loader.start()
+        try:
+            assert wait_for(started.exists, timeout=30)
+            rows = [m for m in server.models() if m["name"] == "slow"]
+            assert rows == [{"name": "slow", "version": "2", "state": "LOADING", "reason": ""}]
+        finally:
+            gate.touch()
+            loader.join(30)
+        assert [(m["version"], m["state"]) for m in server.models()] == [("2", "READY")]
