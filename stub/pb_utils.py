@@ -182,6 +182,10 @@ class InferenceRequest:
                 for n in _expect_list(names, (str, bytes), "requested_output_names")]
         self._request_id = request_id if type(request_id) is str else _text(
             request_id, "request_id")
+        if "" in self._requested_output_names:  # Triton's words, as it builds the request
+            raise TritonModelException(
+                f"Requested output name for request with id '{self._request_id}' and model "
+                f"name '{self._model_name}' should not be empty.")
         if type(inputs) is list and all(type(t) is Tensor for t in inputs):
             self._inputs = inputs.copy()
         else:

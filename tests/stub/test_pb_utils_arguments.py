@@ -70,6 +70,11 @@ def test_a_missing_tensor_in_a_list_is_tritons_model_exception():
     with pytest.raises(pb_utils.TritonModelException) as e:
         pb_utils.InferenceResponse(output_tensors=[None])
     assert str(e.value) == "Output tensor for inference response should not be empty."
+    with pytest.raises(pb_utils.TritonModelException) as e:  # refused as it is built
+        pb_utils.InferenceRequest(request_id="r2", model_name="m", inputs=[T],
+                                  requested_output_names=["OUT", ""])
+    assert str(e.value) == ("Requested output name for request with id 'r2' and model name "
+                            "'m' should not be empty.")
 
 
 def test_inference_response_and_tensor_wrong_argument_types():
