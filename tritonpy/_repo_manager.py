@@ -78,7 +78,8 @@ class RepositoryManager:
         self._poller: threading.Thread | None = None
         self._env_cache: dict[str, str] = {}
         self._env_lock = threading.Lock()
-        self._retiring: set[threading.Thread] = set()  # old versions a reload replaced
+        # Threads that retire versions (a reload's old ones, an unload that does not wait).
+        self._retiring: set[threading.Thread] = set()
         # Ensembles unloaded because a model they run was: their step models, to load them
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
@@ -343,21 +344,16 @@ class RepositoryManager:
         entry.unreadable = False
         if gone:  # the new versions serve already; the old ones finish up meanwhile
             entry.retired.extend(gone)
-            t = threading.Thread(target=self._retire, args=(gone,), daemon=True,
-                                 name=f"{entry.name}-retire")
-            self._retiring.add(t)
-            t.start()
+            self._in_background(self._retire, gone, name=f"{entry.name}-retire")
         if new:
             log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
         if kept:
             log.info("updated model '%s' version(s) %s in place", entry.name, sorted(kept))
 
-    def _retire(self, runtimes: list[ModelRuntime]) -> None:
-        try:
-            for rt in runtimes:
-                rt.unload(timeout=None)  # as Triton: every request finishes (see drain)
-        finally:
-            self._retiring.discard(threading.current_thread())
+    @staticmethod
+    def _retire(runtimes: list[ModelRuntime]) -> None:
+        for rt in runtimes:
+            rt.unload(timeout=None)  # as Triton: every request finishes (see drain)
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
