@@ -322,12 +322,16 @@ class RepositoryManager:
             for rt in new.values():
                 if rt.state == READY:
                     rt.unload(timeout=5)
+            failed = _VERSION_FAILED.match(exc.message)
             if not old:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
                 entry.unreadable = isinstance(exc, (ConfigError, UnsupportedError))
-                failed = _VERSION_FAILED.match(exc.message)
                 entry.failed = {int(failed.group(1)): failed.group(2)} if failed else {}
+            elif failed and int(failed.group(1)) not in old:
+                # A reload whose new version failed beside the ones serving on: as Triton,
+                # the index lists it and the server is not ready until a load succeeds.
+                entry.failed = {int(failed.group(1)): failed.group(2)}
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files
@@ -342,6 +346,7 @@ class RepositoryManager:
         entry.state = READY
         entry.reason = ""
         entry.unreadable = False
+        entry.failed = {}
         if gone:  # the new versions serve already; the old ones finish up meanwhile
             entry.retired.extend(gone)
             self._in_background(self._retire, gone, name=f"{entry.name}-retire")
@@ -565,7 +570,8 @@ class RepositoryManager:
         server and does not count (a broken folder dropped into a polled repository does not
         take the server out of service)."""
         return [name for name, e in self.entries.items()
-                if e.state != READY and e.reason != "unloaded" and not e.unreadable]
+                if (e.state != READY and e.reason != "unloaded" and not e.unreadable)
+                or (e.state == READY and any(v not in e.runtimes for v in e.failed))]
 
     def index(self) -> list[dict]:
         out = []
@@ -575,9 +581,12 @@ class RepositoryManager:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,
                             "reason": self.scan_errors[name]})
             elif e.runtimes:
-                for v in sorted(e.runtimes):
-                    out.append({"name": name, "version": str(v), "state": e.runtimes[v].state,
-                                "reason": ""})
+                rows = {v: (rt.state, "") for v, rt in e.runtimes.items()}
+                for v, why in e.failed.items():  # a new version a reload could not load
+                    rows.setdefault(v, (UNAVAILABLE, why))
+                for v, (state, why) in sorted(rows.items()):
+                    out.append({"name": name, "version": str(v), "state": state,
+                                "reason": why})
             elif not e.tried:  # as Triton: a model never loaded is listed by name alone
                 out.append({"name": name, "version": "", "state": "", "reason": ""})
             elif e.state == LOADING and e.loading:

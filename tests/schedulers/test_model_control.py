@@ -15,7 +15,7 @@ import pytest
 from _models import fp32, infer, io_config, serving, wait_for, write_model
 from _sched_models import Gate, params
 
-from tritonpy import NotFoundError, UnavailableError
+from tritonpy import NotFoundError, TritonpyError, UnavailableError
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -377,3 +377,33 @@ def test_the_index_lists_each_version_being_loaded(tmp_path, shm_prefix):
             gate.touch()
             loader.join(30)
         assert [(m["version"], m["state"]) for m in server.models()] == [("2", "READY")]
+
+
+BROKEN_INIT_PY = """
+class TritonPythonModel:
+    def initialize(self, args):
+        raise RuntimeError("v2 broken")
+"""
+
+
+def test_a_reload_whose_new_version_fails_keeps_the_others_and_says_so(tmp_path, shm_prefix):
+    # As Triton (measured): version 1 serves on, the index lists version 2 UNAVAILABLE with
+    # its reason, and the server is not ready until a load succeeds.
+    mdir = write_model(tmp_path, "mixed", tagged("v1"),
+                       io_config(extra="version_policy: { all: {} }\n"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["mixed"]) as server:
+        assert server.ready()
+        (mdir / "2").mkdir()
+        (mdir / "2" / "model.py").write_text(BROKEN_INIT_PY)
+        with pytest.raises(TritonpyError, match="version 2 is at UNAVAILABLE state"):
+            server.load("mixed")
+        rows = [(m["version"], m["state"]) for m in server.models()]
+        assert rows == [("1", "READY"), ("2", "UNAVAILABLE")]
+        assert "RuntimeError: v2 broken" in server.models()[1]["reason"]
+        assert not server.ready()
+        assert _tag(server.model("mixed", 1)) == "v1"
+        shutil.rmtree(mdir / "2")
+        server.load("mixed")
+        assert [(m["version"], m["state"]) for m in server.models()] == [("1", "READY")]
+        assert server.ready()
