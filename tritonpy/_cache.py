@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
+import time
 from typing import Any, Iterable
 
 import numpy as np
@@ -38,6 +39,9 @@ class ResponseCache:
         self._entries: collections.OrderedDict[bytes, tuple[dict[str, np.ndarray], Any, int]] = \
             collections.OrderedDict()
         self._lock = threading.Lock()
+        # Server-wide counts and times (Triton's nv_cache_* metrics).
+        self.hits = self.misses = self.evictions = 0
+        self.lookup_ns = self.insert_ns = 0
 
     @staticmethod
     def key(model: str, version: int, inputs: Iterable[tuple[str, np.ndarray]]) -> bytes:
@@ -59,20 +63,28 @@ class ResponseCache:
                                                                  Any] | None:
         """The outputs named in ``wanted`` and the parameters of the entry for ``key``, or None
         (no entry, or one without all of them)."""
+        t0 = time.monotonic_ns()
         with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            outputs, params, _ = entry
             try:
-                found = [(name, outputs[name]) for name in wanted]
-            except KeyError:
-                return None
-            self._entries.move_to_end(key)
-            return found, dict(params) if params else None
+                entry = self._entries.get(key)
+                if entry is None:
+                    self.misses += 1
+                    return None
+                outputs, params, _ = entry
+                try:
+                    found = [(name, outputs[name]) for name in wanted]
+                except KeyError:
+                    self.misses += 1
+                    return None
+                self.hits += 1
+                self._entries.move_to_end(key)
+                return found, dict(params) if params else None
+            finally:
+                self.lookup_ns += time.monotonic_ns() - t0
 
     def insert(self, key: bytes, outputs: list[tuple[str, np.ndarray]], params: Any) -> bool:
         """Keep a copy of a successful answer; False when it is larger than the cache."""
+        t0 = time.monotonic_ns()
         kept: dict[str, np.ndarray] = {}
         size = 0
         for name, arr in outputs:
@@ -89,9 +101,26 @@ class ResponseCache:
             while self._entries and self.used + size > self.size:
                 _, (_, _, gone) = self._entries.popitem(last=False)
                 self.used -= gone
+                self.evictions += 1
             self._entries[key] = (kept, dict(params) if params else None, size)
             self.used += size
+            self.insert_ns += time.monotonic_ns() - t0
         return True
+
+    def metrics(self) -> dict[str, float]:
+        """Triton's server-wide cache metrics (nv_cache_*): counts, utilization and the
+        cumulative lookup and insertion times in µs."""
+        with self._lock:
+            return {
+                "util": self.used / self.size if self.size else 0.0,
+                "entries": float(len(self._entries)),
+                "lookups": float(self.hits + self.misses),
+                "hits": float(self.hits),
+                "misses": float(self.misses),
+                "evictions": float(self.evictions),
+                "lookup_us": self.lookup_ns / 1000.0,
+                "insertion_us": self.insert_ns / 1000.0,
+            }
 
     def __len__(self) -> int:
         with self._lock:

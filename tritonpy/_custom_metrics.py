@@ -99,6 +99,9 @@ class CustomMetrics(Collector):
             else:
                 cls = CounterMetricFamily if kind == COUNTER else GaugeMetricFamily
                 fam = cls(name, desc, labels=label_names)
+                # As registered: prometheus_client strips a counter's "_total" from the family
+                # name; the metrics page (metrics.render) prints this one, as Triton does.
+                fam.registered_name = name
                 for key, (v,) in vals.items():
                     d = dict(key)
                     fam.add_metric([d.get(n, "") for n in label_names], v)

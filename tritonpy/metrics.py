@@ -60,6 +60,19 @@ _MODEL_FAMILIES = (
      "Total cache miss (insert+lookup) duration per model, in microseconds",
      ("inference_stats", "cache_miss", "ns")),
 )
+# Triton's server-wide response-cache families (gauges, as Triton's), from ResponseCache.metrics.
+_CACHE_FAMILIES = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", "util"),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", "entries"),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", "lookups"),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", "hits"),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", "misses"),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", "evictions"),
+    ("nv_cache_lookup_duration",
+     "Total cache lookup duration (hit and miss), in microseconds", "lookup_us"),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+     "insertion_us"),
+)
 _SHM_FAMILIES = (
     ("tritonpy_shm_pool_mapped_bytes", "Bytes of shared memory mapped by the pool", "mapped_bytes"),
     ("tritonpy_shm_pool_used_bytes", "Bytes of shared memory in use by live tensors in the pool", "used_bytes"),
@@ -98,18 +111,35 @@ class TritonStatsCollector:
         except Exception:  # a failing scrape must not fail the metrics endpoint
             log.exception("reading statistics for metrics failed")
             stats = []
+        loaded = self._loaded()
+        if loaded is not None:  # as Triton: an unloaded version's series go with it
+            stats = [e for e in stats
+                     if (str(e.get("name", "")), str(e.get("version", ""))) in loaded]
+        cached = self._cached_models()
         for name, doc, path in _MODEL_FAMILIES:
             family = CounterMetricFamily(name, doc, labels=["model", "version"])
+            per_cache = name.startswith("nv_cache_")
             for entry in stats:
-                family.add_metric([str(entry.get("name", "")), str(entry.get("version", ""))],
-                                  _lookup(entry, path))
+                model = (str(entry.get("name", "")), str(entry.get("version", "")))
+                if per_cache and model not in cached:
+                    continue  # as Triton: only for the models whose config enables the cache
+                family.add_metric(list(model), _lookup(entry, path))
             yield family
+        cache = getattr(self.server, "response_cache", None)
+        if cache is not None:  # Triton's server-wide families, with --cache-config
+            values = cache.metrics()
+            for name, doc, key in _CACHE_FAMILIES:
+                gauge = GaugeMetricFamily(name, doc)
+                gauge.add_metric([], values[key])
+                yield gauge
         # Failures by Triton's reason label; every reason of every model, zeros included.
         failures = CounterMetricFamily(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
             labels=["model", "reason", "version"])
         try:
             for entry in self.server.failures():
+                if loaded is not None and (entry["name"], entry["version"]) not in loaded:
+                    continue
                 for reason, count in entry["reasons"].items():
                     failures.add_metric([entry["name"], reason, entry["version"]], float(count))
         except Exception:
@@ -136,6 +166,23 @@ class TritonStatsCollector:
                 if key in pool:  # a stub that did not answer has no used_bytes
                     gauge.add_metric([str(pool.get("pool", ""))], float(pool[key]))
             yield gauge
+
+
+    def _loaded(self) -> set[tuple[str, str]] | None:
+        """(name, version) of the loaded model versions (None: not known)."""
+        try:
+            return {(rt.name, str(rt.version)) for rt in self.server.repo.runtimes()}
+        except Exception:
+            return None
+
+    def _cached_models(self) -> set[tuple[str, str]]:
+        """(name, version) of the loaded models whose config enables the response cache."""
+        try:
+            runtimes = self.server.repo.runtimes()
+        except Exception:
+            return set()
+        return {(rt.name, str(rt.version)) for rt in runtimes
+                if rt.config.response_cache.enable}
 
 
 class CpuMetrics:
@@ -204,14 +251,17 @@ def render(families: Iterable[Metric]) -> str:
     lines: list[str] = []
     for family in families:
         kind = family.type if family.type in ("counter", "gauge", "histogram", "summary") else "untyped"
-        lines.append(f"# HELP {family.name} {family.documentation.replace(chr(10), ' ')}")
-        lines.append(f"# TYPE {family.name} {kind}")
+        # A model's counter keeps the name it was registered with ("x_total" included).
+        shown = getattr(family, "registered_name", family.name)
+        lines.append(f"# HELP {shown} {family.documentation.replace(chr(10), ' ')}")
+        lines.append(f"# TYPE {shown} {kind}")
+        created = family.name + "_created"  # what prometheus_client adds, not a model's own
         for sample in family.samples:
             name = sample.name
-            if name.endswith("_created"):
+            if name == created:
                 continue
             if kind == "counter" and name == family.name + "_total":
-                name = family.name
+                name = shown
             labels = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sample.labels.items())
             lines.append(f"{name}{{{labels}}} {_number(sample.value)}" if labels
                          else f"{name} {_number(sample.value)}")

@@ -239,6 +239,50 @@ def test_metrics_text_uses_triton_names() -> None:
     assert "_created" not in text and "custom_requests_total" not in text
 
 
+def test_metrics_keep_a_models_own_names_and_tritons_cache_families() -> None:
+    # Measured against Triton 2.51: a model's counter registered as "x_total" keeps that name
+    # (prometheus_client strips it), a gauge named "..._created" keeps its value, the per-model
+    # cache families list only the models that enable the cache, and --cache-config adds the
+    # server-wide nv_cache_* gauges.
+    from tritonpy._cache import ResponseCache
+    from tritonpy._custom_metrics import COUNTER, GAUGE, CustomMetrics
+
+    custom = CustomMetrics()
+    custom.family("audit_requests_total", "requests", COUNTER)
+    custom.op("audit_requests_total", {"m": "a"}, "increment", 3, None)
+    custom.family("audit_items_created", "items made", GAUGE)
+    custom.op("audit_items_created", {}, "set", 7, None)
+    registry = CollectorRegistry()
+    registry.register(custom)
+    cache = ResponseCache(1000)
+    key = cache.key("c", 1, [("IN", np.ones(2, np.float32))])
+    assert cache.lookup(key, ["OUT"]) is None
+    cache.insert(key, [("OUT", np.ones(25, np.float32))], None)  # 100 bytes
+    assert cache.lookup(key, ["OUT"]) is not None
+    stats = {"model_stats": [{"name": n, "version": "1"} for n in ("c", "plain")]}
+
+    def rt(name: str, enabled: bool) -> SimpleNamespace:
+        return SimpleNamespace(name=name, version=1, config=SimpleNamespace(
+            response_cache=SimpleNamespace(enable=enabled)))
+
+    server = SimpleNamespace(
+        statistics=lambda: stats, metrics_registry=registry, response_cache=cache,
+        repo=SimpleNamespace(runtimes=lambda: [rt("c", True), rt("plain", False)]),
+        shm_usage=lambda: [], pending_requests=lambda: [], failures=lambda: [])
+    lines = metrics_text(server).splitlines()  # type: ignore[arg-type]
+    for line in ["# TYPE audit_requests_total counter", 'audit_requests_total{m="a"} 3',
+                 "# TYPE audit_items_created gauge", "audit_items_created 7",
+                 'nv_cache_num_hits_per_model{model="c",version="1"} 0',
+                 "# TYPE nv_cache_util gauge", "nv_cache_util 0.1", "nv_cache_num_entries 1",
+                 "nv_cache_num_lookups 2", "nv_cache_num_hits 1", "nv_cache_num_misses 1",
+                 "nv_cache_num_evictions 0"]:
+        assert line in lines, line
+    assert not any(line.startswith("nv_cache_num_hits_per_model{model=\"plain\"")
+                   for line in lines)
+    assert any(line.startswith("nv_cache_lookup_duration ") for line in lines)
+    assert any(line.startswith("nv_cache_insertion_duration ") for line in lines)
+
+
 def test_metrics_survive_a_failing_server() -> None:
     def boom() -> dict:
         raise RuntimeError("down")

@@ -407,3 +407,17 @@ def test_a_reload_whose_new_version_fails_keeps_the_others_and_says_so(tmp_path,
         server.load("mixed")
         assert [(m["version"], m["state"]) for m in server.models()] == [("1", "READY")]
         assert server.ready()
+
+
+def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
+    # As Triton's metrics (measured): the series of an unloaded version go with it.
+    from tritonpy.metrics import metrics_text
+
+    write_model(tmp_path, "m", tagged("m"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["m"]) as server:
+        _tag(server.model("m"))
+        assert 'nv_inference_count{model="m",version="1"} 1' in metrics_text(server).splitlines()
+        server.unload("m")
+        assert 'model="m"' not in metrics_text(server)
+        assert server.statistics("m")["model_stats"][0]["inference_count"] == 1  # still kept
