@@ -59,13 +59,18 @@ class Tensor:
 
 
 class InferenceResponse:
-    """One response of a request: ``outputs`` by name, or ``error``; ``final`` ends a stream."""
+    """One response of a request: ``outputs`` by name, or ``error``; ``final`` ends a stream.
 
-    __slots__ = ("model", "model_version", "request_id", "parameters", "outputs", "error", "final")
+    ``empty``: no response at all, only the final flag (a decoupled model's
+    ``send(flags=COMPLETE_FINAL)``), as against a response that holds no tensors
+    (``send(InferenceResponse([]), flags=COMPLETE_FINAL)``), which Triton answers as one."""
+
+    __slots__ = ("model", "model_version", "request_id", "parameters", "outputs", "error", "final",
+                 "empty")
 
     def __init__(self, model: str, model_version: int, request_id: str,
                  outputs: dict[str, Tensor], error: TritonpyError | None,
-                 parameters: dict | None, final: bool) -> None:
+                 parameters: dict | None, final: bool, empty: bool = False) -> None:
         self.model = model
         self.model_version = model_version
         self.request_id = request_id
@@ -73,6 +78,7 @@ class InferenceResponse:
         self.error = error
         self.parameters = parameters or {}
         self.final = final
+        self.empty = empty
 
     def __repr__(self) -> str:
         what = f"error={self.error!r}" if self.error else f"outputs={list(self.outputs)}"
@@ -194,7 +200,8 @@ def _make_response(req: HostRequest, outputs: list | None, error: TritonpyError 
                    parameters: dict | None, final: bool) -> InferenceResponse:
     return InferenceResponse(
         req.model.name, req.model.version, req.request_id,
-        {n: Tensor(n, a) for n, a in outputs or ()}, error, parameters, final)
+        {n: Tensor(n, a) for n, a in outputs or ()}, error, parameters, final,
+        outputs is None and error is None and not parameters)
 
 
 class _Pacing:

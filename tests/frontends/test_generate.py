@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 import secrets
 import socket
 from collections.abc import Iterator
@@ -13,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 
 from _models import serving_models, wait_until
 from tritonpy.frontends import Frontends
@@ -98,7 +101,11 @@ TOKENS_PY = """
                     i += 1
                     if text == "forever":
                         time.sleep(0.01)
-                s.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                if text == "lastempty":  # a last response that holds no tensor, not the bare flag
+                    s.send(pb_utils.InferenceResponse([]),
+                           flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                else:
+                    s.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return None
     """
 
@@ -107,6 +114,7 @@ TOKENS_PY = """
 class Served:
     port: int
     marks: Path
+    grpc_port: int = 0
 
 
 @pytest.fixture(scope="module")
@@ -116,11 +124,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     marks.mkdir()
     models = {"echo": (ECHO_PY, ECHO_CONFIG), "tokens": (TOKENS_PY % {"marks": str(marks)}, TOKENS_CONFIG)}
     with serving_models(root / "repo", models) as server:
-        fe = Frontends(server, http_port=0, http_address="127.0.0.1", allow_grpc=False,
-                       allow_metrics=False, exit_timeout=5.0)
+        fe = Frontends(server, http_port=0, http_address="127.0.0.1", grpc_port=0,
+                       grpc_address="127.0.0.1", allow_metrics=False, exit_timeout=5.0)
         fe.start_in_thread()
         try:
-            yield Served(fe.http_port or 0, marks)
+            yield Served(fe.http_port or 0, marks, fe.grpc_port or 0)
         finally:
             fe.stop_in_thread()
 
@@ -261,3 +269,34 @@ def test_generate_stream_disconnect_cancels_the_request(served: Served) -> None:
         sock.close()
     wait_until((served.marks / f"cancelled-{rid}").exists, 10, "the model to see the cancellation")
     assert post(served, "/v2/models/tokens/generate", {"text_input": "ok", "max_tokens": 1})[0] == 200
+
+
+def test_a_final_response_without_tensors_is_a_response(served: Served) -> None:
+    # Measured with Triton 2.51: send(InferenceResponse([]), flags=COMPLETE_FINAL) is a response
+    # of its own (the bare flag, send(flags=COMPLETE_FINAL), is not), on every protocol.
+    status, _, body = post(served, "/v2/models/tokens/generate",
+                           {"text_input": "lastempty", "max_tokens": 0})
+    assert (status, json.loads(body)) == (200, {"model_name": "tokens", "model_version": "1"})
+    status, _, body = post(served, "/v2/models/tokens/generate_stream",
+                           {"text_input": "lastempty", "max_tokens": 1})
+    events = [json.loads(line[len(b"data: "):]) for line in body.split(b"\n\n") if line]
+    assert status == 200 and [e.get("index") for e in events] == [0, None]
+    assert events[1] == {"model_name": "tokens", "model_version": "1"}
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{served.grpc_port}")
+    got: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"lastempty"], dtype=np.object_))
+        n = grpcclient.InferInput("max_tokens", [1], "INT32")
+        n.set_data_from_numpy(np.array([0], dtype=np.int32))
+        client.async_stream_infer("tokens", [text, n], request_id="e")  # no empty-final flag
+        result, error = got.get(timeout=10)
+        assert error is None
+        resp = result.get_response()
+        assert (resp.id, resp.model_version, list(resp.outputs)) == ("e", "1", [])
+        assert resp.parameters["triton_final_response"].bool_param
+    finally:
+        client.stop_stream()
+        client.close()

@@ -146,9 +146,9 @@ def decode_generate(model: str, version: int, body: bytes | bytearray,
 
 
 def counts(result: InferResult, decoupled: bool) -> bool:
-    """Whether a result is a response of its own (a decoupled model's flags-only final is not)."""
-    return not (decoupled and result.final and result.error is None and not result.outputs
-                and not result.parameters)
+    """Whether a result is a response of its own (a decoupled model's flags-only final is not;
+    a final response that holds no tensors is, as in Triton)."""
+    return not (decoupled and result.final and result.empty)
 
 
 def _value(out: OutputTensor) -> Any:

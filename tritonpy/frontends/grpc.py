@@ -642,7 +642,7 @@ class GRPCService:
         if result.error is not None:
             return service_pb2.ModelStreamInferResponse(
                 error_message=result.error.message, infer_response=_bare(result, asked_version))
-        if decoupled and result.final and not result.outputs:
+        if decoupled and result.final and result.empty:
             # The flags-only final response of a decoupled model: sent only on request.
             if not enable_empty_final:
                 return None
