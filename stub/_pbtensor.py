@@ -188,20 +188,10 @@ class Tensor:
                 # Perhaps BF16 (a torch.bfloat16 tensor), which numpy does not import.
                 return Tensor(name, _from_bf16_capsule(dlpack_tensor.__dlpack__()))
         # A bare capsule (torch.utils.dlpack.to_dlpack): numpy takes a CPU one, CuPy the rest.
-        class _Capsule:
-            def __init__(self, cap: Any) -> None:
-                self.cap = cap
-
-            def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
-                return self.cap
-
-            def __dlpack_device__(self) -> tuple[int, int]:
-                return (1, 0)
-
         if BFLOAT16 is not None and _is_bf16_capsule(dlpack_tensor):
             return Tensor(name, _from_bf16_capsule(dlpack_tensor))
         try:
-            return Tensor(name, np.from_dlpack(_Capsule(dlpack_tensor)))
+            return Tensor(name, np.from_dlpack(_CpuCapsule(dlpack_tensor)))
         except (BufferError, RuntimeError, TypeError, ValueError):
             return Tensor._wrap(name, _cupy_from_dlpack(dlpack_tensor))
 
@@ -209,6 +199,21 @@ class Tensor:
         where = "" if self.is_cpu() else ", GPU"
         return (f"Tensor({self._name!r}, shape={list(self._arr.shape)}, "
                 f"dtype={self._arr.dtype}{where})")
+
+
+class _CpuCapsule:
+    """A bare DLPack capsule of CPU memory, in the form ``np.from_dlpack`` takes."""
+
+    __slots__ = ("cap",)
+
+    def __init__(self, cap: Any) -> None:
+        self.cap = cap
+
+    def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
+        return self.cap
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (1, 0)  # kDLCPU
 
 
 # -- BF16 through DLPack -------------------------------------------------------------------
@@ -259,15 +264,7 @@ def _from_bf16_capsule(capsule: Any) -> np.ndarray:
     if (field[0], field[1]) != (_KDL_BFLOAT, 16):
         raise TritonModelException("DLPack tensor of an unsupported data type")
     field[0] = _KDL_UINT  # then numpy takes it (and its ownership) as uint16
-
-    class _Holder:
-        def __dlpack__(self, stream: Any = None, **kw: Any) -> Any:
-            return capsule
-
-        def __dlpack_device__(self) -> tuple[int, int]:
-            return (1, 0)
-
-    return np.from_dlpack(_Holder()).view(BFLOAT16)
+    return np.from_dlpack(_CpuCapsule(capsule)).view(BFLOAT16)
 
 
 def _cupy_from_dlpack(obj: Any) -> Any:

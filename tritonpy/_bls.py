@@ -32,10 +32,12 @@ _FIRST_CHECK_S = 0.02
 _RECHECK_S = 0.25
 
 
-def _refused(model: str, err: TritonpyError) -> TritonpyError:
-    """A BLS request refused before it was queued (unknown model, bad inputs, a scheduler
-    that will not take it), in Triton's words: its Python backend prefixes these, not the
-    errors of a request that ran."""
+def _refused(body: Any, err: TritonpyError) -> TritonpyError:
+    """``err`` for a BLS call (its frame's ``body``) refused before it was queued (unknown
+    model, bad inputs, a scheduler that will not take it), in Triton's words: its Python
+    backend prefixes these, not the errors of a request that ran."""
+    request = body.get("request")
+    model = request.get("model", "") if isinstance(request, dict) else ""
     return type(err)(f"Model {model} - Error when running inference: {err.message}", err.code)
 
 
@@ -51,14 +53,12 @@ class BlsRouter:
         decoupled = bool(body.get("decoupled"))
         peer = stub.channel.peer
         srv = self.server
-        request = body.get("request")
-        name = str(request.get("model", "")) if isinstance(request, dict) else ""
         # The thread submitting the request, while it does: an error the scheduler answers
         # then is a refusal (the request was never queued), in Triton's words too.
         submitting = [0]
 
         def reply_error(err: TritonpyError) -> None:
-            err = _refused(name, err)
+            err = _refused(body, err)
             try:
                 stub.send(Cmd.BLS_RESPONSE, call_id, {"error": err.to_wire(), "final": True})
             except Exception:
@@ -106,7 +106,7 @@ class BlsRouter:
                     error = UnavailableError(str(exc))
             if error is not None:
                 if final and submitting[0] == threading.get_ident():
-                    error = _refused(name, error)
+                    error = _refused(body, error)
                 out["error"] = error.to_wire()
             if parameters:
                 out["parameters"] = parameters

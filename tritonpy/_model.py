@@ -995,17 +995,11 @@ class ModelRuntime(RuntimeBase):
             if i.state in ("READY", "RESTARTING", "RETIRING"))
 
     def _hand_over(self) -> None:
-        succ = self.successor
-        if succ is None or self.sched_is_sequence:  # a sequence stays where it began
-            return
-        with self.lock:
-            leftover = [r for r in self.queue if not r.done]
-            self.queue.clear()
-        for req in leftover:
-            self._forward(succ, req)
+        if self.successor is not None and not self.sched_is_sequence:  # a sequence stays
+            self._pass_on_queue()
 
-    def _unloaded(self, timeout: float) -> None:
-        """Forward or fail what is still queued, then finalize every instance."""
+    def _pass_on_queue(self) -> None:
+        """Empty the queue: each request goes to the successor, or fails when there is none."""
         with self.lock:
             leftover = list(self.queue)
             self.queue.clear()
@@ -1015,6 +1009,10 @@ class ModelRuntime(RuntimeBase):
                 self._forward(succ, req)
             else:
                 req.fail(UnavailableError(f"model '{self.name}' was unloaded"))
+
+    def _unloaded(self, timeout: float) -> None:
+        """Forward or fail what is still queued, then finalize every instance."""
+        self._pass_on_queue()
         # After a drain cut short (its exit timeout spent, as Triton then exits at once), a
         # finalize gets a moment only.
         grace = 1.0 if self.cut_short else min(timeout, 10.0)

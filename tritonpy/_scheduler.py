@@ -54,6 +54,18 @@ def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostReq
     raise ValueError("request is not queued")
 
 
+def fail_queued(rt: ModelRuntime, reqs: list[HostRequest], error: TritonpyError,
+                reason: str) -> None:
+    """Answer ``error`` to requests taken off a queue before they ran, counted as failures
+    for ``reason`` (Triton's REJECTED, CANCELED, ...). Call it without the model lock held (a
+    caller that holds it: ``rt.server.timers.at(0.0, ...)``)."""
+    stats = rt.stats
+    for req in reqs:
+        if not req.done:
+            stats.request_failed(time.monotonic_ns() - req.t_enqueue, reason)
+            req.fail(error)
+
+
 def batch_key(config: Any) -> Callable[[HostRequest], Hashable] | None:
     """What requests batched together must share, as a function of a request, or None when
     any requests may share a batch.
@@ -303,11 +315,7 @@ class DynamicBatcher(Unbound):
 
     def _reject(self, reqs: list[HostRequest]) -> None:
         """Answer requests taken off the queue because their timeout passed (no lock held)."""
-        stats = self.rt.stats
-        for req in reqs:
-            if not req.done:
-                stats.request_failed(time.monotonic_ns() - req.t_enqueue, "REJECTED")
-                req.fail(UnavailableError(REQUEST_TIMEOUT))
+        fail_queued(self.rt, reqs, UnavailableError(REQUEST_TIMEOUT), "REJECTED")
 
     def _expire(self, expired: list[HostRequest]) -> None:
         """The queue policy for ``expired`` requests that batch formation found, as Triton
@@ -461,4 +469,5 @@ def make_scheduler(rt: ModelRuntime) -> Any:
     return FifoScheduler(rt)
 
 
-__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "make_scheduler"]
+__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "fail_queued",
+           "make_scheduler"]

@@ -41,7 +41,7 @@ import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType
 
 from ._errors import CancelledError, InvalidArgumentError, TritonpyError, UnavailableError
-from ._scheduler import Waker, batch_key, remove_queued
+from ._scheduler import Waker, batch_key, fail_queued, remove_queued
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -376,17 +376,8 @@ class SequenceBatcher:
         self.n -= len(rest)
         for req in rest:
             self._aborted.pop(req.id, None)
-        if not rest:
-            return
-        stats = self.rt.stats
-
-        def answer() -> None:
-            for req in rest:
-                if not req.done:
-                    stats.request_failed(time.monotonic_ns() - req.t_enqueue, reason)
-                    req.fail(why)
-
-        self.rt.server.timers.at(0.0, answer)
+        if rest:
+            self.rt.server.timers.at(0.0, lambda: fail_queued(self.rt, rest, why, reason))
 
     def requeue(self, reqs: list[HostRequest]) -> None:
         for req in reversed(reqs):

@@ -111,11 +111,10 @@ class TritonStatsCollector:
         except Exception:  # a failing scrape must not fail the metrics endpoint
             log.exception("reading statistics for metrics failed")
             stats = []
-        loaded = self._loaded()
+        loaded, cached = self._loaded()
         if loaded is not None:  # as Triton: an unloaded version's series go with it
             stats = [e for e in stats
                      if (str(e.get("name", "")), str(e.get("version", ""))) in loaded]
-        cached = self._cached_models()
         for name, doc, path in _MODEL_FAMILIES:
             family = CounterMetricFamily(name, doc, labels=["model", "version"])
             per_cache = name.startswith("nv_cache_")
@@ -168,21 +167,16 @@ class TritonStatsCollector:
             yield gauge
 
 
-    def _loaded(self) -> set[tuple[str, str]] | None:
-        """(name, version) of the loaded model versions (None: not known)."""
-        try:
-            return {(rt.name, str(rt.version)) for rt in self.server.repo.runtimes()}
-        except Exception:
-            return None
-
-    def _cached_models(self) -> set[tuple[str, str]]:
-        """(name, version) of the loaded models whose config enables the response cache."""
+    def _loaded(self) -> tuple[set[tuple[str, str]] | None, set[tuple[str, str]]]:
+        """(name, version) of the loaded model versions (None: not known), and of those whose
+        config enables the response cache."""
         try:
             runtimes = self.server.repo.runtimes()
         except Exception:
-            return set()
-        return {(rt.name, str(rt.version)) for rt in runtimes
-                if rt.config.response_cache.enable}
+            return None, set()
+        loaded = {(rt.name, str(rt.version)) for rt in runtimes}
+        return loaded, {(rt.name, str(rt.version)) for rt in runtimes
+                        if rt.config.response_cache.enable}
 
 
 class CpuMetrics:

@@ -8,6 +8,7 @@ input.
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -53,12 +54,7 @@ def reshaped(shape: Sequence[int], src: Sequence[int], dst: Sequence[int],
             k += 1
         else:
             out.append(d)
-    before = after = 1
-    for d in shape:
-        before *= d
-    for d in out:
-        after *= d
-    return out if before == after else None
+    return out if math.prod(shape) == math.prod(out) else None
 
 
 class Reshapes:
@@ -106,17 +102,14 @@ class Reshapes:
         if out is None:
             batch = "[batch] + " if self.batched else ""
             raise InternalError(
-                f"output '{name}' has shape {_dims(shape)}, which does not fit the reshape "
-                f"{batch}{_dims(plan[0])} of its configuration (dims {_dims(plan[1])})")
+                f"output '{name}' has shape {_dims_text(shape)}, which does not fit the "
+                f"reshape {batch}{_dims_text(plan[0])} of its configuration (dims "
+                f"{_dims_text(plan[1])})")
         return out
 
 
 def _names(names: Any) -> str:
     return "[" + ",".join(f"'{n}'" for n in names) + "]"
-
-
-def _dims(shape: Sequence[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 _BATCH_NOTE = (

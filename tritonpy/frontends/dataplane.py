@@ -948,7 +948,7 @@ class DataPlane:
             model=resp.model or req.model, version=int(resp.model_version),
             request_id=resp.request_id if resp.request_id is not None else req.request_id,
             outputs=[], parameters=dict(resp.parameters or {}), final=bool(resp.final),
-            empty=bool(getattr(resp, "empty", False)),
+            empty=resp.empty,
         )
         if resp.error is not None:
             result.error = to_error(resp.error)
