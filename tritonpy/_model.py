@@ -98,6 +98,11 @@ def config_needs_reload(old: Any, new: Any) -> bool:
     return bool(a != b)
 
 
+# Tries of a restart whose replacement dies as it starts (or cannot be spawned) before what
+# waits for it is failed; the restart goes on after that.
+_RESTART_TRIES = 3
+
+
 class Instance:
     """One model instance: a stub process and what it is executing.
 
@@ -130,6 +135,7 @@ class Instance:
         self.bls_calls: dict[int, HostRequest] = {}  # call id -> request, for BLS_CANCEL
         self._exec_ids = 0
         self.restarts = 0
+        self.attempt = 0  # restart attempts ever made: a stale attempt's bound does nothing
         self.restarter: threading.Thread | None = None  # the restart of its dead stub
         self.has_is_ready = False
 
@@ -329,7 +335,8 @@ class ModelRuntime(RuntimeBase):
         return initialize_args(config_json or self.config_json, inst.kind, inst.name,
                                inst.device_id, self.model_dir, self.version, self.name)
 
-    def _start_instance(self, inst: Instance, config_json: str | None = None) -> None:
+    def _start_instance(self, inst: Instance, config_json: str | None = None,
+                        on_hello: Callable[[], None] | None = None) -> None:
         srv = self.server
         env = {}
         if inst.kind == "GPU":
@@ -339,8 +346,7 @@ class ModelRuntime(RuntimeBase):
             env["CUDA_VISIBLE_DEVICES"] = device_for_stub(inst.device_id)
         stub = StubProcess(inst.name, self.name, srv.transport, srv.options, srv.frames,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
-                           python=self._python())
-        stub.instance = inst  # type: ignore[attr-defined]
+                           python=self._python(), instance=inst)
         with self.lock:  # an unload stops what it finds here: this one, or none at all
             stopped = inst.state == "STOPPED"
             if not stopped:
@@ -350,6 +356,8 @@ class ModelRuntime(RuntimeBase):
             raise UnavailableError(f"instance '{inst.name}' was stopped as it started")
         try:
             stub.wait_hello(60)
+            if on_hello is not None:
+                on_hello()
             reply = stub.call(Cmd.INITIALIZE, {
                 "args": self._initialize_args(inst, config_json or ""),
                 "model_file": self.model_file,
@@ -667,7 +675,7 @@ class ModelRuntime(RuntimeBase):
     # -- frames from the stubs -------------------------------------------------------------------
     def _on_frame(self, stub: StubProcess, msg: list) -> None:
         cmd, call_id, body = msg
-        inst: Instance = stub.instance  # type: ignore[attr-defined]
+        inst: Instance = stub.instance
         if cmd == Cmd.EXECUTE_DONE:
             self._on_done(inst, stub, call_id, body)
         elif cmd == Cmd.RESPONSE_SEND:
@@ -856,7 +864,7 @@ class ModelRuntime(RuntimeBase):
 
     # -- death and restart ----------------------------------------------------------------------
     def _on_death(self, stub: StubProcess, reason: str) -> None:
-        inst: Instance = stub.instance  # type: ignore[attr-defined]
+        inst: Instance = stub.instance
         if inst.stub is not stub:
             return
         err = UnavailableError(reason)
@@ -909,11 +917,6 @@ class ModelRuntime(RuntimeBase):
             inst.restarter = threading.Thread(target=self._restart, args=(inst,), daemon=True,
                                               name=f"{inst.name}-restart")
             inst.restarter.start()
-            # Queued requests wait for the restart, but not without end: an initialize that
-            # hangs would hold them (and every later one) for ever.
-            bound = self.server.options.stub_timeout_seconds
-            self.server.timers.at(time.monotonic() + bound, lambda: self._still_restarting(
-                inst, f"instance '{inst.name}' died and has not restarted within {bound:g} s"))
         with self.lock:
             self._idle.notify_all()
 
@@ -925,8 +928,10 @@ class ModelRuntime(RuntimeBase):
             if self.state != READY or inst.state != "RESTARTING":
                 break
             inst.restarts += 1
+            inst.attempt += 1
+            attempt = inst.attempt
             try:
-                self._start_instance(inst)
+                self._start_instance(inst, on_hello=lambda: self._bound_restart(inst, attempt))
                 log.warning("restarted instance %s of model %s", inst.name, self.name)
                 inst.restarts = 0
                 self.unserviceable = ""
@@ -935,17 +940,38 @@ class ModelRuntime(RuntimeBase):
                 if self._restart_stopped(inst):
                     return
                 log.error("restart of %s failed: %s", inst.name, exc.message)
-                if not isinstance(exc, UnavailableError):
-                    # The model's initialize failed: it will most likely fail again, so what
-                    # waits is answered now. (A replacement that died as it started, say
-                    # killed, may well start next time: the stub-timeout bound covers it.)
+                # The model's initialize failed: it will most likely fail again, so what waits
+                # is answered now. A replacement that died as it started (say killed) may well
+                # start next time: what waits is answered after a few such tries. The restart
+                # goes on after the back-off either way.
+                if not isinstance(exc, UnavailableError) or inst.restarts >= _RESTART_TRIES:
                     self._still_restarting(
                         inst, f"instance '{inst.name}' died and its restart failed: "
                               f"{exc.message}")
-            except Exception:  # e.g. the spawn itself failed: try again after the back-off
+            except Exception as exc:  # e.g. the spawn itself failed: try again after the back-off
                 if self._restart_stopped(inst):
                     return
                 log.exception("restart of %s failed", inst.name)
+                if inst.restarts >= _RESTART_TRIES:
+                    self._still_restarting(
+                        inst, f"instance '{inst.name}' died and its restart failed: "
+                              f"{type(exc).__name__}: {exc}")
+
+    def _bound_restart(self, inst: Instance, attempt: int) -> None:
+        """Queued requests wait for a restart, but not without end: once the replacement has
+        started (said hello), its initialize gets ``stub-timeout-seconds`` before they are
+        failed. Spawning it and the back-off do not count: a loaded machine is slow to start
+        a process, and that is no reason to fail them."""
+        bound = self.server.options.stub_timeout_seconds
+        if bound <= 0:
+            return
+
+        def expired() -> None:
+            if inst.attempt == attempt:
+                self._still_restarting(inst, f"instance '{inst.name}' died and its replacement "
+                                             f"has not initialized within {bound:g} s")
+
+        self.server.timers.at(time.monotonic() + bound, expired)
 
     def _restart_stopped(self, inst: Instance) -> bool:
         """Whether a restart that failed was stopped (an unload or an update): nothing to

@@ -76,8 +76,11 @@ class StubProcess:
                  options: BackendOptions, frames: FrameLoop,
                  on_frame: Callable[[StubProcess, list], None],
                  on_death: Callable[[StubProcess, str], None], extra_env: dict[str, str] | None = None,
-                 python: str | None = None) -> None:
+                 python: str | None = None, instance: Any = None) -> None:
         self.name = name
+        # Whose stub this is (the host's Instance), set before it is spawned: a stub that dies
+        # at once may reach on_death before this constructor returns.
+        self.instance = instance
         self.model = model
         self.options = options
         self.transport = transport

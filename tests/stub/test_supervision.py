@@ -441,7 +441,7 @@ def test_requests_are_failed_while_a_dead_stub_cannot_restart(tmp_path, shm_pref
         answers = [q.get(timeout=20) for q in queued]
         waited = time.monotonic() - t0
         why = ("its restart failed: RuntimeError: initialize fails on purpose" if how == "raise"
-               else "has not restarted within 2 s")
+               else "its replacement has not initialized within 2 s")
         for resp in answers:
             assert isinstance(resp.error, tritonpy.UnavailableError), resp
             assert f"model 'flaky' has no ready instance: instance 'flaky_0' died and " \
@@ -459,6 +459,76 @@ def test_requests_are_failed_while_a_dead_stub_cannot_restart(tmp_path, shm_pref
         assert resp.error is None, resp.error
         assert resp.parameters["pid"] not in (first,)
         np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
+
+
+def slow_or_dying_env(mdir: Path) -> Path:
+    """An environment whose bin/python3 (a shell script) sleeps 3 s before it runs this
+    test's interpreter while the file ``slow`` exists, and exits at once while ``die``
+    does: a stub that is slow to spawn, or dies as it starts."""
+    bindir = mdir / "env" / "bin"
+    bindir.mkdir(parents=True)
+    script = bindir / "python3"
+    script.write_text(f'#!/bin/sh\n[ -e "{mdir}/slow" ] && sleep 3\n'
+                      f'[ -e "{mdir}/die" ] && exit 3\nexec {sys.executable} "$@"\n')
+    script.chmod(0o755)
+    return mdir
+
+
+ENV_CONFIG = io_config(extra='parameters { key: "EXECUTION_ENV_PATH" '
+                             'value: { string_value: "$$TRITON_MODEL_DIRECTORY/env" } }\n')
+
+
+def test_a_restart_slow_to_spawn_still_serves_what_waits(tmp_path, shm_prefix):
+    # stub-timeout-seconds bounds the replacement's initialize, not the time the machine
+    # takes to spawn it: a replacement that takes 3 s to say hello (a loaded machine) with
+    # stub-timeout-seconds 2 serves the requests queued meanwhile. They used to fail after
+    # 2 s counted from the death ("has not restarted within 2 s").
+    mdir = slow_or_dying_env(write_model(tmp_path / "repo", "slowspawn", FLAKY_INIT_PY,
+                                         config=ENV_CONFIG))
+    backend = {"restart-backoff-seconds": "0.1", "stub-timeout-seconds": "2"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        model = srv.model("slowspawn")
+        (inst,) = srv.runtime("slowspawn").instances
+        first = inst.stub.pid
+        (mdir / "slow").write_text("")
+        os.kill(first, signal.SIGKILL)
+        assert wait_for(lambda: inst.state == "RESTARTING", timeout=10)
+        queued = [model.infer({"IN": X[0]}) for _ in range(3)]
+        t0 = time.monotonic()
+        for q in queued:
+            resp = q.get(timeout=30)
+            assert resp.error is None, resp.error
+            assert resp.parameters["pid"] != first
+            np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
+        assert time.monotonic() - t0 > 2.5  # they did wait out the slow spawn
+
+
+def test_requests_are_failed_once_replacements_keep_dying_as_they_start(tmp_path, shm_prefix):
+    # Every replacement dies before its hello: after three tries what waits gets UNAVAILABLE
+    # naming the death, new requests are refused at once, and the restart goes on; once a
+    # replacement starts the model serves again.
+    mdir = slow_or_dying_env(write_model(tmp_path / "repo", "dying", FLAKY_INIT_PY,
+                                         config=ENV_CONFIG))
+    backend = {"restart-backoff-seconds": "0.1", "stub-timeout-seconds": "2"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        model = srv.model("dying")
+        (inst,) = srv.runtime("dying").instances
+        (mdir / "die").write_text("")
+        os.kill(inst.stub.pid, signal.SIGKILL)
+        assert wait_for(lambda: inst.state == "RESTARTING", timeout=10)
+        queued = model.infer({"IN": X[0]})
+        resp = queued.get(timeout=30)
+        assert isinstance(resp.error, tritonpy.UnavailableError), resp
+        assert "model 'dying' has no ready instance: instance 'dying_0' died and its restart " \
+               "failed: " in resp.error.message and "exited with code 3" in resp.error.message, \
+            resp.error.message
+        assert inst.restarts >= 3
+        late = model.infer({"IN": X[0]}).get(timeout=5)
+        assert isinstance(late.error, tritonpy.UnavailableError), late
+        (mdir / "die").unlink()
+        assert wait_for(model.ready, timeout=30), srv.models()
+        resp = model.infer({"IN": X[0]}).get(timeout=20)
+        assert resp.error is None, resp.error
 
 
 @pytest.mark.parametrize("when", ["spawning", "initializing"])
