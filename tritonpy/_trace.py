@@ -254,6 +254,7 @@ class Tracing:
                                       "log_frequency": str(log_frequency)}))
         self._global["trace_file"] = file
         self._check_file(self._global)
+        self._startup = dict(self._global)  # what clearing a server-wide setting goes back to
         self._models: dict[str, dict[str, Any]] = {}  # a model's own settings (overrides)
         self._seen: dict[str, int] = {}  # requests seen per sampling scope
         self._ids = 0
@@ -278,30 +279,34 @@ class Tracing:
         known = {"trace_level", "trace_mode", "trace_file", *_NUMBERS}
         if self.otel is not None:  # as Triton: shown, but not changed over the network
             known.update(SETTING_NAMES)
+        # As Triton: unknown settings are ignored (the known ones beside them apply), and so
+        # is trace_mode, which only the command line sets.
         unknown = sorted(set(new) - known)
         if unknown:
-            raise InvalidArgumentError(f"unknown trace setting(s): {', '.join(unknown)}")
+            log.warning("ignoring unknown trace setting(s): %s", ", ".join(unknown))
+        mode = new.get("trace_mode")
+        if mode is not None and mode != self.mode:
+            log.warning("ignoring trace_mode %r: the trace mode is set at start only (this "
+                        "server traces in mode '%s')", mode, self.mode)
         if "trace_file" in new:
             raise UnsupportedError(
                 "trace file location can not be updated through network protocol")
-        mode = new.get("trace_mode")
-        if mode is not None and mode != self.mode and self.mode == "triton":
-            raise InvalidArgumentError(
-                f"trace_mode can not be changed over the network (this server traces in mode "
-                f"'triton'), got {mode!r}")
         # As Triton: in OpenTelemetry mode the mode and the file settings are left as they are.
-        ignored = {"trace_mode", *(("log_frequency", *SETTING_NAMES) if self.otel else ())}
+        ignored = {"trace_mode", *unknown,
+                   *(("log_frequency", *SETTING_NAMES) if self.otel else ())}
         values = {k: v for k, v in new.items() if k not in ignored}
         cleared = [k for k, v in values.items() if v is None]
-        if cleared and not model:
-            raise InvalidArgumentError(
-                f"trace setting(s) {', '.join(sorted(cleared))} cannot be cleared server-wide")
         checked = _checked({k: v for k, v in values.items() if v is not None})
         with self._lock:
             trial = dict(self._models.get(model, {}) if model else self._global)
             trial.update(checked)
             for k in cleared:
-                trial.pop(k, None)
+                # A model's own setting is dropped (the server's applies again); a
+                # server-wide one goes back to what the server started with, as Triton's.
+                if model:
+                    trial.pop(k, None)
+                else:
+                    trial[k] = self._startup[k]
             self._check_file(dict(self._global, **trial) if model else trial)
             if not model:
                 self._global = trial

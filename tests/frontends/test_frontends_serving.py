@@ -869,6 +869,33 @@ def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
         http.update_log_settings({"log_verbose_level": 0})
 
 
+def test_log_settings_as_triton_reads_them(http: httpclient.InferenceServerClient,
+                                           grpcc: grpcclient.InferenceServerClient) -> None:
+    # As Triton 2.51 (measured): an unknown setting is ignored and the known ones beside it
+    # apply; a bad log_format is 503 over HTTP and INVALID_ARGUMENT over gRPC. A verbose level
+    # past 32 bits is refused (Triton truncates it): stored, it broke every gRPC read.
+    try:
+        got = http.update_log_settings({"log_verbose_level": 1, "no_such_setting": True})
+        assert got["log_verbose_level"] == 1 and "no_such_setting" not in got
+        got = grpcc.update_log_settings({"log_info": False, "no_such_setting": True}, as_json=True)
+        assert got["settings"]["log_info"] == {"bool_param": False}
+        with pytest.raises(InferenceServerException) as e:
+            http.update_log_settings({"log_verbose_level": 2 ** 32})
+        assert e.value.status() == "400" and "4294967295" in e.value.message()
+        assert grpcc.get_log_settings(as_json=True)["settings"]["log_verbose_level"] == \
+            {"uint32_param": 1}
+        with pytest.raises(InferenceServerException) as e:
+            http.update_log_settings({"log_format": "bad"})
+        assert (e.value.status(), e.value.message()) == (
+            "503", "invalid argument for --log_format, got: bad")
+        with pytest.raises(InferenceServerException) as e:
+            grpcc.update_log_settings({"log_format": "bad"})
+        assert (e.value.status(), e.value.message()) == (
+            "StatusCode.INVALID_ARGUMENT", "invalid argument for log_format, got: bad")
+    finally:
+        http.update_log_settings({"log_verbose_level": 0, "log_info": True})
+
+
 def test_a_network_client_cannot_choose_the_log_file(served: Served, tmp_path: Path,
                                                      http: httpclient.InferenceServerClient,
                                                      grpcc: grpcclient.InferenceServerClient) -> None:

@@ -114,7 +114,6 @@ def test_settings_over_http_and_grpc(traced) -> None:
             ({"trace_count": "-5"}, "Expecting value >= -1, got:-5"),
             ({"trace_level": ["BOGUS"]}, "expected OFF, TIMESTAMPS or TENSORS, got BOGUS"),
             ({"trace_file": "/tmp/elsewhere.json"}, "can not be updated through network"),
-            ({"bogus": "1"}, "unknown trace setting"),
         ]:
             with pytest.raises(InferenceServerException, match=words):
                 http.update_trace_settings(settings=bad)
@@ -123,6 +122,19 @@ def test_settings_over_http_and_grpc(traced) -> None:
         with pytest.raises(InferenceServerException, match="Request for unknown model : zzz"):
             http.get_trace_settings("zzz")
         assert http.get_trace_settings()["trace_level"] == ["OFF"]  # nothing bad was applied
+        # As Triton: an unknown setting, and trace_mode (set at start only), are ignored and
+        # the known settings beside them apply; clearing a server-wide setting brings back
+        # the value the server started with.
+        got = http.update_trace_settings(settings={"bogus": "1", "trace_rate": "7",
+                                                   "trace_mode": "opentelemetry"})
+        assert got["trace_rate"] == "7" and got["trace_mode"] == "triton" and "bogus" not in got
+        got = grpcc.update_trace_settings(settings={"bogus": "2", "trace_count": "9"},
+                                          as_json=True)["settings"]
+        assert got["trace_count"]["value"] == ["9"] and "bogus" not in got
+        got = http.update_trace_settings(settings={"trace_rate": None, "trace_level": None})
+        assert got["trace_rate"] == "1" and got["trace_level"] == ["TIMESTAMPS"]
+        got = grpcc.update_trace_settings(settings={"trace_count": None}, as_json=True)
+        assert got["settings"]["trace_count"]["value"] == ["-1"]
     finally:
         http.close()
         grpcc.close()
@@ -194,9 +206,9 @@ def test_a_level_needs_a_file_and_bad_settings_change_nothing() -> None:
         tracing.update({"trace_level": ["TIMESTAMPS"]}, "m")
     with pytest.raises(UnsupportedError, match="can not be updated"):
         tracing.update({"trace_file": "/tmp/x"})
-    with pytest.raises(InvalidArgumentError, match="cannot be cleared server-wide"):
-        tracing.update({"trace_rate": None})
     assert tracing.settings("m") == tracing.settings() and tracing.settings()["trace_rate"] == "1000"
+    assert tracing.update({"trace_rate": "5"})["trace_rate"] == "5"
+    assert tracing.update({"trace_rate": None})["trace_rate"] == "1000"  # the start's value
 
 
 def test_cli_trace_flags(tmp_path: Path) -> None:

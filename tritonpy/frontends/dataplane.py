@@ -630,15 +630,21 @@ class LogSettings:
         """Validate and apply a settings update (null values are ignored, as in Triton)."""
         types = {"log_file": str, "log_info": bool, "log_warning": bool, "log_error": bool,
                  "log_verbose_level": int, "log_format": str}
+        unknown = sorted(k for k in new if k not in types)
+        if unknown:  # as Triton: ignored, and the known settings beside them apply
+            log.warning("ignoring unknown logging setting(s): %s", ", ".join(unknown))
+            new = {k: v for k, v in new.items() if k in types}
         for key, value in new.items():
             if value is None:
                 continue
-            want = types.get(key)
-            if want is None:
-                raise InvalidArgumentError(f"unknown logging setting '{key}'")
+            want = types[key]
             if not isinstance(value, want) or (want is int and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0)):
                 raise InvalidArgumentError(f"Unable to parse '{key}'")
+            if want is int and value > 0xFFFFFFFF:
+                raise InvalidArgumentError(
+                    f"Unable to parse '{key}': {value} is past the largest 32-bit unsigned "
+                    f"integer, 4294967295")
             if key == "log_format" and value not in self._FORMATS:
                 raise UnavailableError(f"invalid argument for --log_format, got: {value}")
         with self._lock:

@@ -438,7 +438,11 @@ class GRPCService:
     async def LogSettings(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Get or update the dynamic logging settings."""
         new = {k: _param_value(v) for k, v in request.settings.items()}
-        values = self.plane.update_log_settings(new) if new else self.plane.log_settings.get()
+        try:
+            values = self.plane.update_log_settings(new) if new else self.plane.log_settings.get()
+        except UnavailableError as exc:  # a bad log_format: HTTP's 503 is INVALID_ARGUMENT here
+            raise InvalidArgumentError(exc.message.replace("--log_format", "log_format")) \
+                from None
         resp = service_pb2.LogSettingsResponse()
         for key, value in values.items():
             s = resp.settings[key]
