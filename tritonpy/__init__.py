@@ -24,6 +24,7 @@ from ._errors import (
 )
 from ._otel import OtelSettings
 from ._request import AsyncResponseStream, InferenceResponse, ResponseStream, Tensor
+from ._stats import MetricsConfig
 from ._trace import Tracing
 from .server import Model, Server, __version__
 
@@ -36,6 +37,7 @@ __all__ = [
     "InferenceResponse",
     "InternalError",
     "InvalidArgumentError",
+    "MetricsConfig",
     "Model",
     "NotFoundError",
     "OtelSettings",

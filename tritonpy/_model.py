@@ -200,7 +200,9 @@ class RuntimeBase:
         self.state = LOADING
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)
-        self.stats = ModelStats(name, version)
+        metrics_config = getattr(server, "metrics_config", None)
+        self.stats = ModelStats(name, version, summaries=bool(
+            metrics_config is not None and metrics_config.summary_latencies))
         self.validator = RequestValidator(config, name)
         self.reshapes = Reshapes.of(config)  # None unless an input or output has a reshape
         # A request that names no output asks for every output of the config, as in Triton:

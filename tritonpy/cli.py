@@ -26,6 +26,7 @@ from ._otel import OtelSettings
 from ._trace import Tracing
 
 if TYPE_CHECKING:
+    from ._stats import MetricsConfig
     from .frontends._http2 import KeepAlive
 
 log = logging.getLogger("tritonpy.cli")
@@ -139,7 +140,6 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--enable-peer-access": (_bool, False, "no GPU memory is used"),
     "--http-thread-count": (int, False, "HTTP is served on one event loop"),
     "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
-    "--metrics-config": (str, True, "the metrics families are fixed (no summaries)"),
     "--repoagent-directory": (str, False, "there are no repository agents"),
     "--cache-directory": (str, False, "the local response cache is built in"),
     "--rate-limit-resource": (str, True, "there is no rate limiter"),
@@ -207,6 +207,16 @@ def keepalive_options(args: argparse.Namespace) -> KeepAlive:
     return KeepAlive(**values)
 
 
+def metrics_config(args: argparse.Namespace) -> MetricsConfig:
+    """The ``--metrics-config`` settings; one without ``=`` stops the start, as Triton's."""
+    from ._stats import MetricsConfig
+
+    try:
+        return MetricsConfig.parse(args.metrics_config)
+    except ValueError as exc:
+        raise SystemExit(f'error: Bad option: "--metrics-config". {exc}') from None
+
+
 def cache_size(args: argparse.Namespace) -> int:
     """Bytes of the local response cache that ``--cache-config`` (or the older
     ``--response-cache-byte-size``) asks for; 0: none."""
@@ -272,7 +282,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-gpu-metrics", type=_bool, default=True, metavar="BOOL",
                    help="accepted for Triton's command lines; there are no GPU metrics")
     s.add_argument("--metrics-interval-ms", type=int, default=2000, metavar="MS",
-                   help="how long a CPU utilization sample lasts")
+                   help="CPU utilization is sampled every half of it (as Triton)")
+    s.add_argument("--metrics-config", action="append", default=[], metavar="SETTING=VALUE",
+                   help="counter_latencies=false drops the duration counters; "
+                        "summary_latencies=true adds duration summaries, with "
+                        "summary_quantiles=Q:ERROR,... (repeatable, as Triton)")
     s.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
     s.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="model to load at start in explicit mode (repeatable; '*' for all)")
@@ -440,7 +454,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     server_id=args.id, tracing=_tracing(args), loop=loop,
                     model_config_name=args.model_config_name,
                     response_cache_size=cache_size(args),
-                    model_load_retry_count=args.model_load_retry_count)
+                    model_load_retry_count=args.model_load_retry_count,
+                    metrics_config=metrics_config(args))
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

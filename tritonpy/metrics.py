@@ -24,6 +24,7 @@ from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from ._errors import UnavailableError
+from ._stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
     from .server import Server
@@ -32,24 +33,39 @@ log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
-# (family, help, statistics path): counts are plain, "ns" durations are exported in µs.
-_MODEL_FAMILIES = (
+# (family, help, statistics path): counts are plain, "ns" durations are exported in whole µs.
+# Triton's names and help texts, in its exporter's order; the failures (by reason) come after
+# the successes.
+_COUNT_FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
      ("inference_stats", "success", "count")),
-    ("nv_inference_count", "Number of inferences performed (a batch of n counts n)",
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
      ("inference_count",)),
-    ("nv_inference_exec_count", "Number of model executions performed",
+    ("nv_inference_exec_count",
+     "Number of model executions performed (does not include cached requests)",
      ("execution_count",)),
-    ("nv_inference_request_duration_us", "Cumulative end-to-end duration of successful requests, in microseconds",
+)
+# The duration counters, unless --metrics-config counter_latencies=false.
+_DURATION_FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("nv_inference_request_duration_us",
+     "Cumulative inference request duration in microseconds (includes cached requests)",
      ("inference_stats", "success", "ns")),
-    ("nv_inference_queue_duration_us", "Cumulative time requests waited in the queue, in microseconds",
+    ("nv_inference_queue_duration_us",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)",
      ("inference_stats", "queue", "ns")),
-    ("nv_inference_compute_input_duration_us", "Cumulative time spent preparing inputs, in microseconds",
+    ("nv_inference_compute_input_duration_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
      ("inference_stats", "compute_input", "ns")),
-    ("nv_inference_compute_infer_duration_us", "Cumulative time spent executing the model, in microseconds",
+    ("nv_inference_compute_infer_duration_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
      ("inference_stats", "compute_infer", "ns")),
-    ("nv_inference_compute_output_duration_us", "Cumulative time spent handling outputs, in microseconds",
+    ("nv_inference_compute_output_duration_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached "
+     "requests)",
      ("inference_stats", "compute_output", "ns")),
+)
+# Per model whose config enables the response cache, with the duration counters.
+_CACHE_MODEL_FAMILIES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model",
      ("inference_stats", "cache_hit", "count")),
     ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
@@ -59,6 +75,18 @@ _MODEL_FAMILIES = (
     ("nv_cache_miss_duration_per_model",
      "Total cache miss (insert+lookup) duration per model, in microseconds",
      ("inference_stats", "cache_miss", "ns")),
+)
+# The duration summaries, with --metrics-config summary_latencies=true: (family, help, key).
+_SUMMARY_FAMILIES = (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)",
+     "request"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)",
+     "queue"),
+    ("nv_inference_compute_input_summary_us", _DURATION_FAMILIES[2][1], "compute_input"),
+    ("nv_inference_compute_infer_summary_us", _DURATION_FAMILIES[3][1], "compute_infer"),
+    ("nv_inference_compute_output_summary_us", _DURATION_FAMILIES[4][1], "compute_output"),
 )
 # Triton's server-wide response-cache families (gauges, as Triton's), from ResponseCache.metrics.
 _CACHE_FAMILIES = (
@@ -90,7 +118,7 @@ def _lookup(entry: dict[str, Any], path: tuple[str, ...]) -> float:
         number = float(value)  # proto JSON writes uint64 as strings
     except (TypeError, ValueError):
         return 0.0
-    return number / 1000.0 if path[-1] == "ns" else number
+    return float(int(number) // 1000) if path[-1] == "ns" else number
 
 
 class TritonStatsCollector:
@@ -105,32 +133,38 @@ class TritonStatsCollector:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the metric families (called on every scrape)."""
+        """Yield the metric families (called on every scrape). As Triton's exporter, a family
+        with no series is left out."""
+        for family in self._families():
+            if family.samples:
+                yield family
+
+    def _families(self) -> Iterator[Metric]:
         try:
             stats = self.server.statistics().get("model_stats", [])
         except Exception:  # a failing scrape must not fail the metrics endpoint
             log.exception("reading statistics for metrics failed")
             stats = []
-        loaded, cached = self._loaded()
+        config = getattr(self.server, "metrics_config", None)
+        counters = config is None or config.counter_latencies
+        runtimes = self._runtimes()
+        loaded = None if runtimes is None else {(rt.name, str(rt.version)) for rt in runtimes}
+        cached = {(rt.name, str(rt.version)) for rt in runtimes or ()
+                  if rt.config.response_cache.enable}
         if loaded is not None:  # as Triton: an unloaded version's series go with it
             stats = [e for e in stats
                      if (str(e.get("name", "")), str(e.get("version", ""))) in loaded]
-        for name, doc, path in _MODEL_FAMILIES:
+
+        def counter_family(name: str, doc: str, path: tuple[str, ...],
+                           only: set[tuple[str, str]] | None = None) -> Metric:
             family = CounterMetricFamily(name, doc, labels=["model", "version"])
-            per_cache = name.startswith("nv_cache_")
             for entry in stats:
                 model = (str(entry.get("name", "")), str(entry.get("version", "")))
-                if per_cache and model not in cached:
-                    continue  # as Triton: only for the models whose config enables the cache
-                family.add_metric(list(model), _lookup(entry, path))
-            yield family
-        cache = getattr(self.server, "response_cache", None)
-        if cache is not None:  # Triton's server-wide families, with --cache-config
-            values = cache.metrics()
-            for name, doc, key in _CACHE_FAMILIES:
-                gauge = GaugeMetricFamily(name, doc)
-                gauge.add_metric([], values[key])
-                yield gauge
+                if only is None or model in only:
+                    family.add_metric(list(model), _lookup(entry, path))
+            return family
+
+        yield counter_family(*_COUNT_FAMILIES[0])
         # Failures by Triton's reason label; every reason of every model, zeros included.
         failures = CounterMetricFamily(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
@@ -139,11 +173,27 @@ class TritonStatsCollector:
             for entry in self.server.failures():
                 if loaded is not None and (entry["name"], entry["version"]) not in loaded:
                     continue
-                for reason, count in entry["reasons"].items():
-                    failures.add_metric([entry["name"], reason, entry["version"]], float(count))
+                for reason in reversed(FAILURE_REASONS):  # as Triton's exporter lists them
+                    failures.add_metric([entry["name"], reason, entry["version"]],
+                                        float(entry["reasons"].get(reason, 0)))
         except Exception:
             log.exception("reading failures for metrics failed")
         yield failures
+        for name, doc, path in _COUNT_FAMILIES[1:]:
+            yield counter_family(name, doc, path)
+        if counters:
+            for name, doc, path in _DURATION_FAMILIES:
+                yield counter_family(name, doc, path)
+            # As Triton: only for the models whose config enables the cache.
+            for name, doc, path in _CACHE_MODEL_FAMILIES:
+                yield counter_family(name, doc, path, only=cached)
+        cache = getattr(self.server, "response_cache", None)
+        if cache is not None:  # Triton's server-wide families, with --cache-config
+            values = cache.metrics()
+            for name, doc, key in _CACHE_FAMILIES:
+                gauge = GaugeMetricFamily(name, doc)
+                gauge.add_metric([], values[key])
+                yield gauge
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
@@ -154,6 +204,8 @@ class TritonStatsCollector:
         except Exception:
             log.exception("reading pending requests for metrics failed")
         yield pending
+        if config is not None and config.summary_latencies:
+            yield from self._summaries(runtimes or [], config.summary_quantiles, cached)
         try:
             pools = self.server.shm_usage()
         except Exception:
@@ -166,17 +218,34 @@ class TritonStatsCollector:
                     gauge.add_metric([str(pool.get("pool", ""))], float(pool[key]))
             yield gauge
 
+    @staticmethod
+    def _summaries(runtimes: list[Any], quantiles: tuple[tuple[float, float], ...],
+                   cached: set[tuple[str, str]]) -> Iterator[Metric]:
+        """Triton's duration summaries: per model version its count, sum and quantiles (of
+        about the last minute), in Triton's line order. As Triton's, the request summary
+        leaves out the models that enable the response cache."""
+        wanted = [q for q, _ in quantiles]
+        values = [(rt.name, str(rt.version), rt.stats.summary_values(wanted))
+                  for rt in runtimes]
+        for name, doc, key in _SUMMARY_FAMILIES:
+            family = Metric(name, doc, "summary")
+            for model, version, by_key in values:
+                if key not in by_key or (key == "request" and (model, version) in cached):
+                    continue
+                count, total, estimates = by_key[key]
+                labels = {"model": model, "version": version}
+                family.add_sample(name + "_count", labels, float(count))
+                family.add_sample(name + "_sum", labels, float(total))
+                for q, value in zip(wanted, estimates):
+                    family.add_sample(name, {**labels, "quantile": _number(q)}, value)
+            yield family
 
-    def _loaded(self) -> tuple[set[tuple[str, str]] | None, set[tuple[str, str]]]:
-        """(name, version) of the loaded model versions (None: not known), and of those whose
-        config enables the response cache."""
+    def _runtimes(self) -> list[Any] | None:
+        """The loaded model versions (None: not known)."""
         try:
-            runtimes = self.server.repo.runtimes()
+            return list(self.server.repo.runtimes())
         except Exception:
-            return None, set()
-        loaded = {(rt.name, str(rt.version)) for rt in runtimes}
-        return loaded, {(rt.name, str(rt.version)) for rt in runtimes
-                        if rt.config.response_cache.enable}
+            return None
 
 
 class CpuMetrics:
@@ -296,7 +365,8 @@ class MetricsFrontend:
         self.server = server
         self.host = host
         self.port = port
-        self.cpu = CpuMetrics(interval_ms / 1000) if cpu_metrics else None
+        # As Triton, which samples the CPU every half interval.
+        self.cpu = CpuMetrics(interval_ms / 2000) if cpu_metrics else None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:

@@ -38,6 +38,7 @@ from ._loop import FrameLoop, StallWatch
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
+from ._stats import MetricsConfig
 from ._stubproc import StubProcess
 from ._trace import Trace, Tracing
 
@@ -87,6 +88,8 @@ class Server:
             (those models run every request, as in Triton).
         model_load_retry_count: how many times a model that fails to load is tried again
             (Triton's ``--model-load-retry-count``); an invalid configuration is not.
+        metrics_config: Triton's ``--metrics-config`` (duration counters on or off, duration
+            summaries and their quantiles); None: Triton's defaults (counters, no summaries).
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -101,7 +104,8 @@ class Server:
                  server_id: str = "triton", tracing: Tracing | None = None,
                  loop: asyncio.AbstractEventLoop | None = None,
                  model_config_name: str = "", response_cache_size: int = 0,
-                 model_load_retry_count: int = 0) -> None:
+                 model_load_retry_count: int = 0,
+                 metrics_config: MetricsConfig | None = None) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -127,6 +131,8 @@ class Server:
             raise InvalidArgumentError(
                 f"model_load_retry_count must be >= 0, not {model_load_retry_count}")
         self.model_load_retry_count = model_load_retry_count
+        # Triton's --metrics-config: duration counters and summaries on the metrics page.
+        self.metrics_config = metrics_config if metrics_config is not None else MetricsConfig()
         # Triton's local response cache (--cache-config local,size=N); None: no cache.
         self.response_cache = ResponseCache(response_cache_size) if response_cache_size > 0 \
             else None

@@ -289,9 +289,11 @@ def test_metrics_survive_a_failing_server() -> None:
 
     server = SimpleNamespace(statistics=boom, shm_usage=boom, pending_requests=boom,
                              metrics_registry=None)
-    text = metrics_text(server)  # type: ignore[arg-type]
-    assert "# TYPE nv_inference_count counter" in text
-    assert "# TYPE nv_inference_pending_request_count gauge" in text
+    # The page is still served: the CPU's families, and no model family (as Triton's
+    # exporter, a family with no series is left out).
+    text = metrics_text(server, CpuMetrics(interval_s=3600))  # type: ignore[arg-type]
+    assert "# TYPE nv_cpu_utilization gauge" in text
+    assert "nv_inference" not in text
     assert render([]) == ""
 
 
@@ -331,9 +333,13 @@ def test_log_settings_apply(tmp_path) -> None:
         assert not handler.filter(record)
         assert logging.getLogger("tritonpy").level == logging.DEBUG
         assert settings.get()["log_file"].endswith("t.log")
-        for bad in ({"log_info": "yes"}, {"log_verbose_level": -1}, {"nope": 1}):
+        for bad in ({"log_info": "yes"}, {"log_verbose_level": -1},
+                    {"log_verbose_level": 2 ** 32}):
             with pytest.raises(InvalidArgumentError):
                 settings.update(bad)
+        # An unknown setting is ignored, as Triton ignores it; the known ones beside it apply.
+        assert settings.update({"nope": 1, "log_verbose_level": 2})["log_verbose_level"] == 2
+        assert "nope" not in settings.get()
         with pytest.raises(Exception, match="log_format"):
             settings.update({"log_format": "json"})
     finally:

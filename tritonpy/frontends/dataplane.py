@@ -641,7 +641,7 @@ class LogSettings:
             if not isinstance(value, want) or (want is int and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0)):
                 raise InvalidArgumentError(f"Unable to parse '{key}'")
-            if want is int and value > 0xFFFFFFFF:
+            if isinstance(value, int) and value > 0xFFFFFFFF:
                 raise InvalidArgumentError(
                     f"Unable to parse '{key}': {value} is past the largest 32-bit unsigned "
                     f"integer, 4294967295")
