@@ -13,8 +13,9 @@ from typing import Any, TypedDict
 
 # 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
 # element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. 6: HELD, ACK, pace.
+# 7: METRIC_FAMILY_DELETE; a family's id in METRIC_FAMILY and METRIC_OP.
 # A stub of another version is refused.
-PROTOCOL_VERSION = 6
+PROTOCOL_VERSION = 7
 # preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
 MEMORY_CPU = 0
 MEMORY_GPU = 2
@@ -52,9 +53,12 @@ class Cmd(enum.IntEnum):
     MODEL_READY = 25  # S->H: {name, version} -> REPLY {ready}
     # observability
     LOG = 30  # S->H: [level, message, file, line]
-    METRIC_FAMILY = 31  # S->H: {name, description, kind}
-    METRIC_OP = 32  # S->H: [family, labels, op, value, buckets]
+    # A MetricFamily object of the stub is named by an id of the stub's (the host counts the
+    # series each one made, to drop them when it is deleted; see _custom_metrics).
+    METRIC_FAMILY = 31  # S->H: {name, description, kind, id} -> REPLY
+    METRIC_OP = 32  # S->H: [family, labels, op, value, buckets, family id]
     METRIC_VALUE = 33  # S->H: [family, labels] -> REPLY {value}
+    METRIC_FAMILY_DELETE = 34  # S->H: [family, family id]: the model deleted that object
     # memory
     RELEASE = 40  # both: [export ids]
     DROPPED = 41  # both: [segment names unlinked by their owner]

@@ -7,6 +7,7 @@ go to Python logging and metrics are kept locally, so a model's unit test still 
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
 import weakref
 from typing import Any
@@ -70,14 +71,25 @@ class Logger:
         Logger.log(message, LogLevel.VERBOSE)
 
 
+# Ids of this process's MetricFamily objects: the host counts the series each one made.
+_family_ids = itertools.count(1)
+
+
 class MetricFamily:
-    """A family of custom metrics: ``MetricFamily(name, description, kind)``."""
+    """A family of custom metrics: ``MetricFamily(name, description, kind)``.
+
+    As in Triton, deleting the object (``del``, garbage collection, or in ``finalize``) removes
+    every series its metrics made from the metrics endpoint, even those of Metric objects that
+    are still alive (their operations raise from then on); the same name made again starts
+    from 0. A Metric object deleted alone keeps its series.
+    """
 
     COUNTER = 0
     GAUGE = 1
     HISTOGRAM = 2
 
     def __init__(self, name: str, description: str, kind: int) -> None:
+        self._rt: Any = None  # set once the host took it: only then is there something to delete
         if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
             raise TritonModelException(f"invalid metric kind {kind}")
         if not name or not name.replace("_", "a").replace(":", "a").isalnum():
@@ -85,19 +97,39 @@ class MetricFamily:
         self.name = name
         self.description = description
         self.kind = kind
+        self._id = next(_family_ids)
         rt = _rt()
         if rt is not None:
-            rt.metric_family(name, description, kind)
+            rt.metric_family(name, description, kind, self._id)
+            self._rt = rt
 
     def Metric(self, labels: dict[str, str] | None = None,  # noqa: N802 - Triton's name
                buckets: list[float] | None = None) -> Metric:
         return Metric(self, dict(labels or {}), buckets)
+
+    def __del__(self) -> None:
+        rt = self._rt
+        if rt is not None:
+            self._rt = None
+            try:
+                rt.metric_family_delete(self.name, self._id)
+            except Exception:  # the host is gone, or a forked child: nobody to tell
+                pass
 
 
 _FAMILY_DELETED = (
     "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
     "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
     "been deleted.")
+
+# What Triton's stub puts before an operation's error (python_backend src/metric.cc), and the
+# errors of Triton's core for an operation the kind has not (core src/metric_family.cc).
+_INCREMENT = "Failed to increment metric value: "
+_SET = "Failed to set metric value: "
+_OBSERVE = "Failed to observe metric value: "
+_VALUE = "Failed to get metric value: "
+_KIND_NAME = {0: "TRITONSERVER_METRIC_KIND_COUNTER", 1: "TRITONSERVER_METRIC_KIND_GAUGE",
+              2: "TRITONSERVER_METRIC_KIND_HISTOGRAM"}
 
 
 class Metric:
@@ -129,11 +161,17 @@ class Metric:
         self._labels = {str(k): str(v) for k, v in labels.items()}
         self._buckets = buckets if family.kind == MetricFamily.HISTOGRAM else None
         self._local = 0.0
-        self._op("create", 0.0)
+        rt = family._rt
+        if rt is not None:
+            rt.metric_op(self._name, self._labels, "create", 0.0, self._buckets, family._id)
 
-    def _live(self) -> None:
+    def _check(self, prefix: str, op: str, kinds: tuple[int, ...]) -> None:
+        """Raise what Triton raises for this operation, with its prefix: the family is gone,
+        or the kind has no such operation."""
         if self._family() is None:
-            raise TritonModelException(_FAMILY_DELETED)
+            raise TritonModelException(prefix + _FAMILY_DELETED)
+        if self._kind not in kinds:
+            raise TritonModelException(f"{prefix}{_KIND_NAME[self._kind]} does not support {op}")
 
     def _op(self, op: str, value: float) -> None:
         rt = _rt()
@@ -141,34 +179,28 @@ class Metric:
             rt.metric_op(self._name, self._labels, op, float(value), self._buckets)
 
     def increment(self, value: float) -> None:
-        self._live()
-        if self._kind != MetricFamily.COUNTER and self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("increment() is for counters and gauges")
+        self._check(_INCREMENT, "Increment", (MetricFamily.COUNTER, MetricFamily.GAUGE))
         if self._kind == MetricFamily.COUNTER and value < 0:
-            raise TritonModelException("a counter cannot be decremented")
+            raise TritonModelException(
+                f"{_INCREMENT}TRITONSERVER_METRIC_KIND_COUNTER can only be incremented "
+                "monotonically by non-negative values.")
         self._local += value
         self._op("increment", value)
 
     def set(self, value: float) -> None:
-        self._live()
-        if self._kind != MetricFamily.GAUGE:
-            raise TritonModelException("set() is for gauges")
+        self._check(_SET, "Set", (MetricFamily.GAUGE,))
         self._local = value
         self._op("set", value)
 
     def observe(self, value: float) -> None:
-        self._live()
-        if self._kind != MetricFamily.HISTOGRAM:
-            raise TritonModelException("observe() is for histograms")
+        self._check(_OBSERVE, "Observe", (MetricFamily.HISTOGRAM,))
         self._local += value
         self._op("observe", value)
 
     def value(self) -> float:
         """The current value of a counter or gauge (a histogram has none, as in Triton: read
         it from the metrics endpoint)."""
-        self._live()
-        if self._kind == MetricFamily.HISTOGRAM:
-            raise TritonModelException("value() is not supported for histogram metrics")
+        self._check(_VALUE, "Value", (MetricFamily.COUNTER, MetricFamily.GAUGE))
         rt = _rt()
         if rt is not None:
             return float(rt.metric_value(self._name, self._labels))

@@ -139,6 +139,7 @@ class StubRuntime:
         self.model_config: dict = {}
         self.decoupled = False
         self.phase = "starting"  # starting | initialize | ready | finalize
+        self._finalized = False  # finalize() returned
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
         # The loop of ``async def execute`` must not block (every request of this instance
@@ -559,6 +560,7 @@ class StubRuntime:
         except Exception:
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
         finally:
+            self._finalized = True
             if self._async_loop is not None:
                 self._async_loop.call_soon_threadsafe(self._async_loop.stop)
         return {"ok": True}
@@ -971,13 +973,22 @@ class StubRuntime:
     def log(self, level: int, message: str) -> None:
         self.channel.send(Cmd.LOG, 0, [level, message])
 
-    def metric_family(self, name: str, description: str, kind: int) -> None:
+    def metric_family(self, name: str, description: str, kind: int, family_id: int) -> None:
         # A call, not a notice: a family of that name but another kind is refused (as Triton).
-        self._call_ok(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind})
+        self._call_ok(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind,
+                                          "id": family_id})
+
+    def metric_family_delete(self, name: str, family_id: int) -> None:
+        """The model deleted a MetricFamily object (from its ``__del__``, so any thread, at any
+        allocation: a plain send, which takes no lock of the stub's). Not once ``finalize``
+        returned: what the interpreter's exit collects was not deleted by the model, and its
+        series stay, as they do on Triton."""
+        if not self._finalized:
+            self.channel.send(Cmd.METRIC_FAMILY_DELETE, 0, [name, family_id])
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
-                  buckets: list | None) -> None:
-        self.channel.send(Cmd.METRIC_OP, 0, [family, labels, op, value, buckets])
+                  buckets: list | None, family_id: int = 0) -> None:
+        self.channel.send(Cmd.METRIC_OP, 0, [family, labels, op, value, buckets, family_id])
 
     def metric_value(self, family: str, labels: dict) -> float:
         waiter = Waiter()

@@ -866,6 +866,8 @@ class ModelRuntime(RuntimeBase):
 
     # -- death and restart ----------------------------------------------------------------------
     def _on_death(self, stub: StubProcess, reason: str) -> None:
+        # Every end of a stub comes here, an unload's too: its custom metrics stay.
+        self.server.custom_metrics.forget(stub)
         inst: Instance = stub.instance
         if inst.stub is not stub:
             return

@@ -143,7 +143,8 @@ class Server:
         # by these settings (off unless given a level and a file).
         self.tracing = tracing if tracing is not None else Tracing()
         self.metrics_registry = CollectorRegistry(auto_describe=True)
-        self.custom_metrics = CustomMetrics()
+        # A dead stub's MetricFamily objects keep no series (its death is no deletion).
+        self.custom_metrics = CustomMetrics(is_live=lambda stub: bool(stub.alive))
         self.metrics_registry.register(self.custom_metrics)
         self.timers = Timers()
         self._loop = loop
@@ -467,12 +468,14 @@ class Server:
                 _LOG_LEVELS.get(level, logging.INFO), "[%s] %s", inst.name, text)
         elif cmd == Cmd.METRIC_FAMILY:
             problem = self.custom_metrics.family(str(body["name"]), str(body["description"]),
-                                                 int(body["kind"]))
+                                                 int(body["kind"]), stub, int(body["id"]))
             stub.send(Cmd.REPLY, call_id, {"ok": True} if problem is None else {
                 "ok": False, "error": InvalidArgumentError(problem).to_wire()})
         elif cmd == Cmd.METRIC_OP:
-            fam, labels, op, value, buckets = body
-            self.custom_metrics.op(fam, labels, op, value, buckets)
+            fam, labels, op, value, buckets, family_id = body
+            self.custom_metrics.op(fam, labels, op, value, buckets, stub, int(family_id))
+        elif cmd == Cmd.METRIC_FAMILY_DELETE:
+            self.custom_metrics.delete_family(stub, int(body[1]))
         elif cmd == Cmd.METRIC_VALUE:
             stub.send(Cmd.REPLY, call_id, {"ok": True,
                                            "value": self.custom_metrics.value(body[0], body[1])})

@@ -137,6 +137,8 @@ class ModelRunner:
         self.bls_handler = bls_handler
         self.metrics: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self.metric_kinds: dict[str, int] = {}  # family name -> kind
+        # MetricFamily object id -> the series its metrics made (deleting it drops them)
+        self._metric_made: dict[int, set[tuple[str, tuple[tuple[str, str], ...]]]] = {}
         self.log = logging.getLogger(f"tritonpy.model.{name}")
         self._sent: dict[int, list[Any]] = {}
         self._final: set[int] = set()
@@ -520,14 +522,26 @@ class _RunnerRuntime:
         r = self.runner
         r.log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s] %s", r.instance_name, message)
 
-    def metric_family(self, name: str, description: str, kind: int) -> None:
+    def metric_family(self, name: str, description: str, kind: int, family_id: int) -> None:
         known = self.runner.metric_kinds.setdefault(name, kind)
         if known != kind:  # as the server: one name, one kind
             raise _pb().TritonModelException(
                 f"metric family '{name}' already exists with another kind ({known})")
+        self.runner._metric_made[family_id] = set()
+
+    def metric_family_delete(self, name: str, family_id: int) -> None:
+        # As the server: the series made through that object go (unless another family object
+        # made them too); not once the runner is closed (finalize returned).
+        r = self.runner
+        made = r._metric_made.pop(family_id, None)
+        if made is None or getattr(r, "_torn_down", False):
+            return
+        others = set().union(*r._metric_made.values())
+        for key in made - others:
+            r.metrics.pop(key, None)
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
-                  buckets: list | None) -> None:
+                  buckets: list | None, family_id: int = 0) -> None:
         key = (family, tuple(sorted(labels.items())))
         m = self.runner.metrics
         if op == "set":
@@ -536,6 +550,9 @@ class _RunnerRuntime:
             m[key] = m.get(key, 0.0) + value
         else:
             m.setdefault(key, 0.0)
+            made = self.runner._metric_made.get(family_id)
+            if made is not None:
+                made.add(key)
 
     def metric_value(self, family: str, labels: dict) -> float:
         return self.runner.metrics.get((family, tuple(sorted(labels.items()))), 0.0)

@@ -285,10 +285,12 @@ class TritonPythonModel:
             except pb_utils.TritonModelException:
                 return True
 
-        again = pb_utils.MetricFamily("probe_requests", "another description",
-                                      pb_utils.MetricFamily.COUNTER)
+        self.again = again = pb_utils.MetricFamily("probe_requests", "another description",
+                                                   pb_utils.MetricFamily.COUNTER)
         again.Metric(labels={"model": "probe", "kind": "again"}).increment(1)
-        hist = pb_utils.MetricFamily("probe_rules", "rules", pb_utils.MetricFamily.HISTOGRAM)
+        # Kept: deleting a family drops its series (see tests/stub/test_custom_metrics.py).
+        self.rules = hist = pb_utils.MetricFamily("probe_rules", "rules",
+                                                  pb_utils.MetricFamily.HISTOGRAM)
         hist.Metric(labels={"b": "none"}, buckets=[]).observe(3)  # only the +Inf bucket
         info = {
             "other_kind": refused(lambda: pb_utils.MetricFamily(
@@ -549,8 +551,9 @@ def test_custom_metrics_round_trip_and_export(server, probe):
     assert p["negative_refused"] is True
     assert p["hist_value_refused"] is True
     # Triton's QA (test_metric_lifetime_error): the family of MetricFamily(...).Metric(...) is
-    # gone at once, and so is its metric.
+    # gone at once, and so is its metric (with the prefix of Triton's stub for increment).
     assert p["dropped_family"] == (
+        "Failed to increment metric value: "
         "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
         "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
         "been deleted.")
