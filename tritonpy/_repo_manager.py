@@ -342,6 +342,18 @@ class RepositoryManager:
         for rt in gone:  # what still reaches an old version goes to its replacement
             rt.successor = serving.get(rt.version) or (
                 serving[max(serving)] if serving else None)
+        # The counters of a version whose runtime is replaced go on (kept ones keep theirs);
+        # those of a version the reload leaves out go, as with an unload.
+        replaced = {rt.version: rt for rt in gone}
+        for rt in new.values():
+            srv.counter_carry.serving(rt.stats)
+            old = replaced.get(rt.version)
+            if old is not None and old.stats.summaries is not None \
+                    and rt.stats.summaries is not None:
+                rt.stats.summaries = old.stats.summaries  # they go on too, as Triton's
+        for rt in gone:
+            if rt.version not in serving:
+                srv.counter_carry.unloaded(entry.name, rt.version)
         entry.runtimes = serving
         entry.state = READY
         entry.reason = ""
@@ -355,10 +367,10 @@ class RepositoryManager:
         if kept:
             log.info("updated model '%s' version(s) %s in place", entry.name, sorted(kept))
 
-    @staticmethod
-    def _retire(runtimes: list[ModelRuntime]) -> None:
+    def _retire(self, runtimes: list[ModelRuntime]) -> None:
         for rt in runtimes:
             rt.unload(timeout=None)  # as Triton: every request finishes (see drain)
+            self.server.counter_carry.finished(rt.stats)
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
@@ -472,10 +484,14 @@ class RepositoryManager:
             rts, entry.runtimes = entry.runtimes, {}
             entry.unloaded = sorted(rts)
             entry.retired.extend(rts.values())
+            carry = self.server.counter_carry
+            for v in rts:
+                carry.unloaded(entry.name, v)
 
         def finish() -> None:
             for rt in rts.values():
                 rt.unload(timeout)
+                carry.finished(rt.stats)
             with entry.lock:
                 if not entry.runtimes and entry.state == UNLOADING:  # not loaded again since
                     entry.state = UNAVAILABLE

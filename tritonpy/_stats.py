@@ -12,6 +12,9 @@ BACKEND (an execute failed, or the model's stub died or cannot serve), REJECTED 
 request timeout passed), CANCELED (cancelled while queued), OTHER (an ensemble that failed). A
 request refused as it is queued (a full queue, a sequence without its START) is not counted,
 as in Triton.
+
+The Prometheus counters are these statistics summed over a version's runtimes
+(:class:`CounterCarry`): a reload restarts the statistics, not the counters.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import math
 import random
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +110,15 @@ class LatencySummary:
         self.sum = 0
         # [start, observations, how many it has seen]
         self._buckets: collections.deque[list[Any]] = collections.deque()
+        # Its own: a reload's new runtime observes into the summary its draining predecessor
+        # still observes into (Triton's summaries, like its counters, go on over a reload).
+        self._lock = threading.Lock()
 
     def observe(self, us: int, now: float) -> None:
+        with self._lock:
+            self._observe(us, now)
+
+    def _observe(self, us: int, now: float) -> None:
         self.count += 1
         self.sum += us
         buckets = self._buckets
@@ -131,7 +141,13 @@ class LatencySummary:
         """The durations kept for the last minute, unsorted."""
         oldest = now - self.MAX_AGE
         span = self.MAX_AGE / self.BUCKETS
-        return [v for start, kept, _ in self._buckets if start + span > oldest for v in kept]
+        with self._lock:
+            return [v for start, kept, _ in self._buckets if start + span > oldest
+                    for v in kept]
+
+    def totals(self) -> tuple[int, int]:
+        with self._lock:
+            return self.count, self.sum
 
 
 def quantiles_of(values: list[int], wanted: Sequence[float]) -> list[float]:
@@ -200,6 +216,18 @@ class ModelStats:
         with self._lock:
             return dict(self.failures)
 
+    def counters(self) -> dict[str, Any]:
+        """The cumulative part, what the Prometheus counters show: ``inference_count``,
+        ``execution_count`` and ``inference_stats`` (as in :meth:`as_dict`), and ``failures``
+        by reason."""
+        with self._lock:
+            return {
+                "inference_count": self.inference_count,
+                "execution_count": self.execution_count,
+                "inference_stats": {k: {"count": v[0], "ns": v[1]} for k, v in self.stats.items()},
+                "failures": dict(self.failures),
+            }
+
     def execution(self, batch_size: int, succeeded: Iterable[tuple[int, int, int]],
                   failed: Iterable[int], input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One execute of ``batch_size`` rows ended.
@@ -257,10 +285,12 @@ class ModelStats:
         if self.summaries is None:
             return {}
         now = time.monotonic()
-        with self._lock:  # copied here, sorted outside: executes do not wait for a scrape
-            taken = {k: (s.count, s.sum, s.window(now)) for k, s in self.summaries.items()}
-        return {k: (count, total, quantiles_of(values, quantiles))
-                for k, (count, total, values) in taken.items()}
+        out = {}
+        for key, summary in self.summaries.items():
+            values = summary.window(now)  # copied, then sorted outside its lock
+            count, total = summary.totals()
+            out[key] = (count, total, quantiles_of(values, quantiles))
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         with self._lock:
@@ -278,3 +308,111 @@ class ModelStats:
                 "response_stats": {},  # Triton 2.51's Python backend reports none either
                 "memory_usage": [],
             }
+
+
+class _Carried:
+    """The runtimes of one model version, as its counters see them."""
+
+    __slots__ = ("serving", "runs", "totals", "gone", "failures")
+
+    def __init__(self) -> None:
+        self.serving = False
+        self.runs: list[ModelStats] = []  # since its last load: they count in every counter
+        self.totals: dict[str, Any] = {}  # the counters of the runs that finished
+        self.gone: list[ModelStats] = []  # from before its last unload: failures only
+        self.failures: dict[str, int] = {}  # the failures of the gone that finished
+
+
+class CounterCarry:
+    """Each model version's Prometheus counters, carried across the runtimes that serve it.
+
+    As Triton 2.51's (measured): a reload that replaces a version's runtime restarts its
+    statistics, not its counters (success, counts, durations, cache and failures go on from
+    their values). An unload takes the version's series off the metrics page and its next load
+    starts them at 0, except ``nv_inference_request_failure``: it stays on the page with its
+    values and goes on from them. So a version's counters sum the runtimes that served it since
+    it was loaded, and its failures every runtime that ever served it.
+
+    The statistics of a runtime that still finishes its requests are read on each scrape; once
+    it is unloaded they are final and folded into a total, so that however many reloads a
+    version sees, it keeps one total and the runtimes still draining.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._versions: dict[tuple[str, int], _Carried] = {}
+
+    def serving(self, stats: ModelStats) -> None:
+        """The runtime of ``stats`` serves its version from now on (loaded, or a reload's
+        replacement)."""
+        with self._lock:
+            c = self._versions.setdefault((stats.name, stats.version), _Carried())
+            c.serving = True
+            c.runs.append(stats)
+
+    def unloaded(self, name: str, version: int) -> None:
+        """The version is out of service: its counters start again at its next load, its
+        failures go on."""
+        with self._lock:
+            c = self._versions.get((name, version))
+            if c is None:
+                return
+            c.serving = False
+            c.gone.extend(c.runs)
+            c.runs = []
+            _add(c.failures, c.totals.get("failures", {}))
+            c.totals = {}
+
+    def finished(self, stats: ModelStats) -> None:
+        """The runtime of ``stats`` is unloaded: it counts no more, and is folded."""
+        with self._lock:
+            c = self._versions.get((stats.name, stats.version))
+            if c is None:
+                return
+            if any(s is stats for s in c.runs):
+                c.runs = [s for s in c.runs if s is not stats]
+                _add(c.totals, stats.counters())
+            elif any(s is stats for s in c.gone):
+                c.gone = [s for s in c.gone if s is not stats]
+                _add(c.failures, stats.counters()["failures"])
+
+    def counters(self, name: str, version: int) -> dict[str, Any] | None:
+        """The version's counters, in the shape of :meth:`ModelStats.counters` less its
+        failures (see :meth:`failures`); None while it is not serving."""
+        with self._lock:
+            c = self._versions.get((name, version))
+            if c is None or not c.serving:
+                return None
+            out: dict[str, Any] = {}
+            _add(out, c.totals)
+            runs = list(c.runs)
+        for stats in runs:
+            _add(out, stats.counters())
+        out.pop("failures", None)
+        return out
+
+    def failures(self) -> list[tuple[str, int, dict[str, int]]]:
+        """``(name, version, failures by reason)`` of every version that served, unloaded ones
+        too."""
+        with self._lock:
+            held = []
+            for (name, version), c in self._versions.items():
+                failures = dict.fromkeys(FAILURE_REASONS, 0)
+                _add(failures, c.failures)
+                _add(failures, c.totals.get("failures", {}))
+                held.append((name, version, failures, c.runs + c.gone))
+        out = []
+        for name, version, failures, runs in held:
+            for stats in runs:
+                _add(failures, stats.failures_by_reason())
+            out.append((name, version, failures))
+        return out
+
+
+def _add(into: dict[str, Any], more: Mapping[str, Any]) -> None:
+    """Add the numbers of ``more`` into ``into``, nested dicts as nested dicts."""
+    for key, value in more.items():
+        if isinstance(value, Mapping):
+            _add(into.setdefault(key, {}), value)
+        else:
+            into[key] = into.get(key, 0) + value

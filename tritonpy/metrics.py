@@ -1,9 +1,9 @@
 """Prometheus metrics in Triton's names, served as text on the metrics port (``/metrics``).
 
-On every scrape a collector reads the server's statistics (Triton's per-model counters and
-cumulative durations), its pending requests, the CPU's utilization and memory, and its live
-shared-memory usage per pool, and the models' own metrics (``pb_utils.MetricFamily``) are read
-from ``server.metrics_registry``.
+On every scrape a collector reads the server's counters (its statistics' counts and
+cumulative durations, carried across reloads as Triton's), its failures, its pending requests,
+the CPU's utilization and memory, and its live shared-memory usage per pool, and the models' own
+metrics (``pb_utils.MetricFamily``) are read from ``server.metrics_registry``.
 
 The text is written in the style of Triton's exporter (prometheus-cpp): a counter's samples are
 named exactly as the family (``nv_inference_count{...}``), without the ``_total`` suffix and the
@@ -140,20 +140,16 @@ class TritonStatsCollector:
                 yield family
 
     def _families(self) -> Iterator[Metric]:
-        try:
-            stats = self.server.statistics().get("model_stats", [])
+        try:  # the loaded versions only: as Triton, an unloaded version's series go with it
+            stats = self.server.counters()
         except Exception:  # a failing scrape must not fail the metrics endpoint
-            log.exception("reading statistics for metrics failed")
+            log.exception("reading counters for metrics failed")
             stats = []
         config = getattr(self.server, "metrics_config", None)
         counters = config is None or config.counter_latencies
         runtimes = self._runtimes()
-        loaded = None if runtimes is None else {(rt.name, str(rt.version)) for rt in runtimes}
         cached = {(rt.name, str(rt.version)) for rt in runtimes or ()
                   if rt.config.response_cache.enable}
-        if loaded is not None:  # as Triton: an unloaded version's series go with it
-            stats = [e for e in stats
-                     if (str(e.get("name", "")), str(e.get("version", ""))) in loaded]
 
         def counter_family(name: str, doc: str, path: tuple[str, ...],
                            only: set[tuple[str, str]] | None = None) -> Metric:
@@ -165,14 +161,13 @@ class TritonStatsCollector:
             return family
 
         yield counter_family(*_COUNT_FAMILIES[0])
-        # Failures by Triton's reason label; every reason of every model, zeros included.
+        # Failures by Triton's reason label; every reason of every model, zeros included, and
+        # as Triton's, those of unloaded versions too.
         failures = CounterMetricFamily(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
             labels=["model", "reason", "version"])
         try:
             for entry in self.server.failures():
-                if loaded is not None and (entry["name"], entry["version"]) not in loaded:
-                    continue
                 for reason in reversed(FAILURE_REASONS):  # as Triton's exporter lists them
                     failures.add_metric([entry["name"], reason, entry["version"]],
                                         float(entry["reasons"].get(reason, 0)))

@@ -38,7 +38,7 @@ from ._loop import FrameLoop, StallWatch
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
-from ._stats import MetricsConfig
+from ._stats import CounterCarry, MetricsConfig
 from ._stubproc import StubProcess
 from ._trace import Trace, Tracing
 
@@ -143,6 +143,8 @@ class Server:
         # by these settings (off unless given a level and a file).
         self.tracing = tracing if tracing is not None else Tracing()
         self.metrics_registry = CollectorRegistry(auto_describe=True)
+        # The per-model Prometheus counters across reloads and unloads (Triton's lifetimes).
+        self.counter_carry = CounterCarry()
         # A dead stub's MetricFamily objects keep no series (its death is no deletion).
         self.custom_metrics = CustomMetrics(is_live=lambda stub: bool(stub.alive))
         self.metrics_registry.register(self.custom_metrics)
@@ -364,12 +366,25 @@ class Server:
                     f"requested model version is not available for model '{name}'")
         return {"model_stats": [rt.stats.as_dict() for rt in runtimes]}
 
+    def counters(self) -> list[dict]:
+        """Per loaded model version, its Prometheus counters: the cumulative fields of its
+        statistics (``inference_count``, ``execution_count``, ``inference_stats``) summed over
+        the runtimes that served it since it was loaded. As in Triton, a reload that replaces
+        the runtime restarts :meth:`statistics`, not these (see ``CounterCarry``)."""
+        out = []
+        for rt in self.repo.runtimes():
+            counters = self.counter_carry.counters(rt.name, rt.version)
+            if counters is not None:  # None: unloaded since runtimes() was read
+                out.append({"name": rt.name, "version": str(rt.version), **counters})
+        return out
+
     def failures(self) -> list[dict]:
-        """Per model version (unloaded ones too, as :meth:`statistics`), its failed requests by
-        Triton's reason (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``)."""
-        return [{"name": rt.name, "version": str(rt.version),
-                 "reasons": rt.stats.failures_by_reason()}
-                for rt in self.repo.runtimes(include_unloaded=True)]
+        """Per model version that was ever loaded, its failed requests by Triton's reason
+        (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``), summed over all its runtimes: as
+        Triton's ``nv_inference_request_failure``, they outlive an unload and go on from their
+        values at the next load."""
+        return [{"name": name, "version": str(version), "reasons": reasons}
+                for name, version, reasons in self.counter_carry.failures()]
 
     def pending_requests(self) -> list[dict]:
         """Per loaded model version, the requests awaiting execution (Triton's

@@ -201,13 +201,13 @@ def test_metrics_text_uses_triton_names() -> None:
     registry = CollectorRegistry()
     Counter("custom_requests", "custom counter", ["model"], registry=registry).labels("m").inc(2)
     Histogram("custom_latency", "custom histogram", registry=registry, buckets=(1.0,)).observe(0.5)
-    stats = {"model_stats": [{
+    stats = [{
         "name": "m", "version": "1", "inference_count": "5", "execution_count": 4,
         "inference_stats": {"success": {"count": 5, "ns": 5000}, "fail": {"count": 1, "ns": 10},
                             "queue": {"count": 5, "ns": 2000}, "compute_input": {"count": 5},
                             "compute_infer": {"count": 5, "ns": 3000}, "compute_output": {}},
-    }]}
-    server = SimpleNamespace(statistics=lambda: stats, metrics_registry=registry,
+    }]
+    server = SimpleNamespace(counters=lambda: stats, metrics_registry=registry,
                              shm_usage=lambda: [{"pool": "host", "segments": 2,
                                                  "mapped_bytes": 1 << 20, "used_bytes": 512}],
                              pending_requests=lambda: [{"name": "m", "version": "1", "count": 3}],
@@ -259,14 +259,14 @@ def test_metrics_keep_a_models_own_names_and_tritons_cache_families() -> None:
     assert cache.lookup(key, ["OUT"]) is None
     cache.insert(key, [("OUT", np.ones(25, np.float32))], None)  # 100 bytes
     assert cache.lookup(key, ["OUT"]) is not None
-    stats = {"model_stats": [{"name": n, "version": "1"} for n in ("c", "plain")]}
+    stats = [{"name": n, "version": "1"} for n in ("c", "plain")]
 
     def rt(name: str, enabled: bool) -> SimpleNamespace:
         return SimpleNamespace(name=name, version=1, config=SimpleNamespace(
             response_cache=SimpleNamespace(enable=enabled)))
 
     server = SimpleNamespace(
-        statistics=lambda: stats, metrics_registry=registry, response_cache=cache,
+        counters=lambda: stats, metrics_registry=registry, response_cache=cache,
         repo=SimpleNamespace(runtimes=lambda: [rt("c", True), rt("plain", False)]),
         shm_usage=lambda: [], pending_requests=lambda: [], failures=lambda: [])
     lines = metrics_text(server).splitlines()  # type: ignore[arg-type]
@@ -287,7 +287,7 @@ def test_metrics_survive_a_failing_server() -> None:
     def boom() -> dict:
         raise RuntimeError("down")
 
-    server = SimpleNamespace(statistics=boom, shm_usage=boom, pending_requests=boom,
+    server = SimpleNamespace(counters=boom, shm_usage=boom, pending_requests=boom,
                              metrics_registry=None)
     # The page is still served: the CPU's families, and no model family (as Triton's
     # exporter, a family with no series is left out).
@@ -313,7 +313,7 @@ def test_cpu_metrics_are_triton_families_read_from_the_machine() -> None:
     total = psutil.virtual_memory().total
     assert families["nv_cpu_memory_total_bytes"] == total
     assert 0 < families["nv_cpu_memory_used_bytes"] < total
-    server = SimpleNamespace(statistics=dict, shm_usage=list, pending_requests=list,
+    server = SimpleNamespace(counters=list, shm_usage=list, pending_requests=list,
                              metrics_registry=None)
     text = metrics_text(server, cpu)  # type: ignore[arg-type]
     assert "# TYPE nv_cpu_utilization gauge" in text

@@ -148,3 +148,25 @@ def test_the_default_page_has_duration_counters_and_no_summaries(tmp_path, shm_p
     assert [line.split("reason=")[1][:9] for line in text.splitlines()
             if line.startswith("nv_inference_request_failure{")] == [
         '"OTHER",v', '"BACKEND"', '"CANCELED', '"REJECTED']
+
+
+def test_summaries_go_on_over_a_reload_and_restart_after_an_unload(tmp_path, shm_prefix) -> None:
+    # As the counters (and Triton's summaries, which live in the same reporter): a reload
+    # that replaces the runtime does not restart them; an unload does.
+    mdir = write_model(tmp_path / "repo", "sleeper", SLEEPER_PY)
+    config = MetricsConfig.parse(["summary_latencies=true"])
+    count = 'nv_inference_compute_infer_summary_us_count{model="sleeper",version="1"} '
+    with serving(tmp_path / "repo", shm_prefix, metrics_config=config,
+                 model_control_mode="explicit", load_models=["sleeper"]) as server:
+        for _ in range(2):
+            infer(server.model("sleeper"), {"IN": np.array([1], np.float32)})
+        old = server.runtime("sleeper", 1)
+        (mdir / "1" / "model.py").write_text(SLEEPER_PY + "\n# changed\n")
+        server.load("sleeper")
+        assert server.runtime("sleeper", 1) is not old  # a real reload
+        infer(server.model("sleeper"), {"IN": np.array([1], np.float32)})
+        assert count + "3" in metrics_text(server)
+        server.unload("sleeper")
+        assert count not in metrics_text(server)
+        server.load("sleeper")
+        assert count + "0" in metrics_text(server)

@@ -410,7 +410,8 @@ def test_a_reload_whose_new_version_fails_keeps_the_others_and_says_so(tmp_path,
 
 
 def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
-    # As Triton's metrics (measured): the series of an unloaded version go with it.
+    # As Triton's metrics (measured): the series of an unloaded version go with it, all but
+    # nv_inference_request_failure's (see test_counter_lifetimes).
     from tritonpy.metrics import metrics_text
 
     write_model(tmp_path, "m", tagged("m"))
@@ -419,5 +420,7 @@ def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
         _tag(server.model("m"))
         assert 'nv_inference_count{model="m",version="1"} 1' in metrics_text(server).splitlines()
         server.unload("m")
-        assert 'model="m"' not in metrics_text(server)
+        lines = [line for line in metrics_text(server).splitlines() if 'model="m"' in line]
+        assert 'nv_inference_request_failure{model="m",reason="BACKEND",version="1"} 0' in lines
+        assert all(line.startswith("nv_inference_request_failure{") for line in lines)
         assert server.statistics("m")["model_stats"][0]["inference_count"] == 1  # still kept
