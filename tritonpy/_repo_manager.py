@@ -347,10 +347,10 @@ class RepositoryManager:
         replaced = {rt.version: rt for rt in gone}
         for rt in new.values():
             srv.counter_carry.serving(rt.stats)
-            old = replaced.get(rt.version)
-            if old is not None and old.stats.summaries is not None \
+            prev = replaced.get(rt.version)
+            if prev is not None and prev.stats.summaries is not None \
                     and rt.stats.summaries is not None:
-                rt.stats.summaries = old.stats.summaries  # they go on too, as Triton's
+                rt.stats.summaries = prev.stats.summaries  # they go on too, as Triton's
         for rt in gone:
             if rt.version not in serving:
                 srv.counter_carry.unloaded(entry.name, rt.version)
