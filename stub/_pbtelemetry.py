@@ -7,6 +7,7 @@ go to Python logging and metrics are kept locally, so a model's unit test still 
 from __future__ import annotations
 
 import enum
+import gc
 import itertools
 import logging
 import weakref
@@ -73,6 +74,17 @@ class Logger:
 
 # Ids of this process's MetricFamily objects: the host counts the series each one made.
 _family_ids = itertools.count(1)
+# Whether the cyclic garbage collector is running (it runs the __del__ of what it frees, at
+# whatever allocation started it).
+_collecting = False
+
+
+def _gc_phase(phase: str, info: dict) -> None:
+    global _collecting
+    _collecting = phase == "start"
+
+
+gc.callbacks.append(_gc_phase)
 
 
 class MetricFamily:
@@ -112,7 +124,7 @@ class MetricFamily:
         if rt is not None:
             self._rt = None
             try:
-                rt.metric_family_delete(self.name, self._id)
+                rt.metric_family_delete(self.name, self._id, _collecting)
             except Exception:  # the host is gone, or a forked child: nobody to tell
                 pass
 

@@ -140,6 +140,9 @@ class StubRuntime:
         self.decoupled = False
         self.phase = "starting"  # starting | initialize | ready | finalize
         self._finalized = False  # finalize() returned
+        # MetricFamily objects the cyclic garbage collector deleted: sent at the next safe
+        # point, never from inside the collection (it may run in the middle of a send).
+        self._metric_deletes: list[tuple[str, int]] = []
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
         # The loop of ``async def execute`` must not block (every request of this instance
@@ -560,6 +563,7 @@ class StubRuntime:
         except Exception:
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
         finally:
+            self.flush_metric_deletes()
             self._finalized = True
             if self._async_loop is not None:
                 self._async_loop.call_soon_threadsafe(self._async_loop.stop)
@@ -657,6 +661,8 @@ class StubRuntime:
             self._active.pop(r._host_id, None)
             if self._pace:
                 self._unpace(r._host_id)
+        if self._metric_deletes:
+            self.flush_metric_deletes()
         self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
 
     def _done_body(self, requests: list, result: Any, err: BaseException | None) -> dict:
@@ -975,22 +981,43 @@ class StubRuntime:
 
     def metric_family(self, name: str, description: str, kind: int, family_id: int) -> None:
         # A call, not a notice: a family of that name but another kind is refused (as Triton).
+        if self._metric_deletes:  # a deletion of the same name goes first
+            self.flush_metric_deletes()
         self._call_ok(Cmd.METRIC_FAMILY, {"name": name, "description": description, "kind": kind,
                                           "id": family_id})
 
-    def metric_family_delete(self, name: str, family_id: int) -> None:
-        """The model deleted a MetricFamily object (from its ``__del__``, so any thread, at any
-        allocation: a plain send, which takes no lock of the stub's). Not once ``finalize``
-        returned: what the interpreter's exit collects was not deleted by the model, and its
-        series stay, as they do on Triton."""
-        if not self._finalized:
+    def metric_family_delete(self, name: str, family_id: int, collecting: bool) -> None:
+        """The model deleted a MetricFamily object (from its ``__del__``). Not once
+        ``finalize`` returned: what the interpreter's exit collects was not deleted by the
+        model, and its series stay, as they do on Triton. One the cyclic collector deleted
+        (``collecting``) waits for the next safe point: the collection may have started at
+        any allocation, a send of this very thread included."""
+        if self._finalized:
+            return
+        self._metric_deletes.append((name, family_id))
+        if not collecting:
+            self.flush_metric_deletes()
+
+    def flush_metric_deletes(self) -> None:
+        """Send the deletions that wait (before anything else about metrics, and before an
+        execute's responses: a client that reads the metrics after them sees them gone)."""
+        deletes = self._metric_deletes
+        while deletes:
+            try:
+                name, family_id = deletes.pop(0)
+            except IndexError:  # another thread took the last one
+                return
             self.channel.send(Cmd.METRIC_FAMILY_DELETE, 0, [name, family_id])
 
     def metric_op(self, family: str, labels: dict, op: str, value: float,
                   buckets: list | None, family_id: int = 0) -> None:
+        if self._metric_deletes:
+            self.flush_metric_deletes()
         self.channel.send(Cmd.METRIC_OP, 0, [family, labels, op, value, buckets, family_id])
 
     def metric_value(self, family: str, labels: dict) -> float:
+        if self._metric_deletes:
+            self.flush_metric_deletes()
         waiter = Waiter()
         self._call(Cmd.METRIC_VALUE, [family, labels], waiter)
         return float(self._await(waiter).get("value", 0.0))

@@ -529,9 +529,10 @@ class _RunnerRuntime:
                 f"metric family '{name}' already exists with another kind ({known})")
         self.runner._metric_made[family_id] = set()
 
-    def metric_family_delete(self, name: str, family_id: int) -> None:
+    def metric_family_delete(self, name: str, family_id: int, collecting: bool = False) -> None:
         # As the server: the series made through that object go (unless another family object
-        # made them too); not once the runner is closed (finalize returned).
+        # made them too); not once the runner is closed (finalize returned). In process there
+        # is no frame to interrupt: a deletion by the cyclic collector applies at once.
         r = self.runner
         made = r._metric_made.pop(family_id, None)
         if made is None or getattr(r, "_torn_down", False):

@@ -96,6 +96,19 @@ class TritonPythonModel:
         except pb_utils.TritonModelException as exc:
             return str(exc)
 
+    def op_cyclic_family(self):
+        # A family only a reference cycle keeps: the cyclic collector frees it, here in
+        # gc.collect(), in general at whatever allocation starts a collection (a send of
+        # the stub's included), so its deletion is sent at the next safe point.
+        import gc
+        holder = {{}}
+        holder["self"] = holder
+        holder["fam"] = pb_utils.MetricFamily(P + "_cyc", "cyclic", pb_utils.MetricFamily.GAUGE)
+        holder["fam"].Metric(labels={{"k": "c"}}).set(3)
+        del holder
+        gc.collect()
+        return "collected"
+
     def op_del_hist_metric(self):
         del self.h
         return "deleted h"
@@ -226,6 +239,17 @@ def test_deleting_a_family_drops_its_series_and_the_name_starts_afresh(tmp_path,
         # The same name again: a fresh series at 0, under the first description.
         assert run(cm, "recreate") == "0.0"
         assert shown(srv, "audit_cnt") == sorted(counter("audit", "audit counter", a=0))
+
+
+def test_a_family_the_cyclic_collector_frees_leaves_the_page(tmp_path, shm_prefix):
+    write_model(tmp_path, "cm", LIFECYCLE_PY.format(prefix="cyc", finalize=False))
+    with serving(tmp_path, shm_prefix) as srv:
+        cm = srv.model("cm")
+        assert run(cm, "cyclic_family") == "collected"
+        # Sent before the execute's responses: the page no longer has it once they came.
+        assert not [line for line in metrics_text(srv).splitlines() if "cyc_cyc" in line]
+        run(cm, "bump")  # the stub serves on, its channel intact
+        assert 'cyc_cnt{k="a"} 1' in metrics_text(srv)
 
 
 def test_finalize_that_deletes_its_families_drops_them_on_unload(tmp_path, shm_prefix):
