@@ -707,9 +707,11 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
                 f"ensemble '{name}' depends on '{step.model_name}' whose required version "
                 f"{step.model_version} is not loaded.") from None
         configs.append(rt.config)
+    # As Triton: an ensemble's config always has its transaction policy (decoupled when a
+    # step is), where a plain model's has it only when set.
     decoupled = validate_ensemble(cfg, configs)
-    if decoupled:
-        cfg.model_transaction_policy.decoupled = True
+    cfg.model_transaction_policy.SetInParent()
+    cfg.model_transaction_policy.decoupled = decoupled
     cfg_json = config_to_json(cfg)
     out: dict[int, EnsembleRuntime] = {}
     for v in versions:

@@ -160,7 +160,17 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     )
     ordered = _ordered(cfg.DESCRIPTOR, raw)
     _fix_int64(ordered)
+    # Fields that Triton 2.51's ModelConfig does not have yet (tritonclient's newer protos
+    # do): left at their default, they are not printed, as 2.51 prints none of them.
+    for section, field in _NEWER_FIELDS:
+        part = ordered.get(section)
+        if isinstance(part, dict) and part.get(field) in (0, "0", False, ""):
+            del part[field]
     return ordered
+
+
+# (section, field) of the ModelConfig fields added after Triton 2.51.
+_NEWER_FIELDS = (("ensemble_scheduling", "max_inflight_requests"),)
 
 
 def config_to_json(cfg: ModelConfig) -> str:

@@ -350,6 +350,10 @@ def test_ensemble_input_validation_and_metadata(server: tritonpy.Server) -> None
     cfg = model.config()
     assert [s["model_name"] for s in cfg["ensemble_scheduling"]["step"]] == [
         "plus1", "scale2", "plus1"]
+    # As Triton 2.51's config (measured): the transaction policy is always there, and no
+    # field of a newer ModelConfig than 2.51's shows.
+    assert cfg["model_transaction_policy"] == {"decoupled": False}
+    assert "max_inflight_requests" not in cfg["ensemble_scheduling"]
     assert model.ready()
     assert not model.decoupled()
 
