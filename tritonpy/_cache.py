@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import logging
 import threading
 import time
 from typing import Any, Iterable
 
 import numpy as np
 
+log = logging.getLogger(__name__)
 
 def _nbytes(arr: np.ndarray) -> int:
     if arr.dtype == np.object_:
@@ -82,8 +84,10 @@ class ResponseCache:
             finally:
                 self.lookup_ns += time.monotonic_ns() - t0
 
-    def insert(self, key: bytes, outputs: list[tuple[str, np.ndarray]], params: Any) -> bool:
-        """Keep a copy of a successful answer; False when it is larger than the cache."""
+    def insert(self, key: bytes, outputs: list[tuple[str, np.ndarray]], params: Any,
+               model: str = "") -> bool:
+        """Keep a copy of a successful answer; False (and an error in the log, as Triton
+        writes one) when it is larger than the cache."""
         t0 = time.monotonic_ns()
         kept: dict[str, np.ndarray] = {}
         size = 0
@@ -93,6 +97,9 @@ class ResponseCache:
             kept[name] = copy
             size += _nbytes(copy)
         if size > self.size:
+            log.error("Failed to insert a response of model '%s' into response cache: "
+                      "Requested byte_size: %d is greater than total cache size: %d",
+                      model, size, self.size)
             return False
         with self._lock:
             old = self._entries.pop(key, None)
@@ -118,8 +125,8 @@ class ResponseCache:
                 "hits": float(self.hits),
                 "misses": float(self.misses),
                 "evictions": float(self.evictions),
-                "lookup_us": self.lookup_ns / 1000.0,
-                "insertion_us": self.insert_ns / 1000.0,
+                "lookup_us": float(self.lookup_ns // 1000),  # whole µs, as Triton prints
+                "insertion_us": float(self.insert_ns // 1000),
             }
 
     def __len__(self) -> int:

@@ -332,6 +332,10 @@ class EnsembleRuntime(RuntimeBase):
         self.optional_inputs = tuple(io.name for io in config.input if io.optional)
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self._full_plan = self._plan(self.outputs)
+        # As Triton 2.51: an ensemble that enables the response cache is cached as a whole
+        # (a hit runs no step); a decoupled one cannot be.
+        self.cache = (server.response_cache if config.response_cache.enable
+                      and not self.decoupled else None)
 
     def _plan(self, requested: Sequence[str]) -> _Plan:
         key = tuple(requested)
@@ -384,6 +388,10 @@ class EnsembleRuntime(RuntimeBase):
         """Run a validated request through the steps; responses go to ``req``'s sink."""
         if self.state != READY:
             req.fail(self.not_ready_error())
+            return
+        # As Triton's, a hit carries no sequence parameters (they are not kept).
+        if self.cache is not None and self._answered_from_cache(req, self.cache,
+                                                                keep_params=False):
             return
         if req.trace is not None:
             req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)

@@ -273,6 +273,35 @@ class RuntimeBase:
         """A version replaced by a reload: what it has queued and not started goes to its
         successor now (only what it runs is left to finish here)."""
 
+    def _answered_from_cache(self, req: HostRequest, cache: Any, keep_params: bool = True) -> bool:
+        """Answer ``req`` from the response cache if it holds its answer; else arrange for
+        its successful answer to be kept there (its parameters too, unless ``keep_params``).
+        GPU tensors (a BLS call's, a client's CUDA shared memory) are not cached: the host
+        never reads device memory."""
+        if any(type(a) is DeviceRef for _, a in req.inputs):
+            return False
+        t0 = time.monotonic_ns()
+        key = cache.key(self.name, self.version, req.inputs)
+        hit = cache.lookup(key, req.requested or self.all_outputs)
+        t1 = time.monotonic_ns()
+        if hit is not None:
+            self.stats.cache_hit(t1 - req.t_enqueue, t1 - t0)
+            req.respond(hit[0], None, hit[1], True)
+            return True
+        self.stats.cache_miss(t1 - t0)
+        sink, stats = req.sink, self.stats
+
+        def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
+            if final and error is None and outputs and not any(
+                    type(a) is DeviceRef for _, a in outputs):
+                t = time.monotonic_ns()
+                # Copies: before the caller takes them.
+                cache.insert(key, outputs, params if keep_params else None, self.name)
+                stats.cache_inserted(time.monotonic_ns() - t)
+            sink(r, outputs, error, params, final)
+        req.sink = keep
+        return False
+
 
 class ModelRuntime(RuntimeBase):
     """One version of one model, loaded."""
@@ -513,33 +542,6 @@ class ModelRuntime(RuntimeBase):
             self._send_plans(plans)
         elif req.caller_exec and req.caller is not None and not req.done:
             self.server.bls.watch(req)
-
-    def _answered_from_cache(self, req: HostRequest, cache: Any) -> bool:
-        """Answer ``req`` from the response cache if it holds its answer; else arrange for
-        its successful answer to be kept there. GPU tensors (a BLS call's, a client's CUDA
-        shared memory) are not cached: the host never reads device memory."""
-        if any(type(a) is DeviceRef for _, a in req.inputs):
-            return False
-        t0 = time.monotonic_ns()
-        key = cache.key(self.name, self.version, req.inputs)
-        hit = cache.lookup(key, req.requested or self.all_outputs)
-        t1 = time.monotonic_ns()
-        if hit is not None:
-            self.stats.cache_hit(t1 - req.t_enqueue, t1 - t0)
-            req.respond(hit[0], None, hit[1], True)
-            return True
-        self.stats.cache_miss(t1 - t0)
-        sink, stats = req.sink, self.stats
-
-        def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
-            if final and error is None and outputs and not any(
-                    type(a) is DeviceRef for _, a in outputs):
-                t = time.monotonic_ns()
-                cache.insert(key, outputs, params)  # copies: before the caller takes them
-                stats.cache_inserted(time.monotonic_ns() - t)
-            sink(r, outputs, error, params, final)
-        req.sink = keep
-        return False
 
     def _forward(self, succ: ModelRuntime, req: HostRequest) -> None:
         try:

@@ -1,7 +1,8 @@
 """Model warmup (``model_warmup`` in config.pbtxt), as Triton 2.51 runs it (checked side by side).
 
 Each new instance, after ``initialize`` and before it takes any request, runs every warmup
-sample in order: ``count`` executes (at least one), each of ``batch_size`` requests of batch 1
+sample in order: ``count`` executes (at least one; none for a ``batch_size`` of 0), each of
+``batch_size`` requests of batch 1
 (``dims`` with a batch dimension of 1 prepended when the model batches). Inputs are zeros
 (``zero_data``), random values (``random_data``; BYTES are empty either way) or the raw
 tensor bytes of a file in the model's ``warmup/`` folder (``input_data_file``; BYTES in
@@ -58,12 +59,13 @@ def sample_inputs(rt: ModelRuntime, sample: Any) -> list[tuple[str, np.ndarray]]
                     arr = rng.random(count).astype(dtype)
             elif choice == "input_data_file":
                 data = _read(rt, sample, name, spec.input_data_file)
-                if len(data) != count * dtype.itemsize:
+                need = count * dtype.itemsize
+                if len(data) < need:  # as Triton, a longer file gives its first bytes
                     raise InvalidArgumentError(
                         f"warmup setting '{sample.name}': input '{name}' expects "
-                        f"{count * dtype.itemsize} bytes, but the data provided from "
+                        f"{need} bytes, but the data provided from "
                         f"'{spec.input_data_file}' has {len(data)} bytes")
-                arr = np.frombuffer(data, dtype).copy()
+                arr = np.frombuffer(data[:need], dtype).copy()
             else:
                 raise InvalidArgumentError(f"warmup setting '{sample.name}': input '{name}' sets "
                                            "none of zero_data, random_data, input_data_file")
@@ -86,14 +88,26 @@ def _read(rt: ModelRuntime, sample: Any, name: str, file: str) -> bytes:
 
 
 def run(rt: ModelRuntime, inst: Instance) -> None:
-    """Run every warmup sample on ``inst`` (not yet serving); raise on the first that fails."""
+    """Run every warmup sample on ``inst`` (not yet serving); raise on the first that fails.
+
+    As Triton 2.51's: a sample of ``batch_size`` 0 runs nothing, and one whose requests add up
+    to more than ``max_batch_size`` (more than 1 for a model that does not batch) fails each
+    of them, hence the load.
+    """
     for sample in rt.config.model_warmup:
         try:
             inputs = sample_inputs(rt, sample)
         except TritonpyError as exc:
             raise InvalidArgumentError(f"failed to run warmup sample '{sample.name}': {exc.message}") from None
+        batch_size = int(sample.batch_size)
+        if batch_size == 0:
+            continue
         for _ in range(max(1, int(sample.count))):
-            errors = _execute(rt, inst, inputs, max(1, int(sample.batch_size)))
+            if batch_size != 1 and batch_size > rt.max_batch_size:
+                errors = [f"batch size {batch_size} for '{inst.name}', max allowed is "
+                          f"{rt.max_batch_size}"] * batch_size
+            else:
+                errors = _execute(rt, inst, inputs, batch_size)
             if errors:
                 raise InvalidArgumentError(
                     f"failed to run warmup sample '{sample.name}': " + "".join(e + "; " for e in errors))
@@ -118,11 +132,16 @@ def _execute(rt: ModelRuntime, inst: Instance, inputs: list[tuple[str, np.ndarra
                     finished.set()
 
     batch = [HostRequest(rt, inputs, None, sink) for _ in range(batch_size)]
+    # Checked as a client's request would be, but for inputs the config does not name: as
+    # Triton's warmup, those reach the model as they are.
+    known = {i.name for i in rt.config.input}
+    probe = HostRequest(rt, [(n, a) for n, a in inputs if n in known], None, sink)
     try:
-        for req in batch:
-            rt.server.validate(rt, req)
+        rt.server.validate(rt, probe)
     except TritonpyError as exc:
         return [exc.message]
+    for req in batch:
+        req.batch_size = probe.batch_size
     with rt.lock:
         inst.running += 1  # as a scheduler's take() does; the execute's end gives it back
         for req in batch:

@@ -332,7 +332,11 @@ class Server:
              files: Mapping[str, bytes] | None = None) -> None:
         """Load or reload a model (explicit mode): raises with the reason on failure."""
         self._not_on_frame_loop("load()")
-        self.repo.load(name, config=config, files=files, api=True)
+        try:
+            self.repo.load(name, config=config, files=files, api=True)
+        except TritonpyError as exc:  # as Triton's, the server's log says so too
+            log.error("failed to load '%s': %s", name, exc.message)
+            raise
 
     def unload(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
         """Unload a model (explicit mode); with ``unload_dependents`` an ensemble's step

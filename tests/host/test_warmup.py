@@ -4,6 +4,7 @@ expected calls are what Triton 2.51 made on the same model (checked side by side
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -162,3 +163,83 @@ def test_decoupled_warmup_waits_for_the_stream_and_fails_on_an_error_response(
         else:
             with pytest.raises(tritonpy.TritonpyError, match=message):
                 server.load("dec")
+
+
+# One input A of FP32[4]; logs the inputs each request brings (an extra warmup input too).
+NAMES_PY = """
+    import json, os
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    LOG_DIR = %(log_dir)r
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            with open(os.path.join(LOG_DIR, "calls.jsonl"), "a") as f:
+                for r in requests:
+                    f.write(json.dumps({t.name(): t.as_numpy().ravel().tolist()
+                                        for t in r.inputs()}) + "\\n")
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "OUT", pb_utils.get_input_tensor_by_name(r, "A").as_numpy())]) for r in requests]
+    """
+
+
+def _sample_config(max_batch_size: int, batch_size: int, inputs: str) -> str:
+    return (f'backend: "python"\nmax_batch_size: {max_batch_size}\n'
+            'input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+            f'model_warmup [ {{ name: "s" batch_size: {batch_size} {inputs} }} ]\n')
+
+
+ZEROS = 'inputs { key: "A" value: { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } }'
+
+
+@pytest.mark.parametrize("max_batch_size, batch_size", [(2, 4), (0, 2)])
+def test_a_warmup_batch_past_max_batch_size_fails_the_load(tmp_path: Path, max_batch_size: int,
+                                                           batch_size: int,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    # Triton 2.51 (measured): each request of the sample fails with "batch size N for
+    # '<instance>', max allowed is M" and the load fails with them; the model runs nothing.
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    write_model(tmp_path / "repo", "wb", NAMES_PY % {"log_dir": str(log_dir)},
+                _sample_config(max_batch_size, batch_size, ZEROS))
+    with serving(tmp_path / "repo", new_prefix(), model_control_mode="explicit") as server, \
+            caplog.at_level(logging.ERROR, logger="tritonpy"):
+        with pytest.raises(tritonpy.TritonpyError) as info:
+            server.load("wb")
+    # A load that fails through the API is in the server's log too, as Triton's.
+    assert f"failed to load 'wb': {info.value.message}" in caplog.text
+    one = f"batch size {batch_size} for 'wb_0', max allowed is {max_batch_size}; "
+    assert f"failed to run warmup sample 's': {one}" in str(info.value), str(info.value)
+    assert str(info.value).count(one) == batch_size, str(info.value)
+    assert not (log_dir / "calls.jsonl").exists()
+
+
+def test_a_sample_of_batch_size_0_runs_nothing(tmp_path: Path) -> None:
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    write_model(tmp_path / "repo", "wb", NAMES_PY % {"log_dir": str(log_dir)},
+                _sample_config(4, 0, ZEROS))
+    with serving(tmp_path / "repo", new_prefix()) as server:
+        assert server.model("wb").ready()
+        assert server.statistics("wb")["model_stats"][0]["execution_count"] == 0
+    assert not (log_dir / "calls.jsonl").exists()
+
+
+def test_an_extra_input_and_a_longer_file_load_as_in_triton(tmp_path: Path) -> None:
+    # Triton 2.51 (measured): a warmup input the config does not name reaches the model as it
+    # is, and a data file longer than the input gives its first bytes.
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    inputs = ('inputs { key: "A" value: { data_type: TYPE_FP32 dims: [ 4 ] '
+              'input_data_file: "a.bin" } } '
+              'inputs { key: "X" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } }')
+    mdir = write_model(tmp_path / "repo", "wb", NAMES_PY % {"log_dir": str(log_dir)},
+                       _sample_config(4, 1, inputs))
+    (mdir / "warmup").mkdir()
+    np.arange(8, dtype=np.float32).tofile(mdir / "warmup" / "a.bin")  # 32 bytes for 16
+    with serving(tmp_path / "repo", new_prefix()) as server:
+        assert server.model("wb").ready()
+    (call,) = [json.loads(line) for line in (log_dir / "calls.jsonl").read_text().splitlines()]
+    assert call == {"A": [0.0, 1.0, 2.0, 3.0], "X": [0.0]}

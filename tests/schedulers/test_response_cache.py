@@ -4,6 +4,8 @@ requests it has executed), the statistics and metrics Triton 2.51 gives for hits
 (measured side by side), eviction, and what is never cached."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 from _models import infer, io_config, serving, write_model
@@ -111,3 +113,44 @@ def test_without_a_server_cache_the_model_runs_every_request(repo, shm_prefix):
         assert [_n(model, [1.0]) for _ in range(3)] == [1, 2, 3]
         inf = server.statistics("cached")["model_stats"][0]["inference_stats"]
         assert inf["cache_hit"]["count"] == inf["cache_miss"]["count"] == 0
+
+
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] },
+         { name: "N", data_type: TYPE_INT64, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "plain" model_version: -1
+  input_map { key: "IN" value: "IN" }
+  output_map [ { key: "OUT" value: "OUT" }, { key: "N" value: "N" } ] } ] }
+response_cache { enable: true }
+"""
+
+
+def test_an_ensemble_that_enables_the_cache_is_cached_as_a_whole(repo, shm_prefix):
+    # As Triton 2.51 (measured): a hit runs no step, and carries no sequence parameters.
+    write_model(repo, "ens", "", ENSEMBLE_CONFIG)
+    with serving(repo, shm_prefix, response_cache_size=1 << 20) as server:
+        ens = server.model("ens")
+        assert _n(ens, [1, 2]) == 1
+        hit = infer(ens, {"IN": np.float32([1, 2])})
+        assert int(hit.outputs["N"].to_numpy()[0]) == 1  # the step did not run again
+        assert "sequence_id" not in hit.parameters
+        assert _n(ens, [3]) == 2
+        st = server.statistics("ens")["model_stats"][0]["inference_stats"]
+        assert (st["cache_hit"]["count"], st["cache_miss"]["count"]) == (1, 2)
+        assert server.statistics("plain")["model_stats"][0]["execution_count"] == 2
+
+
+def test_an_answer_larger_than_the_cache_is_not_kept_and_says_so(repo, shm_prefix, caplog):
+    with serving(repo, shm_prefix, response_cache_size=64) as server:
+        model = server.model("cached")
+        with caplog.at_level(logging.ERROR, logger="tritonpy._cache"):
+            assert _n(model, np.zeros(32)) == 1
+            assert _n(model, np.zeros(32)) == 2  # not kept: run again
+        assert "Requested byte_size: 136 is greater than total cache size: 64" in caplog.text
+        # Triton's server-wide durations are whole microseconds.
+        text = metrics_text(server)
+        line = next(x for x in text.splitlines() if x.startswith("nv_cache_lookup_duration "))
+        assert line.split(" ")[1].isdigit(), line
