@@ -491,16 +491,16 @@ def test_a_restart_slow_to_spawn_still_serves_what_waits(tmp_path, shm_prefix):
         (inst,) = srv.runtime("slowspawn").instances
         first = inst.stub.pid
         (mdir / "slow").write_text("")
+        t0 = time.monotonic()
         os.kill(first, signal.SIGKILL)
         assert wait_for(lambda: inst.state == "RESTARTING", timeout=10)
         queued = [model.infer({"IN": X[0]}) for _ in range(3)]
-        t0 = time.monotonic()
         for q in queued:
             resp = q.get(timeout=30)
             assert resp.error is None, resp.error
             assert resp.parameters["pid"] != first
             np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
-        assert time.monotonic() - t0 > 2.5  # they did wait out the slow spawn
+        assert time.monotonic() - t0 > 3.0  # they did wait out the slow spawn
 
 
 def test_requests_are_failed_once_replacements_keep_dying_as_they_start(tmp_path, shm_prefix):
