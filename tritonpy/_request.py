@@ -477,7 +477,10 @@ class Timers:
         while True:
             with self._cv:
                 while not self._stop and (not self._heap or self._heap[0][0] > time.monotonic()):
-                    wait = self._heap[0][0] - time.monotonic() if self._heap else None
+                    # At most a day at a time: a deadline years away (a client's huge
+                    # timeout) is past what the platform's clock can wait for at once.
+                    wait = (min(self._heap[0][0] - time.monotonic(), 86400.0) if self._heap
+                            else None)
                     self._cv.wait(wait)
                 if self._stop:
                     return

@@ -1,0 +1,42 @@
+"""A request's timeout that is years long (any int64 a client may send) is a timeout like any
+other: the server's timer thread, which every other timeout waits on, keeps running. It used
+to die on it ("timestamp out of range for platform time_t"), and no later timeout fired."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from _models import serving, write_model
+
+pytestmark = pytest.mark.timeout(60)
+
+# Sleeps IN[0] ms.
+SLEEPER_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            time.sleep(float(x[0]) / 1000)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return out
+"""
+
+
+def _ms(ms: float) -> dict:
+    return {"IN": np.array([ms], np.float32)}
+
+
+def test_a_huge_timeout_leaves_the_other_timeouts_working(tmp_path, shm_prefix) -> None:
+    write_model(tmp_path / "repo", "sleeper", SLEEPER_PY)
+    with serving(tmp_path / "repo", shm_prefix) as server:
+        model = server.model("sleeper")
+        busy = model.infer(_ms(1500))  # holds the one instance
+        patient = model.infer(_ms(0), timeout=2**63 - 1)  # queued: µs, hundreds of millennia
+        hasty = model.infer(_ms(0), timeout=100_000)  # queued: 100 ms
+        late = hasty.get(timeout=20)
+        assert late.error is not None and "timeout" in late.error.message.lower(), late
+        assert busy.get(timeout=20).error is None
+        assert patient.get(timeout=20).error is None  # served once the instance was free
