@@ -137,6 +137,7 @@ def test_array_from_json_types_and_shapes() -> None:
         ("INT8", [300], "out of range"),
         ("BOOL", [1], "expected BOOL"),
         ("BYTES", [1], "must be strings"),
+        ("BYTES", ["ok", "\udcff"], r"unpaired surrogate \(\\udcff\)"),  # JSON's "\udcff"
         ("FP32", [[1], [2, 3]], "Unable to parse 'data'"),
         ("FP32", "12", "expected a list"),
     ]:

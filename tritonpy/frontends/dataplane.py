@@ -455,7 +455,12 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
         if not all(isinstance(s, str) for s in flat):
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
         arr = np.empty(len(flat), dtype=object)
-        arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
+        try:
+            arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
+        except UnicodeEncodeError as exc:  # JSON's "\udcff": no character, hence no UTF-8
+            raise InvalidArgumentError(
+                f"Unable to parse 'data' of input '{name}': a string holds an unpaired "
+                f"surrogate (\\u{ord(exc.object[exc.start]):04x}), which is not text") from None
     else:
         if depth > MAX_DIMS:  # past numpy's dimension limit: flatten in Python first
             flat_values: list[object] = []
