@@ -186,12 +186,18 @@ class RepositoryManager:
             os.makedirs(mdir)
             for rel, data in files.items():
                 rel = rel[5:] if rel.startswith("file:") else rel
+                if "\0" in rel:
+                    raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
                 dest = os.path.normpath(os.path.join(mdir, rel))
                 if not dest.startswith(mdir + os.sep):
                     raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
-                with open(dest, "wb") as fh:
-                    fh.write(data)
+                try:
+                    os.makedirs(os.path.dirname(dest), exist_ok=True)
+                    with open(dest, "wb") as fh:
+                        fh.write(data)
+                except OSError as exc:  # a name too long, a file where a folder must go, ...
+                    raise InvalidArgumentError(
+                        f"file path '{rel}' cannot be written: {exc.strerror}") from None
             if entry.tmpdir:
                 self._stale_tmpdirs.append(entry.tmpdir)  # its version may still be serving
             entry.tmpdir = tmp

@@ -381,6 +381,12 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
         assert got == b"files:grpc"
         with pytest.raises(InferenceServerException, match="config"):
             http.load_model("from_files", files={"file:1/model.py": code.encode()})
+        # A path no file can have is refused with its reason, not an internal error.
+        for bad, why in [("file:1/mo\0del.py", "holds a NUL character"),
+                         ("file:1/" + "x" * 300 + ".py", "cannot be written: File name too long")]:
+            with pytest.raises(InferenceServerException) as e:
+                grpcc.load_model("from_files", config=lazy_config("grpc"), files={bad: b"x"})
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and why in e.value.message()
         grpcc.unload_model("from_files")
         assert not grpcc.is_model_ready("from_files")
     finally:
