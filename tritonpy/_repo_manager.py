@@ -188,6 +188,12 @@ class RepositoryManager:
                 rel = rel[5:] if rel.startswith("file:") else rel
                 if "\0" in rel:
                     raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
+                try:
+                    rel.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise InvalidArgumentError(
+                        f"file path {ascii(rel)} holds an unpaired surrogate, which is not "
+                        "text") from None
                 dest = os.path.normpath(os.path.join(mdir, rel))
                 if not dest.startswith(mdir + os.sep):
                     raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")

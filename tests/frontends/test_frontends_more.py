@@ -7,6 +7,7 @@ codes Triton gives for what ``test_frontends_serving`` does not cover, and the m
 from __future__ import annotations
 
 import asyncio
+import http.client as http_client
 import json
 import os
 import queue
@@ -365,7 +366,8 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
 
 
 def test_repository_load_with_files_over_http_and_grpc(http: httpclient.InferenceServerClient,
-                                                       grpcc: grpcclient.InferenceServerClient) -> None:
+                                                       grpcc: grpcclient.InferenceServerClient,
+                                                       served: Served) -> None:
     """Triton's files override: ``file:<path>`` parameters hold the model directory's files
     (base64 in HTTP JSON, bytes in gRPC); a config override must come with them."""
     code = textwrap.dedent(LAZY[1]).replace("self.who = ", "self.who = 'files:' + ")
@@ -387,6 +389,16 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
             with pytest.raises(InferenceServerException) as e:
                 grpcc.load_model("from_files", config=lazy_config("grpc"), files={bad: b"x"})
             assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and why in e.value.message()
+        # JSON's "\ud800" (which no client library will encode): no text, hence no path.
+        body = ('{"parameters": {"config": %s, "file:1/\\ud800.py": "eA=="}}'
+                % json.dumps(lazy_config("raw")))
+        conn = http_client.HTTPConnection(served.http, timeout=30)
+        try:
+            conn.request("POST", "/v2/repository/models/from_files/load", body=body.encode())
+            resp = conn.getresponse()
+            assert resp.status == 400 and b"holds an unpaired surrogate" in resp.read()
+        finally:
+            conn.close()
         grpcc.unload_model("from_files")
         assert not grpcc.is_model_ready("from_files")
     finally:
