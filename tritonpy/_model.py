@@ -623,6 +623,43 @@ class ModelRuntime(RuntimeBase):
             stub.send(Cmd.EXECUTE, exec_id, {"requests": bodies})
         except (TritonpyError, OSError):
             pass  # the stub is dying: its death path fails this batch
+        except (OverflowError, UnicodeError, TypeError, ValueError) as exc:
+            self._unsendable(inst, exec_id, ok, bodies, exc)
+
+    def _unsendable(self, inst: Instance, exec_id: int, reqs: list[HostRequest],
+                    bodies: list[RequestBody], exc: Exception) -> None:
+        """A batch the channel could not encode (a value past 64 bits, a string that is not
+        text, ...: what got past validation): each request that cannot be encoded fails with
+        the reason, the others go back to the head of the queue, and the instance is free
+        again. It used to stay busy for ever, and the model with it."""
+        import msgpack
+
+        inst.inflight.pop(exec_id, None)
+        bad: list[HostRequest] = []
+        good: list[HostRequest] = []
+        for req, body in zip(reqs, bodies):
+            inst.active.pop(req.id, None)
+            try:
+                msgpack.packb(body, use_bin_type=True)
+            except Exception as why:
+                bad.append(req)
+                req.fail(InvalidArgumentError(
+                    f"[request id: {req.request_id or '<id_unknown>'}] the request cannot be "
+                    f"passed to model '{self.name}': a value of it cannot be encoded "
+                    f"({type(why).__name__}: {why})"))
+            else:
+                good.append(req)
+        if not bad:  # not a request's own value: fail them all rather than loop
+            for req in good:
+                req.fail(InternalError(f"the batch cannot be passed to model '{self.name}': "
+                                       f"{type(exc).__name__}: {exc}"))
+            bad, good = good, []
+        with self.lock:
+            if good:
+                for req in good:
+                    req.instance = None
+                self.sched.requeue(good)
+        self._finish_execute(inst, bad)
 
     def _retry_later(self, req: HostRequest, exc: ShmExhaustedError) -> bool:
         """On the frame loop, which does not wait for room (see Server._reclaim): queue a

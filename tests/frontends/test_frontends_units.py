@@ -85,6 +85,9 @@ def test_registry_refuses_bad_windows_and_reserved_keys(client_region) -> None:
         reg.register("a", f"/{name}nothere", 0, 8)
     with pytest.raises(InvalidArgumentError, match="invalid key"):
         reg.register("a", "/../etc/passwd", 0, 8)
+    # JSON's "\ud800" (no text): posix_ipc took the whole process down on it.
+    with pytest.raises(InvalidArgumentError, match="unpaired surrogate"):
+        reg.register("a", "/\ud800", 0, 16)
     with pytest.raises(InvalidArgumentError, match="non-negative"):
         reg.register("a", "/" + name, -1, 8)
     assert reg.status() == []

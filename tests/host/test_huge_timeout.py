@@ -40,3 +40,20 @@ def test_a_huge_timeout_leaves_the_other_timeouts_working(tmp_path, shm_prefix) 
         assert late.error is not None and "timeout" in late.error.message.lower(), late
         assert busy.get(timeout=20).error is None
         assert patient.get(timeout=20).error is None  # served once the instance was free
+
+
+def test_a_request_the_channel_cannot_encode_fails_alone_and_the_model_serves_on(
+        tmp_path, shm_prefix) -> None:
+    # Values that got past validation and not past the channel: a request id that is not
+    # text (JSON's "\ud800"), a timeout past 64 bits. Each fails with the reason; the model
+    # kept its one instance busy for ever after a few of them.
+    write_model(tmp_path / "repo", "sleeper", SLEEPER_PY)
+    with serving(tmp_path / "repo", shm_prefix) as server:
+        model = server.model("sleeper")
+        for _ in range(4):
+            for kwargs in ({"request_id": "bad\ud800"}, {"timeout": 2**64}):
+                resp = model.infer(_ms(0), **kwargs).get(timeout=20)
+                assert resp.error is not None and "cannot be encoded" in resp.error.message, \
+                    resp.error
+        resp = model.infer(_ms(0)).get(timeout=20)
+        assert resp.error is None, resp.error

@@ -82,6 +82,12 @@ class SharedMemoryRegistry:
             )
         if not isinstance(key, str) or not key.strip("/") or "/" in key.lstrip("/") or "\0" in key:
             raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid key {key!r}")
+        try:  # posix_ipc crashes the process on a key that is not text (JSON's "\ud800")
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"failed to register shared memory region '{name}': invalid key {ascii(key)}: "
+                "it holds an unpaired surrogate, which is not text") from None
         for value, what in ((offset, "offset"), (byte_size, "byte_size")):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidArgumentError(
