@@ -38,6 +38,22 @@ class TritonPythonModel:
 """
 
 
+# OUT = IN after sleeping IN[0] ms: requests whose durations are known from below.
+SLEEPER_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            time.sleep(float(x[0]) / 1000)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return out
+"""
+
+
 def io_config(max_batch_size: int = 0, dims: str = "[ -1 ]", extra: str = "",
               in_type: str = "TYPE_FP32", out_type: str = "TYPE_FP32") -> str:
     """A config.pbtxt body with FP32 ``IN`` and ``OUT`` (no name: the directory names it)."""

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable, Iterable
 
+import msgpack
+
 from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm._errors import NO_SPACE
 from tritonpy.shm.cuda import DeviceRef
@@ -632,8 +634,6 @@ class ModelRuntime(RuntimeBase):
         text, ...: what got past validation): each request that cannot be encoded fails with
         the reason, the others go back to the head of the queue, and the instance is free
         again. It used to stay busy for ever, and the model with it."""
-        import msgpack
-
         inst.inflight.pop(exec_id, None)
         bad: list[HostRequest] = []
         good: list[HostRequest] = []
@@ -988,17 +988,16 @@ class ModelRuntime(RuntimeBase):
                 # start next time: what waits is answered after a few such tries. The restart
                 # goes on after the back-off either way.
                 if not isinstance(exc, UnavailableError) or inst.restarts >= _RESTART_TRIES:
-                    self._still_restarting(
-                        inst, f"instance '{inst.name}' died and its restart failed: "
-                              f"{exc.message}")
+                    self._restart_failed(inst, exc.message)
             except Exception as exc:  # e.g. the spawn itself failed: try again after the back-off
                 if self._restart_stopped(inst):
                     return
                 log.exception("restart of %s failed", inst.name)
                 if inst.restarts >= _RESTART_TRIES:
-                    self._still_restarting(
-                        inst, f"instance '{inst.name}' died and its restart failed: "
-                              f"{type(exc).__name__}: {exc}")
+                    self._restart_failed(inst, f"{type(exc).__name__}: {exc}")
+
+    def _restart_failed(self, inst: Instance, why: str) -> None:
+        self._still_restarting(inst, f"instance '{inst.name}' died and its restart failed: {why}")
 
     def _bound_restart(self, inst: Instance, attempt: int) -> None:
         """Queued requests wait for a restart, but not without end: once the replacement has

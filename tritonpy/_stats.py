@@ -248,13 +248,13 @@ class ModelStats:
             ok, q, fail = stats["success"], stats["queue"], stats["fail"]
             n = 0
             summaries = self.summaries
+            now = time.monotonic() if summaries is not None else 0.0
             for rows, total_ns, queue_ns in succeeded:
                 n += 1
                 self.inference_count += rows
                 ok[1] += total_ns
                 q[1] += queue_ns
                 if summaries is not None:
-                    now = time.monotonic()
                     summaries["request"].observe(total_ns // 1000, now)
                     summaries["queue"].observe(queue_ns // 1000, now)
                     summaries["compute_input"].observe(input_ns // 1000, now)

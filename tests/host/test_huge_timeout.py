@@ -5,24 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _models import serving, write_model
+from _models import SLEEPER_PY, serving, write_model
 
 pytestmark = pytest.mark.timeout(60)
-
-# Sleeps IN[0] ms.
-SLEEPER_PY = """
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
-            time.sleep(float(x[0]) / 1000)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
-        return out
-"""
 
 
 def _ms(ms: float) -> dict:

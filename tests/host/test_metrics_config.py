@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from _models import infer, serving, write_model
+from _models import SLEEPER_PY, infer, serving, write_model
 
 from tritonpy import MetricsConfig
 from tritonpy._stats import DEFAULT_QUANTILES, LatencySummary, quantiles_of
@@ -17,21 +17,6 @@ from tritonpy.cli import build_parser, metrics_config
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(60)
-
-# Sleeps IN[0] ms, so that the request durations are known from below.
-SLEEPER_PY = """
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
-            time.sleep(float(x[0]) / 1000)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
-        return out
-"""
 
 DURATIONS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 
