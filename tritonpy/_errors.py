@@ -162,3 +162,8 @@ def input_twice(name: str, prefix: str = "") -> InvalidArgumentError:
     frontend (see :func:`tritonpy.validation.request_prefix`).
     """
     return InvalidArgumentError(f"{prefix}input '{name}' already exists in request")
+
+
+def load_cancelled() -> UnavailableError:
+    """A model's load that a stop of the server cut short (``Server.cancel_loads``)."""
+    return UnavailableError("the server is stopping: the model's load was cancelled")

@@ -29,6 +29,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
     error_from_wire,
+    load_cancelled,
     version_failed,
 )
 from ._request import HostRequest
@@ -377,6 +378,7 @@ class ModelRuntime(RuntimeBase):
             from ._gpus import device_for_stub
 
             env["CUDA_VISIBLE_DEVICES"] = device_for_stub(inst.device_id)
+        srv.track_start(None)  # not once the server is stopping
         stub = StubProcess(inst.name, self.name, srv.transport, srv.options, srv.frames,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
                            python=self._python(), instance=inst)
@@ -387,6 +389,34 @@ class ModelRuntime(RuntimeBase):
         if stopped:
             stub.stop(finalize=False, timeout=2)
             raise UnavailableError(f"instance '{inst.name}' was stopped as it started")
+        srv.track_start(stub)
+        try:
+            self._bring_up(inst, stub, config_json, on_hello)
+        except TritonpyError:
+            if srv.loads_cancelled:
+                stub.stop(finalize=False, timeout=2)
+                raise load_cancelled() from None
+            raise
+        finally:
+            srv.untrack_start(stub)
+        with self.lock:
+            stopped = inst.state == "STOPPED"  # restarted, but unloaded or removed meanwhile
+            if stopped or inst not in self.instances:
+                plans = None
+                if not stopped:  # a new instance of an update: it serves once swapped in
+                    inst.state = "READY"
+            else:
+                inst.state = "READY"
+                plans = self._take_locked()
+        if stopped:
+            stub.stop(finalize=True, timeout=5)
+        elif plans is not None:
+            self._send_plans(plans)
+
+    def _bring_up(self, inst: Instance, stub: StubProcess, config_json: str | None,
+                  on_hello: Callable[[], None] | None) -> None:
+        """Wait for ``stub``'s hello, initialize the model in it and run its warmup; on a
+        failure the stub is stopped and this raises."""
         try:
             stub.wait_hello(60)
             if on_hello is not None:
@@ -412,19 +442,6 @@ class ModelRuntime(RuntimeBase):
             except TritonpyError:
                 stub.stop(finalize=True, timeout=5)
                 raise
-        with self.lock:
-            stopped = inst.state == "STOPPED"  # restarted, but unloaded or removed meanwhile
-            if stopped or inst not in self.instances:
-                plans = None
-                if not stopped:  # a new instance of an update: it serves once swapped in
-                    inst.state = "READY"
-            else:
-                inst.state = "READY"
-                plans = self._take_locked()
-        if stopped:
-            stub.stop(finalize=True, timeout=5)
-        elif plans is not None:
-            self._send_plans(plans)
 
     def _python(self) -> str | None:
         return self.server.execution_env(self)

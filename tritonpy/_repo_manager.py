@@ -28,6 +28,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
     UnsupportedError,
+    load_cancelled,
     version_failed,
 )
 from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
@@ -261,7 +262,7 @@ class RepositoryManager:
             except (ConfigError, UnsupportedError):
                 raise
             except TritonpyError as exc:
-                if attempt == retries:
+                if attempt == retries or self.server.loads_cancelled:
                     raise
                 log.warning("failed to load '%s' (attempt %d of %d), retrying: %s",
                             entry.name, attempt + 1, retries + 1, exc.message)
@@ -421,17 +422,23 @@ class RepositoryManager:
             return cfg  # model_file() reports the missing file later with its path
         d = config_to_dict(cfg)
         d["name"] = d.get("name") or entry.name
-        stub = StubProcess(f"{entry.name}_autocomplete", entry.name, self.server.transport,
-                           self.server.options, self.server.frames, on_frame=lambda s, m: None,
+        srv = self.server
+        srv.track_start(None)  # not once the server is stopping
+        stub = StubProcess(f"{entry.name}_autocomplete", entry.name, srv.transport,
+                           srv.options, srv.frames, on_frame=lambda s, m: None,
                            on_death=lambda s, r: None)
         try:
+            srv.track_start(stub)  # a stop does not wait for its model.py to import
             stub.wait_hello(60)
             reply = stub.call(Cmd.AUTO_COMPLETE, {
                 "model_file": path, "version_dir": os.path.dirname(path), "config": d,
             }, timeout=60)
         except TritonpyError as exc:
+            if srv.loads_cancelled:
+                raise load_cancelled() from None
             raise type(exc)(version_failed(versions[-1], exc)) from exc
         finally:
+            srv.untrack_start(stub)
             stub.stop(finalize=False, timeout=2)
         return config_from_dict(reply["config"], cfg_path)
 

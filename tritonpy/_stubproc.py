@@ -321,6 +321,11 @@ class StubProcess:
         except ProcessLookupError:
             pass
 
+    def abandon(self) -> None:
+        """SIGKILL the stub on purpose: its death is not logged as an error."""
+        self._closing = True
+        self.kill()
+
     def stop(self, finalize: bool = True, timeout: float = 10.0) -> None:
         """Finalize (optionally) and end the process; leaves no process or segment behind."""
         self._closing = True

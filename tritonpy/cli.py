@@ -465,6 +465,10 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     waiter = asyncio.ensure_future(stop.wait())
     started: set[asyncio.Future[Any]] = {start, waiter}
     await asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set() and not start.done():
+        # Not a wait for a model's initialize, however long it takes: its stub is stopped.
+        log.info("signal received while models load: stopping")
+        server.cancel_loads()
     try:
         await start
     except BaseException:
@@ -472,7 +476,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         await loop.run_in_executor(None, server.stop)
         raise
     failed = set(server.repo.not_available())  # failed to load (not merely left unloaded)
-    if failed and args.exit_on_error:
+    if failed and args.exit_on_error and not stop.is_set():
         # As Triton: with --exit-on-error (its default) a model that failed to load at start
         # ends the server; --exit-on-error false serves the others (not ready while strict).
         for m in server.models():

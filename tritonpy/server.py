@@ -33,6 +33,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
     input_twice,
+    load_cancelled,
 )
 from ._loop import FrameLoop, StallWatch
 from ._model import READY, ModelRuntime
@@ -158,6 +159,11 @@ class Server:
         self._started = False
         self._stopping = False
         self._maint: threading.Thread | None = None
+        # The stubs of instances being started (spawned, initializing or warming up), which a
+        # stop does not wait for: cancel_loads() kills them and refuses to start more.
+        self._starting: set[StubProcess] = set()
+        self._starting_lock = threading.Lock()
+        self.loads_cancelled = False
         # Other event loops whose stalls the maintenance watches too (watch_loop).
         self._loop_watches: list[StallWatch] = []
         # After stop(): the model versions whose in-flight requests outlasted exit_timeout.
@@ -201,6 +207,7 @@ class Server:
         self._not_on_frame_loop("stop()")
         self._stopping = True
         _LIVE.discard(self)
+        self.cancel_loads()  # an instance still initializing has no request to drain
         self.cut_short = self.repo.shut_down(self.exit_timeout)
         if self.cut_short:
             log.error("exit timeout expired with requests in flight in %s: they were cut off",
@@ -209,6 +216,36 @@ class Server:
         self.frames.close()
         self.tracing.close()
         self._release_shm()
+
+    def cancel_loads(self) -> None:
+        """Stop the instances being started now, in whatever their model's ``initialize`` or
+        warmup is doing, and refuse to start any more: their loads fail at once with "the
+        server is stopping". :meth:`stop` begins with it; a SIGINT while models load at start
+        calls it too, so neither waits for a slow ``initialize`` (Triton waits for it until
+        its exit timeout, then exits leaving it to die)."""
+        with self._starting_lock:
+            self.loads_cancelled = True
+            starting = list(self._starting)
+        for stub in starting:
+            log.warning("stopping: instance '%s' of model '%s' was still starting; it is stopped",
+                        stub.name, stub.model)
+            stub.abandon()
+
+    def track_start(self, stub: StubProcess | None) -> None:
+        """Count ``stub`` among the instances being started (None: ask only); raises once
+        :meth:`cancel_loads` ran, after killing ``stub``."""
+        with self._starting_lock:
+            if not self.loads_cancelled:
+                if stub is not None:
+                    self._starting.add(stub)
+                return
+        if stub is not None:
+            stub.abandon()
+        raise load_cancelled()
+
+    def untrack_start(self, stub: StubProcess) -> None:
+        with self._starting_lock:
+            self._starting.discard(stub)
 
     def _abandon(self) -> None:
         """At interpreter exit without stop(): kill the stubs (no finalize), free the segments."""

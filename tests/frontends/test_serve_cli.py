@@ -228,6 +228,49 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     assert segments(shm_prefix) == []
 
 
+STUCK_INIT_MODEL = """
+import json, os, time
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        open(os.path.join(cfg["parameters"]["MARK_DIR"]["string_value"], "initializing"),
+             "w").close()
+        time.sleep(3600)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_serve_ctrl_c_while_a_model_initializes_stops_at_once(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """A Ctrl-C while a model's initialize is still running stops the server at once: it does
+    not wait for the initialize (nor for --exit-timeout-secs); the other model is finalized."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "stuck", SLOW_CONFIG.replace('"slow"', '"stuck"') % (1, marks),
+                STUCK_INIT_MODEL)
+    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0", "--exit-timeout-secs", "30")
+    wait_until(lambda: (marks / "initializing").exists(), START_TIMEOUT, "initialize to begin")
+    wait_until(lambda: len(server.stubs()) == 2, 30, "both stubs")
+    stubs = server.stubs()
+    t0 = time.monotonic()
+    os.killpg(server.proc.pid, signal.SIGINT)
+    assert server.wait(30) == 0, server.log()
+    elapsed = time.monotonic() - t0
+    assert elapsed < 10, f"stopping took {elapsed:.1f} s"
+    log = server.log()
+    assert "signal received while models load: stopping" in log, log
+    assert "instance 'stuck_0_0' of model 'stuck' was still starting; it is stopped" in log, log
+    assert "listening:" not in log  # the frontends never started
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
 def test_serve_without_arguments_serves_the_bundled_examples(
         serve: Callable[..., Serve], shm_prefix: str) -> None:
     # No --model-repository (and a working directory that has no examples/ of its own).

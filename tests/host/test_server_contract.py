@@ -4,13 +4,24 @@ default_model_filename and version_policy. One server (model control mode none) 
 from __future__ import annotations
 
 import json
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tritonpy
-from _models import DOUBLE_PY, fp32, infer, io_config, new_prefix, serving, write_model
+from _models import (
+    DOUBLE_PY,
+    fp32,
+    infer,
+    io_config,
+    new_prefix,
+    serving,
+    wait_until,
+    write_model,
+)
 from tritonpy.config import config_to_json, load_model_config, normalize_config
 
 pytestmark = pytest.mark.timeout(60)
@@ -267,3 +278,56 @@ def test_auto_complete_config_must_return_the_config(tmp_path: Path) -> None:
         assert state["no_return"]["state"] == "UNAVAILABLE"
         assert ("auto_complete_config function in model 'no_return' must return a valid "
                 "pb.ModelConfig object.") in state["no_return"]["reason"]
+
+
+# Writes "<phase>" in the model's directory as it gets there, then sleeps for ever.
+STUCK_PY = """
+import os, time
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(cfg):
+        if os.path.exists(os.path.join(HERE, "stuck_in_auto_complete")):
+            open(os.path.join(HERE, "auto_complete"), "w").close()
+            time.sleep(3600)
+        return cfg
+
+    def initialize(self, args):
+        open(os.path.join(HERE, "initialize"), "w").close()
+        time.sleep(3600)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+@pytest.mark.parametrize("phase", ["initialize", "auto_complete"])
+def test_stop_does_not_wait_for_a_model_still_loading(tmp_path: Path, phase: str) -> None:
+    # A load through the API whose initialize (or auto_complete_config) never ends: stop()
+    # stops that stub at once and the load fails saying why; nothing is left behind.
+    mdir = write_model(tmp_path, "stuck", STUCK_PY)
+    if phase == "auto_complete":
+        (mdir / "stuck_in_auto_complete").touch()
+    box: list[BaseException | None] = []
+
+    def load() -> None:
+        try:
+            server.repo.load("stuck", api=True)
+            box.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            box.append(exc)
+
+    with serving(tmp_path, new_prefix(), model_control_mode="explicit",
+                 exit_timeout=30) as server:
+        loader = threading.Thread(target=load)
+        loader.start()
+        wait_until(lambda: (mdir / phase).exists(), 30, f"the model to reach {phase}")
+        t0 = time.monotonic()
+        server.stop()
+        elapsed = time.monotonic() - t0
+        loader.join(10)
+    assert elapsed < 5, f"stop() took {elapsed:.1f} s"
+    assert len(box) == 1 and isinstance(box[0], tritonpy.TritonpyError), box
+    assert "the server is stopping: the model's load was cancelled" in str(box[0])
