@@ -295,12 +295,15 @@ class RuntimeBase:
         sink, stats = req.sink, self.stats
 
         def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
-            if final and error is None and outputs and not any(
-                    type(a) is DeviceRef for _, a in outputs):
-                t = time.monotonic_ns()
-                # Copies: before the caller takes them.
-                cache.insert(key, outputs, params if keep_params else None, self.name)
-                stats.cache_inserted(time.monotonic_ns() - t)
+            if final:
+                insert_ns = 0
+                if error is None and outputs and not any(
+                        type(a) is DeviceRef for _, a in outputs):
+                    t = time.monotonic_ns()
+                    # Copies: before the caller takes them.
+                    cache.insert(key, outputs, params if keep_params else None, self.name)
+                    insert_ns = time.monotonic_ns() - t
+                stats.cache_miss_done(t1 - t0, insert_ns)
             sink(r, outputs, error, params, final)
         req.sink = keep
         return False

@@ -37,8 +37,10 @@ FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 #: Triton's summary quantiles, each with the error its estimate may have.
 DEFAULT_QUANTILES = ((0.5, 0.05), (0.9, 0.01), (0.95, 0.001), (0.99, 0.001), (0.999, 0.001))
-#: The durations a model's summaries observe (Triton's ``nv_inference_<key>_summary_us``).
-SUMMARY_KEYS = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+#: The durations a model's summaries observe (Triton's ``nv_inference_<key>_summary_us``, and
+#: ``nv_cache_<hit|miss>_summary_per_model`` for a model that enables the response cache).
+SUMMARY_KEYS = ("request", "queue", "compute_input", "compute_infer", "compute_output",
+                "cache_hit", "cache_miss")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,16 +203,21 @@ class ModelStats:
                 now = time.monotonic()
                 self.summaries["request"].observe(total_ns // 1000, now)
                 self.summaries["queue"].observe(0, now)
+                self.summaries["cache_hit"].observe(lookup_ns // 1000, now)
 
     def cache_miss(self, lookup_ns: int) -> None:
         with self._lock:
             self.stats["cache_miss"][0] += 1
             self.stats["cache_miss"][1] += lookup_ns
 
-    def cache_inserted(self, ns: int) -> None:
-        """A miss's answer was kept: its insertion counts in the miss's time, as Triton's."""
+    def cache_miss_done(self, lookup_ns: int, insert_ns: int) -> None:
+        """A miss's request was answered, its answer kept in ``insert_ns`` (0: not kept): the
+        insertion counts in the miss's time, and the summary observes both, as Triton's."""
         with self._lock:
-            self.stats["cache_miss"][1] += ns
+            self.stats["cache_miss"][1] += insert_ns
+            if self.summaries is not None:
+                self.summaries["cache_miss"].observe((lookup_ns + insert_ns) // 1000,
+                                                     time.monotonic())
 
     def failures_by_reason(self) -> dict[str, int]:
         with self._lock:

@@ -87,7 +87,13 @@ _SUMMARY_FAMILIES = (
     ("nv_inference_compute_input_summary_us", _DURATION_FAMILIES[2][1], "compute_input"),
     ("nv_inference_compute_infer_summary_us", _DURATION_FAMILIES[3][1], "compute_infer"),
     ("nv_inference_compute_output_summary_us", _DURATION_FAMILIES[4][1], "compute_output"),
+    ("nv_cache_hit_summary_per_model",
+     "Summary of cache hit counts/durations per model, in microseconds.", "cache_hit"),
+    ("nv_cache_miss_summary_per_model",
+     "Summary of cache miss counts/durations per model, in microseconds.", "cache_miss"),
 )
+#: The summaries of only the models whose config enables the response cache.
+_CACHE_SUMMARY_KEYS = ("cache_hit", "cache_miss")
 # Triton's server-wide response-cache families (gauges, as Triton's), from ResponseCache.metrics.
 _CACHE_FAMILIES = (
     ("nv_cache_util", "Cache utilization [0.0 - 1.0]", "util"),
@@ -218,14 +224,16 @@ class TritonStatsCollector:
                    cached: set[tuple[str, str]]) -> Iterator[Metric]:
         """Triton's duration summaries: per model version its count, sum and quantiles (of
         about the last minute), in Triton's line order. As Triton's, the request summary
-        leaves out the models that enable the response cache."""
+        leaves out the models that enable the response cache, and the cache's hit and miss
+        summaries have only those."""
         wanted = [q for q, _ in quantiles]
         values = [(rt.name, str(rt.version), rt.stats.summary_values(wanted))
                   for rt in runtimes]
         for name, doc, key in _SUMMARY_FAMILIES:
             family = Metric(name, doc, "summary")
             for model, version, by_key in values:
-                if key not in by_key or (key == "request" and (model, version) in cached):
+                if key not in by_key or (key == "request" and (model, version) in cached) or (
+                        key in _CACHE_SUMMARY_KEYS and (model, version) not in cached):
                     continue
                 count, total, estimates = by_key[key]
                 labels = {"model": model, "version": version}

@@ -99,6 +99,7 @@ def test_summaries_and_no_duration_counters_on_the_metrics_page(tmp_path, shm_pr
             infer(model, {"IN": np.array([ms], np.float32)})
         text = metrics_text(server)
     assert "_duration_us" not in text  # counter_latencies=false
+    assert "nv_cache_" not in text  # no response cache
     assert 'nv_inference_request_success{model="sleeper",version="1"} 4' in text
     for key in DURATIONS:
         family = f"nv_inference_{key}_summary_us"
@@ -117,6 +118,35 @@ def test_summaries_and_no_duration_counters_on_the_metrics_page(tmp_path, shm_pr
         < 40_000
     assert values[f'nv_inference_compute_infer_summary_us{{{labels},quantile="0.9"}}'] >= 40_000
     assert values[f"nv_inference_compute_infer_summary_us_sum{{{labels}}}"] >= 55_000
+
+
+def test_a_cached_model_has_cache_hit_and_miss_summaries(tmp_path, shm_prefix) -> None:
+    # As Triton 2.51 (measured): with the response cache, a model that enables it has
+    # nv_cache_hit/miss_summary_per_model and no request summary; the others the reverse.
+    write_model(tmp_path / "repo", "sleeper", SLEEPER_PY)
+    write_model(tmp_path / "repo", "cached", SLEEPER_PY, config=(
+        'backend: "python"\ninput [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        "response_cache { enable: true }\n"))
+    config = MetricsConfig.parse(["summary_latencies=true"])
+    with serving(tmp_path / "repo", shm_prefix, metrics_config=config,
+                 response_cache_size=1 << 20) as server:
+        for ms in (1, 2, 1, 1):
+            infer(server.model("cached"), {"IN": np.array([ms], np.float32)})
+        infer(server.model("sleeper"), {"IN": np.array([1], np.float32)})
+        text = metrics_text(server)
+    cached, plain = 'model="cached",version="1"', 'model="sleeper",version="1"'
+    for family, count, doc in (("nv_cache_hit_summary_per_model", 2, "hit"),
+                               ("nv_cache_miss_summary_per_model", 2, "miss")):
+        lines = _lines(text, family)
+        assert lines[0] == (f"# HELP {family} Summary of cache {doc} counts/durations per "
+                            "model, in microseconds."), lines
+        assert lines[2] == f"{family}_count{{{cached}}} {count}", lines
+        assert not [line for line in lines if plain in line], lines  # not for a model without
+    assert f"nv_inference_request_summary_us_count{{{plain}}} 1" in text
+    assert f"nv_inference_request_summary_us_count{{{cached}}}" not in text
+    assert f"nv_inference_queue_summary_us_count{{{cached}}} 4" in text  # hits count there
+    assert f"nv_inference_compute_infer_summary_us_count{{{cached}}} 2" in text
 
 
 def test_the_default_page_has_duration_counters_and_no_summaries(tmp_path, shm_prefix) -> None:
