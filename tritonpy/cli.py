@@ -507,8 +507,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         if not stop.is_set():
             await frontends.start()
             for model in server.models():
-                log.info("model %s version %s: %s %s", model.get("name"), model.get("version"),
-                         model.get("state"), model.get("reason") or "")
+                if model.get("state"):  # not a model the repository holds but never loaded
+                    log.info("model %s version %s: %s %s", model.get("name"),
+                             model.get("version"), model.get("state"), model.get("reason") or "")
             for line in frontends.endpoints():
                 log.info("listening: %s", line)
             await waiter
@@ -516,6 +517,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     finally:
         waiter.cancel()
         began = loop.time()
+        # A load request in flight (model control API) is not drained: it fails at once.
+        server.cancel_loads()
         await frontends.stop()
         # --exit-timeout-secs bounds the whole drain, as in Triton: what the frontends spent
         # waiting for their in-flight requests is not granted a second time to the models.

@@ -271,6 +271,39 @@ def test_serve_ctrl_c_while_a_model_initializes_stops_at_once(
     assert segments(shm_prefix) == []
 
 
+def test_serve_ctrl_c_fails_a_load_request_in_flight_at_once(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """A model control load whose initialize is still running when Ctrl-C comes is not
+    drained for --exit-timeout-secs: it fails at once, saying why, and the server stops."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "stuck", SLOW_CONFIG.replace('"slow"', '"stuck"') % (1, marks),
+                STUCK_INIT_MODEL)
+    server = serve("--model-repository", str(repo), "--model-control-mode", "explicit",
+                   "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+                   "--exit-timeout-secs", "30")
+    http = httpclient.InferenceServerClient(server.endpoints()["HTTP"], network_timeout=60)
+    try:
+        loading, box = in_background(lambda: http.load_model("stuck"))
+        wait_until(lambda: (marks / "initializing").exists(), START_TIMEOUT,
+                   "initialize to begin")
+        stubs = server.stubs()
+        t0 = time.monotonic()
+        os.killpg(server.proc.pid, signal.SIGINT)
+        assert server.wait(30) == 0, server.log()
+        elapsed = time.monotonic() - t0
+        loading.join(10)
+    finally:
+        http.close()
+    assert elapsed < 10, f"stopping took {elapsed:.1f} s"
+    assert box and isinstance(box[0], InferenceServerException), box
+    assert "the server is stopping: the model's load was cancelled" in str(box[0])
+    assert "model stuck version" not in server.log()  # never loaded: not listed at start
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
 def test_serve_without_arguments_serves_the_bundled_examples(
         serve: Callable[..., Serve], shm_prefix: str) -> None:
     # No --model-repository (and a working directory that has no examples/ of its own).
