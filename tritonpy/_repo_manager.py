@@ -50,7 +50,6 @@ class ModelEntry:
         self.state = UNAVAILABLE
         self.reason = "unloaded"
         self.runtimes: dict[int, ModelRuntime] = {}
-        self.retired: list[ModelRuntime] = []  # unloaded runtimes whose statistics remain
         self.tried = False  # a load was attempted (the index lists a never-loaded model bare)
         self.unloaded: list[int] = []  # the versions its last unload took down
         self.fingerprint = ""
@@ -373,7 +372,6 @@ class RepositoryManager:
         entry.unreadable = False
         entry.failed = {}
         if gone:  # the new versions serve already; the old ones finish up meanwhile
-            entry.retired.extend(gone)
             self._in_background(self._retire, gone, name=f"{entry.name}-retire")
         if new:
             log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
@@ -502,7 +500,6 @@ class RepositoryManager:
             entry.state = UNLOADING
             rts, entry.runtimes = entry.runtimes, {}
             entry.unloaded = sorted(rts)
-            entry.retired.extend(rts.values())
             carry = self.server.counter_carry
             for v in rts:
                 carry.unloaded(entry.name, v)
@@ -574,17 +571,10 @@ class RepositoryManager:
             self._gpu_count = visible_gpu_count()
         return self._gpu_count
 
-    def runtimes(self, include_unloaded: bool = False) -> list[ModelRuntime]:
+    def runtimes(self) -> list[ModelRuntime]:
         out: list[ModelRuntime] = []
         for e in list(self.entries.values()):
             out.extend(e.runtimes.values())
-            if include_unloaded:
-                live = {rt.version for rt in e.runtimes.values()}
-                seen = set()
-                for rt in reversed(e.retired):
-                    if rt.version not in live and rt.version not in seen:
-                        out.append(rt)
-                        seen.add(rt.version)
         return out
 
     def loaded_versions(self, name: str) -> list[int]:

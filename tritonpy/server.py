@@ -394,9 +394,9 @@ class Server:
         return self.repo.runtime(name, version)
 
     def statistics(self, name: str = "", version: str = "") -> dict:
-        """Triton's ModelStatisticsResponse as JSON."""
-        runtimes = [rt for rt in self.repo.runtimes(include_unloaded=True)
-                    if not name or rt.name == name]
+        """Triton's ModelStatisticsResponse as JSON, for the versions loaded now: as in
+        Triton, an unloaded version's statistics go with it (its next load starts at 0)."""
+        runtimes = [rt for rt in self.repo.runtimes() if not name or rt.name == name]
         # Triton's words and code (INVALID_ARG: HTTP 400), for the model, then the version.
         if name and not runtimes:
             raise InvalidArgumentError(f"requested model '{name}' is not available")

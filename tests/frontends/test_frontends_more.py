@@ -365,6 +365,33 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
         http.unload_model("lazy")
 
 
+def test_an_unloaded_models_statistics_go_with_it(http: httpclient.InferenceServerClient,
+                                                  grpcc: grpcclient.InferenceServerClient) -> None:
+    # Triton 2.51 (measured): once unloaded, a model has no statistics, by name, by version or
+    # in the list of all: 400 / INVALID_ARGUMENT "requested model '<name>' is not available",
+    # as for a model whose load failed. Its next load starts at 0.
+    message = "requested model 'lazy' is not available"
+    try:
+        http.load_model("lazy")
+        who(http, httpclient)
+        assert http.get_inference_statistics("lazy")["model_stats"][0]["inference_count"] == 1
+        http.unload_model("lazy")
+        for version in ("", "1"):
+            with pytest.raises(InferenceServerException) as e:
+                http.get_inference_statistics("lazy", version)
+            assert (e.value.status(), e.value.message()) == ("400", message)
+            with pytest.raises(InferenceServerException) as e:
+                grpcc.get_inference_statistics("lazy", version)
+            assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+        names = {s["name"] for s in http.get_inference_statistics()["model_stats"]}
+        assert "lazy" not in names and "ident" in names
+        assert "lazy" not in {s.name for s in grpcc.get_inference_statistics().model_stats}
+        http.load_model("lazy")
+        assert http.get_inference_statistics("lazy")["model_stats"][0]["inference_count"] == 0
+    finally:
+        http.unload_model("lazy")
+
+
 def test_repository_load_with_files_over_http_and_grpc(http: httpclient.InferenceServerClient,
                                                        grpcc: grpcclient.InferenceServerClient,
                                                        served: Served) -> None:

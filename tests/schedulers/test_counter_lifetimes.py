@@ -13,6 +13,7 @@ import pytest
 from _models import fp32, infer, io_config, serving, wait_until, write_model
 from _sched_models import params
 
+from tritonpy import InvalidArgumentError
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(90)
@@ -151,8 +152,10 @@ def test_an_unload_restarts_the_counters_and_keeps_the_failures(tmp_path, shm_pr
         server.unload("m")
         assert series(server) == {
             f"nv_inference_request_failure.{r}": (2 if r == "BACKEND" else 0) for r in _REASONS}
-        assert stats(server)["inference_count"] == 1  # /stats unchanged by the counters
+        with pytest.raises(InvalidArgumentError):  # /stats go with the model (Triton's too)
+            stats(server)
         server.load("m")
+        assert stats(server)["inference_count"] == 0
         page = series(server)
         assert counts(page) == (0, 0, 0, 2)
         assert page["nv_inference_request_duration_us"] == 0
