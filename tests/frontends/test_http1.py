@@ -182,6 +182,45 @@ def test_large_bodies_in_pieces_and_pipelined() -> None:
             sock.close()
 
 
+_H2C = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c",
+        "HTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA")  # as curl --http2 sends them
+
+
+def test_a_request_asking_to_upgrade_to_h2c_is_answered_in_http11() -> None:
+    """As Triton 2.51 (libevhtp, measured with ``curl --http2``): the upgrade is ignored, the
+    request is answered in HTTP/1.1, body and all, and the connection goes on. httptools
+    stopped at the end of such a head: the body was lost (an infer ran on an empty body) and
+    a 400 "protocol upgrades are not supported" followed, closing the connection."""
+    async def seen(req: Request) -> Response:
+        digest = hashlib.sha256(req.body).hexdigest()[:16]
+        return Response(200, f"{req.method} {req.path} {len(req.body)} {digest} "
+                             f"{req.headers.get('connection', '-')}".encode())
+
+    def want(method: str, body: bytes, connection: str = "-") -> bytes:
+        return f"{method} /u {len(body)} {hashlib.sha256(body).hexdigest()[:16]} {connection}".encode()
+
+    big = random.Random(3).randbytes(3 * LARGE_BODY + 5)
+    get = ("GET /u HTTP/1.1\r\nHost: t\r\n" + "\r\n".join(_H2C) + "\r\n\r\n").encode()
+    chunked = ("POST /u HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n"
+               + "\r\n".join(_H2C) + "\r\n\r\n").encode() + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n"
+    wire = (post("/u", b'{"inputs": []}', *_H2C) + get + post("/u", big, *_H2C) + chunked
+            + post("/u", b"plain") + post("/u", b"x", "Connection: keep-alive, Upgrade", "Upgrade: h2c"))
+    expected = [want("POST", b'{"inputs": []}'), want("GET", b""), want("POST", big),
+                want("POST", b"abcde"), want("POST", b"plain"), want("POST", b"x", "keep-alive")]
+    with serving(seen, max_body=4 * LARGE_BODY) as running:
+        for piece in (len(wire), 1000, 7):
+            sock = connect(running)
+            for at in range(0, len(wire), piece):
+                sock.sendall(wire[at:at + piece])
+            buf = bytearray()
+            answers = [read_response(sock, buf) for _ in expected]
+            assert [(status, body) for status, _, body in answers] == [(200, b) for b in expected]
+            assert all("connection" not in headers for _, headers, _ in answers)
+            sock.sendall(post("/u", b"after"))  # the connection goes on
+            assert read_response(sock, buf)[2] == want("POST", b"after")
+            sock.close()
+
+
 def test_a_body_holds_memory_for_what_arrived_not_what_was_announced() -> None:
     """Connections that announce a large Content-Length and send a little hold about what they
     sent (a client must not make the server allocate the announced size per connection), and

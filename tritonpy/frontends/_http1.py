@@ -237,6 +237,9 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = True
         self.method = ""
         self.http10 = False
+        # The head of a request that asks to switch protocols, less the upgrade, to read again
+        # (see _feed); None for any other.
+        self.upgrade_head: bytes | None = None
         self.scratch = memoryview(bytearray(READ_SIZE))
         # The free part of ``buffer``, while the body is read straight into it; empty when the
         # buffer is full and must grow before the next read.
@@ -301,17 +304,35 @@ class _Connection(asyncio.BufferedProtocol):
             self.parser = self._new_parser()
             self._message_done()
             return
-        parser = self.parser
-        if parser is None:  # the connection is lost
-            return
-        try:
-            parser.feed_data(self.scratch[:nbytes])
-        except httptools.HttpParserUpgrade:
-            self._fail_parse("protocol upgrades are not supported")
-            return
-        except httptools.HttpParserError as exc:
-            self._fail_parse(self.head_error or f"malformed HTTP request: {exc}")
-            return
+        self._feed(self.scratch[:nbytes])
+
+    def _feed(self, data: Buffer) -> None:
+        head = b""
+        while True:
+            parser = self.parser
+            if parser is None:  # the connection is lost
+                return
+            try:
+                if head:
+                    parser.feed_data(head)
+                parser.feed_data(data)
+                break
+            except httptools.HttpParserUpgrade as exc:
+                head, self.upgrade_head = self.upgrade_head or b"", None
+                if not head:  # CONNECT
+                    self._fail_parse("protocol upgrades are not supported")
+                    return
+                # As Triton's (libevhtp), a request that asks to switch protocols is answered
+                # as if it had not asked, in HTTP/1.1, and the connection goes on in it
+                # (``curl --http2`` sends ``Upgrade: h2c``). llhttp stops at the end of its
+                # head (httptools skips the body of an upgrade, to leave it to the new
+                # protocol): a new parser reads the head again without the upgrade, then the
+                # rest: its body and whatever follows.
+                self.parser = self._new_parser()
+                data = memoryview(data)[int(exc.args[0]):]
+            except httptools.HttpParserError as exc:
+                self._fail_parse(self.head_error or f"malformed HTTP request: {exc}")
+                return
         if self.buffer is not None and not self.closing:
             # The head of a large body is parsed and its body is not all here yet.
             self.direct = memoryview(self.buffer)[self.size:]
@@ -384,6 +405,9 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = parser.get_method().decode("latin-1")
+        if "upgrade" in self.headers and parser.should_upgrade() and self.method != "CONNECT":
+            self.upgrade_head = self._head_without_upgrade(parser.get_http_version())
+            return  # read again without it, body and all (see _feed)
         self.http10 = parser.get_http_version() == "1.0"
         text = self.headers.get("content-length", "")
         length = int(text) if text.isdigit() else 0
@@ -402,6 +426,20 @@ class _Connection(asyncio.BufferedProtocol):
                 self.paused = True
             else:
                 self.transport.write(_CONTINUE)
+
+    def _head_without_upgrade(self, version: str) -> bytes:
+        """The request's head as it came, less its ``Upgrade`` header and token."""
+        lines = [b"%s %s HTTP/%s" % (self.method.encode("latin-1"), self.url, version.encode())]
+        for name, value in self.headers.items():
+            if name == "upgrade":
+                continue
+            if name == "connection":
+                value = ", ".join(t for t in (t.strip() for t in value.split(","))
+                                  if t and t.lower() not in ("upgrade", "http2-settings"))
+                if not value:
+                    continue
+            lines.append(f"{name}: {value}".encode("latin-1"))
+        return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -422,7 +460,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._message_done()
 
     def _message_done(self) -> None:
-        if self.closing:
+        if self.closing or self.upgrade_head is not None:
             return
         keep_alive = self.keep_alive and not self.server.stopping
         if self.too_large:
