@@ -174,6 +174,11 @@ MODELS: dict[str, tuple[str, str]] = {
         input [ { name: "INPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
         output [ { name: "OUTPUT0", data_type: TYPE_UINT64, dims: [ -1 ] } ]
         """, IDENTITY_PY),
+    "identity_fp16": ("""
+        backend: "python"
+        input [ { name: "INPUT0", data_type: TYPE_FP16, dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0", data_type: TYPE_FP16, dims: [ -1 ] } ]
+        """, IDENTITY_PY),
     "identity_int64": ("""
         backend: "python"
         input [ { name: "INPUT0", data_type: TYPE_INT64, dims: [ -1 ] } ]
@@ -732,6 +737,30 @@ def test_http_json_64_bit_integers_are_exact(served: Served, datatype: str, valu
     status, body = raw_post(served, f"/v2/models/identity_{datatype.lower()}/infer", _infer_body([inp]))
     assert status == 200, body
     assert body["outputs"][0]["data"] == values
+
+
+@pytest.mark.parametrize("datatype, values, expected", [
+    # Triton 2.51 (measured): FP32 [1e40, -1e40] runs as [inf, -inf]; it refuses FP16 JSON.
+    ("FP32", [1e40, -1e40, 3.5e38, 1e-50, 2.5], [np.inf, -np.inf, np.inf, 0.0, 2.5]),
+    ("FP16", [1e6, -70000, 1.5], [np.inf, -np.inf, 1.5]),
+])
+def test_http_json_floats_past_their_range_are_infinite(served: Served, datatype: str,
+                                                        values: list[float],
+                                                        expected: list[float]) -> None:
+    # Warnings are errors in this run: numpy's "overflow encountered in cast" (which went to
+    # the server's stderr) would fail the request.
+    inp = {"name": "INPUT0", "datatype": datatype, "shape": [len(values)], "data": values}
+    conn = httplib.HTTPConnection(*served.http.split(":"))
+    try:
+        conn.request("POST", f"/v2/models/identity_{datatype.lower()}/infer", _infer_body([inp]))
+        resp = conn.getresponse()
+        data = resp.read()
+    finally:
+        conn.close()
+    assert resp.status == 200, data
+    size = int(resp.getheader("Inference-Header-Content-Length"))  # inf goes out as binary
+    got = np.frombuffer(data[size:], dtype=np.float16 if datatype == "FP16" else np.float32)
+    assert got.tolist() == expected
 
 
 def test_an_output_asked_for_twice_comes_back_once_as_its_first_entry_says(
