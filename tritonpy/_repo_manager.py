@@ -222,7 +222,7 @@ class RepositoryManager:
             from .config import config_from_dict
 
             try:  # Triton's words for an override it cannot read (clients look for them)
-                override = config_from_dict(config, os.path.join(entry.directory, "config.pbtxt"))
+                override = config_from_dict(config, "Invalid config override")
             except TritonpyError as exc:
                 raise InvalidArgumentError(f"failed to load '{name}', failed to poll from model "
                                            f"repository: {exc.message}") from exc

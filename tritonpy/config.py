@@ -287,11 +287,49 @@ def _json_names(desc: Descriptor) -> dict[str, FieldDescriptor]:
     return {f.json_name: f for f in desc.fields}
 
 
+_JSON_KINDS = {dict: "an object", list: "an array", str: "a string", bool: "a boolean",
+               int: "a number", float: "a number", type(None): "null"}
+_TYPE_NAMES = {getattr(FieldDescriptor, n): n for n in dir(FieldDescriptor)
+               if n.startswith("TYPE_")}
+_INT_RANGES = {
+    FieldDescriptor.CPPTYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.CPPTYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.CPPTYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.CPPTYPE_UINT64: (0, 2**64 - 1),
+}
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
+def _invalid(path: str, where: str, value: Any, type_name: str) -> ConfigError:
+    """Triton's words for a value of the wrong type, e.g. ``(max_batch_size): invalid value
+    "abc" for type TYPE_INT32``."""
+    shown = json.dumps(value)
+    if len(shown) > 80:
+        shown = shown[:77] + "..."
+    return ConfigError(f"{path}: ({where}): invalid value {shown} for type {type_name}")
+
+
+def _message_type(desc: Descriptor) -> str:
+    return f"type.googleapis.com/{desc.full_name}"
+
+
+def _field_type(field: FieldDescriptor) -> str:
+    if field.message_type is not None:
+        return _message_type(field.message_type)
+    if field.enum_type is not None:
+        return f"type.googleapis.com/{field.enum_type.full_name}"
+    return _TYPE_NAMES.get(field.type, "?")
+
+
 def _prepare(desc: Descriptor, obj: Any, where: str, path: str) -> dict[str, Any]:
-    """Copy ``obj`` checking field names and upper-casing enum names, with clear errors."""
+    """Copy ``obj`` checking field names and value types, with clear errors: the field's path
+    and what is wrong with it, in Triton's words (protobuf's JSON parser raised Python's, e.g.
+    "invalid literal for int() with base 10")."""
     if not isinstance(obj, dict):
-        at = f"'{where}'" if where else "the model configuration"
-        raise ConfigError(f"{path}: {at} must be a JSON object, got {type(obj).__name__}")
+        if not where:
+            kind = _JSON_KINDS.get(type(obj), type(obj).__name__)
+            raise ConfigError(f"{path}: the model configuration must be a JSON object, not {kind}")
+        raise _invalid(path, where, obj, _message_type(desc))
     out: dict[str, Any] = {}
     for key, value in obj.items():
         field = desc.fields_by_name.get(key) or _json_names(desc).get(key)
@@ -305,11 +343,11 @@ def _prepare(desc: Descriptor, obj: Any, where: str, path: str) -> dict[str, Any
         elif msg is not None and msg.GetOptions().map_entry:
             vfield = msg.fields_by_name["value"]
             if not isinstance(value, dict):
-                raise ConfigError(f"{path}: '{sub}' must be a JSON object")
+                raise _invalid(path, sub, value, _message_type(msg))
             out[key] = {k: _prepare_value(vfield, v, f"{sub}[{k}]", path) for k, v in value.items()}
         elif _is_repeated(field):
             if not isinstance(value, list):
-                raise ConfigError(f"{path}: '{sub}' must be a JSON list")
+                raise _invalid(path, sub, value, _field_type(field))
             out[key] = [_prepare_value(field, v, f"{sub}[{i}]", path) for i, v in enumerate(value)]
         else:
             out[key] = _prepare_value(field, value, sub, path)
@@ -317,11 +355,42 @@ def _prepare(desc: Descriptor, obj: Any, where: str, path: str) -> dict[str, Any
 
 
 def _prepare_value(field: FieldDescriptor, value: Any, where: str, path: str) -> Any:
+    """``value`` for ``field`` as protobuf's JSON parser takes it, if Triton's takes it (it
+    also takes integral numbers, strings of integers and "true"/"false", and enums by
+    number or by name in any case); a ConfigError naming ``where`` if not."""
     if field.message_type is not None:
         return _prepare(field.message_type, value, where, path)
-    if field.enum_type is not None and isinstance(value, str):
-        return value.upper()
-    return value
+    cpp = field.cpp_type
+    if field.enum_type is not None:
+        if isinstance(value, str) and value.upper() in field.enum_type.values_by_name:
+            return value.upper()
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif cpp in _INT_RANGES:
+        number: Any = value
+        if isinstance(value, str) and _INTEGER.fullmatch(value):
+            number = int(value)
+        elif isinstance(value, float) and value.is_integer():
+            number = int(value)
+        low, high = _INT_RANGES[cpp]
+        if isinstance(number, int) and not isinstance(number, bool) and low <= number <= high:
+            return number
+    elif cpp == FieldDescriptor.CPPTYPE_BOOL:
+        if isinstance(value, bool):
+            return value
+        if value in ("true", "false"):
+            return value == "true"
+    elif cpp in (FieldDescriptor.CPPTYPE_FLOAT, FieldDescriptor.CPPTYPE_DOUBLE):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        if isinstance(value, str):
+            try:
+                return float(value)  # "NaN", "Infinity", "0.5"
+            except ValueError:
+                pass
+    elif isinstance(value, str):  # string and bytes
+        return value
+    raise _invalid(path, where, value, _field_type(field))
 
 
 # --- Normalisation and checks ---

@@ -489,6 +489,31 @@ def test_repository_load_errors(http: httpclient.InferenceServerClient,
     assert http.infer("ident", [fp32_input(httpclient, [1.0])]).as_numpy("OUTPUT0").tolist() == [1.0]
 
 
+@pytest.mark.parametrize("override, why", [
+    # Triton 2.51's words (measured: its log says them, its answer is a bare 500 "failed to
+    # poll"); the reasons were Python's ("invalid literal for int() with base 10: 'abc'").
+    ('{"max_batch_size": "abc"}', '(max_batch_size): invalid value "abc" for type TYPE_INT32'),
+    ('{"max_batch_size": 1.5}', "(max_batch_size): invalid value 1.5 for type TYPE_INT32"),
+    ('{"instance_group": 3}',
+     "(instance_group): invalid value 3 for type type.googleapis.com/inference.ModelInstanceGroup"),
+    ('{"input": [{"name": "X", "data_type": "TYPE_NOPE", "dims": [1]}]}',
+     '(input[0].data_type): invalid value "TYPE_NOPE" for type type.googleapis.com/inference.DataType'),
+    ("[1,2]", "the model configuration must be a JSON object, not an array"),
+    ("not json", "invalid JSON model configuration: Expecting value: line 1 column 1 (char 0)"),
+])
+def test_a_config_override_of_the_wrong_type_names_the_field(
+        http: httpclient.InferenceServerClient, grpcc: grpcclient.InferenceServerClient,
+        override: str, why: str) -> None:
+    message = f"failed to load 'lazy', failed to poll from model repository: Invalid config override: {why}"
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("lazy", config=override)
+    assert (e.value.status(), e.value.message()) == ("400", message)
+    with pytest.raises(InferenceServerException) as e:
+        grpcc.load_model("lazy", config=override)
+    assert (e.value.status(), e.value.message()) == ("StatusCode.INVALID_ARGUMENT", message)
+    assert not http.is_model_ready("lazy")
+
+
 # == BLS over the wire ============================================================================
 
 def test_bls_models_over_http_and_grpc(served: Served, http: httpclient.InferenceServerClient,
