@@ -52,6 +52,9 @@ class ModelEntry:
         self.runtimes: dict[int, ModelRuntime] = {}
         self.tried = False  # a load was attempted (the index lists a never-loaded model bare)
         self.unloaded: list[int] = []  # the versions its last unload took down
+        # The versions a reload took out of service (its version policy or files no longer
+        # name them), which Triton's index goes on listing: UNLOADING, then "unloaded".
+        self.dropped: dict[int, ModelRuntime] = {}
         self.fingerprint = ""
         self.version_files: dict[int, str] = {}  # see repository.version_fingerprints
         self.lock = threading.Lock()
@@ -366,6 +369,9 @@ class RepositoryManager:
         for rt in gone:
             if rt.version not in serving:
                 srv.counter_carry.unloaded(entry.name, rt.version)
+                entry.dropped[rt.version] = rt
+        for v in serving:
+            entry.dropped.pop(v, None)
         entry.runtimes = serving
         entry.state = READY
         entry.reason = ""
@@ -609,6 +615,7 @@ class RepositoryManager:
                 rows = {v: (rt.state, "") for v, rt in e.runtimes.items()}
                 for v, why in e.failed.items():  # a new version a reload could not load
                     rows.setdefault(v, (UNAVAILABLE, why))
+                self._dropped_rows(e, rows)
                 for v, (state, why) in sorted(rows.items()):
                     out.append({"name": name, "version": str(v), "state": state,
                                 "reason": why})
@@ -623,13 +630,23 @@ class RepositoryManager:
                     out.append({"name": name, "version": str(v), "state": UNAVAILABLE,
                                 "reason": why})
             elif e.unloaded and (e.state == UNLOADING or e.reason == "unloaded"):
-                # As Triton: the versions the unload took down, each UNAVAILABLE ("unloaded").
-                for v in e.unloaded:
-                    out.append({"name": name, "version": str(v), "state": e.state,
-                                "reason": e.reason})
+                # As Triton: the versions the unload took down, each UNAVAILABLE ("unloaded"),
+                # and those an earlier reload did.
+                rows = {v: (e.state, e.reason) for v in e.unloaded}
+                self._dropped_rows(e, rows)
+                for v, (state, why) in sorted(rows.items()):
+                    out.append({"name": name, "version": str(v), "state": state,
+                                "reason": why})
             else:
                 out.append({"name": name, "version": "", "state": e.state, "reason": e.reason})
         return out
+
+    @staticmethod
+    def _dropped_rows(e: ModelEntry, rows: dict[int, tuple[str, str]]) -> None:
+        """Add the versions a reload took out of ``e``'s service to its index ``rows``."""
+        for v, rt in e.dropped.items():
+            rows.setdefault(v, (UNAVAILABLE, "unloaded") if rt.state == UNAVAILABLE
+                            else (UNLOADING, ""))
 
     # -- execution environments ----------------------------------------------------------------
     def execution_env(self, rt: ModelRuntime) -> str | None:

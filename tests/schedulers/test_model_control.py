@@ -4,6 +4,7 @@ ready and loses no request; an unload finishes in-flight requests first.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _models import fp32, infer, io_config, serving, wait_for, write_model
+from _models import fp32, infer, io_config, serving, wait_for, wait_until, write_model
 from _sched_models import Gate, params
 
 from tritonpy import NotFoundError, TritonpyError, UnavailableError
+from tritonpy.config import config_to_dict, parse_config_text
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -407,6 +409,31 @@ def test_a_reload_whose_new_version_fails_keeps_the_others_and_says_so(tmp_path,
         server.load("mixed")
         assert [(m["version"], m["state"]) for m in server.models()] == [("1", "READY")]
         assert server.ready()
+
+
+def test_the_index_goes_on_listing_the_versions_a_reload_took_out(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured): a version that a reload's version policy leaves out is
+    # listed UNAVAILABLE "unloaded" (UNLOADING while it drains) beside those serving, until it
+    # serves again; an unload then lists every version that served.
+    mdir = write_model(tmp_path, "two", tagged("v"), io_config(extra="version_policy: { all: {} }\n"),
+                       versions=(1, 2))
+    only = lambda v: io_config(extra=f"version_policy: {{ specific: {{ versions: [{v}] }} }}\n")  # noqa: E731
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["two"]) as server:
+        def rows() -> list[tuple[str, str, str]]:
+            return [(m["version"], m["state"], m.get("reason", "")) for m in server.models()]
+
+        assert rows() == [("1", "READY", ""), ("2", "READY", "")]
+        server.load("two", config=json.dumps(config_to_dict(parse_config_text(only(2), "two"))))
+        wait_until(lambda: rows()[0][1] == "UNAVAILABLE", 10, "version 1 to finish unloading")
+        assert rows() == [("1", "UNAVAILABLE", "unloaded"), ("2", "READY", "")]
+        server.load("two", config=json.dumps(config_to_dict(parse_config_text(only(1), "two"))))
+        wait_until(lambda: rows()[1][1] == "UNAVAILABLE", 10, "version 2 to finish unloading")
+        assert rows() == [("1", "READY", ""), ("2", "UNAVAILABLE", "unloaded")]
+        assert server.ready()  # a version taken out on purpose is no failure
+        server.unload("two")
+        assert rows() == [("1", "UNAVAILABLE", "unloaded"), ("2", "UNAVAILABLE", "unloaded")]
+    assert mdir.exists()
 
 
 def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
