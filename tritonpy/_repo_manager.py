@@ -293,7 +293,9 @@ class RepositoryManager:
         if not old:
             entry.state = LOADING
             entry.reason = ""
-        cfg_path = config_path(entry.directory, srv.model_config_name)
+        # What errors name as the configuration at fault: a load's override, not the file.
+        cfg_path = (f"the config override of model '{entry.name}'" if config_override is not None
+                    else config_path(entry.directory, srv.model_config_name))
         new: dict[int, ModelRuntime] = {}
         try:
             if config_override is not None:

@@ -514,6 +514,19 @@ def test_a_config_override_of_the_wrong_type_names_the_field(
     assert not http.is_model_ready("lazy")
 
 
+def test_an_invalid_config_override_is_named_as_the_override(
+        http: httpclient.InferenceServerClient) -> None:
+    # A value the override gives that the checks refuse: the error names the override, not
+    # the model's config.pbtxt on disk (which says nothing of the kind).
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("lazy", config='{"backend": "python", "max_batch_size": -1}')
+    assert e.value.status() == "400"
+    assert ("load failed for model 'lazy': the config override of model 'lazy': "
+            "'max_batch_size' must be non-negative value for lazy") in e.value.message()
+    assert "config.pbtxt" not in e.value.message()
+    assert not http.is_model_ready("lazy")
+
+
 # == BLS over the wire ============================================================================
 
 def test_bls_models_over_http_and_grpc(served: Served, http: httpclient.InferenceServerClient,
