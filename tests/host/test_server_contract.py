@@ -331,3 +331,28 @@ def test_stop_does_not_wait_for_a_model_still_loading(tmp_path: Path, phase: str
     assert elapsed < 5, f"stop() took {elapsed:.1f} s"
     assert len(box) == 1 and isinstance(box[0], tritonpy.TritonpyError), box
     assert "the server is stopping: the model's load was cancelled" in str(box[0])
+
+
+STUCK_FINALIZE_PY = """
+import time
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return []
+
+    def finalize(self):
+        time.sleep(3600)
+"""
+
+
+def test_instances_stuck_in_finalize_are_stopped_together(tmp_path: Path) -> None:
+    # Each instance's finalize gets its grace (here the 2 s exit timeout) at the same time:
+    # three stuck ones cost one grace, not three, and none is left running.
+    write_model(tmp_path, "stuck", STUCK_FINALIZE_PY,
+                config=io_config(extra="instance_group [ { kind: KIND_CPU, count: 3 } ]\n"))
+    with serving(tmp_path, new_prefix(), exit_timeout=2) as server:
+        assert len(server.repo.runtime("stuck", -1).instances) == 3
+        t0 = time.monotonic()
+        server.stop()
+        elapsed = time.monotonic() - t0
+    assert elapsed < 4.5, f"stop() took {elapsed:.1f} s"
