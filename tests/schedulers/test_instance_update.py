@@ -305,7 +305,9 @@ def test_versions_whose_files_are_unchanged_are_not_reloaded(tmp_path, shm_prefi
         server.load("m")  # the policy drops version 1; 2 and 3 stay as they are
         assert wait_for(lambda: len(counts.lines("fini")) == 2, timeout=30)
         assert len(counts.lines("init")) == 4
-        assert [m["version"] for m in server.models()] == ["2", "3"]
+        # As Triton's index: the version taken out is listed, unloaded.
+        assert [(m["version"], m["state"]) for m in server.models()] == [
+            ("1", "UNAVAILABLE"), ("2", "READY"), ("3", "READY")]
 
 
 def test_poll_mode_updates_instances_in_place(tmp_path, shm_prefix):
