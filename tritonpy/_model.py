@@ -1115,11 +1115,9 @@ class ModelRuntime(RuntimeBase):
             self._halt.set()
         # Together, so that instances stuck in finalize cost one grace, not one each.
         stoppers = [threading.Thread(target=stub.stop, args=(finalize, grace), daemon=True,
-                                     name=f"{stub.name}-stop") for stub, finalize in stubs[1:]]
+                                     name=f"{stub.name}-stop") for stub, finalize in stubs]
         for thread in stoppers:
             thread.start()
-        if stubs:
-            stubs[0][0].stop(finalize=stubs[0][1], timeout=grace)
         for thread in stoppers:
             thread.join()
         for thread in restarters:  # so that no stub outlives the unload
