@@ -177,7 +177,14 @@ class Channel:
         peer = self.peer
         if (peer.lazy or peer.urgent) and cmd != _RELEASE:
             ids = self._take_releases(CARRY_MAX)
-            data = pack([int(cmd), call_id, body, ids] if ids else [int(cmd), call_id, body])
+            try:
+                data = pack([int(cmd), call_id, body, ids] if ids else [int(cmd), call_id, body])
+            except Exception:
+                # A body msgpack refuses (a str with a lone surrogate, an int past 64 bits): the
+                # releases it was to carry go back in the queue, or their blocks leak.
+                for eid in ids:
+                    peer.owe_release(eid)
+                raise
             if ids:
                 self.frames_carrying_releases += 1
         else:

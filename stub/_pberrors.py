@@ -80,11 +80,32 @@ def exception_text(err: BaseException) -> str:
     frames = [f for f in traceback.extract_tb(err.__traceback__)
               if not f.filename.startswith(_OWN_DIRS)]
     # An exception without a message reads "<EMPTY MESSAGE>", as Triton 2.51 writes it.
-    text = f"{type(err).__name__}: {str(err) or '<EMPTY MESSAGE>'}"
+    text = f"{type(err).__name__}: {_message(err) or '<EMPTY MESSAGE>'}"
     if frames:
         text += "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n"
                                       for f in reversed(frames))
+    return sendable(text)
+
+
+def _message(err: BaseException) -> str:
+    try:
+        return str(err)
+    except Exception as exc:  # an exception whose __str__ fails
+        return f"<str() of the exception raised {type(exc).__name__}>"
+
+
+def sendable(text: str) -> str:
+    """``text`` with what UTF-8 cannot carry (a lone surrogate) escaped, so it can go."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def unsendable(exc: BaseException) -> str:
+    """Why a response could not be sent at all."""
+    return sendable(f"the response cannot be sent: {type(exc).__name__}: {_message(exc)}")
 
 
 def not_a_list(result: object) -> str:

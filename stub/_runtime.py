@@ -42,6 +42,8 @@ from ._pberrors import (
     execute_failed,
     not_a_list,
     not_a_response,
+    sendable as _sendable,
+    unsendable,
 )
 from ._loader import import_model
 from ._bls import AsyncResponseIterator, ResponseIterator, place
@@ -663,7 +665,30 @@ class StubRuntime:
                 self._unpace(r._host_id)
         if self._metric_deletes:
             self.flush_metric_deletes()
-        self.channel.send(Cmd.EXECUTE_DONE, call_id, body)
+        unsent = self._send_responses(Cmd.EXECUTE_DONE, call_id, body)
+        if unsent is not None:
+            # Every request of the batch gets the reason instead of waiting for ever.
+            sys.stderr.write(f"tritonpy stub {self.name}: {unsendable(unsent)}\n")
+            for r in requests:
+                self._active.pop(r._host_id, None)
+                if self._pace:
+                    self._unpace(r._host_id)
+            self.channel.send(Cmd.EXECUTE_DONE, call_id, self._failed(unsendable(unsent)))
+
+    def _send_responses(self, cmd: Cmd, call_id: int, body: dict) -> Exception | None:
+        """Send a frame of responses; None, or the error that kept it from being sent at all.
+
+        A body msgpack refuses (a str with a lone surrogate in a name, message or parameter)
+        or a spilled frame with no shared memory left for it is never sent: the handles made
+        for its outputs are given back (their blocks would leak) and the error returned."""
+        try:
+            self.channel.send(cmd, call_id, body)
+        except ChannelClosedError:
+            raise
+        except Exception as exc:
+            self.peer.release(_own_handles(body))
+            return exc
+        return None
 
     def _done_body(self, requests: list, result: Any, err: BaseException | None) -> dict:
         if err is not None:
@@ -784,10 +809,12 @@ class StubRuntime:
             with self._mu:
                 p.sizes.append(nbytes)
                 p.unread += nbytes
+        exc = self._send_responses(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
+        if exc is not None:  # nothing went: the model may send another response instead
+            raise TritonModelException(f"Unable to send response. {unsendable(exc)}") from None
         if final:
             self._active.pop(req._host_id, None)
             self._unpace(req._host_id)
-        self.channel.send(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
 
     def _wait_for_consumer(self, req: pb_utils.InferenceRequest, p: Pace) -> None:
         while True:
@@ -898,9 +925,17 @@ class StubRuntime:
         self._calls[call_id] = waiter
         try:
             self.channel.send(cmd, call_id, body)
-        except Exception:
+        except Exception as exc:
             self._calls.pop(call_id, None)
-            raise
+            if isinstance(exc, ChannelClosedError):
+                raise
+            # Never sent (e.g. a request id with a lone surrogate): the handles made for its
+            # inputs are given back, and the model told why.
+            request = body.get("request") if type(body) is dict else None
+            if type(request) is dict:
+                self.peer.release(_own_handles(request, "inputs"))
+            raise TritonModelException(
+                _sendable(f"the request cannot be sent: {type(exc).__name__}: {exc}")) from None
         if waiter.loop is not None and not self._reading:
             with self._cv:  # an async caller cannot read: make sure an idle worker does
                 self._cv.notify()
@@ -1046,6 +1081,18 @@ class _LogForwarder(logging.Handler):
 
 # Calls whose answer may need another execute of this model to run first.
 _WAITS_ON_SERVER = frozenset((Cmd.BLS_INFER, Cmd.LOAD_MODEL, Cmd.UNLOAD_MODEL))
+
+
+def _own_handles(body: dict, key: str = "outputs") -> list[int]:
+    """The export ids of the shm (or GPU) handles among a body's tensors (a response's
+    outputs, every response's of an EXECUTE_DONE, or a BLS request's inputs)."""
+    ids = []
+    for resp in body.get("responses", (body,)):
+        for w in resp.get(key) or ():
+            data = w[3]
+            if type(data) is list and len(data) >= 4:
+                ids.append(data[3])
+    return ids
 
 
 def _error_body(code: str, message: str) -> dict[str, str]:

@@ -96,6 +96,13 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
         if not isinstance(k, str):
             raise TritonModelException(
                 f"Expect parameters keys to have type str, found type {type(k)} (key {k!r})")
+        for text in (k, v) if type(v) is str else (k,):
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError as exc:
+                    raise TritonModelException(
+                        f"parameters must be valid UTF-8 text: {exc} (key {k!r})") from None
         if not isinstance(v, (bool, int, str)):
             raise TritonModelException(
                 f"Expect parameters values to have type bool/int/str, found type {type(v)} "
@@ -360,11 +367,16 @@ class ResponseSender:
             raise TritonModelException(
                 "Unable to send response. Response sender has been closed."
             )
+        before = (self._closed, self._sent)
         if final:
             self._closed = True
         if response is not None:
             self._sent += 1
-        _need_runtime("ResponseSender.send()").send_response(self._request, response, final)
+        try:
+            _need_runtime("ResponseSender.send()").send_response(self._request, response, final)
+        except BaseException:
+            self._closed, self._sent = before  # nothing was sent
+            raise
 
     def is_cancelled(self) -> bool:
         return self._request._cancelled
