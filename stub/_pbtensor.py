@@ -75,9 +75,15 @@ class Tensor:
             raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")  # Triton's
-        if numpy_array is None:
-            raise TypeError(f"tensor '{name}': numpy_array must be an array, got None")
-        arr = numpy_array if isinstance(numpy_array, np.ndarray) else np.asarray(numpy_array)
+        # As Triton's (measured): a numpy array only, not a list, a scalar or a numpy scalar
+        # (a model that passed one here would fail there), nor a masked array.
+        if not isinstance(numpy_array, np.ndarray):
+            raise TypeError(f"tensor '{name}': numpy_array must be a numpy.ndarray, got "
+                            f"{type(numpy_array).__name__} (np.asarray() makes one)")
+        if isinstance(numpy_array, np.ma.MaskedArray):
+            raise TypeError(f"tensor '{name}': numpy_array is a masked array, whose masked "
+                            "values would go as they are (.filled() makes a plain array)")
+        arr = numpy_array
         if arr.dtype.kind in ("U", "V") and arr.dtype != BFLOAT16:
             raise TritonModelException(
                 "Tensor dtype used for numpy_array is not supported by Python backend. "
