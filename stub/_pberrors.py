@@ -23,8 +23,16 @@ class TritonError:
               "ALREADY_EXISTS", "CANCELLED")
 
     def __init__(self, message: str, code: int = INTERNAL) -> None:
-        if not isinstance(code, int) or not 0 <= code < len(self._NAMES):
-            raise ValueError(f"invalid TritonError code {code!r}")
+        # As Triton's (pybind11, measured): a str or bytes message and one of the codes
+        # above, anything else a TypeError (a model that passed one here would fail there).
+        if isinstance(message, bytes):
+            message = message.decode("utf-8", "replace")
+        elif not isinstance(message, str):
+            raise TypeError(f"TritonError message must be a str, got {type(message).__name__}")
+        if type(code) is not int or not 0 <= code < len(self._NAMES):
+            raise TypeError(f"invalid TritonError code {code!r}: one of TritonError.UNKNOWN, "
+                            "INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, "
+                            "ALREADY_EXISTS or CANCELLED")
         self._msg = message
         self._code = code
 

@@ -13,7 +13,7 @@ import logging
 import weakref
 from typing import Any
 
-from ._pberrors import TritonModelException
+from ._pberrors import TritonModelException, sendable
 
 _log = logging.getLogger("triton_python_backend_utils")
 
@@ -49,11 +49,16 @@ class Logger:
 
     @staticmethod
     def log(message: str, level: _Level = _Level.INFO) -> None:
+        try:
+            level = LogLevel(level)
+        except (ValueError, TypeError):
+            raise TypeError(f"Logger.log: level must be one of Logger.INFO, WARNING, ERROR or "
+                            f"VERBOSE, got {level!r}") from None
         rt = _rt()
         if rt is not None:
-            rt.log(int(level), str(message))
+            rt.log(int(level), sendable(str(message)))  # a lone surrogate goes escaped
         else:
-            _log.log(_PY_LEVEL.get(LogLevel(level), logging.INFO), "%s", message)
+            _log.log(_PY_LEVEL[level], "%s", message)
 
     @staticmethod
     def log_info(message: str) -> None:

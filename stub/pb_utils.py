@@ -317,7 +317,8 @@ class InferenceResponse:
             [] if output_tensors is _UNSET else output_tensors, Tensor, "output_tensors",
             "Output tensor for inference response should not be empty.")
         if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException("error must be a pb_utils.TritonError")
+            raise TypeError(  # as Triton's (pybind11)
+                f"error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._output_tensors = output_tensors
         self._err = error
         self._parameters = _check_parameters(parameters)

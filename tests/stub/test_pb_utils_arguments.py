@@ -88,6 +88,16 @@ def test_inference_response_and_tensor_wrong_argument_types():
         pb_utils.Tensor("OUT", None)
     with pytest.raises(TypeError, match="name"):
         pb_utils.Tensor(None, np.zeros(2))
+    # As Triton's (measured): a numpy array only, so a model that runs here runs there too.
+    for data, kind in (([1.0, 2.0], "list"), (5, "int"), (np.float32(3), "float32"),
+                       ({"a": 1}, "dict")):
+        with pytest.raises(TypeError, match=f"must be a numpy.ndarray, got {kind} "):
+            pb_utils.Tensor("OUT", data)
+    with pytest.raises(TypeError, match="masked array"):
+        pb_utils.Tensor("OUT", np.ma.masked_array([1.0, 2.0], mask=[False, True]))
+    # An ndarray subclass is an ndarray (a memmap, say), and a 0-d array is one too.
+    assert pb_utils.Tensor("OUT", np.arange(2).view(np.recarray)).shape() == [2]
+    assert pb_utils.Tensor("OUT", np.array(3.0, np.float32)).shape() == []
     # As Triton: a TritonModelException (the model may catch it), naming what was given.
     with pytest.raises(pb_utils.TritonModelException, match="given a NoneType.*DLPack capsule"):
         pb_utils.Tensor.from_dlpack("OUT", None)
@@ -125,3 +135,19 @@ def test_parameters_read_as_triton_writes_them():
     req = pb_utils.InferenceRequest(model_name="m", inputs=[T], requested_output_names=[],
                                     parameters={"b": True, "i": 5, "s": "x"})
     assert req.parameters() == '{"b": true, "i": 5, "s": "x"}'
+
+
+def test_triton_error_takes_what_tritons_takes():
+    # As Triton's (measured): a str or bytes message and one of its codes; anything else is
+    # a TypeError when it is built (it was a ValueError, or taken and sent as it was).
+    assert pb_utils.TritonError(b"bytes msg").message() == "bytes msg"
+    with pytest.raises(TypeError, match="error must be a pb_utils.TritonError, got str"):
+        pb_utils.InferenceResponse([], error="x")
+    err = pb_utils.TritonError("x", pb_utils.TritonError.NOT_FOUND)
+    assert (err.message(), err.code()) == ("x", pb_utils.TritonError.NOT_FOUND)
+    for message in (5, None, ["x"]):
+        with pytest.raises(TypeError, match="message must be a str"):
+            pb_utils.TritonError(message)
+    for code in (99, -1, "INTERNAL", 1.0, True, 2 ** 70):
+        with pytest.raises(TypeError, match="invalid TritonError code"):
+            pb_utils.TritonError("x", code)

@@ -238,7 +238,13 @@ class TritonPythonModel:
         pb_utils.Logger.log_verbose(tok + " verbose")
         pb_utils.Logger.log(tok + " explicit", pb_utils.LogLevel.ERROR)
         pb_utils.Logger.log(tok + " default")
-        return pb_utils.InferenceResponse([])
+        pb_utils.Logger.log_info(tok + " lone \\ud800")  # goes escaped
+        try:
+            pb_utils.Logger.log(tok + " bad level", "INFO")
+            refused = ""
+        except TypeError as exc:
+            refused = str(exc)
+        return pb_utils.InferenceResponse([], parameters={"refused": refused})
 
     def op_print(self, request, params):
         tok = params["token"]
@@ -495,8 +501,8 @@ def _records(caplog, token):
 def test_logger_messages_reach_host_log(probe, caplog):
     caplog.set_level(logging.DEBUG, logger="tritonpy.model.probe")
     tok = "tok-logger-1"
-    call(probe, "log", token=tok)
-    got = wait_for(lambda: len(_records(caplog, tok)) >= 6 and _records(caplog, tok))
+    refused = call(probe, "log", token=tok).parameters["refused"]
+    got = wait_for(lambda: len(_records(caplog, tok)) >= 7 and _records(caplog, tok))
     by_text = {r.getMessage(): r.levelno for r in got}
     assert by_text == {
         f"[probe_0_0] {tok} info": logging.INFO,
@@ -505,7 +511,11 @@ def test_logger_messages_reach_host_log(probe, caplog):
         f"[probe_0_0] {tok} verbose": logging.DEBUG,
         f"[probe_0_0] {tok} explicit": logging.ERROR,
         f"[probe_0_0] {tok} default": logging.INFO,
+        f"[probe_0_0] {tok} lone \\ud800": logging.INFO,
     }
+    # As Triton's: a level that is not one of Logger's is a TypeError, naming the levels.
+    assert refused == ("Logger.log: level must be one of Logger.INFO, WARNING, ERROR or "
+                       "VERBOSE, got 'INFO'")
 
 
 def test_print_and_logging_reach_host_log(probe, caplog):
