@@ -3,6 +3,7 @@ text, the logging settings, the CLI parser."""
 from __future__ import annotations
 
 import logging
+import os
 import secrets
 import time
 from types import SimpleNamespace
@@ -13,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.utils import shared_memory as shm_utils
 
-from tritonpy._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError
+from tritonpy._errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
 from tritonpy.cli import build_parser
 from tritonpy.frontends.dataplane import (
     InferRequest,
@@ -46,26 +47,25 @@ def client_region():
 
 # -- shared-memory registry ---------------------------------------------------------------------
 
-def test_registry_register_view_status_unregister(client_region) -> None:
+def test_registry_register_read_write_status_unregister(client_region) -> None:
     name, handle = client_region
     reg = SharedMemoryRegistry(["tritonpy_"])
     reg.register("r", "/" + name, 16, 32)
     assert reg.status() == [{"name": "r", "key": "/" + name, "offset": 16, "byte_size": 32}]
     shm_utils.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
-    view = reg.view("r", 0, 8)  # region offset 16 = element 4 of the client's array
-    assert np.frombuffer(view, np.float32).tolist() == [4.0, 5.0]
-    view[:] = np.array([-1, -2], np.float32).tobytes()
-    view.release()
+    got = reg.read("r", 0, 8)  # region offset 16 = element 4 of the client's array
+    assert got.view(np.float32).tolist() == [4.0, 5.0]
+    reg.write("r", 0, np.array([-1, -2], np.float32).tobytes())
     got = shm_utils.get_contents_as_numpy(handle, np.float32, [16])
     assert got[4:6].tolist() == [-1.0, -2.0]
     with pytest.raises(AlreadyExistsError, match="already in manager"):
         reg.register("r", "/" + name, 0, 8)
     with pytest.raises(InvalidArgumentError, match="Invalid offset"):
-        reg.view("r", 32, 1)
+        reg.read("r", 32, 1)
     with pytest.raises(InvalidArgumentError, match="Invalid offset \\+ byte size"):
-        reg.view("r", 8, 25)
+        reg.write("r", 8, b"\0" * 25)
     with pytest.raises(NotFoundError, match="Unable to find shared memory region: 'zz'"):
-        reg.view("zz", 0, 1)
+        reg.check("zz", 0, 1)
     reg.unregister("r")
     reg.unregister("r")  # unknown names are not an error, as in Triton
     assert reg.status() == []
@@ -81,29 +81,77 @@ def test_registry_refuses_bad_windows_and_reserved_keys(client_region) -> None:
     reg = SharedMemoryRegistry([])
     with pytest.raises(InvalidArgumentError, match="invalid args"):
         reg.register("a", "/" + name, 60, 8)
-    with pytest.raises(InvalidArgumentError, match="Unable to open"):
+    # Triton's status (500) and words for a key it cannot open (measured)
+    with pytest.raises(InternalError, match=f"^Unable to open shared memory region: '/{name}nothere'$"):
         reg.register("a", f"/{name}nothere", 0, 8)
-    with pytest.raises(InvalidArgumentError, match="invalid key"):
+    with pytest.raises(InternalError, match="^Unable to open shared memory region: '/../etc/passwd'$"):
         reg.register("a", "/../etc/passwd", 0, 8)
+    with pytest.raises(InternalError, match="^Unable to open shared memory region: ''$"):
+        reg.register("a", "", 0, 8)
     # JSON's "\ud800" (no text): posix_ipc took the whole process down on it.
     with pytest.raises(InvalidArgumentError, match="unpaired surrogate"):
         reg.register("a", "/\ud800", 0, 16)
     with pytest.raises(InvalidArgumentError, match="non-negative"):
         reg.register("a", "/" + name, -1, 8)
+    # a byte_size of 0: Triton's mmap's words (measured), where the window fits
+    with pytest.raises(InvalidArgumentError, match="^failed to register shared memory region 'a': "
+                       "unable to process address spaceInvalid argument$"):
+        reg.register("a", "/" + name, 64, 0)
     assert reg.status() == []
 
 
-def test_registry_unregister_while_in_use_defers_unmap(client_region) -> None:
+def test_registry_refuses_a_key_another_region_has_registered(client_region) -> None:
+    """As Triton 2.51 (measured): 500 "Invalid shared memory region: '<key>'", whatever the
+    offset and size; the key is free again once that region is unregistered."""
+    name, _ = client_region
+    reg = SharedMemoryRegistry()
+    reg.register("a", "/" + name, 0, 64)
+    for offset, size in ((0, 64), (0, 16), (16, 16)):
+        with pytest.raises(InternalError, match=f"^Invalid shared memory region: '/{name}'$"):
+            reg.register("b", "/" + name, offset, size)
+    reg.unregister("a")
+    reg.register("b", "/" + name, 0, 16)
+    reg.close()
+
+
+def test_registry_a_truncated_object_is_an_error_not_a_sigbus(client_region) -> None:
+    """A client that shrinks its shm object after registering it gets an error naming the
+    region; the mapping is never touched past the object's new end (a SIGBUS, which killed
+    the server, and kills Triton 2.51: measured)."""
     name, _ = client_region
     reg = SharedMemoryRegistry()
     reg.register("r", "/" + name, 0, 64)
-    arr = np.frombuffer(reg.view("r", 0, 64), np.uint8)  # a request still holds this view
-    reg.unregister()
-    assert reg.status() == [] and len(reg._deferred) == 1
-    assert int(arr.sum()) >= 0  # still readable: not unmapped under the request
-    del arr
+    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, 0)
+    finally:
+        os.close(fd)
+    with pytest.raises(InvalidArgumentError, match=f"^shared memory region 'r' cannot be read: "
+                       f"its shm object '/{name}' no longer holds byte 8 "):
+        reg.read("r", 8, 8)
+    with pytest.raises(InvalidArgumentError, match="shared memory region 'r' cannot be written"):
+        reg.write("r", 0, b"x" * 64)
+    assert os.stat(f"/dev/shm/{name}").st_size == 0  # not grown back by the write
+    mm = reg._regions["r"].mm
     reg.close()
-    assert reg._deferred == []
+    assert mm.closed
+
+
+def test_registry_unregister_during_a_copy_unmaps_after_it(client_region) -> None:
+    name, _ = client_region
+    reg = SharedMemoryRegistry()
+    reg.register("r", "/" + name, 0, 64)
+    mm = reg._regions["r"].mm
+    seen = []
+
+    def alloc(n: int) -> np.ndarray:  # runs while the region is held for the copy
+        reg.unregister()
+        seen.append(mm.closed)
+        return np.empty(n, np.uint8)
+
+    assert len(reg.read("r", 0, 64, alloc)) == 64
+    assert seen == [False] and reg.status() == []
+    assert mm.closed
 
 
 # -- codecs -------------------------------------------------------------------------------------

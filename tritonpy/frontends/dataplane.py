@@ -418,14 +418,22 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
         except ProtocolError as exc:
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
+    check_raw_size(name, datatype, shape, len(buf), model=model, request_id=request_id)
+    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+def check_raw_size(name: str, datatype: str, shape: Sequence[int], nbytes: int, *,
+                   model: str, request_id: str = "") -> None:
+    """Fail unless ``nbytes`` is the size of a (non-BYTES) tensor of this type and shape."""
+    _numpy_dtype(name, datatype)
+    count = element_count(name, shape)
     check_byte_size(name, datatype, count)
     expected = count * ITEMSIZE[datatype]
-    if len(buf) != expected:
+    if nbytes != expected:
         raise InvalidArgumentError(
             f"{request_prefix(request_id)}input byte size mismatch for input '{name}' for model "
-            f"'{model}'. Expected {expected}, got {len(buf)}"
+            f"'{model}'. Expected {expected}, got {nbytes}"
         )
-    return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
 
 
 _KINDS = {"b": "b", "i": "iu", "u": "iu", "f": "iuf"}
@@ -801,12 +809,25 @@ class DataPlane:
 
     def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
                        model: str, request_id: str = "") -> np.ndarray | PendingBytes:
-        """A zero-copy array over a client's shared-memory window (BYTES: decoded later); for
-        a CUDA region, the stand-in that the model's stub maps."""
+        """An array copied out of a client's shared-memory window (BYTES: decoded later), a
+        large one straight into the host's pool (sent to the stub by handle, no further
+        copy); for a CUDA region, the stand-in that the model's stub maps.
+
+        A copy, not a view: a client may shrink its shm object at any time, and a view past
+        its new end would be a SIGBUS (see :mod:`.sharedmem`)."""
         if self.shm.is_cuda(ref.region):
             return self._input_from_cuda(name, datatype, shape, ref, model, request_id)
-        return input_from_raw(name, datatype, shape, self.shm.view(ref.region, ref.offset, ref.byte_size),
-                              model=model, request_id=request_id)
+        self.shm.check(ref.region, ref.offset, ref.byte_size)
+        if datatype != "BYTES":  # the size against the shape before anything is copied
+            check_raw_size(name, datatype, shape, ref.byte_size, model=model,
+                           request_id=request_id)
+        data = self.shm.read(ref.region, ref.offset, ref.byte_size, self._input_buffer)
+        return input_from_raw(name, datatype, shape, data.data, model=model, request_id=request_id)
+
+    def _input_buffer(self, n: int) -> np.ndarray:
+        if n > self.server.transport.inline_limit:
+            return self.server.pool.new_array(np.uint8, (n,))
+        return np.empty(n, np.uint8)
 
     def _input_from_cuda(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef,
                          model: str, request_id: str) -> DeviceRef:
@@ -854,7 +875,7 @@ class DataPlane:
                 if self.shm.is_cuda(out.shm.region):
                     self.shm.cuda_check(out.shm.region, out.shm.offset, out.shm.byte_size)
                 else:
-                    self.shm.view(out.shm.region, out.shm.offset, out.shm.byte_size).release()
+                    self.shm.check(out.shm.region, out.shm.offset, out.shm.byte_size)
 
     async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
         """Run one request on a default-mode model and return its single response.
@@ -1009,10 +1030,6 @@ class DataPlane:
         if n and self.shm.is_cuda(ref.region):
             self.shm.cuda_write(ref.region, ref.offset, data)
         elif n:
-            view = self.shm.view(ref.region, ref.offset, n)
-            try:
-                view[:] = data
-            finally:
-                view.release()
+            self.shm.write(ref.region, ref.offset, data)
         out.array = None
         out.shm = ShmRef(ref.region, ref.offset, n)

@@ -9,6 +9,14 @@ Every size and offset here comes from the network, so each one is checked agains
 before any memory is touched (STYLE §10). Keys under tritonpy's own segment prefix are refused:
 they are the server's tensor pools, and a client must not be able to read or scribble on them.
 
+The client keeps its shm object after registering it, and may shrink it (``ftruncate``) at any
+time: a load or store through a mapping past the object's new end is a SIGBUS, which would take
+the whole server down (Triton 2.51 dies so, measured). So the host never touches a client's
+mapping with the CPU: inputs are copied out of it and outputs into it through
+``/proc/self/mem`` (:func:`_transfer`), where the kernel answers a page that is no longer there
+with EIO, which becomes a clear error for that request. Each copy holds its region, so an
+unregister meanwhile unmaps it only once the copy is done.
+
 CUDA shared memory: a client registers the CUDA IPC handle of a device allocation
 (``tritonclient.utils.cuda_shared_memory``), its GPU and its size. An input read from such a
 region reaches the model's stub by that handle (a :class:`~tritonpy.shm.cuda.DeviceRef`: the
@@ -18,6 +26,7 @@ CuPy, mapping each region once, on its first output.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
 import mmap
 import os
@@ -30,7 +39,8 @@ import posix_ipc
 
 from ..shm import cuda
 from ..shm.cuda import IPC_HANDLE_BYTES, DeviceRef
-from .._errors import AlreadyExistsError, InvalidArgumentError, NotFoundError, UnavailableError
+from .._errors import (AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError,
+                       UnavailableError)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +52,9 @@ class _Region:
     offset: int
     byte_size: int
     mm: mmap.mmap
+    address: int  # of the mapping, for /proc/self/mem
+    users: int = 0  # copies in progress; the mapping closes when the last one ends
+    unregistered: bool = False
 
 
 @dataclass
@@ -67,21 +80,15 @@ class SharedMemoryRegistry:
         self._regions: dict[str, _Region] = {}
         self._cuda: dict[str, _CudaRegion] = {}
         self._gpu_count = gpu_count
-        # Mappings unregistered while a request still held a view of them; unmapped as soon as
-        # the last view dies (Triton likewise defers the munmap of a region in use).
-        self._deferred: list[mmap.mmap] = []
         self._reserved = tuple(p.lstrip("/") for p in reserved_prefixes if p.strip("/"))
 
     # -- control -----------------------------------------------------------------------------
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         """Map ``byte_size`` bytes at ``offset`` of the shm object ``key`` as region ``name``."""
-        if not name:
-            raise InvalidArgumentError(
-                "'region name' is necessary to register system shared memory region"
-            )
         if not isinstance(key, str) or not key.strip("/") or "/" in key.lstrip("/") or "\0" in key:
-            raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid key {key!r}")
+            # Triton's words and status for a key shm_open cannot open (measured)
+            raise InternalError(f"Unable to open shared memory region: '{key}'")
         try:  # posix_ipc crashes the process on a key that is not text (JSON's "\ud800")
             key.encode("utf-8")
         except UnicodeEncodeError:
@@ -100,27 +107,31 @@ class SharedMemoryRegistry:
                 "the server's own tensor pools"
             )
         with self._lock:
-            self._reap()
             if name in self._regions or name in self._cuda:
                 raise AlreadyExistsError(f"shared memory region '{name}' already in manager")
+            if any(r.key == key for r in self._regions.values()):
+                # Triton 2.51 refuses a key that another region has registered (measured)
+                raise InternalError(f"Invalid shared memory region: '{key}'")
             mm = _map(name, "/" + bare, offset, byte_size)
-            self._regions[name] = _Region(name, key, offset, byte_size, mm)
+            self._regions[name] = _Region(name, key, offset, byte_size, mm, _address(mm))
         log.debug("registered system shared memory region %r (key %r, offset %d, %d bytes)",
                   name, key, offset, byte_size)
 
     def unregister(self, name: str = "") -> None:
         """Unregister region ``name``, or every region when ``name`` is empty.
 
-        An unknown name is not an error, as in Triton.
+        An unknown name is not an error, as in Triton. A region a copy is using is unmapped
+        when that copy ends.
         """
         with self._lock:
             names = [name] if name else list(self._regions)
             for n in names:
                 region = self._regions.pop(n, None)
                 if region is not None:
-                    self._close(region.mm)
+                    region.unregistered = True
+                    if region.users == 0:
+                        region.mm.close()
                     log.debug("unregistered system shared memory region %r", n)
-            self._reap()
 
     def status(self, name: str = "") -> list[dict[str, object]]:
         """Triton's status list: ``[{"name", "key", "offset", "byte_size"}]``."""
@@ -203,7 +214,7 @@ class SharedMemoryRegistry:
         return region
 
     def cuda_check(self, name: str, offset: int, byte_size: int) -> None:
-        """Fail, as :meth:`view` does, on a window that is not inside CUDA region ``name``."""
+        """Fail, as :meth:`check` does, on a window that is not inside CUDA region ``name``."""
         self._cuda_window(name, offset, byte_size)
 
     def cuda_input(self, name: str, offset: int, byte_size: int, dtype: np.dtype,
@@ -224,7 +235,7 @@ class SharedMemoryRegistry:
                     f"output to CUDA shared memory region '{name}' needs CuPy in the server: "
                     "pip install 'tritonpy[gpu]'")
             try:
-                region.mapped = cuda.open_array(region.handle, 0, region.byte_size, np.uint8,
+                region.mapped = cuda.open_array(region.handle, 0, region.byte_size, np.dtype(np.uint8),
                                                 (region.byte_size,), lambda: None, reuse=False)
             except Exception as exc:
                 raise InvalidArgumentError(
@@ -233,32 +244,52 @@ class SharedMemoryRegistry:
 
     # -- data --------------------------------------------------------------------------------
 
-    def view(self, name: str, offset: int, byte_size: int) -> memoryview:
-        """A writable view of ``byte_size`` bytes at ``offset`` inside region ``name``."""
+    def check(self, name: str, offset: int, byte_size: int) -> None:
+        """Fail unless ``byte_size`` bytes at ``offset`` lie inside region ``name``."""
         with self._lock:
-            region = self._regions.get(name)
-            if region is None:
-                raise NotFoundError(f"Unable to find shared memory region: '{name}'")
-            _check_window(name, offset, byte_size, region.byte_size)
-            start = region.offset + offset
-            return memoryview(region.mm)[start:start + byte_size]
+            self._window(name, offset, byte_size)
+
+    def read(self, name: str, offset: int, byte_size: int,
+             alloc: Callable[[int], np.ndarray] = lambda n: np.empty(n, np.uint8)) -> np.ndarray:
+        """A copy of ``byte_size`` bytes at ``offset`` of region ``name``, in the flat uint8
+        array ``alloc(byte_size)`` (called once the window is known to be inside it)."""
+        region = self._hold(name, offset, byte_size)
+        try:
+            dst = alloc(byte_size)
+            _transfer(region, offset, dst.data.cast("B"), write=False)
+            return dst
+        finally:
+            self._let_go(region)
+
+    def write(self, name: str, offset: int, data: Any) -> None:
+        """Copy ``data`` (bytes-like) to ``offset`` of region ``name``."""
+        src = memoryview(data).cast("B")
+        region = self._hold(name, offset, len(src))
+        try:
+            _transfer(region, offset, src, write=True)
+        finally:
+            self._let_go(region)
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _close(self, mm: mmap.mmap) -> None:
-        try:
-            mm.close()
-        except BufferError:
-            self._deferred.append(mm)
+    def _window(self, name: str, offset: int, byte_size: int) -> _Region:
+        region = self._regions.get(name)
+        if region is None:
+            raise NotFoundError(f"Unable to find shared memory region: '{name}'")
+        _check_window(name, offset, byte_size, region.byte_size)
+        return region
 
-    def _reap(self) -> None:
-        still = []
-        for mm in self._deferred:
-            try:
-                mm.close()
-            except BufferError:
-                still.append(mm)
-        self._deferred = still
+    def _hold(self, name: str, offset: int, byte_size: int) -> _Region:
+        with self._lock:
+            region = self._window(name, offset, byte_size)
+            region.users += 1
+            return region
+
+    def _let_go(self, region: _Region) -> None:
+        with self._lock:
+            region.users -= 1
+            if region.unregistered and region.users == 0:
+                region.mm.close()
 
 
 def _listed(regions: dict[str, Any], name: str, kind: str) -> list[Any]:
@@ -291,14 +322,17 @@ def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
     """
     try:
         shm = posix_ipc.SharedMemory(key, 0)
-    except posix_ipc.ExistentialError:
-        raise InvalidArgumentError(f"Unable to open shared memory region: '{key}'") from None
+    except posix_ipc.ExistentialError:  # Triton's status and words (measured)
+        raise InternalError(f"Unable to open shared memory region: '{key}'") from None
     except (posix_ipc.Error, OSError, ValueError) as exc:
-        raise InvalidArgumentError(f"Unable to open shared memory region: '{key}': {exc}") from None
+        raise InternalError(f"Unable to open shared memory region: '{key}': {exc}") from None
     try:
         size = os.fstat(shm.fd).st_size
-        if byte_size == 0 or offset + byte_size > size:
+        if offset + byte_size > size:
             raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid args")
+        if byte_size == 0:  # Triton's words: its mmap's, and strerror(EINVAL) (measured)
+            raise InvalidArgumentError(f"failed to register shared memory region '{name}': "
+                                       "unable to process address spaceInvalid argument")
         try:
             return mmap.mmap(shm.fd, offset + byte_size, flags=mmap.MAP_SHARED)
         except (OSError, ValueError) as exc:
@@ -307,3 +341,49 @@ def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
             ) from None
     finally:
         shm.close_fd()
+
+
+def _address(mm: mmap.mmap) -> int:
+    """The address of ``mm``'s first byte (the ctypes export is released at once)."""
+    anchor = ctypes.c_char.from_buffer(mm)
+    try:
+        return ctypes.addressof(anchor)
+    finally:
+        del anchor
+
+
+_MEM_LOCK = threading.Lock()
+_MEM_FD: list[int] = []  # /proc/self/mem, opened on the first copy, kept for the process
+
+
+def _mem_fd() -> int:
+    with _MEM_LOCK:
+        if not _MEM_FD:
+            try:
+                _MEM_FD.append(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC))
+            except OSError as exc:
+                raise UnavailableError(
+                    f"system shared memory needs /proc/self/mem, which cannot be opened: {exc}"
+                ) from None
+        return _MEM_FD[0]
+
+
+def _transfer(region: _Region, offset: int, buf: memoryview, *, write: bool) -> None:
+    """Copy ``buf`` into (``write``) or out of the region at ``offset``, by ``/proc/self/mem``:
+    a page past the end of a shm object that its client shrank is EIO there, not a SIGBUS."""
+    fd = _mem_fd()
+    at = region.address + region.offset + offset
+    done, n = 0, len(buf)
+    while done < n:
+        try:
+            k = (os.pwritev if write else os.preadv)(fd, [buf[done:]], at + done)
+        except OSError:
+            k = 0
+        if k <= 0:
+            start = region.offset + offset + done
+            raise InvalidArgumentError(
+                f"shared memory region '{region.name}' cannot be "
+                f"{'written' if write else 'read'}: its shm object '{region.key}' no longer "
+                f"holds byte {start} (it was truncated after the region was registered); "
+                "register it again at its new size")
+        done += k

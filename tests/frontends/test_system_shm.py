@@ -1,0 +1,121 @@
+"""System shared memory against a ``tritonpy serve`` subprocess: a client that shrinks or
+unlinks its shm object after registering it (Triton 2.51 dies of SIGBUS on a shrunk one,
+measured) gets an error naming the region, and the server goes on serving; nothing of the
+region stays mapped once it is unregistered."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import textwrap
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+from tritonclient.utils import shared_memory as shm_utils
+
+from _serve import Serve, serve_repo
+
+CONFIG = """\
+name: "add_sub"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+"""
+MODEL = """\
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0",
+                    pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                    + pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy())])
+                for r in requests]
+"""
+
+
+@pytest.fixture
+def region() -> Iterator[tuple[str, Any]]:
+    key = f"tpyc{secrets.token_hex(4)}"
+    handle = shm_utils.create_shared_memory_region(key, "/" + key, 65536)
+    try:
+        yield key, handle
+    finally:
+        try:
+            shm_utils.destroy_shared_memory_region(handle)
+        except Exception:  # the test unlinked it itself
+            pass
+
+
+def _truncate(key: str, size: int) -> None:
+    fd = os.open(f"/dev/shm/{key}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
+def _mapped(pid: int, key: str) -> bool:
+    with open(f"/proc/{pid}/maps") as f:
+        return key in f.read()
+
+
+def _inputs(mod: Any, region: str | None, offset: int = 0) -> list[Any]:
+    ins = [mod.InferInput("INPUT0", [16], "FP32"), mod.InferInput("INPUT1", [16], "FP32")]
+    if region is None:
+        ins[0].set_data_from_numpy(np.ones(16, np.float32))
+    else:
+        ins[0].set_shared_memory(region, 64, offset=offset)
+    ins[1].set_data_from_numpy(np.ones(16, np.float32))
+    return ins
+
+
+def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
+        serve: Callable[..., Serve], tmp_path: Path, region: tuple[str, Any]) -> None:
+    (tmp_path / "repo" / "add_sub" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "add_sub" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "repo" / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
+    server, http_port, grpc_port = serve_repo(serve, tmp_path / "repo")
+    key, handle = region
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        http.register_system_shared_memory("r", "/" + key, 65536)
+        _truncate(key, 4096)
+        gone = (f"shared memory region 'r' cannot be {{}}: its shm object '/{key}' no longer "
+                "holds byte 8192 (it was truncated after the region was registered); "
+                "register it again at its new size")
+        with pytest.raises(InferenceServerException) as err:  # an input past the new end
+            http.infer("add_sub", _inputs(httpclient, "r", offset=8192))
+        assert err.value.status() == "400" and err.value.message() == gone.format("read")
+        out = grpcclient.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory("r", 64, offset=8192)
+        with pytest.raises(InferenceServerException) as err:  # an output past it
+            grpcc.infer("add_sub", _inputs(grpcclient, None), outputs=[out])
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert err.value.message() == gone.format("written")
+        assert os.stat(f"/dev/shm/{key}").st_size == 4096  # not grown back either
+        # what is still there is served
+        shm_utils.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+        got = http.infer("add_sub", _inputs(httpclient, "r")).as_numpy("OUTPUT0")
+        assert got.tolist() == (np.arange(16) + 1).tolist()
+        # unlinked: the server's mapping keeps the object, as Triton's does (measured)
+        _truncate(key, 0)
+        os.unlink(f"/dev/shm/{key}")
+        with pytest.raises(InferenceServerException, match="no longer holds byte 0"):
+            http.infer("add_sub", _inputs(httpclient, "r"))
+        assert server.proc.poll() is None and http.is_server_ready()
+        assert _mapped(server.proc.pid, key)
+        http.unregister_system_shared_memory("r")
+        assert not _mapped(server.proc.pid, key)
+        assert http.infer("add_sub", _inputs(httpclient, None)).as_numpy("OUTPUT0").tolist() == [2.0] * 16
+    finally:
+        http.close()
+        grpcc.close()
+    server.proc.send_signal(signal.SIGTERM)  # a clean stop removes its pool's segments
+    assert server.wait(30) == 0
