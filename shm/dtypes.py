@@ -127,7 +127,7 @@ def serialize_bytes(arr: np.ndarray) -> bytes:
     return flat.tobytes()
 
 
-def deserialize_bytes(buf: bytes | memoryview | np.ndarray, count: int | None = None) -> np.ndarray:
+def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: int | None = None) -> np.ndarray:
     """Decode Triton's length-prefixed layout into a 1-D object array of ``bytes``.
 
     When every element has the same length (the common case) the split is done by numpy in one

@@ -483,7 +483,8 @@ def test_http_system_shared_memory(served: Served, http: httpclient.InferenceSer
             http.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 128)
         with pytest.raises(InferenceServerException, match="reserved"):
             http.register_system_shared_memory("mine", f"/{served.prefix}x", 8)
-        with pytest.raises(InferenceServerException, match="invalid args"):
+        # a key another region holds: Triton 2.51's 500 (measured), whatever the size
+        with pytest.raises(InferenceServerException, match=r"^\[500\] Invalid shared memory region: "):
             http.register_system_shared_memory("big", f"/{tag}_in", 4096)
         http.unregister_system_shared_memory(f"{tag}_in")
         assert [r["name"] for r in http.get_system_shared_memory_status()] == [f"{tag}_out"]
@@ -1319,6 +1320,34 @@ def test_grpc_system_shared_memory(grpcc: grpcclient.InferenceServerClient) -> N
         assert e.value.status() == "StatusCode.ALREADY_EXISTS"
         with pytest.raises(InferenceServerException, match="Unable to find system shared memory region"):
             grpcc.get_system_shared_memory_status("nope")
+    finally:
+        grpcc.unregister_system_shared_memory()
+        for h in handles.values():
+            shm_utils.destroy_shared_memory_region(h)
+
+
+def test_grpc_system_shared_memory_registration_as_triton(grpcc: grpcclient.InferenceServerClient) -> None:
+    """Triton 2.51's codes and words (measured): a key it cannot open, or that another region
+    holds, is INTERNAL; a byte size of 0 is its mmap's EINVAL; an empty name is a name."""
+    tag = f"tpyc{secrets.token_hex(4)}"
+    handles = _shm_regions(tag, {"io": 256})
+    try:
+        for key in (f"/{tag}_none", f"/{tag}/x", ""):
+            with pytest.raises(InferenceServerException) as e:
+                grpcc.register_system_shared_memory("r", key, 16)
+            assert e.value.status() == "StatusCode.INTERNAL"
+            assert e.value.message() == f"Unable to open shared memory region: '{key}'"
+        with pytest.raises(InferenceServerException) as e:
+            grpcc.register_system_shared_memory("r", f"/{tag}_io", 0)
+        assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+        assert e.value.message() == ("failed to register shared memory region 'r': "
+                                     "unable to process address spaceInvalid argument")
+        grpcc.register_system_shared_memory("", f"/{tag}_io", 256)
+        assert list(grpcc.get_system_shared_memory_status().regions) == [""]
+        with pytest.raises(InferenceServerException) as e:
+            grpcc.register_system_shared_memory("r", f"/{tag}_io", 256)
+        assert e.value.status() == "StatusCode.INTERNAL"
+        assert e.value.message() == f"Invalid shared memory region: '/{tag}_io'"
     finally:
         grpcc.unregister_system_shared_memory()
         for h in handles.values():
