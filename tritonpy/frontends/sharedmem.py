@@ -11,11 +11,13 @@ they are the server's tensor pools, and a client must not be able to read or scr
 
 The client keeps its shm object after registering it, and may shrink it (``ftruncate``) at any
 time: a load or store through a mapping past the object's new end is a SIGBUS, which would take
-the whole server down (Triton 2.51 dies so, measured). So the host never touches a client's
-mapping with the CPU: inputs are copied out of it and outputs into it through
-``/proc/self/mem`` (:func:`_transfer`), where the kernel answers a page that is no longer there
-with EIO, which becomes a clear error for that request. Each copy holds its region, so an
-unregister meanwhile unmaps it only once the copy is done.
+the whole server down (Triton 2.51 dies so, measured). So the host does not map a client's
+object at all: it keeps it open, and copies inputs out of it and outputs into it with
+``preadv``/``pwritev`` on that descriptor (:func:`_transfer`), where a shrunk object is a short
+read (and a write is checked against its size first), which becomes a clear error for that
+request. A kernel copy runs at about 70 % of a memcpy here (4.4 against 6.3 GB/s), and one
+copy is made either way (an input goes straight into the host's pool). Each copy holds its
+region, so an unregister meanwhile closes it only once the copy is done.
 
 CUDA shared memory: a client registers the CUDA IPC handle of a device allocation
 (``tritonclient.utils.cuda_shared_memory``), its GPU and its size. An input read from such a
@@ -26,9 +28,7 @@ CuPy, mapping each region once, on its first output.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import os
 import threading
 from dataclasses import dataclass
@@ -51,9 +51,8 @@ class _Region:
     key: str
     offset: int
     byte_size: int
-    mm: mmap.mmap
-    address: int  # of the mapping, for /proc/self/mem
-    users: int = 0  # copies in progress; the mapping closes when the last one ends
+    fd: int  # the client's shm object, open for the copies
+    users: int = 0  # copies in progress; the descriptor closes when the last one ends
     unregistered: bool = False
 
 
@@ -112,8 +111,8 @@ class SharedMemoryRegistry:
             if any(r.key == key for r in self._regions.values()):
                 # Triton 2.51 refuses a key that another region has registered (measured)
                 raise InternalError(f"Invalid shared memory region: '{key}'")
-            mm = _map(name, "/" + bare, offset, byte_size)
-            self._regions[name] = _Region(name, key, offset, byte_size, mm, _address(mm))
+            fd = _open(name, "/" + bare, offset, byte_size)
+            self._regions[name] = _Region(name, key, offset, byte_size, fd)
         log.debug("registered system shared memory region %r (key %r, offset %d, %d bytes)",
                   name, key, offset, byte_size)
 
@@ -130,7 +129,7 @@ class SharedMemoryRegistry:
                 if region is not None:
                     region.unregistered = True
                     if region.users == 0:
-                        region.mm.close()
+                        os.close(region.fd)
                     log.debug("unregistered system shared memory region %r", n)
 
     def status(self, name: str = "") -> list[dict[str, object]]:
@@ -289,7 +288,7 @@ class SharedMemoryRegistry:
         with self._lock:
             region.users -= 1
             if region.unregistered and region.users == 0:
-                region.mm.close()
+                os.close(region.fd)
 
 
 def _listed(regions: dict[str, Any], name: str, kind: str) -> list[Any]:
@@ -314,76 +313,58 @@ def _check_window(name: str, offset: int, byte_size: int, region_size: int) -> N
         raise InvalidArgumentError(f"Invalid offset + byte size for shared memory region: '{name}'")
 
 
-def _map(name: str, key: str, offset: int, byte_size: int) -> mmap.mmap:
-    """Map the first ``offset + byte_size`` bytes of shm object ``key``.
-
-    mmap offsets must be page aligned, so the mapping starts at 0 and the region's offset is
-    applied when slicing.
-    """
+def _open(name: str, key: str, offset: int, byte_size: int) -> int:
+    """Open shm object ``key`` and check that it holds ``offset + byte_size`` bytes; its
+    descriptor."""
     try:
         shm = posix_ipc.SharedMemory(key, 0)
     except posix_ipc.ExistentialError:  # Triton's status and words (measured)
         raise InternalError(f"Unable to open shared memory region: '{key}'") from None
     except (posix_ipc.Error, OSError, ValueError) as exc:
         raise InternalError(f"Unable to open shared memory region: '{key}': {exc}") from None
+    fd = shm.fd
     try:
-        size = os.fstat(shm.fd).st_size
+        size = os.fstat(fd).st_size
         if offset + byte_size > size:
             raise InvalidArgumentError(f"failed to register shared memory region '{name}': invalid args")
         if byte_size == 0:  # Triton's words: its mmap's, and strerror(EINVAL) (measured)
             raise InvalidArgumentError(f"failed to register shared memory region '{name}': "
                                        "unable to process address spaceInvalid argument")
-        try:
-            return mmap.mmap(shm.fd, offset + byte_size, flags=mmap.MAP_SHARED)
-        except (OSError, ValueError) as exc:
-            raise InvalidArgumentError(
-                f"failed to register shared memory region '{name}': {exc}"
-            ) from None
-    finally:
-        shm.close_fd()
-
-
-def _address(mm: mmap.mmap) -> int:
-    """The address of ``mm``'s first byte (the ctypes export is released at once)."""
-    anchor = ctypes.c_char.from_buffer(mm)
-    try:
-        return ctypes.addressof(anchor)
-    finally:
-        del anchor
-
-
-_MEM_LOCK = threading.Lock()
-_MEM_FD: list[int] = []  # /proc/self/mem, opened on the first copy, kept for the process
-
-
-def _mem_fd() -> int:
-    with _MEM_LOCK:
-        if not _MEM_FD:
-            try:
-                _MEM_FD.append(os.open("/proc/self/mem", os.O_RDWR | os.O_CLOEXEC))
-            except OSError as exc:
-                raise UnavailableError(
-                    f"system shared memory needs /proc/self/mem, which cannot be opened: {exc}"
-                ) from None
-        return _MEM_FD[0]
+    except BaseException:
+        os.close(fd)
+        raise
+    os.set_inheritable(fd, False)  # not into the stubs this server spawns
+    return fd
 
 
 def _transfer(region: _Region, offset: int, buf: memoryview, *, write: bool) -> None:
-    """Copy ``buf`` into (``write``) or out of the region at ``offset``, by ``/proc/self/mem``:
-    a page past the end of a shm object that its client shrank is EIO there, not a SIGBUS."""
-    fd = _mem_fd()
-    at = region.address + region.offset + offset
-    done, n = 0, len(buf)
-    while done < n:
-        try:
-            k = (os.pwritev if write else os.preadv)(fd, [buf[done:]], at + done)
-        except OSError:
-            k = 0
-        if k <= 0:
-            start = region.offset + offset + done
-            raise InvalidArgumentError(
-                f"shared memory region '{region.name}' cannot be "
-                f"{'written' if write else 'read'}: its shm object '{region.key}' no longer "
-                f"holds byte {start} (it was truncated after the region was registered); "
-                "register it again at its new size")
-        done += k
+    """Copy ``buf`` into (``write``) or out of the region at ``offset``, with ``pwritev`` /
+    ``preadv`` on its object: a client that shrank it gets an error, not the server a
+    SIGBUS. A write past the object's end would grow it: it is refused first (a shrink racing
+    the write can only make the object bigger again, never crash anything)."""
+    fd = region.fd
+    start = region.offset + offset
+    n = len(buf)
+    try:
+        if write:
+            size = os.fstat(fd).st_size
+            if size < start + n:
+                raise _shrunk(region, max(start, size), write)
+        done = 0
+        while done < n:
+            k = (os.pwritev if write else os.preadv)(fd, [buf[done:]], start + done)
+            if k <= 0:
+                raise _shrunk(region, start + done, write)
+            done += k
+    except OSError as exc:
+        raise InvalidArgumentError(
+            f"shared memory region '{region.name}' cannot be "
+            f"{'written' if write else 'read'}: {exc.strerror}") from None
+
+
+def _shrunk(region: _Region, end: int, write: bool) -> InvalidArgumentError:
+    """The error for a window whose byte ``end`` the region's object no longer holds."""
+    return InvalidArgumentError(
+        f"shared memory region '{region.name}' cannot be {'written' if write else 'read'}: "
+        f"its shm object '{region.key}' no longer holds byte {end} (it was truncated after "
+        "the region was registered); register it again at its new size")
