@@ -12,7 +12,7 @@ The FIFO scheduler is the hot path of every model without ``dynamic_batching`` o
 
 The dynamic batcher follows Triton's rules (``dynamic_batch_scheduler.cc``, behaviour only):
 requests are taken in priority-level order (FIFO within a level, requests whose queue timeout
-passed under a DELAY policy after the others of their level); a batch grows up to
+passed under a DELAY policy after the others of their level, in arrival order); a batch grows up to
 ``max_batch_size``; a preferred batch size found on the way is sent at once; otherwise a
 batch that cannot reach the largest preferred size waits for the oldest request's
 ``max_queue_delay_microseconds`` (zero: never waits). A timer wakes the batcher exactly when
@@ -310,7 +310,13 @@ class DynamicBatcher(Unbound):
         if lv.reject:
             self.n -= 1
             return True
-        lv.delayed.append(req)
+        # The delayed run in arrival order, whichever timed out first: Triton finds them
+        # timed out as it walks its queue in that order (measured with 2.51).
+        delayed = lv.delayed
+        i = len(delayed)
+        while i and delayed[i - 1].t_enqueue > req.t_enqueue:
+            i -= 1
+        delayed.insert(i, req)
         return False
 
     def _reject(self, reqs: list[HostRequest]) -> None:

@@ -48,6 +48,8 @@ MODELS = {
                           "allow_timeout_override: true }"),
     "db_late": _cfg(8, "default_queue_policy { timeout_action: DELAY "
                        "allow_timeout_override: true }"),
+    "db_delay_order": _cfg(8, "default_queue_policy { timeout_action: DELAY "
+                              "allow_timeout_override: true }"),
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
     "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
                             "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
@@ -288,6 +290,22 @@ def test_delay_policy_moves_timed_out_requests_behind_the_others(server, gate):
     pos = {_value(r): params(r)["pos"] for r in resps}
     assert {params(r)["exec"] for r in resps} == {2}
     assert pos == {2: 0, 3: 1, 1: 2}
+
+
+def test_delayed_requests_run_in_arrival_order_whichever_timed_out_first(server, gate):
+    # As Triton 2.51 (measured): the request that timed out later but arrived first runs first
+    # among the delayed ones, which all run after the request that did not time out.
+    model = server.model("db_delay_order")
+    held = _hold(model, gate)
+    first = model.infer({"IN": _row(1)}, timeout=200_000)  # times out second
+    second = model.infer({"IN": _row(2)}, timeout=1_000)  # times out first
+    time.sleep(0.5)  # both time out while the instance is held
+    fresh = model.infer({"IN": _row(3)})
+    gate.open()
+    held.get(timeout=30)
+    resps = _all([first, second, fresh])
+    assert {params(r)["exec"] for r in resps} == {2}
+    assert {_value(r): params(r)["pos"] for r in resps} == {3: 0, 1: 1, 2: 2}
 
 
 def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
