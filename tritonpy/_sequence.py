@@ -75,12 +75,12 @@ class _Seq:
         self.busy = 0  # requests of it executing now (0 or 1)
         self.last = time.monotonic()
         self.open = True  # no END seen yet
-        self.done_ns = 0  # when its last request finished (time.monotonic_ns)
+        self.done_ns = 0  # its last request finished, or it got a slot (time.monotonic_ns)
 
 
 def _ready_since(seq: _Seq) -> int:
-    """When a sequence's next request became ready to run: it arrived, or the one before it
-    finished, whichever was later."""
+    """When a sequence's next request became ready to run: it arrived, the one before it
+    finished, or its backlogged sequence got a slot, whichever was latest."""
     return max(seq.pending[0].t_enqueue, seq.done_ns)
 
 
@@ -336,6 +336,9 @@ class SequenceBatcher:
             if not nxt.open and not nxt.pending:
                 continue  # every request of it was answered while it waited
             nxt.inst, nxt.slot = inst, seq.slot
+            # Its next request joins the oldest-first batcher now, behind those already
+            # there (as Triton's, measured), not at its arrival while it waited for a slot.
+            nxt.done_ns = max(nxt.done_ns, time.monotonic_ns())
             self.by_inst[inst].append(nxt)
             return
         heapq.heappush(self.free, (seq.slot, self.order[inst], inst))

@@ -31,6 +31,7 @@ MODELS = {
     "seq_oldest_ready": seq_config("oldest { max_candidate_sequences: 2 preferred_batch_size: "
                                    "[ 2 ] max_queue_delay_microseconds: 1000000 }",
                                    max_batch_size=2),
+    "seq_oldest_backlog": seq_config("oldest { max_candidate_sequences: 3 }", max_batch_size=4),
     "seq_cancel": seq_config(),
     "seq_cancel_backlog": seq_config(),
     "seq_timeout": seq_config(),
@@ -256,6 +257,24 @@ def test_oldest_counts_the_delay_from_when_a_request_became_its_sequences_next(s
     assert (_sum(r_second), _sum(r_late)) == (3, 5)
     assert [(params(r)["exec"], params(r)["batch"]) for r in (r_second, r_late)] == [
         (2, 2), (2, 2)]
+
+
+def test_oldest_queues_a_backlogged_sequence_from_when_it_gets_a_slot(server, gate):
+    # As Triton 2.51 (measured): D waits for a slot (3 candidates: A, B, C); it gets A's
+    # when A ends, so D1 joins the batcher after B2 and C2, which became ready as their
+    # sequences' previous requests finished, though D1 arrived before them.
+    m = "seq_oldest_backlog"
+    held = _send(server, m, 1, 81, START, batched=True, parameters={"gate": gate.path})
+    firsts = [_send(server, m, 10, cid, START, batched=True) for cid in (82, 83, 84)]
+    ends = [_send(server, m, 1, cid, END, batched=True) for cid in (81, 82, 83, 84)]
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    seen = {}
+    for cid, stream in zip((82, 83, 84, 81, 82, 83, 84), firsts + ends):
+        p = params(stream.get(timeout=30))
+        seen.setdefault(p["exec"], []).append((p["pos"], cid))
+    assert [[cid for _, cid in sorted(seen[e])] for e in sorted(seen)] == [
+        [82, 83, 81], [82, 83, 84], [84]]
 
 
 def test_oldest_waits_its_queue_delay_for_a_preferred_batch(server):
