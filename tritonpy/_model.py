@@ -1002,6 +1002,9 @@ class ModelRuntime(RuntimeBase):
             except TritonpyError as exc:
                 if self._restart_stopped(inst):
                     return
+                if self.server.loads_cancelled:  # the server is stopping: no more tries
+                    self._restart_failed(inst, exc.message)
+                    return
                 log.error("restart of %s failed: %s", inst.name, exc.message)
                 # The model's initialize failed: it will most likely fail again, so what waits
                 # is answered now. A replacement that died as it started (say killed) may well
