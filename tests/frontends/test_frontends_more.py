@@ -216,8 +216,26 @@ ERROR_CODE = ("""
                 "told " + c, getattr(pb_utils.TritonError, c))) for c in codes]
     """)
 
+# Makes its outputs in the order B, C, A.
+THREE_OUT = ("""
+    backend: "python"
+    input [ { name: "INPUT0", data_type: TYPE_FP32, dims: [ 1 ] } ]
+    output [ { name: "A", data_type: TYPE_FP32, dims: [ 1 ] },
+             { name: "B", data_type: TYPE_FP32, dims: [ 1 ] },
+             { name: "C", data_type: TYPE_FP32, dims: [ 1 ] } ]
+    """, """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([
+                pb_utils.Tensor(n, np.array([v], np.float32))
+                for n, v in (("B", 2.0), ("C", 3.0), ("A", 1.0))]) for r in requests]
+    """)
+
 LOADED = ["ident", "pair", "bls_sync", "bls_async", "cancel_watch", "metric_model",
-          "error_code"]
+          "error_code", "three_out"]
 
 
 def lazy_config(who: str) -> str:
@@ -245,7 +263,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     marks.mkdir()
     models = {"ident": IDENT, "pair": PAIR, "bls_sync": BLS_SYNC, "bls_async": BLS_ASYNC,
               "cancel_watch": CANCEL_WATCH, "metric_model": METRIC_MODEL, "lazy": LAZY,
-              "error_code": ERROR_CODE, "never": LAZY}  # "never": no test loads it
+              "error_code": ERROR_CODE, "three_out": THREE_OUT,
+              "never": LAZY}  # "never": no test loads it
     for name, (config, code) in models.items():
         (repo / name / "1").mkdir(parents=True)
         text = textwrap.dedent(config)
@@ -313,6 +332,21 @@ def test_model_error_codes_map_to_tritons_statuses(
     with pytest.raises(InferenceServerException) as e:
         grpcc.infer("error_code", [fp32_input(grpcclient, [1.0])], parameters={"code": code})
     assert (e.value.status(), e.value.message()) == ("StatusCode." + grpc_code, "told " + code)
+
+
+def test_outputs_come_in_the_order_the_model_made_them(
+        http: httpclient.InferenceServerClient, grpcc: grpcclient.InferenceServerClient) -> None:
+    # As Triton 2.51 (measured): the model's order (B, C, A), of those the request asks for,
+    # whatever the order it lists them in.
+    for client, mod in ((http, httpclient), (grpcc, grpcclient)):
+        for asked, want in ((None, ["B", "C", "A"]), (["A", "B", "C"], ["B", "C", "A"]),
+                            (["A", "C"], ["C", "A"])):
+            outputs = None if asked is None else [mod.InferRequestedOutput(n) for n in asked]
+            result = client.infer("three_out", [fp32_input(mod, [0.0])], outputs=outputs)
+            response = result.get_response()
+            got = ([o["name"] for o in response["outputs"]] if mod is httpclient
+                   else [o.name for o in response.outputs])
+            assert got == want, (mod.__name__, asked, got)
 
 
 def test_a_model_never_loaded_is_not_found(http: httpclient.InferenceServerClient,

@@ -997,7 +997,9 @@ class DataPlane:
 
     def _outputs(self, req: InferRequest, tensors: Mapping[str, Any]) -> list[OutputTensor]:
         wanted = {o.name: o for o in req.outputs} if req.outputs is not None else {}
-        order = [o.name for o in req.outputs if o.name in tensors] if req.outputs else list(tensors)
+        # As Triton 2.51 (measured): in the order the model made them, whatever the order
+        # the request lists them in.
+        order = [n for n in tensors if n in wanted] if req.outputs else list(tensors)
         outs = []
         for name in order:
             t = tensors[name]
