@@ -1,14 +1,16 @@
 """pb_utils error types: ``TritonError`` (a value in a response) and ``TritonModelException``."""
 from __future__ import annotations
 
+import enum
 import os
 import traceback
 
 import tritonpy.shm as _shm
 
 
-class TritonError:
-    """An error carried by an InferenceResponse: ``TritonError(message, code=INTERNAL)``."""
+class _ErrorCode(enum.IntEnum):
+    """Triton's error codes: an enum of their own, as in Triton's pb_utils (its pybind11
+    ``__ErrorCode``, whose members also compare equal to their numbers)."""
 
     UNKNOWN = 0
     INTERNAL = 1
@@ -19,17 +21,33 @@ class TritonError:
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
-    _NAMES = ("UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED",
-              "ALREADY_EXISTS", "CANCELLED")
 
-    def __init__(self, message: str, code: int = INTERNAL) -> None:
+_ErrorCode.__name__ = _ErrorCode.__qualname__ = "__ErrorCode"  # Triton's repr
+
+
+class TritonError:
+    """An error carried by an InferenceResponse: ``TritonError(message, code=INTERNAL)``."""
+
+    UNKNOWN = _ErrorCode.UNKNOWN
+    INTERNAL = _ErrorCode.INTERNAL
+    NOT_FOUND = _ErrorCode.NOT_FOUND
+    INVALID_ARG = _ErrorCode.INVALID_ARG
+    UNAVAILABLE = _ErrorCode.UNAVAILABLE
+    UNSUPPORTED = _ErrorCode.UNSUPPORTED
+    ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
+    CANCELLED = _ErrorCode.CANCELLED
+
+    _NAMES = tuple(c.name for c in _ErrorCode)
+
+    def __init__(self, message: str, code: _ErrorCode = _ErrorCode.INTERNAL) -> None:
         # As Triton's (pybind11, measured): a str or bytes message and one of the codes
-        # above, anything else a TypeError (a model that passed one here would fail there).
+        # above (a plain number is refused there too), anything else a TypeError: a model
+        # that passed one here would fail there.
         if isinstance(message, bytes):
             message = message.decode("utf-8", "replace")
         elif not isinstance(message, str):
             raise TypeError(f"TritonError message must be a str, got {type(message).__name__}")
-        if type(code) is not int or not 0 <= code < len(self._NAMES):
+        if not isinstance(code, _ErrorCode):
             raise TypeError(f"invalid TritonError code {code!r}: one of TritonError.UNKNOWN, "
                             "INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, "
                             "ALREADY_EXISTS or CANCELLED")
@@ -39,7 +57,7 @@ class TritonError:
     def message(self) -> str:
         return self._msg
 
-    def code(self) -> int:
+    def code(self) -> _ErrorCode:
         return self._code
 
     def __str__(self) -> str:
@@ -55,7 +73,7 @@ class TritonError:
     @classmethod
     def _from_wire(cls, body: dict) -> TritonError:
         name = str(body.get("code", "UNKNOWN"))
-        code = cls._NAMES.index(name) if name in cls._NAMES else cls.UNKNOWN
+        code = _ErrorCode[name] if name in cls._NAMES else _ErrorCode.UNKNOWN
         return cls(str(body.get("message", "")), code)
 
 

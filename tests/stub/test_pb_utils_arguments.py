@@ -148,6 +148,9 @@ def test_triton_error_takes_what_tritons_takes():
     for message in (5, None, ["x"]):
         with pytest.raises(TypeError, match="message must be a str"):
             pb_utils.TritonError(message)
-    for code in (99, -1, "INTERNAL", 1.0, True, 2 ** 70):
+    # Its codes are an enum of their own, as Triton's (a plain number is refused there too);
+    # they still compare equal to their numbers.
+    assert repr(err.code()) == "<__ErrorCode.NOT_FOUND: 2>" and err.code() == 2
+    for code in (2, 99, -1, "INTERNAL", 1.0, True, 2 ** 70):
         with pytest.raises(TypeError, match="invalid TritonError code"):
             pb_utils.TritonError("x", code)

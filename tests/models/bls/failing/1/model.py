@@ -21,9 +21,12 @@ class TritonPythonModel:
             if mode == "model_exception":
                 raise pb_utils.TritonModelException("failing model raised TritonModelException")
             if mode == "error":
+                # Triton's codes are an enum of their own: the number picks its member.
+                number = int(params.get("code", 1))
+                code = next(v for k, v in vars(pb_utils.TritonError).items()
+                            if not k.startswith("_") and k.isupper() and v == number)
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
-                    params.get("message", "failing model error"),
-                    int(params.get("code", pb_utils.TritonError.INTERNAL)))))
+                    params.get("message", "failing model error"), code)))
                 continue
             in0 = pb_utils.get_input_tensor_by_name(request, "INPUT0")
             responses.append(pb_utils.InferenceResponse(
