@@ -154,6 +154,38 @@ def test_registry_unregister_during_a_copy_unmaps_after_it(client_region) -> Non
     assert not _holds(fd, name)
 
 
+def test_registry_large_copies_in_parts_whole_or_naming_the_first_missing_byte() -> None:
+    # 20 MiB goes in parts copied together; every byte lands where it belongs, and when the
+    # object is shrunk under a later part the error names the first byte that is gone.
+    name = f"tpyc{secrets.token_hex(4)}"
+    size = 20 << 20
+    handle = shm_utils.create_shared_memory_region(name, "/" + name, size)
+    try:
+        reg = SharedMemoryRegistry()
+        reg.register("big", "/" + name, 0, size)
+        data = np.arange(size // 4, dtype=np.uint32)
+        reg.write("big", 0, data)
+        assert np.array_equal(reg.read("big", 0, size).view(np.uint32), data)
+        _truncate(name, 9 << 20)
+        with pytest.raises(InvalidArgumentError, match=f"no longer holds byte {9 << 20} "):
+            reg.read("big", 0, size)
+        with pytest.raises(InvalidArgumentError, match=f"no longer holds byte {9 << 20} "):
+            reg.write("big", 0, data)
+        assert np.array_equal(reg.read("big", 0, 9 << 20).view(np.uint32),
+                              data[:(9 << 20) // 4])
+        reg.close()
+    finally:
+        shm_utils.destroy_shared_memory_region(handle)
+
+
+def _truncate(name: str, size: int) -> None:
+    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def _holds(fd: int, name: str) -> bool:
     """Whether descriptor ``fd`` of this process is (still) open on shm object ``name``."""
     try:
