@@ -355,4 +355,4 @@ def test_instances_stuck_in_finalize_are_stopped_together(tmp_path: Path) -> Non
         t0 = time.monotonic()
         server.stop()
         elapsed = time.monotonic() - t0
-    assert elapsed < 4.5, f"stop() took {elapsed:.1f} s"
+    assert elapsed < 5.5, f"stop() took {elapsed:.1f} s"  # one by one: 3 graces, 6 s or more
