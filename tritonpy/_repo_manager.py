@@ -152,7 +152,9 @@ class RepositoryManager:
         try:
             self.load(name)
         except TritonpyError as exc:
-            log.error("failed to load '%s': %s", name, exc.message)
+            # A load a stop cut short is no failure of the model's (cancel_loads says so).
+            log.log(logging.INFO if self.server.loads_cancelled else logging.ERROR,
+                    "failed to load '%s': %s", name, exc.message)
 
     def shut_down(self, timeout: float) -> list[str]:
         """Unload everything, each drain bounded by ``timeout``; the model versions that still

@@ -372,7 +372,8 @@ class Server:
         try:
             self.repo.load(name, config=config, files=files, api=True)
         except TritonpyError as exc:  # as Triton's, the server's log says so too
-            log.error("failed to load '%s': %s", name, exc.message)
+            log.log(logging.INFO if self.loads_cancelled else logging.ERROR,
+                    "failed to load '%s': %s", name, exc.message)
             raise
 
     def unload(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:

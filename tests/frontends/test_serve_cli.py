@@ -266,6 +266,9 @@ def test_serve_ctrl_c_while_a_model_initializes_stops_at_once(
     log = server.log()
     assert "signal received while models load: stopping" in log, log
     assert "instance 'stuck_0_0' of model 'stuck' was still starting; it is stopped" in log, log
+    # Its load was cut short on purpose: said, but not as an error.
+    assert re.search(r"^I.*failed to load 'stuck': .*load was cancelled", log, re.M), log
+    assert not re.search(r"^E.*failed to load", log, re.M), log
     assert "listening:" not in log  # the frontends never started
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []
@@ -300,6 +303,7 @@ def test_serve_ctrl_c_fails_a_load_request_in_flight_at_once(
     assert box and isinstance(box[0], InferenceServerException), box
     assert "the server is stopping: the model's load was cancelled" in str(box[0])
     assert "model stuck version" not in server.log()  # never loaded: not listed at start
+    assert not re.search(r"^E.*failed to load", server.log(), re.M), server.log()
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []
 
