@@ -127,6 +127,7 @@ class StubRuntime:
         self._exec_start = 0.0  # ... since then
         self._exec_hold = False  # ... and waits on the server: later EXECUTEs go back
         self._exec_waiters = 0  # threads holding an EXECUTE until it is done
+        self._exec_token = 0  # counts the sync executes taken (see _exec_over)
         self._exec_cv = threading.Condition(self._mu)
         self._calls: dict[int, Waiter] = {}
         self._call_ids = itertools.count(1)
@@ -241,13 +242,25 @@ class StubRuntime:
             if not back:
                 self._exec_busy = True
                 self._exec_start = time.monotonic()
+                self._exec_token += 1
+                token = self._exec_token
         if back:
             self._hand_back(msg)
             return
         try:
             self._run_task(msg)
         finally:
-            with self._mu:
+            self._exec_over(token)
+
+    def _exec_over(self, token: int) -> None:
+        """Sync execute ``token`` is over (its model code returned): the next may run. Said
+        before its EXECUTE_DONE goes, so that an EXECUTE the host sends once it has that frame
+        (not a prefetched one) always finds the instance free: the thread finishing the last
+        one may lag behind its frame (a loaded machine), and an EXECUTE that found it busy
+        past _PREFETCH_WAIT_S went back to the host, which may give it to another instance
+        (a warmup sample then ran on the instance already serving)."""
+        with self._mu:
+            if self._exec_busy and self._exec_token == token:
                 self._exec_busy = self._exec_hold = False
                 if self._exec_waiters:
                     self._exec_cv.notify()
@@ -665,6 +678,7 @@ class StubRuntime:
                 self._unpace(r._host_id)
         if self._metric_deletes:
             self.flush_metric_deletes()
+        self._exec_over(self._exec_token)  # a sync execute's: the one this thread runs
         unsent = self._send_responses(Cmd.EXECUTE_DONE, call_id, body)
         if unsent is not None:
             # Every request of the batch gets the reason instead of waiting for ever.
