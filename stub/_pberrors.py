@@ -129,9 +129,9 @@ def sendable(text: str) -> str:
     return text
 
 
-def unsendable(exc: BaseException) -> str:
-    """Why a response could not be sent at all."""
-    return sendable(f"the response cannot be sent: {type(exc).__name__}: {_message(exc)}")
+def unsendable(exc: BaseException, what: str = "response") -> str:
+    """Why a response (or a BLS request) could not be sent at all."""
+    return sendable(f"the {what} cannot be sent: {type(exc).__name__}: {_message(exc)}")
 
 
 def not_a_list(result: object) -> str:

@@ -42,7 +42,6 @@ from ._pberrors import (
     execute_failed,
     not_a_list,
     not_a_response,
-    sendable as _sendable,
     unsendable,
 )
 from ._loader import import_model
@@ -948,8 +947,7 @@ class StubRuntime:
             request = body.get("request") if type(body) is dict else None
             if type(request) is dict:
                 self.peer.release(_own_handles(request, "inputs"))
-            raise TritonModelException(
-                _sendable(f"the request cannot be sent: {type(exc).__name__}: {exc}")) from None
+            raise TritonModelException(unsendable(exc, "request")) from None
         if waiter.loop is not None and not self._reading:
             with self._cv:  # an async caller cannot read: make sure an idle worker does
                 self._cv.notify()

@@ -92,6 +92,15 @@ def new_prefix() -> str:
     return f"tpytm{secrets.token_hex(4)}_"
 
 
+def truncate_shm(name: str, size: int) -> None:
+    """Shrink (or grow) the shm object ``name`` to ``size`` bytes, as a careless client may."""
+    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
+    try:
+        os.ftruncate(fd, size)
+    finally:
+        os.close(fd)
+
+
 def segments(prefix: str) -> list[str]:
     try:
         return sorted(n for n in os.listdir("/dev/shm") if n.startswith(prefix))

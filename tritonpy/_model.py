@@ -381,7 +381,8 @@ class ModelRuntime(RuntimeBase):
             from ._gpus import device_for_stub
 
             env["CUDA_VISIBLE_DEVICES"] = device_for_stub(inst.device_id)
-        srv.track_start(None)  # not once the server is stopping
+        if srv.loads_cancelled:  # no new stub once the server is stopping
+            raise load_cancelled()
         stub = StubProcess(inst.name, self.name, srv.transport, srv.options, srv.frames,
                            on_frame=self._on_frame, on_death=self._on_death, extra_env=env,
                            python=self._python(), instance=inst)
@@ -395,9 +396,8 @@ class ModelRuntime(RuntimeBase):
         srv.track_start(stub)
         try:
             self._bring_up(inst, stub, config_json, on_hello)
-        except TritonpyError:
+        except TritonpyError:  # _bring_up stopped the stub
             if srv.loads_cancelled:
-                stub.stop(finalize=False, timeout=2)
                 raise load_cancelled() from None
             raise
         finally:

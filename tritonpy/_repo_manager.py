@@ -152,9 +152,7 @@ class RepositoryManager:
         try:
             self.load(name)
         except TritonpyError as exc:
-            # A load a stop cut short is no failure of the model's (cancel_loads says so).
-            log.log(logging.INFO if self.server.loads_cancelled else logging.ERROR,
-                    "failed to load '%s': %s", name, exc.message)
+            self.server.log_failed_load(name, exc.message)
 
     def shut_down(self, timeout: float) -> list[str]:
         """Unload everything, each drain bounded by ``timeout``; the model versions that still
@@ -431,7 +429,8 @@ class RepositoryManager:
         d = config_to_dict(cfg)
         d["name"] = d.get("name") or entry.name
         srv = self.server
-        srv.track_start(None)  # not once the server is stopping
+        if srv.loads_cancelled:  # no new stub once the server is stopping
+            raise load_cancelled()
         stub = StubProcess(f"{entry.name}_autocomplete", entry.name, srv.transport,
                            srv.options, srv.frames, on_frame=lambda s, m: None,
                            on_death=lambda s, r: None)

@@ -231,16 +231,14 @@ class Server:
                         stub.name, stub.model)
             stub.abandon()
 
-    def track_start(self, stub: StubProcess | None) -> None:
-        """Count ``stub`` among the instances being started (None: ask only); raises once
-        :meth:`cancel_loads` ran, after killing ``stub``."""
+    def track_start(self, stub: StubProcess) -> None:
+        """Count ``stub`` among the instances being started; once :meth:`cancel_loads` ran,
+        kill it and raise."""
         with self._starting_lock:
             if not self.loads_cancelled:
-                if stub is not None:
-                    self._starting.add(stub)
+                self._starting.add(stub)
                 return
-        if stub is not None:
-            stub.abandon()
+        stub.abandon()
         raise load_cancelled()
 
     def untrack_start(self, stub: StubProcess) -> None:
@@ -372,9 +370,14 @@ class Server:
         try:
             self.repo.load(name, config=config, files=files, api=True)
         except TritonpyError as exc:  # as Triton's, the server's log says so too
-            log.log(logging.INFO if self.loads_cancelled else logging.ERROR,
-                    "failed to load '%s': %s", name, exc.message)
+            self.log_failed_load(name, exc.message)
             raise
+
+    def log_failed_load(self, name: str, why: str) -> None:
+        """Log a failed load: as an error, unless a stop cut it short (no fault of the
+        model's: :meth:`cancel_loads`)."""
+        log.log(logging.INFO if self.loads_cancelled else logging.ERROR,
+                "failed to load '%s': %s", name, why)
 
     def unload(self, name: str, unload_dependents: bool = False, wait: bool = True) -> None:
         """Unload a model (explicit mode); with ``unload_dependents`` an ensemble's step

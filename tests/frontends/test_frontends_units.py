@@ -13,6 +13,7 @@ import psutil
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from tritonclient.utils import shared_memory as shm_utils
+from _models import truncate_shm
 
 from tritonpy._errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
 from tritonpy.cli import build_parser
@@ -121,11 +122,7 @@ def test_registry_a_truncated_object_is_an_error_not_a_sigbus(client_region) -> 
     name, _ = client_region
     reg = SharedMemoryRegistry()
     reg.register("r", "/" + name, 0, 64)
-    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
-    try:
-        os.ftruncate(fd, 0)
-    finally:
-        os.close(fd)
+    truncate_shm(name, 0)
     with pytest.raises(InvalidArgumentError, match=f"^shared memory region 'r' cannot be read: "
                        f"its shm object '/{name}' no longer holds byte 8 "):
         reg.read("r", 8, 8)
@@ -166,7 +163,7 @@ def test_registry_large_copies_in_parts_whole_or_naming_the_first_missing_byte()
         data = np.arange(size // 4, dtype=np.uint32)
         reg.write("big", 0, data)
         assert np.array_equal(reg.read("big", 0, size).view(np.uint32), data)
-        _truncate(name, 9 << 20)
+        truncate_shm(name, 9 << 20)
         with pytest.raises(InvalidArgumentError, match=f"no longer holds byte {9 << 20} "):
             reg.read("big", 0, size)
         with pytest.raises(InvalidArgumentError, match=f"no longer holds byte {9 << 20} "):
@@ -176,14 +173,6 @@ def test_registry_large_copies_in_parts_whole_or_naming_the_first_missing_byte()
         reg.close()
     finally:
         shm_utils.destroy_shared_memory_region(handle)
-
-
-def _truncate(name: str, size: int) -> None:
-    fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
-    try:
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
 
 
 def _holds(fd: int, name: str) -> bool:

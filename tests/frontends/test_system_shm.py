@@ -18,6 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm_utils
 
+from _models import truncate_shm
 from _serve import Serve, serve_repo
 
 CONFIG = """\
@@ -50,14 +51,6 @@ def region() -> Iterator[tuple[str, Any]]:
             shm_utils.destroy_shared_memory_region(handle)
         except Exception:  # the test unlinked it itself
             pass
-
-
-def _truncate(key: str, size: int) -> None:
-    fd = os.open(f"/dev/shm/{key}", os.O_RDWR)
-    try:
-        os.ftruncate(fd, size)
-    finally:
-        os.close(fd)
 
 
 def _held(pid: int, key: str) -> bool:
@@ -95,7 +88,7 @@ def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
     grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     try:
         http.register_system_shared_memory("r", "/" + key, 65536)
-        _truncate(key, 4096)
+        truncate_shm(key, 4096)
         gone = (f"shared memory region 'r' cannot be {{}}: its shm object '/{key}' no longer "
                 "holds byte 8192 (it was truncated after the region was registered); "
                 "register it again at its new size")
@@ -114,7 +107,7 @@ def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
         got = http.infer("add_sub", _inputs(httpclient, "r")).as_numpy("OUTPUT0")
         assert got.tolist() == (np.arange(16) + 1).tolist()
         # unlinked: the server keeps the object open, as Triton's mapping does (measured)
-        _truncate(key, 0)
+        truncate_shm(key, 0)
         os.unlink(f"/dev/shm/{key}")
         with pytest.raises(InferenceServerException, match="no longer holds byte 0"):
             http.infer("add_sub", _inputs(httpclient, "r"))

@@ -817,17 +817,16 @@ class DataPlane:
         its new end would be a SIGBUS (see :mod:`.sharedmem`)."""
         if self.shm.is_cuda(ref.region):
             return self._input_from_cuda(name, datatype, shape, ref, model, request_id)
-        self.shm.check(ref.region, ref.offset, ref.byte_size)
-        if datatype != "BYTES":  # the size against the shape before anything is copied
-            check_raw_size(name, datatype, shape, ref.byte_size, model=model,
-                           request_id=request_id)
-        data = self.shm.read(ref.region, ref.offset, ref.byte_size, self._input_buffer)
-        return input_from_raw(name, datatype, shape, data.data, model=model, request_id=request_id)
 
-    def _input_buffer(self, n: int) -> np.ndarray:
-        if n > self.server.transport.inline_limit:
-            return self.server.pool.new_array(np.uint8, (n,))
-        return np.empty(n, np.uint8)
+        def buffer(n: int) -> np.ndarray:  # called once the window is known to be there
+            if datatype != "BYTES":  # the size against the shape before anything is copied
+                check_raw_size(name, datatype, shape, n, model=model, request_id=request_id)
+            if n > self.server.transport.inline_limit:
+                return self.server.pool.new_array(np.uint8, (n,))
+            return np.empty(n, np.uint8)
+
+        data = self.shm.read(ref.region, ref.offset, ref.byte_size, buffer)
+        return input_from_raw(name, datatype, shape, data.data, model=model, request_id=request_id)
 
     def _input_from_cuda(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef,
                          model: str, request_id: str) -> DeviceRef:

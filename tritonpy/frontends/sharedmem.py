@@ -29,11 +29,12 @@ CuPy, mapping each region once, on its first output.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import posix_ipc
@@ -54,7 +55,6 @@ class _Region:
     byte_size: int
     fd: int  # the client's shm object, open for the copies
     users: int = 0  # copies in progress; the descriptor closes when the last one ends
-    unregistered: bool = False
 
 
 @dataclass
@@ -128,8 +128,7 @@ class SharedMemoryRegistry:
             for n in names:
                 region = self._regions.pop(n, None)
                 if region is not None:
-                    region.unregistered = True
-                    if region.users == 0:
+                    if region.users == 0:  # else the last copy closes it
                         os.close(region.fd)
                     log.debug("unregistered system shared memory region %r", n)
 
@@ -253,22 +252,16 @@ class SharedMemoryRegistry:
              alloc: Callable[[int], np.ndarray] = lambda n: np.empty(n, np.uint8)) -> np.ndarray:
         """A copy of ``byte_size`` bytes at ``offset`` of region ``name``, in the flat uint8
         array ``alloc(byte_size)`` (called once the window is known to be inside it)."""
-        region = self._hold(name, offset, byte_size)
-        try:
+        with self._holding(name, offset, byte_size) as region:
             dst = alloc(byte_size)
             _transfer(region, offset, dst.data.cast("B"), write=False)
             return dst
-        finally:
-            self._let_go(region)
 
     def write(self, name: str, offset: int, data: Any) -> None:
         """Copy ``data`` (bytes-like) to ``offset`` of region ``name``."""
         src = memoryview(data).cast("B")
-        region = self._hold(name, offset, len(src))
-        try:
+        with self._holding(name, offset, len(src)) as region:
             _transfer(region, offset, src, write=True)
-        finally:
-            self._let_go(region)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -279,17 +272,19 @@ class SharedMemoryRegistry:
         _check_window(name, offset, byte_size, region.byte_size)
         return region
 
-    def _hold(self, name: str, offset: int, byte_size: int) -> _Region:
+    @contextlib.contextmanager
+    def _holding(self, name: str, offset: int, byte_size: int) -> Iterator[_Region]:
+        """Region ``name``, checked to hold the window, kept open while the caller copies."""
         with self._lock:
             region = self._window(name, offset, byte_size)
             region.users += 1
-            return region
-
-    def _let_go(self, region: _Region) -> None:
-        with self._lock:
-            region.users -= 1
-            if region.unregistered and region.users == 0:
-                os.close(region.fd)
+        try:
+            yield region
+        finally:
+            with self._lock:
+                region.users -= 1
+                if region.users == 0 and self._regions.get(region.name) is not region:
+                    os.close(region.fd)  # unregistered during the copy
 
 
 def _listed(regions: dict[str, Any], name: str, kind: str) -> list[Any]:
@@ -342,17 +337,10 @@ def _open(name: str, key: str, offset: int, byte_size: int) -> int:
 #: speed here (4.4 against 6.3 GB/s), two together at about a memcpy's (6.6-6.8 GB/s).
 _SPLIT_BYTES = 8 << 20
 _CHUNK_ALIGN = 1 << 20
-_copiers: list[concurrent.futures.ThreadPoolExecutor] = []
-_copiers_lock = threading.Lock()
-
-
-def _copier() -> concurrent.futures.ThreadPoolExecutor:
-    with _copiers_lock:
-        if not _copiers:
-            # The calling thread copies one part itself.
-            _copiers.append(concurrent.futures.ThreadPoolExecutor(
-                max(1, min(4, os.cpu_count() or 1) - 1), thread_name_prefix="tritonpy-shm-copy"))
-        return _copiers[0]
+_PARTS = max(1, min(4, os.cpu_count() or 1))
+# The threads of the other parts (the caller copies one itself); started on first use.
+_COPIERS = concurrent.futures.ThreadPoolExecutor(max(1, _PARTS - 1),
+                                                 thread_name_prefix="tritonpy-shm-copy")
 
 
 def _transfer(region: _Region, offset: int, buf: memoryview, *, write: bool) -> None:
@@ -370,25 +358,20 @@ def _transfer(region: _Region, offset: int, buf: memoryview, *, write: bool) -> 
             raise _failed(region, write, exc) from None
         if size < start + n:
             raise _shrunk(region, max(start, size), write)
-    parts = min(4, os.cpu_count() or 1, n // _SPLIT_BYTES + 1) if n >= _SPLIT_BYTES else 1
+    parts = min(_PARTS, n // _SPLIT_BYTES + 1) if n >= _SPLIT_BYTES else 1
     if parts == 1:
         _copy_part(region, start, buf, write)
         return
     step = -(-n // parts // _CHUNK_ALIGN) * _CHUNK_ALIGN
     bounds = [(i, min(i + step, n)) for i in range(0, n, step)]
-    others = [_copier().submit(_copy_part, region, start + a, buf[a:b], write)
+    others = [_COPIERS.submit(_copy_part, region, start + a, buf[a:b], write)
               for a, b in bounds[1:]]
-    first: BaseException | None = None
     try:
         _copy_part(region, start, buf[:bounds[0][1]], write)
-    except BaseException as exc:  # the others are waited for all the same: they use ``buf``
-        first = exc
+    finally:  # the others use ``buf``: wait for them whatever happened here
+        concurrent.futures.wait(others)
     for fut in others:
-        failure = fut.exception()
-        if failure is not None and first is None:
-            first = failure
-    if first is not None:
-        raise first
+        fut.result()  # the failure of the lowest part, if any
 
 
 def _copy_part(region: _Region, at: int, buf: memoryview, write: bool) -> None:
