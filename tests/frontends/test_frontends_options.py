@@ -164,12 +164,22 @@ def test_matching_headers_reach_the_model_as_parameters(running: Running) -> Non
         http.close()
     # HTTP header names arrive lower-case; a parameter the request names itself is kept.
     assert got == {"my_header_1": "from the body", "my_header_2": 'a "quoted" value\\'}
+    # The next request of that shape gets its own headers only, none of the last one's.
+    http = httpclient.InferenceServerClient(running.http)
+    try:
+        for value in ("two", "three"):
+            got = _params(http.infer("params", [_input(httpclient)], headers={"my_header_3": value}))
+            assert got == {"my_header_3": value}
+        assert _params(http.infer("params", [_input(httpclient)])) == {}
+    finally:
+        http.close()
 
     client = grpcclient.InferenceServerClient(running.grpc)
     try:
         got = _params(client.infer("params", [_input(grpcclient)],
                                    headers={k.lower(): v for k, v in headers.items()}))
         assert got == {"my_header_1": "one"}  # (?-i)header_1: not my_header_2
+        assert _params(client.infer("params", [_input(grpcclient)])) == {}
         results: list[Any] = []
         client.start_stream(lambda result, error: results.append(error or result),
                             headers={"my_header_1": "streamed"})

@@ -633,6 +633,85 @@ def test_http_binary_framing_errors(served: Served, http: httpclient.InferenceSe
     assert_still_serving(http)
 
 
+def test_a_request_header_seen_before_decodes_each_body_anew(served: Served) -> None:
+    """A header seen before is decoded once and kept (a client sends the same one for each
+    request of a shape): each body still gets its own data back, and a body that does not fit
+    the header gets the errors a first decode gives."""
+    header = _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})],
+                         [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    hdr = {"Inference-Header-Content-Length": str(len(header))}
+    path = "/v2/models/identity_fp32/infer"
+
+    def post(body: bytes) -> tuple[int, bytes]:
+        conn = http_conn(served)
+        try:
+            conn.request("POST", path, body=header + body, headers=hdr)
+            resp = conn.getresponse()
+            data = resp.read()
+            hlen = resp.getheader("Inference-Header-Content-Length")
+            return resp.status, data[int(hlen):] if hlen is not None else data
+        finally:
+            conn.close()
+
+    for i in range(3):
+        data = np.arange(4, dtype=np.float32) + 10 * i
+        assert post(data.tobytes()) == (200, data.tobytes())
+    status, body = raw_post(served, path, header + b"\0" * 8, hdr)
+    assert status == 400 and "expecting 8 additional bytes for model 'identity_fp32'" in body["error"]
+    status, body = raw_post(served, path, header + b"\0" * 20, hdr)
+    assert (status, body["error"]) == (400, "unexpected additional input data for model 'identity_fp32'")
+    assert post(b"\1" * 16) == (200, b"\1" * 16)
+    client = httpclient.InferenceServerClient(served.http)
+    try:
+        # (A model that answers without parameters: their answers' headers are kept too.)
+        inp = httpclient.InferInput("INPUT0", [4], "INT64")
+        for rid in ("a", "b", ""):
+            inp.set_data_from_numpy(np.full(4, len(rid), np.int64))
+            result = client.infer("identity_int64", [inp], request_id=rid,
+                                  outputs=[httpclient.InferRequestedOutput("OUTPUT0")])
+            assert result.get_response().get("id", "") == rid
+            assert result.as_numpy("OUTPUT0").tolist() == [len(rid)] * 4
+    finally:
+        client.close()
+    # BYTES: each body's elements are its own, and a cut one is still refused.
+    header = _infer_body([{"name": "INPUT0", "datatype": "BYTES", "shape": [1],
+                           "parameters": {"binary_data_size": 6}}],
+                         [{"name": "OUTPUT0", "parameters": {"binary_data": True}}])
+    hdr = {"Inference-Header-Content-Length": str(len(header))}
+    path = "/v2/models/identity_bytes/infer"
+    for word in (b"ab", b"cd"):
+        element = (2).to_bytes(4, "little") + word
+        assert post(element) == (200, element)
+    status, body = raw_post(served, path, header + (4).to_bytes(4, "little") + b"ab", hdr)
+    assert (status, body["error"]) == (400, "incomplete string data for inference input 'INPUT0', "
+                                            "expecting string of length 4 but only 2 bytes available")
+    # gRPC: the same, with the raw contents; each answer carries its own request's id.
+    with grpc.insecure_channel(served.grpc) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+
+        def request(raw: list[bytes], rid: str = "g") -> Any:
+            req = service_pb2.ModelInferRequest(model_name="identity_int64", id=rid)
+            req.inputs.add(name="INPUT0", datatype="INT64", shape=[2])
+            req.outputs.add(name="OUTPUT0")
+            req.raw_input_contents.extend(raw)
+            return req
+
+        for i in range(3):
+            data = np.array([i, -i], np.int64).tobytes()
+            resp = stub.ModelInfer(request([data], f"r{i}"))
+            assert (resp.id, resp.model_name, resp.model_version) == (f"r{i}", "identity_int64", "1")
+            assert list(resp.outputs[0].shape) == [2] and resp.raw_output_contents == [data]
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request([b"\0" * 4]))
+        assert err.value.details() == ("[request id: g] input byte size mismatch for input "
+                                       "'INPUT0' for model 'identity_int64'. Expected 16, got 4")
+        with pytest.raises(grpc.RpcError) as err:
+            stub.ModelInfer(request([b"\0" * 16, b"\0" * 16]))
+        assert err.value.details() == ("unexpected number of raw_input_contents for model "
+                                       "'identity_int64': 2 given, 1 inputs use them")
+        assert stub.ModelInfer(request([b"\2" * 16])).raw_output_contents == [b"\2" * 16]
+
+
 def test_a_bytes_input_is_checked_against_the_model_before_its_elements(served: Served) -> None:
     """As in Triton, a BYTES input sent to a model that expects another datatype is refused for
     its datatype before its elements are read: a cut element in it does not matter. (A large

@@ -126,6 +126,74 @@ class InferRequest:
     trace: Trace | None = None
 
 
+#: Decoded request headers kept for the next request of the same header, and encoded response
+#: headers kept for the next response of the same shape (a client sends requests of one shape
+#: alike, and gets answers alike): at most this many of each, all forgotten at once when full.
+HEADER_CACHE_SIZE = 256
+
+#: An input a :class:`RequestPlan` decodes: name, byte size as it came, numpy dtype (None:
+#: BYTES, left as :class:`PendingBytes` whatever its size), shape, element count.
+InputSpec = tuple[str, int, "np.dtype | None", tuple[int, ...], int]
+
+
+class RequestPlan:
+    """What a request said apart from its tensors' bytes, decoded and checked once: the
+    request's settings, its requested outputs, and how to decode each input from its bytes
+    (``inputs``, see :data:`InputSpec`). A frontend keeps one per request header it has seen
+    (only headers whose inputs all come with the request, not from JSON or shared memory) and
+    makes the next such request with :meth:`request`; its bytes are checked as a full decode
+    checks them."""
+
+    __slots__ = ("model", "version", "settings", "outputs", "inputs")
+
+    def __init__(self, req: InferRequest, inputs: list[InputSpec]) -> None:
+        self.model, self.version = req.model, req.version
+        # Copies: the request goes on, and its parameters may gain forwarded headers.
+        self.settings = (req.request_id, dict(req.parameters), req.correlation_id, req.flags,
+                         req.timeout, req.priority, req.binary_output_default,
+                         req.enable_empty_final)
+        self.outputs = None if req.outputs is None else list(req.outputs)
+        self.inputs = inputs
+
+    @staticmethod
+    def spec(name: str, value: np.ndarray | PendingBytes, nbytes: int) -> InputSpec:
+        """The :data:`InputSpec` of a decoded input that came as ``nbytes`` bytes."""
+        if isinstance(value, PendingBytes):
+            return (name, nbytes, None, value.shape, math.prod(value.shape))
+        return (name, nbytes, value.dtype, tuple(value.shape), int(math.prod(value.shape)))
+
+    def request(self, buffers: Sequence[Buffer]) -> InferRequest | None:
+        """A request with this plan's settings and inputs decoded from ``buffers`` (one per
+        input, in order); None when they do not fit (their number or a size): a full decode
+        then gives the error."""
+        specs = self.inputs
+        if len(buffers) != len(specs):
+            return None
+        rid, params, correlation_id, flags, timeout, priority, binary, empty_final = self.settings
+        req = InferRequest(self.model, self.version,
+                           outputs=None if self.outputs is None else list(self.outputs),
+                           request_id=rid, parameters=dict(params), correlation_id=correlation_id,
+                           flags=flags, timeout=timeout, priority=priority,
+                           binary_output_default=binary, enable_empty_final=empty_final)
+        inputs = req.inputs
+        for (name, nbytes, dtype, shape, count), buf in zip(specs, buffers):
+            if dtype is None:
+                inputs[name] = PendingBytes(name, shape, buf, self.model, rid)
+            elif len(buf) != nbytes:
+                return None
+            else:
+                inputs[name] = np.frombuffer(buf, dtype, count).reshape(shape)
+        return req
+
+
+def keep(cache: dict, key: Any, value: Any) -> None:
+    """``cache[key] = value``, forgetting everything first once it holds
+    :data:`HEADER_CACHE_SIZE` entries."""
+    if len(cache) >= HEADER_CACHE_SIZE:
+        cache.clear()
+    cache[key] = value
+
+
 @dataclass
 class OutputTensor:
     """An output ready for the wire: ``array`` for the body, or ``shm`` when already written."""

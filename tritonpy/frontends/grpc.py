@@ -41,6 +41,7 @@ from .dataplane import (
     DataPlane,
     InferRequest,
     InferResult,
+    RequestPlan,
     RequestedOutput,
     apply_parameters,
     class_count,
@@ -48,6 +49,7 @@ from .dataplane import (
     forward_headers,
     traceparent,
     input_from_raw,
+    keep,
     parse_version,
     shm_ref,
     to_error,
@@ -246,6 +248,77 @@ def encode_result(result: InferResult) -> Any:
     return resp
 
 
+#: The tag of ``raw_input_contents`` (field 7) and of ``raw_output_contents`` (field 6), both
+#: length-delimited, on the wire.
+_RAW_IN_TAG = 7 << 3 | 2
+_RAW_OUT_TAG = bytes([6 << 3 | 2])
+
+
+def split_infer(data: Any) -> tuple[bytes, list[tuple[int, int]]] | None:
+    """A ``ModelInferRequest``'s wire bytes in two parts: every field but its raw input
+    contents (as bytes, in order: what decodes the same way every time) and where each raw
+    input content lies (start, end), in order. None when they are not the plain
+    length-delimited fields this message is made of: a full parse then decides."""
+    n = len(data)
+    i = 0
+    head = []
+    raws = []
+    while i < n:
+        tag = data[i]
+        if tag & 0x80 or tag & 7 != 2:  # a field past 15, or not length-delimited
+            return None
+        j = i + 1
+        size = shift = 0
+        while True:
+            if j >= n or shift > 35:
+                return None
+            b = data[j]
+            j += 1
+            size |= (b & 0x7F) << shift
+            if b < 0x80:
+                break
+            shift += 7
+        end = j + size
+        if end > n:
+            return None
+        if tag == _RAW_IN_TAG:
+            raws.append((j, end))
+        else:
+            head.append(data[i:end])
+        i = end
+    return b"".join(head), raws
+
+
+class _Keyed:
+    """A parsed ``ModelInferRequest`` and the key of the plan its decode may make."""
+
+    __slots__ = ("message", "key")
+
+    def __init__(self, message: Any, key: bytes) -> None:
+        self.message, self.key = message, key
+
+
+class _Encoded:
+    """A response message serialized already (what the server sends of it)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        return self.data
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 def _bare(result: InferResult, asked_version: str) -> Any:
     """A stream's error or flags-only final response: no outputs, and the version as the
     request named it (Triton copies the request's model_version: empty when none was given)."""
@@ -263,6 +336,67 @@ class GRPCService:
         self.header_forward = header_forward  # --grpc-header-forward-pattern
         self.stopping = False
         self._streams: set[Callable[[], None]] = set()  # wakes each open stream on stop
+        # Decoded request headers by their wire bytes, response heads by what they say (see
+        # RequestPlan): a client sends requests of one shape alike.
+        self._plans: dict[bytes, RequestPlan] = {}
+        self._heads: dict[tuple, bytes] = {}
+
+    def parse_infer(self, data: Any) -> Any:
+        """A ``ModelInfer`` request off the wire: the :class:`InferRequest` itself when a
+        request with the same header was decoded before (its raw contents copied out of
+        ``data``), else the parsed message (with its plan's key)."""
+        split = split_infer(data)
+        if split is None:
+            return service_pb2.ModelInferRequest.FromString(data)
+        key, spans = split
+        plan = self._plans.get(key)
+        if plan is not None:
+            req = plan.request([bytes(data[a:b]) for a, b in spans])
+            if req is not None:
+                return req
+        return _Keyed(service_pb2.ModelInferRequest.FromString(data), key)
+
+    def _decode(self, request: Any) -> InferRequest:
+        """What :meth:`parse_infer` made, as a request (a plan kept for its header when every
+        input came in its raw contents)."""
+        if type(request) is InferRequest:
+            return request
+        if type(request) is not _Keyed:
+            return decode_request(self.plane, request)
+        message = request.message
+        req = decode_request(self.plane, message)
+        raw = message.raw_input_contents
+        if len(raw) == len(message.inputs):  # none from shared memory or typed contents
+            keep(self._plans, request.key, RequestPlan(req, [
+                RequestPlan.spec(inp.name, req.inputs[inp.name], len(data))
+                for inp, data in zip(message.inputs, raw)]))
+        return req
+
+    def _encode(self, result: InferResult) -> Any:
+        """The ``ModelInferResponse`` of ``result``; serialized here from a kept head when it
+        has no parameters and no output in shared memory (the head: every field but the raw
+        output contents, which follow it)."""
+        if result.parameters:
+            return encode_result(result)
+        key: list[Any] = [result.model, result.version, result.request_id]
+        raws = []
+        for out in result.outputs:
+            if out.shm is not None:
+                return encode_result(result)
+            key.append((out.name, out.datatype, out.shape))
+            raws.append(out.raw())
+        head = self._heads.get(tuple(key))
+        if head is None:
+            resp = service_pb2.ModelInferResponse(
+                model_name=result.model, model_version=str(result.version), id=result.request_id)
+            for out in result.outputs:
+                resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+            head = resp.SerializeToString()
+            keep(self._heads, tuple(key), head)
+        parts = [head]
+        for raw in raws:
+            parts += (_RAW_OUT_TAG, _varint(len(raw)), raw)
+        return _Encoded(b"".join(parts))
 
     def begin_stop(self) -> None:
         """The server is stopping: a stream with nothing in flight ends now, the others once
@@ -460,7 +594,7 @@ class GRPCService:
     async def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
         """One request, one response (default-mode models only)."""
         t_read = time.monotonic_ns()
-        req = decode_request(self.plane, request)
+        req = self._decode(request)
         if self.header_forward is not None:
             forward_headers(req, context.metadata, self.header_forward)
         if self.plane.server.tracing.active:
@@ -470,9 +604,9 @@ class GRPCService:
         result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         trace = req.trace
         if trace is None:
-            return encode_result(result)
+            return self._encode(result)
         try:
-            message = encode_result(result)
+            message = self._encode(result)
         except BaseException:
             trace.finish()
             raise
@@ -723,8 +857,10 @@ class GRPCFrontend:
         for m in described.methods:
             need = self.restricted.get(_CATEGORIES.get(m.name, ""))
             infer = m.name in ("ModelInfer", "ModelStreamInfer")
+            parse = (service.parse_infer if m.name == "ModelInfer"
+                     else getattr(service_pb2, m.input_type.name).FromString)
             methods[f"/{described.full_name}/{m.name}"] = Method(
-                getattr(service, m.name), getattr(service_pb2, m.input_type.name).FromString,
+                getattr(service, m.name), parse,
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
                 # A stream reads its own (triton_grpc_error), once per stream.

@@ -37,6 +37,8 @@ from .dataplane import (
     DataPlane,
     InferRequest,
     InferResult,
+    InputSpec,
+    RequestPlan,
     RequestedOutput,
     apply_parameters,
     class_count,
@@ -46,6 +48,7 @@ from .dataplane import (
     input_from_raw,
     is_uint,
     json_data,
+    keep,
     parse_json_object,
     parse_version,
     shm_ref,
@@ -68,9 +71,37 @@ _DECOUPLED = "HTTP end point doesn't support models with decoupled transaction p
 
 Handler = Callable[[Request], Awaitable[Response]]
 
+#: A longer request header is decoded each time (it carries data, or values that change).
+PLAN_MAX_HEADER = 4096
+
+
+def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> InferRequest:
+    """``plan``'s request from an HTTP body whose JSON header ends at ``offset``: the errors
+    of a body too short or too long are the full decode's."""
+    total = len(body)
+    view = memoryview(body)
+    buffers = []
+    for name, size, *_ in plan.inputs:
+        end = offset + size
+        if end > total:
+            raise InvalidArgumentError(
+                f"unexpected size for input '{name}', expecting {end - total} additional "
+                f"bytes for model '{plan.model}'")
+        buffers.append(view[offset:end])
+        offset = end
+    if offset != total:
+        raise InvalidArgumentError(f"unexpected additional input data for model '{plan.model}'")
+    req = plan.request(buffers)
+    assert req is not None  # each size is the header's own, checked when the plan was made
+    return req
+
+
+_UNROUTED = object()
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
 
 def _dumps(obj: Any) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), allow_nan=False).encode()
+    return _ENCODER.encode(obj).encode()
 
 
 def json_response(obj: Any, status: int = 200) -> Response:
@@ -153,6 +184,9 @@ class HTTPFrontend:
         self.header_forward = header_forward
         self.reuse_port = reuse_port
         self._server: HTTPServer | None = None
+        self._plans: dict[tuple[str, int, bytes], RequestPlan] = {}
+        self._headers: dict[tuple, bytes] = {}
+        self._routes: dict[str, Handler | None] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -210,6 +244,16 @@ class HTTPFrontend:
             return error_response(exc)
 
     def _route(self, request: Request, path: str) -> Handler | None:
+        """The handler of ``path`` (None: no such endpoint), kept per path: a route depends on
+        the path alone."""
+        routes = self._routes
+        handler = routes.get(path, _UNROUTED)
+        if handler is _UNROUTED:
+            handler = self._find_route(path)
+            keep(routes, path, handler)
+        return handler  # type: ignore[return-value]
+
+    def _find_route(self, path: str) -> Handler | None:
         m = _MODEL_RE.fullmatch(path)
         if path == "/v2/models/stats":
             return lambda r: self._stats(r, "", "")
@@ -453,7 +497,13 @@ class HTTPFrontend:
                 )
         if hlen == 0:
             return self._raw_request(model, version, body)
+        key = (model, version, bytes(body[:hlen])) if hlen <= PLAN_MAX_HEADER else None
+        if key is not None:
+            plan = self._plans.get(key)
+            if plan is not None:
+                return _plan_request(plan, body, hlen)
         header = parse_json_object(body[:hlen])
+        specs: list[InputSpec] | None = []
         req = InferRequest(model, version)
         rid = header.get("id", "")
         if not isinstance(rid, str):
@@ -497,12 +547,17 @@ class HTTPFrontend:
                         f"unexpected size for input '{name}', expecting {offset + size - total} "
                         f"additional bytes for model '{model}'"
                     )
-                req.inputs[name] = input_from_raw(name, datatype, shape, view[offset:offset + size],
-                                                  model=model, request_id=req.request_id)
+                value = input_from_raw(name, datatype, shape, view[offset:offset + size],
+                                       model=model, request_id=req.request_id)
+                req.inputs[name] = value
+                if specs is not None:
+                    specs.append(RequestPlan.spec(name, value, size))
                 offset += size
             elif "data" in inp:
+                specs = None
                 req.inputs[name] = array_from_json(name, datatype, shape, inp["data"])
             else:
+                specs = None
                 ref = shm_ref(name, params)
                 assert ref is not None
                 req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref, model=model,
@@ -511,6 +566,8 @@ class HTTPFrontend:
             raise InvalidArgumentError(f"unexpected additional input data for model '{model}'")
         if "outputs" in header:
             req.outputs = self._parse_outputs(header["outputs"])
+        if key is not None and specs is not None:
+            keep(self._plans, key, RequestPlan(req, specs))
         return req
 
     def _parse_outputs(self, outputs: object) -> list[RequestedOutput]:
@@ -607,6 +664,34 @@ class HTTPFrontend:
     # -- responses ---------------------------------------------------------------------------
 
     def _encode_result(self, result: InferResult) -> Response:
+        if not result.parameters:
+            # All outputs binary: the header depends on their names, types, shapes and sizes
+            # only, and is the same for each request of one shape.
+            key: list[Any] = [result.request_id, result.model, result.version]
+            parts: list[Any] = []
+            for out in result.outputs:
+                if not out.binary or out.shm is not None:
+                    break
+                raw = out.raw()
+                parts.append(raw)
+                key.append((out.name, out.datatype, out.shape, len(raw)))
+            else:
+                if parts:
+                    header = self._headers.get(tuple(key))
+                    if header is None:
+                        header = self._encode_header(result)[0]
+                        keep(self._headers, tuple(key), header)
+                    return Response(200, header, "application/octet-stream",
+                                    {_HEADER_LENGTH: str(len(header))}, parts=parts)
+        header, chunks = self._encode_header(result)
+        if not chunks:
+            return Response(200, header, "application/json")
+        # The tensors follow the header as they are (views of the response's arrays), not joined.
+        return Response(200, header, "application/octet-stream", {_HEADER_LENGTH: str(len(header))},
+                        parts=chunks)
+
+    def _encode_header(self, result: InferResult) -> tuple[bytes, list[Any]]:
+        """A response's JSON header, and the bytes of its binary outputs (to follow it)."""
         doc: dict[str, Any] = {}
         if result.request_id:
             doc["id"] = result.request_id
@@ -634,10 +719,5 @@ class HTTPFrontend:
                     entry["data"] = data
             outputs.append(entry)
         doc["outputs"] = outputs
-        header = _dumps(doc)
-        if not chunks:
-            return Response(200, header, "application/json")
-        # The tensors follow the header as they are (views of the response's arrays), not joined.
-        return Response(200, header, "application/octet-stream", {_HEADER_LENGTH: str(len(header))},
-                        parts=chunks)
+        return _dumps(doc), chunks
 
