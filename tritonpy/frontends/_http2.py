@@ -981,7 +981,7 @@ class _Connection(asyncio.Protocol):
                 call.deadline = asyncio.get_running_loop().call_later(seconds, call.expire)
         if method.streaming:
             call.messages = asyncio.Queue()
-            call.task = asyncio.ensure_future(self.server.run_streaming(call))
+            call.task = asyncio.get_running_loop().create_task(self.server.run_streaming(call))
 
     def _data(self, sid: int, flags: int, payload: memoryview, length: int) -> None:
         # Flow control counts the whole payload, padding included; our windows are refilled
@@ -1019,7 +1019,9 @@ class _Connection(asyncio.Protocol):
             for m in messages:
                 call.messages.put_nowait(m)
         elif call.task is None and len(messages) == 1:
-            call.task = asyncio.ensure_future(self.server.run_unary(call, messages[0]))
+            # (create_task: ensure_future's checks cost ~5 µs of every call)
+            call.task = asyncio.get_running_loop().create_task(
+                self.server.run_unary(call, messages[0]))
         else:
             self._refuse(call, _UNIMPLEMENTED, "a unary method got more than one request message")
 
@@ -1144,7 +1146,8 @@ class Http2GrpcServer:
         assert call.method is not None
         context = call.context
         try:
-            request = await resolve(request)
+            if type(request) is _Deferred:
+                request = await resolve(request)
             response = await call.method.handler(request, context)
             if not call.closed:
                 await call.send_message(response.SerializeToString(), flush=False)

@@ -997,14 +997,17 @@ class DataPlane:
             trace.stamps(req.received)
             req.trace = trace
         try:
-            submit = functools.partial(
-                model.async_infer, req.inputs, names, request_id=req.request_id,
-                parameters=req.parameters, correlation_id=req.correlation_id, flags=req.flags,
-                timeout=req.timeout, priority=req.priority, trace=trace,
-            )
-            # Large BYTES inputs are encoded for the stub as they are sent: off the loop too.
-            responses = (await asyncio.to_thread(submit, loop=asyncio.get_running_loop())
-                         if large else submit())
+            if large:  # large BYTES inputs are encoded for the stub as they are sent: off the loop
+                responses = await asyncio.to_thread(functools.partial(
+                    model.async_infer, req.inputs, names, request_id=req.request_id,
+                    parameters=req.parameters, correlation_id=req.correlation_id, flags=req.flags,
+                    timeout=req.timeout, priority=req.priority, trace=trace,
+                    loop=asyncio.get_running_loop()))
+            else:
+                responses = model.async_infer(
+                    req.inputs, names, request_id=req.request_id, parameters=req.parameters,
+                    correlation_id=req.correlation_id, flags=req.flags, timeout=req.timeout,
+                    priority=req.priority, trace=trace)
         except Exception as exc:  # validation errors raise straight from infer()
             if own_trace and trace is not None:
                 trace.finish()
