@@ -421,8 +421,11 @@ class _Call:
             # The client is still sending (a stream): tell it to stop, as gRPC's own servers
             # do, so that its call ends on these trailers whatever happens to the connection.
             conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(reset)))
-        conn.flush_soon()
         conn.forget(self.sid)
+        if conn.calls:
+            conn.flush_soon()  # the answers of calls ending in this turn of the loop: one write
+        else:
+            conn.flush()  # no other call open: none can end with it, so no turn to wait for
         self.buf = bytearray()  # a message cut short: its bytes go now, not with the GC
         self.context.finish()
 
@@ -517,7 +520,7 @@ class _Connection(asyncio.Protocol):
         self.drained: asyncio.Future[None] | None = None  # writers waiting for resume_writing
         self.preface_timer: asyncio.TimerHandle | None = None
         self.eof_sent = False  # stopping: our side is closed, the client's is read to its end
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.lost: asyncio.Future[None] = loop.create_future()
         self.clock = loop.time
         # Keepalive and ping policy (KeepAlive): "since we last sent headers or data" is
@@ -981,7 +984,7 @@ class _Connection(asyncio.Protocol):
                 call.deadline = asyncio.get_running_loop().call_later(seconds, call.expire)
         if method.streaming:
             call.messages = asyncio.Queue()
-            call.task = asyncio.get_running_loop().create_task(self.server.run_streaming(call))
+            call.task = self.loop.create_task(self.server.run_streaming(call))
 
     def _data(self, sid: int, flags: int, payload: memoryview, length: int) -> None:
         # Flow control counts the whole payload, padding included; our windows are refilled
@@ -1020,8 +1023,7 @@ class _Connection(asyncio.Protocol):
                 call.messages.put_nowait(m)
         elif call.task is None and len(messages) == 1:
             # (create_task: ensure_future's checks cost ~5 µs of every call)
-            call.task = asyncio.get_running_loop().create_task(
-                self.server.run_unary(call, messages[0]))
+            call.task = self.loop.create_task(self.server.run_unary(call, messages[0]))
         else:
             self._refuse(call, _UNIMPLEMENTED, "a unary method got more than one request message")
 
