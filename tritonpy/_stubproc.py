@@ -35,12 +35,6 @@ log = logging.getLogger("tritonpy.stub")
 #: clients on the same loop, have theirs. Taking one a turn left each further frame behind a
 #: whole loop iteration: HTTP at 16 clients lost a third of its throughput.
 _FRAMES_PER_TURN = 64
-#: A stub's frames come in bursts when it answers faster than the loop reads them. Outside one
-#: (its last frame came longer ago than this), a turn that has read an EXECUTE_DONE stops there
-#: rather than try the socket again: that recv finds it empty on nearly every request at low
-#: load (a syscall and an exception, ~5 µs, before the response is written). A frame that came
-#: meanwhile keeps the socket readable: the next turn reads it, and on to the burst's end.
-_BURST_GAP_S = 0.0002
 
 # One long-lived thread spawns every stub: PR_SET_PDEATHSIG fires when the *thread* that forked
 # the child exits, so stubs must not be forked from short-lived loader threads.
@@ -167,7 +161,6 @@ class StubProcess:
     def _readable(self) -> None:
         """On the frame loop, when the channel is readable: handle the frames that are there."""
         ch = self.channel
-        lone = time.monotonic() - self._last_seen > _BURST_GAP_S
         for _ in range(_FRAMES_PER_TURN):
             try:
                 msg = ch.recv(wait=False)
@@ -182,8 +175,6 @@ class StubProcess:
                 threading.Thread(target=self._died, daemon=True, name=f"{self.name}-died").start()
                 return
             self._frame(msg)
-            if lone and msg[0] == Cmd.EXECUTE_DONE:
-                return
 
     def _frame(self, msg: list) -> None:
         self._last_seen = time.monotonic()
