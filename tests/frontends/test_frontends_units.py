@@ -452,3 +452,70 @@ def test_tensor_bytes_of_any_shape_is_the_flat_layout(arr: np.ndarray) -> None:
     data = tensor_bytes(arr, "FP32")
     assert len(data) == arr.nbytes
     assert bytes(data) == arr.tobytes()
+
+
+def _random_infer_request(rng: np.random.Generator) -> bytes:
+    """A ``ModelInferRequest`` with random fields, serialized; its raw contents sometimes
+    between the other fields (protobuf accepts any field order)."""
+    from tritonclient.grpc import service_pb2
+
+    msg = service_pb2.ModelInferRequest(model_name=f"m{rng.integers(3)}",
+                                        model_version=str(rng.integers(3)) if rng.random() < 0.5 else "",
+                                        id="x" * int(rng.integers(0, 200)))
+    for k in range(int(rng.integers(0, 3))):
+        msg.parameters[f"p{k}"].int64_param = int(rng.integers(-5, 5))
+    for k in range(int(rng.integers(0, 4))):
+        msg.inputs.add(name=f"IN{k}", datatype="FP32", shape=[int(rng.integers(0, 40))])
+        msg.raw_input_contents.append(rng.bytes(int(rng.integers(0, 300))))
+    for k in range(int(rng.integers(0, 3))):
+        msg.outputs.add(name=f"OUT{k}")
+    data = msg.SerializeToString()
+    if msg.raw_input_contents and rng.random() < 0.3:
+        # One raw content first, the rest as serialized: a field order clients do not use.
+        first = service_pb2.ModelInferRequest(raw_input_contents=[msg.raw_input_contents[0]])
+        rest = service_pb2.ModelInferRequest()
+        rest.CopyFrom(msg)
+        del rest.raw_input_contents[0]
+        data = first.SerializeToString() + rest.SerializeToString()
+    return data
+
+
+def test_grpc_infer_requests_split_on_the_wire_as_protobuf_reads_them() -> None:
+    """``split_infer`` reads a ModelInfer request's wire bytes by hand (the key of a kept
+    decode, and its raw contents): for any message, what it keeps apart from the raw contents
+    parses to the message without them, and the raw contents are protobuf's, in order. Bytes
+    that are not such a message give None or a split (never an exception)."""
+    from google.protobuf.message import DecodeError
+    from tritonclient.grpc import service_pb2
+
+    from tritonpy.frontends.grpc import split_infer
+
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        data = _random_infer_request(rng)
+        split = split_infer(data)
+        assert split is not None
+        head, spans = split
+        msg = service_pb2.ModelInferRequest.FromString(data)
+        assert [data[a:b] for a, b in spans] == list(msg.raw_input_contents)
+        without = service_pb2.ModelInferRequest()
+        without.CopyFrom(msg)
+        del without.raw_input_contents[:]
+        assert service_pb2.ModelInferRequest.FromString(head) == without
+        assert split_infer(memoryview(data)) == split  # as the HTTP/2 server hands it over
+        # Mangled: a byte changed, or the message cut short.
+        bad = bytearray(data)
+        if bad:
+            bad[int(rng.integers(len(bad)))] = int(rng.integers(256))
+        for mangled in (bytes(bad), data[:int(rng.integers(len(data) + 1))]):
+            split = split_infer(mangled)
+            if split is None:
+                continue
+            head, spans = split
+            try:
+                msg = service_pb2.ModelInferRequest.FromString(mangled)
+            except DecodeError:
+                continue  # the full parse refuses it: a kept decode is never reached
+            assert [mangled[a:b] for a, b in spans] == list(msg.raw_input_contents)
+            del msg.raw_input_contents[:]
+            assert service_pb2.ModelInferRequest.FromString(head) == msg
