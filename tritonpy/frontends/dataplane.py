@@ -158,9 +158,8 @@ class RequestPlan:
     @staticmethod
     def spec(name: str, value: np.ndarray | PendingBytes, nbytes: int) -> InputSpec:
         """The :data:`InputSpec` of a decoded input that came as ``nbytes`` bytes."""
-        if isinstance(value, PendingBytes):
-            return (name, nbytes, None, value.shape, math.prod(value.shape))
-        return (name, nbytes, value.dtype, tuple(value.shape), int(math.prod(value.shape)))
+        dtype = None if isinstance(value, PendingBytes) else value.dtype
+        return (name, nbytes, dtype, tuple(value.shape), int(math.prod(value.shape)))
 
     def request(self, buffers: Sequence[Buffer]) -> InferRequest | None:
         """A request with this plan's settings and inputs decoded from ``buffers`` (one per

@@ -387,10 +387,8 @@ class GRPCService:
             raws.append(out.raw())
         head = self._heads.get(tuple(key))
         if head is None:
-            resp = service_pb2.ModelInferResponse(
-                model_name=result.model, model_version=str(result.version), id=result.request_id)
-            for out in result.outputs:
-                resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+            resp = encode_result(result)
+            del resp.raw_output_contents[:]
             head = resp.SerializeToString()
             keep(self._heads, tuple(key), head)
         parts = [head]

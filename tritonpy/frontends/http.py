@@ -96,6 +96,19 @@ def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> In
     return req
 
 
+def _binary_parts(result: InferResult) -> list[Any] | None:
+    """The bytes of each output, when every one goes binary in the body and the response has
+    no parameters (its header can then be kept); else None."""
+    if result.parameters or not result.outputs:
+        return None
+    parts = []
+    for out in result.outputs:
+        if not out.binary or out.shm is not None:
+            return None
+        parts.append(out.raw())
+    return parts
+
+
 _UNROUTED = object()
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
@@ -497,12 +510,13 @@ class HTTPFrontend:
                 )
         if hlen == 0:
             return self._raw_request(model, version, body)
-        key = (model, version, bytes(body[:hlen])) if hlen <= PLAN_MAX_HEADER else None
+        head = body[:hlen]
+        key = (model, version, bytes(head)) if hlen <= PLAN_MAX_HEADER else None
         if key is not None:
             plan = self._plans.get(key)
             if plan is not None:
                 return _plan_request(plan, body, hlen)
-        header = parse_json_object(body[:hlen])
+        header = parse_json_object(head)
         specs: list[InputSpec] | None = []
         req = InferRequest(model, version)
         rid = header.get("id", "")
@@ -664,31 +678,23 @@ class HTTPFrontend:
     # -- responses ---------------------------------------------------------------------------
 
     def _encode_result(self, result: InferResult) -> Response:
-        if not result.parameters:
-            # All outputs binary: the header depends on their names, types, shapes and sizes
-            # only, and is the same for each request of one shape.
-            key: list[Any] = [result.request_id, result.model, result.version]
-            parts: list[Any] = []
-            for out in result.outputs:
-                if not out.binary or out.shm is not None:
-                    break
-                raw = out.raw()
-                parts.append(raw)
-                key.append((out.name, out.datatype, out.shape, len(raw)))
-            else:
-                if parts:
-                    header = self._headers.get(tuple(key))
-                    if header is None:
-                        header = self._encode_header(result)[0]
-                        keep(self._headers, tuple(key), header)
-                    return Response(200, header, "application/octet-stream",
-                                    {_HEADER_LENGTH: str(len(header))}, parts=parts)
-        header, chunks = self._encode_header(result)
-        if not chunks:
-            return Response(200, header, "application/json")
+        parts = _binary_parts(result)
+        if parts is not None:
+            # The header depends on the outputs' names, types, shapes and sizes only: the same
+            # for each request of one shape.
+            key = (result.request_id, result.model, result.version,
+                   *[(o.name, o.datatype, o.shape, len(p)) for o, p in zip(result.outputs, parts)])
+            header = self._headers.get(key)
+            if header is None:
+                header = self._encode_header(result)[0]
+                keep(self._headers, key, header)
+        else:
+            header, parts = self._encode_header(result)
+            if not parts:
+                return Response(200, header, "application/json")
         # The tensors follow the header as they are (views of the response's arrays), not joined.
         return Response(200, header, "application/octet-stream", {_HEADER_LENGTH: str(len(header))},
-                        parts=chunks)
+                        parts=parts)
 
     def _encode_header(self, result: InferResult) -> tuple[bytes, list[Any]]:
         """A response's JSON header, and the bytes of its binary outputs (to follow it)."""

@@ -206,11 +206,7 @@ class SharedMemoryRegistry:
         return name in self._cuda
 
     def _cuda_window(self, name: str, offset: int, byte_size: int) -> _CudaRegion:
-        region = self._cuda.get(name)
-        if region is None:
-            raise NotFoundError(f"Unable to find shared memory region: '{name}'")
-        _check_window(name, offset, byte_size, region.byte_size)
-        return region
+        return _window(self._cuda, name, offset, byte_size)
 
     def cuda_check(self, name: str, offset: int, byte_size: int) -> None:
         """Fail, as :meth:`check` does, on a window that is not inside CUDA region ``name``."""
@@ -246,7 +242,7 @@ class SharedMemoryRegistry:
     def check(self, name: str, offset: int, byte_size: int) -> None:
         """Fail unless ``byte_size`` bytes at ``offset`` lie inside region ``name``."""
         with self._lock:
-            self._window(name, offset, byte_size)
+            _window(self._regions, name, offset, byte_size)
 
     def read(self, name: str, offset: int, byte_size: int,
              alloc: Callable[[int], np.ndarray] = lambda n: np.empty(n, np.uint8)) -> np.ndarray:
@@ -265,18 +261,11 @@ class SharedMemoryRegistry:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _window(self, name: str, offset: int, byte_size: int) -> _Region:
-        region = self._regions.get(name)
-        if region is None:
-            raise NotFoundError(f"Unable to find shared memory region: '{name}'")
-        _check_window(name, offset, byte_size, region.byte_size)
-        return region
-
     @contextlib.contextmanager
     def _holding(self, name: str, offset: int, byte_size: int) -> Iterator[_Region]:
         """Region ``name``, checked to hold the window, kept open while the caller copies."""
         with self._lock:
-            region = self._window(name, offset, byte_size)
+            region: _Region = _window(self._regions, name, offset, byte_size)
             region.users += 1
         try:
             yield region
@@ -285,6 +274,15 @@ class SharedMemoryRegistry:
                 region.users -= 1
                 if region.users == 0 and self._regions.get(region.name) is not region:
                     os.close(region.fd)  # unregistered during the copy
+
+
+def _window(regions: dict[str, Any], name: str, offset: int, byte_size: int) -> Any:
+    """Region ``name`` of ``regions``, checked to hold ``byte_size`` bytes at ``offset``."""
+    region = regions.get(name)
+    if region is None:
+        raise NotFoundError(f"Unable to find shared memory region: '{name}'")
+    _check_window(name, offset, byte_size, region.byte_size)
+    return region
 
 
 def _listed(regions: dict[str, Any], name: str, kind: str) -> list[Any]:
