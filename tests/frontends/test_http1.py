@@ -159,6 +159,66 @@ def test_pipelined_requests_answer_in_order() -> None:
         sock.close()
 
 
+def test_a_head_seen_before_is_answered_as_the_first_time() -> None:
+    """A request head is parsed once and kept by its bytes (``_KnownHead``): requests that
+    send the same head again get exactly what a parse would give them, whatever their bodies,
+    however they are cut or pipelined, and only plain heads are kept (no Expect, no
+    compression, no chunked body, no upgrade)."""
+    seen: list[tuple[str, str, dict[str, str], bytes, bool]] = []
+
+    async def record(req: Request) -> Response:
+        seen.append((req.method, req.path, dict(req.headers), bytes(req.body), req.http10))
+        req.headers["x-added-by-handler"] = "1"  # must not reach the next request
+        return await echo(req)
+
+    head = ("Content-Type: text/x", "X-Kind: a%20b")
+    with serving(record) as running:
+        sock = connect(running)
+        for i in range(3):  # the second and third take the kept head
+            sock.sendall(post("/v2/a%20b?x=1", b"body%d" % i, *head))
+            assert read_response(sock)[2] == b"POST /v2/a b body%d" % i
+        assert len(running.server.known_heads) == 1
+        want = {"host": "t", "content-length": "5", "content-type": "text/x", "x-kind": "a%20b"}
+        assert seen == [("POST", "/v2/a b", want, b"body%d" % i, False) for i in range(3)]
+        # Pipelined behind each other in one write, then cut anywhere: a head with its body,
+        # a body split after the head, a head split in two.
+        wire = b"".join(post("/v2/a%20b?x=1", b"pipe%d" % i, *head) for i in range(4))
+        for cut in (0, len(wire) // 4 * 1 + 3, len(wire) // 2, len(wire) - 2, 7):
+            sock.sendall(wire[:cut])
+            time.sleep(0.02)  # two reads, not one
+            sock.sendall(wire[cut:])
+            buf = bytearray()
+            assert [read_response(sock, buf)[2] for _ in range(4)] == [
+                b"POST /v2/a b pipe%d" % i for i in range(4)]
+        # The same head with a body of another length is another head.
+        sock.sendall(post("/v2/a%20b?x=1", b"longer body", *head))
+        assert read_response(sock)[2] == b"POST /v2/a b longer body"
+        assert all(len(s[2]) == 4 for s in seen)  # the handler's header never carried over
+        # Heads that need more than their bytes are parsed every time.
+        for _ in range(2):
+            sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
+                         b"Expect: 100-continue\r\n\r\n")
+            assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+            sock.sendall(b"hello")
+            assert read_response(sock)[2] == b"POST /c hello"
+            sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                         b"3\r\nabc\r\n0\r\n\r\n")
+            assert read_response(sock)[2] == b"POST /c abc"
+            sock.sendall(post("/z", gzip.compress(b"packed"), "Content-Encoding: gzip"))
+            assert read_response(sock)[2] == b"POST /z packed"
+        assert len(running.server.known_heads) == 2
+        sock.close()
+        # HTTP/1.0 closes after each answer, kept head or not.
+        for _ in range(2):
+            sock = connect(running)
+            sock.sendall(post("/old", b"x", version="1.0"))
+            status, headers, body = read_response(sock)
+            assert (status, body, headers["connection"]) == (200, b"POST /old x", "close")
+            assert closed_by_server(sock)
+            sock.close()
+        assert seen[-1] == ("POST", "/old", {"host": "t", "content-length": "1"}, b"x", True)
+
+
 def test_large_bodies_in_pieces_and_pipelined() -> None:
     """Bodies over LARGE_BODY are read straight into one buffer: whatever the pieces they come
     in, with a request pipelined right behind, each handler sees exactly its own body."""

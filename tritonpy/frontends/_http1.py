@@ -49,6 +49,10 @@ _CODINGS = frozenset(("", "identity", "gzip", "deflate"))
 #: Largest request head (URL and headers) accepted; a longer one is refused and the
 #: connection closed, so a client cannot grow a connection's memory without end.
 MAX_HEAD = 65536
+#: Request heads up to this size that were parsed once are kept, by their bytes, and not
+#: parsed again (see ``_KnownHead``); at most ``KNOWN_HEADS`` of them, all forgotten when full.
+KNOWN_HEAD_MAX = 4096
+KNOWN_HEADS = 256
 
 Buffer = Union[bytes, bytearray, memoryview]
 
@@ -99,6 +103,20 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+class _KnownHead:
+    """What a request head said, kept by its bytes: a client sends each request of one kind
+    with the same head, byte for byte (tritonclient does), and a head seen before is not
+    parsed again. Only plain heads are kept: a whole body of at most ``LARGE_BODY`` bytes by
+    Content-Length (or none), not compressed, no Expect, no Upgrade, no Transfer-Encoding."""
+
+    __slots__ = ("method", "path", "headers", "length", "keep_alive", "http10")
+
+    def __init__(self, method: str, path: str, headers: dict[str, str], length: int,
+                 keep_alive: bool, http10: bool) -> None:
+        self.method, self.path, self.headers = method, path, headers
+        self.length, self.keep_alive, self.http10 = length, keep_alive, http10
 
 
 class BodyTooLarge(Exception):
@@ -240,7 +258,12 @@ class _Connection(asyncio.BufferedProtocol):
         # The head of a request that asks to switch protocols, less the upgrade, to read again
         # (see _feed); None for any other.
         self.upgrade_head: bytes | None = None
-        self.scratch = memoryview(bytearray(READ_SIZE))
+        self.scratch_bytes = bytearray(READ_SIZE)
+        self.scratch = memoryview(self.scratch_bytes)
+        # Whether the parser is inside a request (between its first byte and its end), and the
+        # bytes of the head it is about to parse when they may be kept (see _known).
+        self.in_message = False
+        self.head_key: bytes | None = None
         # The free part of ``buffer``, while the body is read straight into it; empty when the
         # buffer is full and must grow before the next read.
         self.direct: memoryview | None = None
@@ -304,7 +327,39 @@ class _Connection(asyncio.BufferedProtocol):
             self.parser = self._new_parser()
             self._message_done()
             return
-        self._feed(self.scratch[:nbytes])
+        start = 0 if self.in_message or self.parser is None else self._known(nbytes)
+        if start < nbytes:
+            self._feed(self.scratch[start:nbytes])
+
+    def _known(self, nbytes: int) -> int:
+        """Answer the whole requests at the start of the scratch buffer whose heads were parsed
+        before (``_KnownHead``); how many bytes they took. The parser takes the rest, from a
+        request's first byte: an unknown head, a body not all here, or anything else."""
+        buf = self.scratch_bytes
+        known = self.server.known_heads
+        pos = 0
+        while not self.closing:
+            end = buf.find(b"\r\n\r\n", pos, min(nbytes, pos + KNOWN_HEAD_MAX))
+            if end < 0:
+                return pos
+            end += 4
+            key = bytes(buf[pos:end])
+            head = known.get(key)
+            if head is None:
+                self.head_key = key  # the parser reads it next: kept if plain
+                return pos
+            stop = end + head.length
+            if stop > nbytes:
+                return pos
+            now = time.monotonic_ns()
+            self.active = True
+            keep_alive = head.keep_alive and not self.server.stopping
+            self._enqueue(Request(head.method, head.path, dict(head.headers),
+                                  bytes(buf[end:stop]), head.http10, (now, now)), keep_alive)
+            pos = stop
+            if not keep_alive or pos == nbytes:
+                return pos
+        return pos
 
     def _feed(self, data: Buffer) -> None:
         head = b""
@@ -369,6 +424,7 @@ class _Connection(asyncio.BufferedProtocol):
     # -- httptools callbacks -------------------------------------------------------------
 
     def on_message_begin(self) -> None:
+        self.in_message = True
         self.t_begin = time.monotonic_ns()
         self.url = b""
         self.headers = {}
@@ -402,6 +458,7 @@ class _Connection(asyncio.BufferedProtocol):
     def on_headers_complete(self) -> None:
         parser = self.parser
         assert parser is not None  # it is the one calling
+        key, self.head_key = self.head_key, None
         self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = parser.get_method().decode("latin-1")
@@ -426,6 +483,16 @@ class _Connection(asyncio.BufferedProtocol):
                 self.paused = True
             else:
                 self.transport.write(_CONTINUE)
+        if key is not None and self.buffer is None and not self.too_large and not (
+                self.method == "CONNECT"
+                or {"expect", "transfer-encoding", "upgrade"} & self.headers.keys()
+                or self.headers.get("content-encoding", "identity").lower() != "identity"
+                or text and not text.isdigit()):
+            known = self.server.known_heads
+            if len(known) >= KNOWN_HEADS:
+                known.clear()
+            known[key] = _KnownHead(self.method, self._path(), dict(self.headers), length,
+                                    self.keep_alive, self.http10)
 
     def _head_without_upgrade(self, version: str) -> bytes:
         """The request's head as it came, less its ``Upgrade`` header and token."""
@@ -459,7 +526,13 @@ class _Connection(asyncio.BufferedProtocol):
     def on_message_complete(self) -> None:
         self._message_done()
 
+    def _path(self) -> str:
+        """The request's path, percent-decoded, without its query."""
+        path = self.url.decode("latin-1").partition("?")[0]
+        return unquote(path) if "%" in path else path
+
     def _message_done(self) -> None:
+        self.in_message = False
         if self.closing or self.upgrade_head is not None:
             return
         keep_alive = self.keep_alive and not self.server.stopping
@@ -473,13 +546,8 @@ class _Connection(asyncio.BufferedProtocol):
         else:
             body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
             self.chunks = []
-        raw = self.url.decode("latin-1")
-        path = raw.partition("?")[0]
-        if "%" in path:
-            path = unquote(path)
-        method = self.method
         coding = self.headers.get("content-encoding", "").lower()
-        request = Request(method, path, self.headers, body, self.http10,
+        request = Request(self.method, self._path(), self.headers, body, self.http10,
                           (self.t_begin, time.monotonic_ns()))
         if coding not in _CODINGS:
             # Triton's answer (measured with 2.51), and the codings it would take.
@@ -701,6 +769,8 @@ class HTTPServer:
         self.stall_timeout = stall_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
+        # Request heads parsed before, by their bytes (see _KnownHead); shared by connections.
+        self.known_heads: dict[bytes, _KnownHead] = {}
         self._server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop  # set by start()
 
