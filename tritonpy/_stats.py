@@ -273,18 +273,17 @@ class ModelStats:
                 fail[0] += 1
                 fail[1] += total_ns
                 self.failures["BACKEND"] += 1
-            for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
-                            ("compute_output", output_ns)):
-                stats[key][0] += n
-                stats[key][1] += ns * n
             b = self.batch.get(batch_size)
             if b is None:
                 b = self.batch[batch_size] = {k: [0, 0] for k in (
                     "compute_input", "compute_infer", "compute_output")}
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
                             ("compute_output", output_ns)):
-                b[key][0] += 1
-                b[key][1] += ns
+                total, rows = stats[key], b[key]
+                total[0] += n
+                total[1] += ns * n
+                rows[0] += 1
+                rows[1] += ns
 
     def summary_values(self, quantiles: Sequence[float]) -> dict[str, tuple[int, int, list[float]]]:
         """Per summary key: its count, its sum (µs) and the ``quantiles`` now ({} without
