@@ -279,11 +279,11 @@ class ModelStats:
                     "compute_input", "compute_infer", "compute_output")}
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
                             ("compute_output", output_ns)):
-                total, rows = stats[key], b[key]
-                total[0] += n
-                total[1] += ns * n
-                rows[0] += 1
-                rows[1] += ns
+                every, this_batch = stats[key], b[key]
+                every[0] += n
+                every[1] += ns * n
+                this_batch[0] += 1
+                this_batch[1] += ns
 
     def summary_values(self, quantiles: Sequence[float]) -> dict[str, tuple[int, int, list[float]]]:
         """Per summary key: its count, its sum (µs) and the ``quantiles`` now ({} without
