@@ -41,6 +41,8 @@ RELEASE_DELAY_S = 0.002
 PARK_AFTER_TICKS = 5
 MAINTENANCE_EVERY_S = 1.0
 CARRY_MAX = 1024  # release ids one frame carries
+#: A polling recv asks its ``give_way`` after this many empty polls (~1-2 µs each).
+POLL_CHECK_EVERY = 16
 logger = logging.getLogger(__name__)
 _KNOWN = frozenset(int(c) for c in Cmd)
 _packb = msgpack.packb
@@ -260,9 +262,11 @@ class Channel:
                         peer.parked = False
 
     # -- receiving ----------------------------------------------------------------------------
-    def recv(self, spin_s: float = 0.0, wait: bool = True) -> list | None:
+    def recv(self, spin_s: float = 0.0, wait: bool = True,
+             give_way: Callable[[], bool] | None = None) -> list | None:
         """The next frame ``[cmd, call_id, body]``; None once the peer has closed or died;
-        with ``wait=False``, :data:`EMPTY` at once when no frame is there.
+        with ``wait=False``, :data:`EMPTY` at once when no frame is there. ``spin_s``: poll
+        that long before sleeping (see ``_poll_into`` for ``give_way``).
 
         RELEASE frames are handled here and never returned.
         """
@@ -272,7 +276,7 @@ class Channel:
                 if not wait:
                     n = self.sock.recv_into(self._buf, 0, socket.MSG_DONTWAIT)
                 else:
-                    n = self._poll_into(spin_s) if spin_s else -1
+                    n = self._poll_into(spin_s, give_way) if spin_s else -1
                     if n < 0:
                         n = self.sock.recv_into(self._buf)
             except BlockingIOError:
@@ -316,20 +320,25 @@ class Channel:
                         self.transport.segments.forget(name, owned=False)
             return msg
 
-    def _poll_into(self, spin_s: float) -> int:
+    def _poll_into(self, spin_s: float, give_way: Callable[[], bool] | None = None) -> int:
         """Read a datagram without sleeping, polling for up to ``spin_s``; -1 if none came.
 
         Between polls the thread yields its CPU to any other runnable thread there (the host,
         the target stub, other callers): with more busy threads than CPUs a poll that did not
-        yield took a whole time slice from the work it waits for.
+        yield took a whole time slice from the work it waits for. ``give_way`` is asked every
+        :data:`POLL_CHECK_EVERY` polls; polling stops when it answers True.
         """
         recv_into, buf, sched_yield = self.sock.recv_into, self._buf, os.sched_yield
         deadline = time.perf_counter() + spin_s
+        polls = 0
         while True:
             try:
                 return recv_into(buf, 0, socket.MSG_DONTWAIT)
             except BlockingIOError:
                 if time.perf_counter() > deadline:
+                    return -1
+                polls += 1
+                if give_way is not None and not polls % POLL_CHECK_EVERY and give_way():
                     return -1
                 sched_yield()
 

@@ -27,6 +27,9 @@ class BackendOptions:
     # How long a model thread waiting in a sync BLS call (exec() of a default-mode request)
     # polls for the reply before it sleeps; 0 turns polling off.
     bls_spin_microseconds: float = 200.0
+    # How long a stub with nothing to run polls for its next request before it sleeps, while
+    # its recent requests came within that time; 0 turns polling off.
+    idle_spin_microseconds: float = 1000.0
     # An instance of a sync default-mode model without a batcher whose recent executes took
     # less than this on average gets its next request while its execute runs; 0 turns it off.
     execute_prefetch_microseconds: float = 1000.0
@@ -66,6 +69,9 @@ class BackendOptions:
         if not 0 <= opts.bls_spin_microseconds <= 1e6:
             raise InvalidArgumentError("bls-spin-microseconds must be between 0 and 1000000, "
                                        f"got {opts.bls_spin_microseconds:g}")
+        if not 0 <= opts.idle_spin_microseconds <= 1e6:
+            raise InvalidArgumentError("idle-spin-microseconds must be between 0 and 1000000, "
+                                       f"got {opts.idle_spin_microseconds:g}")
         if not 0 <= opts.execute_prefetch_microseconds <= 1e9:
             raise InvalidArgumentError("execute-prefetch-microseconds must be between 0 and "
                                        f"1000000000, got {opts.execute_prefetch_microseconds:g}")
