@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tritonpy._loop import StallWatch
+from tritonpy._loop import SpinPolicy, StallWatch, cpus_busy
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
 from tritonpy.shm.channel import EMPTY
@@ -155,19 +155,11 @@ class StubRuntime:
         self._forked = False  # True in a process the model forked
         # Sync BLS waits poll before sleeping (see _await); not on a single CPU, where the
         # peer could not run meanwhile.
-        several_cpus = len(os.sched_getaffinity(0)) > 1
         spin_us = float(options.get("bls_spin_us", 0.0))
-        self._spin_s = spin_us / 1e6 if several_cpus else 0.0
+        self._spin_s = spin_us / 1e6 if len(os.sched_getaffinity(0)) > 1 else 0.0
         self._wait_mean = 0.0  # seconds, moving mean of recent sync waits
         # The idle worker polls for the next frame too (see _read_idle).
-        idle_us = float(options.get("idle_spin_us", 0.0))
-        self._idle_spin_s = idle_us / 1e6 if several_cpus else 0.0
-        self._idle_mean = 0.0  # seconds, moving mean of its recent waits (each capped)
-        self._cpus = len(os.sched_getaffinity(0))
-        try:  # its 4th field counts the threads runnable now, machine-wide
-            self._loadavg: int | None = os.open("/proc/loadavg", os.O_RDONLY)
-        except OSError:
-            self._loadavg = None
+        self._idle_spin = SpinPolicy(float(options.get("idle_spin_us", 0.0)) / 1e6)
 
     def _after_fork_in_child(self) -> None:
         """A process the model forked (e.g. a multiprocessing pool) shares this stub's socket
@@ -310,43 +302,20 @@ class StubRuntime:
         return self._read_idle()
 
     def _read_idle(self) -> list | None:
-        """The idle worker's read of the next frame (an execute, mostly).
-
-        A stub that sleeps in recv() costs the host, on every request, the wake-up of its
-        CPU: tens of microseconds on a virtual machine, on the host's critical path, and as
-        much again before the stub runs. So it first polls the socket for up to
-        idle-spin-microseconds, as long as its recent frames came within that time (the mean
-        of its last few waits, each counted at most 4 times that): a stub whose requests come
-        further apart sleeps at once. Polls yield the CPU to any other runnable thread
-        (Channel._poll_into). Not in a decoupled model, nor one with ``async def execute``:
-        their model code runs in other threads of this stub while it waits, and the polls
-        would contend with it for the interpreter.
-        """
-        window = self._idle_spin_s
-        if not window or self.decoupled or self._async_loop is not None:
+        """The idle worker's read of the next frame (an execute, mostly): polled for first,
+        as long as :class:`SpinPolicy` finds it worth it (idle-spin-microseconds), until the
+        machine gets busy. Polls yield the CPU to any other runnable thread
+        (``Channel._poll_into``). Not in a decoupled model, nor one with
+        ``async def execute``: their model code runs in other threads of this stub while it
+        waits, and the polls would contend with it for the interpreter."""
+        policy = self._idle_spin
+        if not policy.window or self.decoupled or self._async_loop is not None:
             return self._read_one()
         start = time.perf_counter()
         try:
-            busy = self._cpus_busy
-            return self._read_one(window if self._idle_mean <= window and not busy() else 0.0,
-                                  busy)
+            return self._read_one(policy.window if policy.worth() else 0.0, cpus_busy)
         finally:
-            waited = min(time.perf_counter() - start, 4 * window)
-            self._idle_mean += (waited - self._idle_mean) * 0.25
-
-    def _cpus_busy(self) -> bool:
-        """Whether more threads are runnable now, machine-wide, than there are CPUs for them
-        and one more. One more: with a client, the host and this stub taking turns (one
-        request at a time), two of them often run at once for a moment. Polling then costs
-        nobody anything; on a busy machine (many clients at once) it would: the polls yield,
-        but each still takes a share of a CPU."""
-        if self._loadavg is None:
-            return False
-        try:
-            running = int(os.pread(self._loadavg, 64, 0).split()[3].split(b"/")[0])
-        except (OSError, ValueError, IndexError):
-            return True
-        return running > self._cpus + 1
+            policy.waited(time.perf_counter() - start)
 
     def _read_one(self, spin_s: float = 0.0,
                   give_way: Callable[[], bool] | None = None) -> list | None:

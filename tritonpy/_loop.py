@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 import threading
 import time
 import traceback
 from typing import Any, Callable
+
+from .shm.channel import POLL_CHECK_EVERY
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +86,93 @@ class StallWatch:
         return "".join(traceback.format_stack(frame)).rstrip("\n")
 
 
+_CPUS = len(os.sched_getaffinity(0))
+_loadavg: list[int | None] = []  # its descriptor, once opened (None: there is none)
+
+
+def cpus_busy() -> bool:
+    """Whether more threads are runnable now, machine-wide (``/proc/loadavg``), than there are
+    CPUs for them and one more: then a thread that polls instead of sleeping takes a share of
+    a CPU from someone. One more: with one client at a time, the client, the host and a stub
+    take turns, and two of them often run at once for a moment."""
+    if not _loadavg:
+        try:
+            _loadavg.append(os.open("/proc/loadavg", os.O_RDONLY))
+        except OSError:
+            _loadavg.append(None)
+    fd = _loadavg[0]
+    if fd is None:
+        return False
+    try:
+        running = int(os.pread(fd, 64, 0).split()[3].split(b"/")[0])
+    except (OSError, ValueError, IndexError):
+        return True
+    return running > _CPUS + 1
+
+
+class SpinPolicy:
+    """Whether a thread that waits for its next message should poll for it first, for up to
+    ``window_s`` (the ``idle-spin-microseconds`` option), rather than sleep at once.
+
+    A sleeping process costs whoever sends it the next message a CPU wake-up: tens of
+    microseconds on a virtual machine, on that message's critical path, and as much again
+    before it runs. Polling is worth it while its recent waits (the moving mean of the last
+    few, each counted at most 4 windows long) came within the window, and while the machine
+    has a CPU to spare (:func:`cpus_busy`). Never on a single CPU: the sender could not run
+    meanwhile.
+    """
+
+    def __init__(self, window_s: float) -> None:
+        self.window = window_s if _CPUS > 1 else 0.0
+        self.mean = 0.0  # seconds
+
+    def worth(self) -> bool:
+        return 0 < self.window and self.mean <= self.window and not cpus_busy()
+
+    def waited(self, seconds: float) -> None:
+        """A wait (polled or slept) took ``seconds``."""
+        self.mean += (min(seconds, 4 * self.window) - self.mean) * 0.25
+
+
+class LoopSpinner:
+    """Keeps an event loop polling for up to a :class:`SpinPolicy` window after its last
+    activity (:meth:`arm`), rather than sleeping in the kernel: a callback that yields the CPU
+    and schedules itself again, so each turn of the loop polls its sockets without waiting.
+    It stops at the window's end, or as soon as the machine is busy."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, window_s: float) -> None:
+        self.loop = loop
+        self.policy = SpinPolicy(window_s)
+        self._until = 0.0
+        self._last = 0.0  # the last activity (perf_counter seconds)
+        self._spinning = False
+        self._ticks = 0
+
+    def arm(self) -> None:
+        """Activity now, on the loop's thread (a request sent to a stub, an answer sent to a
+        client): more will likely follow soon."""
+        if not self.policy.window:
+            return
+        now = time.perf_counter()
+        if self._last:
+            self.policy.waited(now - self._last)
+        self._last = now
+        self._until = now + self.policy.window
+        if not self._spinning and self.policy.worth():
+            self._spinning = True
+            self._ticks = 0
+            self.loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self._ticks += 1
+        if time.perf_counter() > self._until or (
+                not self._ticks % POLL_CHECK_EVERY and cpus_busy()):
+            self._spinning = False
+            return
+        os.sched_yield()
+        self.loop.call_soon(self._tick)
+
+
 def log_stalls(what: str, consequence: str) -> Callable[[float, str | None], None]:
     """A :class:`StallWatch` report to the host log: the stall at ERROR (``what`` has run
     nothing for so long: ``consequence``, and where its thread is), its end at WARNING."""
@@ -129,10 +219,11 @@ class FrameLoop:
         loop: a running loop to read on, which outlives every stub (None: a loop of its own).
         stall_s: a loop that runs nothing for this long is logged (:class:`StallWatch`, which
             the server's maintenance checks; 0: never).
+        spin_s: how long the loop polls after the host's activity (:meth:`spin`; 0: never).
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None,
-                 stall_s: float = STALL_S) -> None:
+                 stall_s: float = STALL_S, spin_s: float = 0.0) -> None:
         self._thread: threading.Thread | None = None
         if loop is None:
             loop = new_event_loop()
@@ -146,6 +237,14 @@ class FrameLoop:
                        "every stub's answers wait, and under tritonpy serve every HTTP and gRPC "
                        "request"),
             self._thread.ident if self._thread is not None else None)
+        self._spinner = LoopSpinner(loop, spin_s)
+
+    def spin(self) -> None:
+        """Activity of the host's: keep the loop polling for a while (``idle-spin-microseconds``,
+        see :class:`LoopSpinner`), so that the answer to what it just sent, or the next request,
+        finds it awake. Only on the loop's thread (elsewhere it does nothing)."""
+        if self._spinner.policy.window and self.on_loop():
+            self._spinner.arm()
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

@@ -647,6 +647,7 @@ class ModelRuntime(RuntimeBase):
             pass  # the stub is dying: its death path fails this batch
         except (OverflowError, UnicodeError, TypeError, ValueError) as exc:
             self._unsendable(inst, exec_id, ok, bodies, exc)
+        self.server.frames.spin()  # its answer will find the loop awake
 
     def _unsendable(self, inst: Instance, exec_id: int, reqs: list[HostRequest],
                     bodies: list[RequestBody], exc: Exception) -> None:

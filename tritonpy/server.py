@@ -190,7 +190,8 @@ class Server:
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False, device_refs=True)
-        self.frames = FrameLoop(self._loop, self.options.loop_stall_seconds)
+        self.frames = FrameLoop(self._loop, self.options.loop_stall_seconds,
+                                self.options.idle_spin_microseconds / 1e6)
         self.pool.on_exhausted = self._reclaim
         self._reclaim_sent = 0.0
         self._started = True

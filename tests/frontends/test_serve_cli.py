@@ -669,3 +669,55 @@ def test_sigusr1_logs_where_every_thread_is_and_the_server_goes_on(
         assert ready.status == 200
     server.proc.send_signal(signal.SIGINT)
     assert server.wait(30) == 0
+
+
+def _main_thread_cpu(pid: int) -> float:
+    with open(f"/proc/{pid}/task/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("spin_us", ["20000", "0"])
+def test_the_server_loop_polls_after_answering_with_idle_spin(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str, spin_us: str) -> None:
+    """idle-spin-microseconds under ``tritonpy serve``: after answering a request (and after
+    sending one to a stub) the event loop keeps polling for the next one, up to that long,
+    instead of sleeping in the kernel; 0 turns it off. What a user sees is the CPU time of the
+    server's main thread, fed one request every 5 ms: ~200 ms for 40 requests when it polls
+    through each gap, ~20 ms when it sleeps."""
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    server, http_port, _ = serve_repo(
+        serve, repo, f"--backend-config=python,idle-spin-microseconds={spin_us}")
+    client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    inp = httpclient.InferInput("INPUT0", [2], "FP32")
+
+    def cpu_of_40_requests() -> float:
+        for i in range(3):  # warm, and the loop's recent waits are these gaps
+            inp.set_data_from_numpy(np.array([i, i], np.float32))
+            client.infer("ident", [inp])
+            time.sleep(0.005)
+        before = _main_thread_cpu(server.proc.pid)
+        for i in range(40):
+            inp.set_data_from_numpy(np.array([i, -i], np.float32))
+            assert client.infer("ident", [inp]).as_numpy("OUTPUT0").tolist() == [i, -i]
+            time.sleep(0.005)
+        return _main_thread_cpu(server.proc.pid) - before
+
+    try:
+        if spin_us == "0":
+            assert cpu_of_40_requests() < 0.06
+        else:
+            # With other tests busy beside it, it polls less (it stops while more threads are
+            # runnable than CPUs and one): the best of up to eight rounds must reach 80 ms.
+            best = 0.0
+            for _ in range(8):
+                best = max(best, cpu_of_40_requests())
+                if best >= 0.08:
+                    break
+            assert best >= 0.08, best
+    finally:
+        client.close()
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert segments(shm_prefix) == []

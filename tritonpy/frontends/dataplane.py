@@ -971,6 +971,7 @@ class DataPlane:
                 raise to_error(exc) from None
             if resp is None:
                 raise InternalError(f"model '{req.model}' returned no response")
+            self.server.frames.spin()  # the client's next request will find the loop awake
             result = self._result(req, resp)
             if result.error is not None:
                 raise result.error
