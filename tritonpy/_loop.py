@@ -87,27 +87,68 @@ class StallWatch:
 
 
 _CPUS = len(os.sched_getaffinity(0))
-_loadavg: list[int | None] = []  # its descriptor, once opened (None: there is none)
+#: CPU pressure (``/proc/pressure/cpu``, "some"): the share of time in which some runnable
+#: thread waited for a CPU. Above this share, polling would take CPU from others.
+PRESSURE_MAX = 0.3
+#: The share is re-measured at most this often (seconds): a moving mean over such intervals.
+PRESSURE_EVERY_S = 0.01
+
+
+class _CpuLoad:
+    """What :func:`cpus_busy` reads: CPU pressure where the kernel has it, else the number of
+    threads runnable now (``/proc/loadavg``). One per process, opened on first use."""
+
+    def __init__(self) -> None:
+        self.pressure = self._open("/proc/pressure/cpu")
+        self.loadavg = None if self.pressure is not None else self._open("/proc/loadavg")
+        self.at = 0.0  # when the pressure was last read (perf_counter seconds)
+        self.total = 0  # its "some" total then (µs)
+        self.share = 0.0  # moving mean of the share of time under pressure
+
+    @staticmethod
+    def _open(path: str) -> int | None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            os.pread(fd, 256, 0)  # PSI can be compiled in but off: reading it fails then
+            return fd
+        except OSError:
+            return None
+
+    def busy(self) -> bool:
+        if self.pressure is not None:
+            now = time.perf_counter()
+            if now - self.at >= PRESSURE_EVERY_S:
+                try:
+                    text = os.pread(self.pressure, 256, 0)
+                    total = int(text.split(b"total=", 1)[1].split(b"\n", 1)[0])
+                except (OSError, ValueError, IndexError):
+                    return True
+                if self.at:
+                    self.share += ((total - self.total) / 1e6 / (now - self.at) - self.share) / 2
+                self.at, self.total = now, total
+            return self.share > PRESSURE_MAX
+        if self.loadavg is None:
+            return False
+        try:
+            running = int(os.pread(self.loadavg, 64, 0).split()[3].split(b"/")[0])
+        except (OSError, ValueError, IndexError):
+            return True
+        return running > _CPUS + 1
+
+
+_load: list[_CpuLoad] = []
 
 
 def cpus_busy() -> bool:
-    """Whether more threads are runnable now, machine-wide (``/proc/loadavg``), than there are
-    CPUs for them and one more: then a thread that polls instead of sleeping takes a share of
-    a CPU from someone. One more: with one client at a time, the client, the host and a stub
-    take turns, and two of them often run at once for a moment."""
-    if not _loadavg:
-        try:
-            _loadavg.append(os.open("/proc/loadavg", os.O_RDONLY))
-        except OSError:
-            _loadavg.append(None)
-    fd = _loadavg[0]
-    if fd is None:
-        return False
-    try:
-        running = int(os.pread(fd, 64, 0).split()[3].split(b"/")[0])
-    except (OSError, ValueError, IndexError):
-        return True
-    return running > _CPUS + 1
+    """Whether the machine has no CPU to spare now, so that a thread that polls instead of
+    sleeping would take a share of a CPU from someone: some runnable thread waited for a CPU
+    more than :data:`PRESSURE_MAX` of the time lately (the kernel's CPU pressure, measured every
+    :data:`PRESSURE_EVERY_S`). Where the kernel has no pressure figures: more threads runnable
+    now than CPUs and one more (one more: with one client at a time, the client, the host and
+    a stub take turns, and two of them often run at once for a moment)."""
+    if not _load:
+        _load.append(_CpuLoad())
+    return _load[0].busy()
 
 
 class SpinPolicy:

@@ -708,13 +708,11 @@ def test_the_server_loop_polls_after_answering_with_idle_spin(
         if spin_us == "0":
             assert cpu_of_40_requests() < 0.06
         else:
-            # With other tests busy beside it, it polls less (it stops while more threads are
-            # runnable than CPUs and one): the best of up to eight rounds must reach 80 ms.
-            best = 0.0
-            for _ in range(8):
+            # With other tests busy beside it, it polls less or not at all (it stops while
+            # threads wait for a CPU): rounds go on for up to 20 s; the best must reach 80 ms.
+            best, deadline = 0.0, time.monotonic() + 20
+            while best < 0.08 and time.monotonic() < deadline:
                 best = max(best, cpu_of_40_requests())
-                if best >= 0.08:
-                    break
             assert best >= 0.08, best
     finally:
         client.close()
