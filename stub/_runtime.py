@@ -447,10 +447,12 @@ class StubRuntime:
         # call, one request and its reply, polls the socket for up to bls-spin-microseconds
         # first, as long as recent replies came within about twice that (the mean of the last
         # few waits): a slow target costs no spinning. Polls yield the CPU to other runnable
-        # threads (Channel._poll_into). Not the responses of a decoupled stream: its producer
-        # and the host keep both CPUs busy, and polling there was measured slower.
+        # threads (Channel._poll_into), and stop while threads wait for a CPU (cpus_busy), as
+        # idle polling does. Not the responses of a decoupled stream: its producer and the
+        # host keep both CPUs busy, and polling there was measured slower.
         timed = spin and self._spin_s > 0
-        spin_s = self._spin_s if timed and self._wait_mean <= 2 * self._spin_s else 0.0
+        spin_s = (self._spin_s if timed and self._wait_mean <= 2 * self._spin_s
+                  and not cpus_busy() else 0.0)
         start = time.perf_counter() if timed else 0.0
         try:
             while not waiter.items:
@@ -463,7 +465,7 @@ class StubRuntime:
                 if not mine:
                     waiter.sig.acquire(timeout=0.05)  # the reader delivers; re-check the role
                     continue
-                msg = self._read_one(spin_s)
+                msg = self._read_one(spin_s, cpus_busy)
                 if msg is not None and not self._handle_inline(msg):
                     with cv:
                         self._pending.append(msg)
