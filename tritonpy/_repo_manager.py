@@ -69,6 +69,31 @@ class ModelEntry:
         self.unreadable = False
 
 
+def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
+    """Write a load request's files (``file:<path>`` -> bytes) under the model directory
+    ``mdir``; InvalidArgumentError naming the first path that cannot be one of its files."""
+    for rel, data in files.items():
+        rel = rel[5:] if rel.startswith("file:") else rel
+        if "\0" in rel:
+            raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
+        try:
+            rel.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgumentError(
+                f"file path {ascii(rel)} holds an unpaired surrogate, which is not "
+                "text") from None
+        dest = os.path.normpath(os.path.join(mdir, rel))
+        if not dest.startswith(mdir + os.sep):
+            raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")
+        try:
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:  # a name too long, a file where a folder must go, ...
+            raise InvalidArgumentError(
+                f"file path '{rel}' cannot be written: {exc.strerror}") from None
+
+
 class RepositoryManager:
     """Scans repositories and drives model loading for a :class:`~tritonpy.server.Server`."""
 
@@ -186,27 +211,12 @@ class RepositoryManager:
             self.entries.setdefault(name, entry)
             tmp = tempfile.mkdtemp(prefix=f"tritonpy-{name}-")
             mdir = os.path.join(tmp, name)
-            os.makedirs(mdir)
-            for rel, data in files.items():
-                rel = rel[5:] if rel.startswith("file:") else rel
-                if "\0" in rel:
-                    raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
-                try:
-                    rel.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise InvalidArgumentError(
-                        f"file path {ascii(rel)} holds an unpaired surrogate, which is not "
-                        "text") from None
-                dest = os.path.normpath(os.path.join(mdir, rel))
-                if not dest.startswith(mdir + os.sep):
-                    raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")
-                try:
-                    os.makedirs(os.path.dirname(dest), exist_ok=True)
-                    with open(dest, "wb") as fh:
-                        fh.write(data)
-                except OSError as exc:  # a name too long, a file where a folder must go, ...
-                    raise InvalidArgumentError(
-                        f"file path '{rel}' cannot be written: {exc.strerror}") from None
+            try:
+                os.makedirs(mdir)
+                _write_files(mdir, files)
+            except BaseException:  # a refused path: what was written so far goes too
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             if entry.tmpdir:
                 self._stale_tmpdirs.append(entry.tmpdir)  # its version may still be serving
             entry.tmpdir = tmp

@@ -13,6 +13,7 @@ import os
 import queue
 import secrets
 import socket
+import tempfile
 import textwrap
 import urllib.request
 from dataclasses import dataclass
@@ -444,12 +445,17 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
         assert got == b"files:grpc"
         with pytest.raises(InferenceServerException, match="config"):
             http.load_model("from_files", files={"file:1/model.py": code.encode()})
-        # A path no file can have is refused with its reason, not an internal error.
+        # A path no file can have is refused with its reason, not an internal error, and
+        # what the refused load had written so far is gone (it used to stay in the temp
+        # folder: a client could fill the server's disk with refused loads).
+        temp_dirs = set(Path(tempfile.gettempdir()).glob("tritonpy-from_files-*"))
         for bad, why in [("file:1/mo\0del.py", "holds a NUL character"),
                          ("file:1/" + "x" * 300 + ".py", "cannot be written: File name too long")]:
             with pytest.raises(InferenceServerException) as e:
-                grpcc.load_model("from_files", config=lazy_config("grpc"), files={bad: b"x"})
+                grpcc.load_model("from_files", config=lazy_config("grpc"),
+                                 files={"file:1/model.py": code.encode(), bad: b"x"})
             assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and why in e.value.message()
+        assert set(Path(tempfile.gettempdir()).glob("tritonpy-from_files-*")) <= temp_dirs
         # JSON's "\ud800" (which no client library will encode): no text, hence no path.
         body = ('{"parameters": {"config": %s, "file:1/\\ud800.py": "eA=="}}'
                 % json.dumps(lazy_config("raw")))

@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -23,13 +24,13 @@ pytestmark = pytest.mark.timeout(120)
 MiB = 1 << 20
 
 _IN_NAMESPACE = textwrap.dedent("""
-    import json, shutil, sys, tempfile, time
+    import json, shutil, sys, time
     from pathlib import Path
     import numpy as np
     import tritonpy
     from tritonpy._stress_models import write_repository
     MiB = 1 << 20
-    repo = write_repository(Path(tempfile.mkdtemp()) / "models")
+    repo = write_repository(Path(sys.argv[2]) / "models")
     shutil.copytree(repo / "stress_io", repo / "stress_io_b")
     cfg = repo / "stress_io_b" / "config.pbtxt"
     cfg.write_text(cfg.read_text().replace('name: "stress_io"', 'name: "stress_io_b"'))
@@ -83,13 +84,15 @@ _IN_NAMESPACE = textwrap.dedent("""
 """)
 
 
-def test_a_stub_out_of_room_gets_what_other_stubs_hold_idle(shm_prefix: str) -> None:
+def test_a_stub_out_of_room_gets_what_other_stubs_hold_idle(shm_prefix: str,
+                                                           tmp_path: Path) -> None:
     reason = private_shm_unavailable(64 * MiB)
     if reason:
         pytest.skip(f"needs a private /dev/shm: {reason}")
-    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1" "$2"'
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"'
     proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _IN_NAMESPACE,
-                           shm_prefix], capture_output=True, text=True, timeout=100)
+                           shm_prefix, str(tmp_path)], capture_output=True, text=True,
+                          timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["first"] == 40 * MiB
