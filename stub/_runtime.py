@@ -14,6 +14,7 @@ import collections
 import contextvars
 import inspect
 import itertools
+import math
 import logging
 import os
 import signal
@@ -153,11 +154,10 @@ class StubRuntime:
         self._async_watch: StallWatch | None = None
         self.max_async = 1
         self._forked = False  # True in a process the model forked
-        # Sync BLS waits poll before sleeping (see _await); not on a single CPU, where the
-        # peer could not run meanwhile.
-        spin_us = float(options.get("bls_spin_us", 0.0))
-        self._spin_s = spin_us / 1e6 if len(os.sched_getaffinity(0)) > 1 else 0.0
-        self._wait_mean = 0.0  # seconds, moving mean of recent sync waits
+        # Sync BLS waits poll before sleeping (see _await), while their recent replies came
+        # within twice the window; not on a single CPU, where the peer could not run meanwhile.
+        self._bls_spin = SpinPolicy(float(options.get("bls_spin_us", 0.0)) / 1e6, within=2.0,
+                                    longest=math.inf)
         # The idle worker polls for the next frame too (see _read_idle).
         self._idle_spin = SpinPolicy(float(options.get("idle_spin_us", 0.0)) / 1e6)
 
@@ -450,9 +450,9 @@ class StubRuntime:
         # threads (Channel._poll_into), and stop while threads wait for a CPU (cpus_busy), as
         # idle polling does. Not the responses of a decoupled stream: its producer and the
         # host keep both CPUs busy, and polling there was measured slower.
-        timed = spin and self._spin_s > 0
-        spin_s = (self._spin_s if timed and self._wait_mean <= 2 * self._spin_s
-                  and not cpus_busy() else 0.0)
+        policy = self._bls_spin
+        timed = spin and policy.window > 0
+        spin_s = policy.window if timed and policy.worth() else 0.0
         start = time.perf_counter() if timed else 0.0
         try:
             while not waiter.items:
@@ -472,7 +472,7 @@ class StubRuntime:
                         cv.notify_all()
         finally:
             if timed:
-                self._wait_mean += (time.perf_counter() - start - self._wait_mean) * 0.25
+                policy.waited(time.perf_counter() - start)
             with cv:
                 self._sync_waiting -= 1
                 self._model_touch = time.monotonic()

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -242,3 +244,33 @@ class TritonPythonModel:
                 [pb_utils.get_output_tensor_by_name(traced, "OUT")]))
         return out
 """
+
+
+@contextlib.contextmanager
+def pinned_beside_busy(pid: int, hogs: int, same_cpu: bool) -> Iterator[list[psutil.Process]]:
+    """Every thread of process ``pid`` pinned to one CPU, and ``hogs`` busy processes pinned to
+    that CPU (``same_cpu``) or to another (skipped on a single CPU); yields the busy processes.
+    They are killed, and the threads unpinned, when the block ends."""
+    everywhere = sorted(os.sched_getaffinity(0))
+    if not same_cpu and len(everywhere) < 2:
+        import pytest
+
+        pytest.skip("needs two CPUs")
+    own, theirs = everywhere[-1], everywhere[-1] if same_cpu else everywhere[0]
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(hogs)]
+    tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    try:
+        for proc in procs:
+            os.sched_setaffinity(proc.pid, {theirs})
+        for tid in tids:
+            os.sched_setaffinity(tid, {own})
+        yield [psutil.Process(proc.pid) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, set(everywhere))
+            except OSError:  # a thread that has ended since
+                pass

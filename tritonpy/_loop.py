@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import sys
@@ -136,7 +137,9 @@ class _CpuLoad:
         return running > _CPUS + 1
 
 
-_load: list[_CpuLoad] = []
+@functools.cache
+def _cpu_load() -> _CpuLoad:
+    return _CpuLoad()
 
 
 def cpus_busy() -> bool:
@@ -146,33 +149,34 @@ def cpus_busy() -> bool:
     :data:`PRESSURE_EVERY_S`). Where the kernel has no pressure figures: more threads runnable
     now than CPUs and one more (one more: with one client at a time, the client, the host and
     a stub take turns, and two of them often run at once for a moment)."""
-    if not _load:
-        _load.append(_CpuLoad())
-    return _load[0].busy()
+    return _cpu_load().busy()
 
 
 class SpinPolicy:
     """Whether a thread that waits for its next message should poll for it first, for up to
-    ``window_s`` (the ``idle-spin-microseconds`` option), rather than sleep at once.
+    ``window_s`` (the ``idle-spin-microseconds`` and ``bls-spin-microseconds`` options),
+    rather than sleep at once.
 
     A sleeping process costs whoever sends it the next message a CPU wake-up: tens of
     microseconds on a virtual machine, on that message's critical path, and as much again
     before it runs. Polling is worth it while its recent waits (the moving mean of the last
-    few, each counted at most 4 windows long) came within the window, and while the machine
-    has a CPU to spare (:func:`cpus_busy`). Never on a single CPU: the sender could not run
-    meanwhile.
+    few, each counted at most ``longest`` windows long) came within ``within`` windows, and
+    while the machine has a CPU to spare (:func:`cpus_busy`). Never on a single CPU: the
+    sender could not run meanwhile.
     """
 
-    def __init__(self, window_s: float) -> None:
+    def __init__(self, window_s: float, within: float = 1.0, longest: float = 4.0) -> None:
         self.window = window_s if _CPUS > 1 else 0.0
+        self.within = within * self.window
+        self.longest = longest * self.window if self.window else 0.0
         self.mean = 0.0  # seconds
 
     def worth(self) -> bool:
-        return 0 < self.window and self.mean <= self.window and not cpus_busy()
+        return 0 < self.window and self.mean <= self.within and not cpus_busy()
 
     def waited(self, seconds: float) -> None:
         """A wait (polled or slept) took ``seconds``."""
-        self.mean += (min(seconds, 4 * self.window) - self.mean) * 0.25
+        self.mean += (min(seconds, self.longest) - self.mean) * 0.25
 
 
 class LoopSpinner:
@@ -192,8 +196,6 @@ class LoopSpinner:
     def arm(self) -> None:
         """Activity now, on the loop's thread (a request sent to a stub, an answer sent to a
         client): more will likely follow soon."""
-        if not self.policy.window:
-            return
         now = time.perf_counter()
         if self._last:
             self.policy.waited(now - self._last)

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
@@ -887,13 +887,8 @@ class ModelRuntime(RuntimeBase):
                                  [t_out - r.t_enqueue for r in ran], input_ns, t_done - t_run,
                                  t_out - t_done)
         else:
-            compute = (input_ns, t_done - t_run, t_out - t_done)
-            for r in ran:
-                r.compute = compute
-            self.stats.execution(sum(r.batch_size for r in batch),
-                                 [(r.batch_size, t_out - r.t_enqueue,
-                                   r.t_start - r.t_enqueue + waited) for r in ran], (),
-                                 *compute)
+            self._count_success(sum(r.batch_size for r in batch), ran, t_out, waited,
+                                (input_ns, t_done - t_run, t_out - t_done))
         for r in batch:
             if r.trace is not None:  # a prefetched execute starts when it stops waiting
                 r.trace.stamps((("COMPUTE_START", t_run if waited else r.t_start),
@@ -924,12 +919,21 @@ class ModelRuntime(RuntimeBase):
         several requests or responses)."""
         answer = self._answer(inst, stub, req, rb) if rb.get("id") == req.id else None
         t_out = time.monotonic_ns()
-        compute = req.compute = (input_ns, t_done - t_run, t_out - t_done)
-        self.stats.execution(req.batch_size, [(req.batch_size, t_out - req.t_enqueue,
-                                               req.t_start - req.t_enqueue + t_run - t_sent)],
-                             (), *compute)
+        self._count_success(req.batch_size, (req,), t_out, t_run - t_sent,
+                            (input_ns, t_done - t_run, t_out - t_done))
         if answer is not None:
             req.respond(*answer)
+
+    def _count_success(self, rows: int, ran: Sequence[HostRequest], t_out: int, waited: int,
+                       compute: tuple[int, int, int]) -> None:
+        """The statistics of an execute of ``rows`` rows that succeeded and was over at
+        ``t_out``, for the requests it ran: ``compute`` is its (input, infer, output) ns, and
+        ``waited`` how long it waited in the stub behind the one before (queue time)."""
+        for r in ran:
+            r.compute = compute
+        self.stats.execution(rows, [(r.batch_size, t_out - r.t_enqueue,
+                                     r.t_start - r.t_enqueue + waited) for r in ran], (),
+                             *compute)
 
     def _returned(self, inst: Instance, batch: list[HostRequest]) -> None:
         """A prefetched execute the stub gave back unrun: the execute before it runs long or

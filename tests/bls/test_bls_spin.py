@@ -5,8 +5,6 @@ with psutil on real stubs calling the ``sleeper`` model."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 
@@ -15,6 +13,7 @@ import pytest
 
 import tritonpy
 from _bls_models import BLS_REPO, drive, new_prefix, serve
+from _models import pinned_beside_busy
 
 MODELS = ["bls_driver", "sleeper"]
 
@@ -65,26 +64,10 @@ def test_a_polling_caller_leaves_its_cpu_to_other_work(spinning) -> None:
     # yields between polls, so the busy process gets nearly the whole CPU; a poll that did not
     # yield would take half of it (the scheduler shares a CPU evenly between two busy threads).
     (inst,) = spinning.runtime("bls_driver").instances
-    cpu = max(os.sched_getaffinity(0))
-    everywhere = os.sched_getaffinity(0)
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    tids = [int(t) for t in os.listdir(f"/proc/{inst.stub.pid}/task")]
-    try:
-        os.sched_setaffinity(hog.pid, {cpu})
-        for tid in tids:
-            os.sched_setaffinity(tid, {cpu})
-        hog_proc = psutil.Process(hog.pid)
-        before = sum(hog_proc.cpu_times()[:2])
+    with pinned_beside_busy(inst.stub.pid, hogs=1, same_cpu=True) as (hog,):
+        before = sum(hog.cpu_times()[:2])
         caller = caller_cpu_seconds(spinning, sleep_ms=10, calls=40)
-        hog_cpu = sum(hog_proc.cpu_times()[:2]) - before
-    finally:
-        hog.kill()
-        hog.wait()
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, everywhere)
-            except OSError:  # a thread that has ended since
-                pass
+        hog_cpu = sum(hog.cpu_times()[:2]) - before
     # It ran during the 400 ms of calls (on a CPU that other tests may share: 0.09 s once).
     assert hog_cpu > 0.05, hog_cpu
     assert caller < hog_cpu / 3, (caller, hog_cpu)
@@ -95,28 +78,10 @@ def test_a_caller_does_not_poll_while_threads_wait_for_a_cpu(spinning) -> None:
     # it could poll through every 10 ms wait undisturbed (~320 ms of CPU for 32 calls, as
     # above), but polling would take CPU the machine lacks, so it sleeps.
     (inst,) = spinning.runtime("bls_driver").instances
-    everywhere = sorted(os.sched_getaffinity(0))
-    if len(everywhere) < 2:
-        pytest.skip("polling is off on a single CPU")
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(len(everywhere) + 1)]
-    tids = [int(t) for t in os.listdir(f"/proc/{inst.stub.pid}/task")]
-    try:
-        for hog in hogs:
-            os.sched_setaffinity(hog.pid, {everywhere[0]})
-        for tid in tids:
-            os.sched_setaffinity(tid, {everywhere[1]})
+    with pinned_beside_busy(inst.stub.pid, hogs=len(os.sched_getaffinity(0)) + 1,
+                            same_cpu=False):
         time.sleep(0.1)
         used = caller_cpu_seconds(spinning, sleep_ms=10, calls=32)
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, set(everywhere))
-            except OSError:  # a thread that has ended since
-                pass
     assert used < 0.06, used
 
 

@@ -127,6 +127,17 @@ def post(path: str, body: bytes, *extra: str, version: str = "1.1") -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+def expect_continue_then_chunked(sock: socket.socket) -> None:
+    """A body sent after ``100 Continue``, then a chunked one, on ``sock`` (served by echo)."""
+    sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+    assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    sock.sendall(b"hello")
+    assert read_response(sock)[2] == b"POST /c hello"
+    sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+    assert read_response(sock)[2] == b"POST /c abcde"
+
+
 def test_keep_alive_and_http10_close() -> None:
     with serving(echo) as running:
         sock = connect(running)
@@ -196,14 +207,7 @@ def test_a_head_seen_before_is_answered_as_the_first_time() -> None:
         assert all(len(s[2]) == 4 for s in seen)  # the handler's header never carried over
         # Heads that need more than their bytes are parsed every time.
         for _ in range(2):
-            sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\n"
-                         b"Expect: 100-continue\r\n\r\n")
-            assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
-            sock.sendall(b"hello")
-            assert read_response(sock)[2] == b"POST /c hello"
-            sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-                         b"3\r\nabc\r\n0\r\n\r\n")
-            assert read_response(sock)[2] == b"POST /c abc"
+            expect_continue_then_chunked(sock)
             sock.sendall(post("/z", gzip.compress(b"packed"), "Content-Encoding: gzip"))
             assert read_response(sock)[2] == b"POST /z packed"
         assert len(running.server.known_heads) == 2
@@ -333,13 +337,7 @@ def test_a_body_holds_memory_for_what_arrived_not_what_was_announced() -> None:
 def test_expect_continue_and_chunked_body() -> None:
     with serving(echo) as running:
         sock = connect(running)
-        sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
-        assert sock.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
-        sock.sendall(b"hello")
-        assert read_response(sock)[2] == b"POST /c hello"
-        sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
-        assert read_response(sock)[2] == b"POST /c abcde"
+        expect_continue_then_chunked(sock)
         # Too large with Expect: answered before the body, and the connection is closed.
         sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nContent-Length: 5000\r\nExpect: 100-continue\r\n\r\n")
         status, headers, body = read_response(sock)

@@ -1,12 +1,10 @@
 """idle-spin-microseconds: a stub with nothing to run polls its socket for its next request
 before it sleeps, while its recent requests came within that time and no thread waits for a
-CPU (``tritonpy._loop.cpus_busy``). What a user sees of it is the stub's CPU time, measured here with psutil on a real stub
-fed one request at a time, a few milliseconds apart."""
+CPU (``tritonpy._loop.cpus_busy``). What a user sees of it is the stub's CPU time, measured
+here with psutil on a real stub fed one request at a time, a few milliseconds apart."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +13,7 @@ import psutil
 import pytest
 
 import tritonpy
-from _models import fp32, infer, new_prefix, serving, write_model
+from _models import fp32, infer, new_prefix, pinned_beside_busy, serving, write_model
 
 
 def _serve(tmp_path: Path, spin_us: str) -> Iterator[tritonpy.Server]:
@@ -69,28 +67,10 @@ def test_a_busy_machine_is_not_polled_on(spinning: tritonpy.Server) -> None:
     # stub on another, so that the stub could poll through every gap undisturbed (~200 ms of
     # CPU, as above) if it did.
     (inst,) = spinning.runtime("double").instances
-    everywhere = sorted(os.sched_getaffinity(0))
-    if len(everywhere) < 2:
-        pytest.skip("polling is off on a single CPU")
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(len(everywhere) + 1)]
-    tids = [int(t) for t in os.listdir(f"/proc/{inst.stub.pid}/task")]
-    try:
-        for hog in hogs:
-            os.sched_setaffinity(hog.pid, {everywhere[0]})
-        for tid in tids:
-            os.sched_setaffinity(tid, {everywhere[1]})
+    with pinned_beside_busy(inst.stub.pid, hogs=len(os.sched_getaffinity(0)) + 1,
+                            same_cpu=False):
         time.sleep(0.1)
         used = stub_cpu_seconds(spinning, gap_s=0.005, requests=40)
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, everywhere)
-            except OSError:  # a thread that has ended since
-                pass
     assert used < 0.05, used
 
 

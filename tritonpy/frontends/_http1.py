@@ -335,7 +335,7 @@ class _Connection(asyncio.BufferedProtocol):
         """Answer the whole requests at the start of the scratch buffer whose heads were parsed
         before (``_KnownHead``); how many bytes they took. The parser takes the rest, from a
         request's first byte: an unknown head, a body not all here, or anything else."""
-        buf = self.scratch_bytes
+        buf, view = self.scratch_bytes, self.scratch  # (a view's slice is not a copy)
         known = self.server.known_heads
         pos = 0
         while not self.closing:
@@ -343,7 +343,7 @@ class _Connection(asyncio.BufferedProtocol):
             if end < 0:
                 return pos
             end += 4
-            key = bytes(buf[pos:end])
+            key = bytes(view[pos:end])
             head = known.get(key)
             if head is None:
                 self.head_key = key  # the parser reads it next: kept if plain
@@ -355,7 +355,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.active = True
             keep_alive = head.keep_alive and not self.server.stopping
             self._enqueue(Request(head.method, head.path, dict(head.headers),
-                                  bytes(buf[end:stop]), head.http10, (now, now)), keep_alive)
+                                  bytes(view[end:stop]), head.http10, (now, now)), keep_alive)
             pos = stop
             if not keep_alive or pos == nbytes:
                 return pos

@@ -10,7 +10,6 @@ one mapping of any failure onto a :class:`~tritonpy._errors.TritonpyError`.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import json
 import math
@@ -778,6 +777,16 @@ class LogSettings:
 # ----------------------------------------------------------------------------------- the plane
 
 
+def _submit(model: Model, req: InferRequest, names: list[str] | None, trace: Trace | None,
+            loop: asyncio.AbstractEventLoop | None = None) -> AsyncResponseStream:
+    """``req`` submitted to ``model`` (``loop``: the loop that will read its responses, when
+    called from another thread)."""
+    return model.async_infer(req.inputs, names, request_id=req.request_id,
+                             parameters=req.parameters, correlation_id=req.correlation_id,
+                             flags=req.flags, timeout=req.timeout, priority=req.priority,
+                             trace=trace, loop=loop)
+
+
 class DataPlane:
     """Everything the frontends do against the in-process server."""
 
@@ -997,17 +1006,10 @@ class DataPlane:
             trace.stamps(req.received)
             req.trace = trace
         try:
-            if large:  # large BYTES inputs are encoded for the stub as they are sent: off the loop
-                responses = await asyncio.to_thread(functools.partial(
-                    model.async_infer, req.inputs, names, request_id=req.request_id,
-                    parameters=req.parameters, correlation_id=req.correlation_id, flags=req.flags,
-                    timeout=req.timeout, priority=req.priority, trace=trace,
-                    loop=asyncio.get_running_loop()))
-            else:
-                responses = model.async_infer(
-                    req.inputs, names, request_id=req.request_id, parameters=req.parameters,
-                    correlation_id=req.correlation_id, flags=req.flags, timeout=req.timeout,
-                    priority=req.priority, trace=trace)
+            # Large BYTES inputs are encoded for the stub as they are sent: off the loop.
+            responses = (await asyncio.to_thread(_submit, model, req, names, trace,
+                                                 asyncio.get_running_loop())
+                         if large else _submit(model, req, names, trace))
         except Exception as exc:  # validation errors raise straight from infer()
             if own_trace and trace is not None:
                 trace.finish()
