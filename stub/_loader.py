@@ -10,6 +10,13 @@ import sys
 import types
 
 
+def model_search_path(version_dir: str) -> list[str]:
+    """The folders a model's plain imports search first, as Triton's: its version directory,
+    then its model directory (beside config.pbtxt, where versions keep what they share)."""
+    version_dir = os.path.normpath(os.path.abspath(version_dir))
+    return [version_dir, os.path.dirname(version_dir)]
+
+
 def import_model(model_file: str, package: str) -> types.ModuleType:
     """Import ``model_file`` as ``<package>.<stem>``, ``package`` being its directory."""
     directory = os.path.dirname(os.path.abspath(model_file))

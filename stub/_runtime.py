@@ -45,7 +45,7 @@ from ._pberrors import (
     not_a_response,
     unsendable,
 )
-from ._loader import import_model
+from ._loader import import_model, model_search_path
 from ._bls import AsyncResponseIterator, ResponseIterator, place
 from ._pbtensor import Tensor
 from ._waiters import Pace, Waiter, first_item
@@ -524,10 +524,12 @@ class StubRuntime:
     def _load_module(self, model_file: str, version_dir: str) -> Any:
         sys.modules["triton_python_backend_utils"] = pb_utils
         self.version_dir = version_dir
-        # As Triton: the version directory's files import as plain modules, and model.py is
-        # the module "<version>.model" (its relative imports work).
-        if version_dir not in sys.path:
-            sys.path.insert(0, version_dir)
+        # As Triton: the version directory's files and then the model directory's (beside
+        # config.pbtxt, shared by the versions) import as plain modules, and model.py is the
+        # module "<version>.model" (its relative imports work).
+        for at, folder in enumerate(model_search_path(version_dir)):
+            if folder not in sys.path:
+                sys.path.insert(at, folder)
         module = import_model(model_file, os.path.basename(os.path.normpath(version_dir)))
         # ``import model`` (e.g. Triton's QA models' unittest.main("model")) finds this one.
         sys.modules.setdefault(module.__name__.rpartition(".")[2], module)

@@ -146,15 +146,14 @@ class ModelRunner:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._phase = "initialize"
 
-        self._added_path = version_dir not in sys.path
-        if self._added_path:
-            sys.path.insert(0, version_dir)
+        from tritonpy.stub._loader import import_model, model_search_path
+
+        self._added_paths = [p for p in model_search_path(version_dir) if p not in sys.path]
+        sys.path[:0] = self._added_paths
         self._modules_before = set(sys.modules)
         # Its own package name: several runners may hold models of the same version.
         self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
         try:
-            from tritonpy.stub._loader import import_model
-
             self.module = import_model(model_file, self._package)
             cls = self.module.TritonPythonModel
             complete = getattr(cls, "auto_complete_config", None)
@@ -376,15 +375,16 @@ class ModelRunner:
             self._loop_thread.join(timeout=5)
             if not self._loop_thread.is_alive():
                 loop.close()
-        # Modules loaded from the version directory go, so that another model's helper of the
-        # same name is imported afresh.
-        vdir = os.path.join(self.version_dir, "")
+        # Modules loaded from the version and model directories go, so that another model's
+        # helper of the same name is imported afresh.
+        mdir = os.path.join(os.path.dirname(os.path.normpath(self.version_dir)), "")
         for mod_name in set(sys.modules) - self._modules_before:
             f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-            if f.startswith(vdir) or mod_name.partition(".")[0] == self._package:
+            if f.startswith(mdir) or mod_name.partition(".")[0] == self._package:
                 sys.modules.pop(mod_name, None)
-        if self._added_path and self.version_dir in sys.path:
-            sys.path.remove(self.version_dir)
+        for folder in self._added_paths:
+            if folder in sys.path:
+                sys.path.remove(folder)
 
     def _adopt(self, req: Any) -> None:
         req._host_id = next(_request_ids)

@@ -1,6 +1,7 @@
 """model.py is imported as Triton imports it: the module ``<version>.model`` of a package that
 is the version directory, so its relative imports work (Triton's QA model ``multi_file`` does
-``from . import file2``), while plain imports of the version directory's files still work.
+``from . import file2``), while plain imports of the version directory's files, and then of the
+model directory's (beside config.pbtxt: Triton puts both on sys.path), still work.
 Also the pb_utils names such a model reaches for: ``get_model_dir()`` and ``Logger.INFO``
 and its siblings (Triton's logging QA models call ``logger.log(msg, logger.INFO)``).
 Checked in a real stub and under ``tritonpy.testing.ModelRunner``."""
@@ -27,6 +28,7 @@ import triton_python_backend_utils as pb_utils
 from . import helper
 from .helper import TWICE
 import plain_helper
+import shared_helper  # beside config.pbtxt, in the model directory
 
 
 class TritonPythonModel:
@@ -41,6 +43,7 @@ class TritonPythonModel:
             "package": __package__,
             "helper": helper.NAME,
             "plain": plain_helper.NAME,
+            "shared": shared_helper.NAME,
             "twice": TWICE(2),
             "model_dir": pb_utils.get_model_dir(),
             "dir_at_init": self.dir_at_init,
@@ -71,6 +74,12 @@ output [ { name: "OUT", data_type: TYPE_STRING, dims: [ 1 ] } ]
 '''
 
 
+def _write_multi_file(tmp_path, versions=(1,)):
+    mdir = write_model(tmp_path, "multi_file", MODEL_PY, CONFIG, versions=versions, files=FILES)
+    (mdir / "shared_helper.py").write_text("NAME = __name__\n")
+    return mdir
+
+
 def _report(resp) -> dict:
     assert resp.error is None, resp.error
     raw = resp.outputs["OUT"].to_numpy()[0]
@@ -80,14 +89,14 @@ def _report(resp) -> dict:
 def _expected(version_dir: str, package: str) -> dict:
     return {
         "name": f"{package}.model", "package": package, "helper": f"{package}.helper",
-        "plain": "plain_helper", "twice": 4, "model_dir": version_dir,
+        "plain": "plain_helper", "shared": "shared_helper", "twice": 4, "model_dir": version_dir,
         "dir_at_init": version_dir, "levels": [0, 1, 2, 3], "loglevel_is_pb": True,
     }
 
 
 def test_model_is_imported_as_version_dot_model_in_a_stub(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="tritonpy.model.multi_file")
-    mdir = write_model(tmp_path, "multi_file", MODEL_PY, CONFIG, versions=(3,), files=FILES)
+    mdir = _write_multi_file(tmp_path, versions=(3,))
     with serving(tmp_path, new_prefix()) as server:
         resp = infer(server.model("multi_file"), {"IN": np.zeros(1, np.float32)})
         assert _report(resp) == _expected(os.path.join(str(mdir), "3"), "3")
@@ -102,7 +111,7 @@ def _logged(caplog) -> bool:
 
 
 def test_model_runner_imports_it_the_same_way(tmp_path):
-    mdir = write_model(tmp_path, "multi_file", MODEL_PY, CONFIG, files=FILES)
+    mdir = _write_multi_file(tmp_path)
     with ModelRunner(mdir) as runner:
         (resp,) = runner.execute([{"IN": np.zeros(1, np.float32)}])
         report = _report_of(resp)
