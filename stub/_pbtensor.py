@@ -71,8 +71,7 @@ class Tensor:
     __slots__ = ("_name", "_arr", "_dtype", "_shm")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+        name = _tensor_name(name)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")  # Triton's
         # As Triton's (measured): a numpy array only, not a list, a scalar or a numpy scalar
@@ -89,6 +88,10 @@ class Tensor:
                 "Tensor dtype used for numpy_array is not supported by Python backend. "
                 "Please use np.object_ instead."
             )
+        if not arr.flags.c_contiguous:
+            # As Triton's: a strided view (a slice, a transpose) is copied here, so later
+            # writes into the array it views do not reach this tensor.
+            arr = arr.copy(order="C")
         if triton_dtype is not None:
             want = triton_to_numpy_type(triton_dtype)
             if want is None:
@@ -149,14 +152,14 @@ class Tensor:
             raise TritonModelException("DLPack does not support BYTES tensors")
         if self._dtype == _BF16:
             return _bf16_capsule(self._arr)
-        return self._arr.__dlpack__()
+        return _export(self._arr)
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._dtype == 13:
             raise TritonModelException("DLPack does not support BYTES tensors")
         if self._dtype == _BF16:
             return _bf16_capsule(self._arr, **kwargs)
-        return self._arr.__dlpack__(**kwargs)
+        return _export(self._arr, **kwargs)
 
     def __dlpack_device__(self) -> tuple[int, int]:
         return self._arr.__dlpack_device__()
@@ -164,8 +167,7 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor: Any) -> Tensor:
         """A Tensor from any object with ``__dlpack__`` (or a DLPack capsule), zero copy."""
-        if not isinstance(name, str):
-            raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+        name = _tensor_name(name)
         # Triton raises TritonModelException for both of these (a model may catch it).
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
@@ -197,14 +199,52 @@ class Tensor:
         if BFLOAT16 is not None and _is_bf16_capsule(dlpack_tensor):
             return Tensor(name, _from_bf16_capsule(dlpack_tensor))
         try:
-            return Tensor(name, np.from_dlpack(_CpuCapsule(dlpack_tensor)))
+            arr = np.from_dlpack(_CpuCapsule(dlpack_tensor))
         except (BufferError, RuntimeError, TypeError, ValueError):
             return Tensor._wrap(name, _cupy_from_dlpack(dlpack_tensor))
+        return Tensor(name, _writable(arr))
 
     def __repr__(self) -> str:
         where = "" if self.is_cpu() else ", GPU"
         return (f"Tensor({self._name!r}, shape={list(self._arr.shape)}, "
                 f"dtype={self._arr.dtype}{where})")
+
+
+def _tensor_name(name: Any) -> str:
+    """A tensor's name: a str, or bytes taken as UTF-8 (as Triton's std::string takes them)."""
+    if isinstance(name, bytes):
+        try:
+            return name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TritonModelException(f"tensor name {name!r} is not UTF-8 text") from None
+    if not isinstance(name, str):
+        raise TypeError(f"tensor name must be a str, got {type(name).__name__}")
+    return name
+
+
+def _export(arr: Any, **kwargs: Any) -> Any:
+    """``arr.__dlpack__(**kwargs)``; a read-only numpy array (``np.frombuffer`` of bytes, a
+    broadcast) is exported as a copy when the consumer cannot be told it is read-only (an
+    unversioned capsule, as ``torch.utils.dlpack.from_dlpack`` takes), where numpy refuses."""
+    try:
+        return arr.__dlpack__(**kwargs)
+    except BufferError:
+        if type(arr) is not np.ndarray or arr.flags.writeable:
+            raise
+        return arr.copy().__dlpack__(**kwargs)
+
+
+def _writable(arr: np.ndarray) -> np.ndarray:
+    """A writable alias of an array numpy imported read-only from an unversioned DLPack capsule
+    (it cannot tell whether the producer allows writes; Triton's import allows them, as
+    torch's does). The alias keeps ``arr``, and through it the capsule's deleter, alive."""
+    if arr.flags.writeable or arr.size == 0:
+        return arr
+    lo, hi = np.lib.array_utils.byte_bounds(arr)
+    keeper = type("_DLPackMemory", (ctypes.c_char * (hi - lo),), {}).from_address(lo)
+    keeper.array = arr  # type: ignore[attr-defined]
+    return np.ndarray(arr.shape, arr.dtype, buffer=keeper, offset=arr.ctypes.data - lo,
+                      strides=arr.strides)
 
 
 class _CpuCapsule:

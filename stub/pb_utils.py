@@ -308,6 +308,18 @@ class InferenceRequest:
         return await _need_runtime("InferenceRequest.async_exec()").bls_async_exec(self, decoupled)
 
 
+def _one_of_each(tensors: list[Tensor]) -> None:
+    """Refuses two output tensors of one name (Triton 2.51 sends both: an HTTP client reads
+    the first, gRPC's tritonclient fails to decode the response)."""
+    seen: set[str] = set()
+    for t in tensors:
+        if t._name in seen:
+            raise TritonModelException(
+                f"InferenceResponse: output tensor '{t._name}' is given twice; each output "
+                "needs its own name")
+        seen.add(t._name)
+
+
 class InferenceResponse:
     """The response to one request: output tensors or an error, and parameters."""
 
@@ -319,6 +331,8 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             raise TypeError(  # as Triton's (pybind11)
                 f"error must be a pb_utils.TritonError, got {type(error).__name__}")
+        if len(output_tensors) > 1:
+            _one_of_each(output_tensors)
         self._output_tensors = output_tensors
         self._err = error
         self._parameters = _check_parameters(parameters)
