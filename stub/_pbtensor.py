@@ -241,8 +241,9 @@ def _writable(arr: np.ndarray) -> np.ndarray:
     if arr.flags.writeable or arr.size == 0:
         return arr
     lo, hi = np.lib.array_utils.byte_bounds(arr)
-    keeper = type("_DLPackMemory", (ctypes.c_char * (hi - lo),), {}).from_address(lo)
-    keeper.array = arr  # type: ignore[attr-defined]
+    memory: Any = type("_DLPackMemory", (ctypes.c_char * (hi - lo),), {})
+    keeper = memory.from_address(lo)
+    keeper.array = arr
     return np.ndarray(arr.shape, arr.dtype, buffer=keeper, offset=arr.ctypes.data - lo,
                       strides=arr.strides)
 
