@@ -353,6 +353,34 @@ def test_http_bytes_tensors(http: httpclient.InferenceServerClient) -> None:
     assert res.as_numpy("OUTPUT0").tolist() == words.tolist()
 
 
+def test_http_json_outputs_carry_nan_and_infinities_as_triton_writes_them(
+        served: Served, http: httpclient.InferenceServerClient) -> None:
+    # Triton 2.51 answers 200 application/json with NaN, Infinity and -Infinity (not strict JSON,
+    # but Python's json and tritonclient read them); a float past FP32's range is infinite.
+    body = (b'{"inputs":[{"name":"INPUT0","shape":[4],"datatype":"FP32",'
+            b'"data":[NaN,Infinity,-Infinity,1e40]}]}')
+    status, doc = raw_post(served, "/v2/models/identity_fp32/infer", body)
+    assert status == 200
+    data = doc["outputs"][0]["data"]
+    assert np.isnan(data[0]) and data[1:] == [np.inf, -np.inf, np.inf]
+    conn = httplib.HTTPConnection(*served.http.split(":"))
+    try:
+        conn.request("POST", "/v2/models/identity_fp32/infer", body=body)
+        resp = conn.getresponse()
+        raw = resp.read()
+    finally:
+        conn.close()
+    assert resp.getheader("Content-Type") == "application/json"
+    assert b'"data":[NaN,Infinity,-Infinity,Infinity]' in raw
+    inp = httpclient.InferInput("INPUT0", [2], "FP32")
+    inp.set_data_from_numpy(np.array([np.nan, -np.inf], np.float32), binary_data=True)
+    out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+    res = http.infer("identity_fp32", [inp], outputs=[out])
+    assert res.get_output("OUTPUT0")["data"][1] == -np.inf
+    got = res.as_numpy("OUTPUT0")
+    assert got.dtype == np.float32 and np.isnan(got[0]) and got[1] == -np.inf
+
+
 def test_http_request_and_response_parameters(http: httpclient.InferenceServerClient) -> None:
     inp = httpclient.InferInput("INPUT0", [3], "FP32")
     inp.set_data_from_numpy(np.array([1, 2, 3], np.float32))

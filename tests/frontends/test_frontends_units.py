@@ -230,7 +230,9 @@ def test_outputs_to_wire() -> None:
     assert json_data(out) == [1.5, 2.0]
     assert bytes(tensor_bytes(out.array, "FP32")) == np.array([1.5, 2], np.float32).tobytes()
     assert json_data(OutputTensor("o", "FP16", (1,), np.ones(1, np.float16))) is None
-    assert json_data(OutputTensor("o", "FP32", (1,), np.array([np.nan], np.float32))) is None
+    nonfinite = json_data(OutputTensor("o", "FP32", (3,), np.array([np.nan, np.inf, -np.inf],
+                                                                    np.float32)))
+    assert nonfinite is not None and np.isnan(nonfinite[0]) and nonfinite[1:] == [np.inf, -np.inf]
     text = OutputTensor("o", "BYTES", (2,), np.array([b"ok", b"\xc3\xa9"], dtype=object))
     assert json_data(text) == ["ok", "é"]
     assert json_data(OutputTensor("o", "BYTES", (1,), np.array([b"\xff"], dtype=object))) is None

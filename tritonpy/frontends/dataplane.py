@@ -649,7 +649,9 @@ def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
 
 
 def json_data(out: OutputTensor) -> list[Any] | None:
-    """The output as a flat JSON list, or None when JSON cannot carry it losslessly."""
+    """The output as a flat JSON list, or None when JSON cannot carry it losslessly (FP16 and
+    BF16, bytes that are not UTF-8). NaN and infinities stay floats: the encoder writes them as
+    ``NaN``, ``Infinity`` and ``-Infinity``, as Triton's does (Python's json reads them)."""
     assert out.array is not None
     flat = out.array.ravel()
     if out.datatype == "BYTES":
@@ -659,8 +661,6 @@ def json_data(out: OutputTensor) -> list[Any] | None:
             return None
     if out.datatype in ("FP16", "BF16"):
         return None
-    if out.datatype in ("FP32", "FP64") and not np.isfinite(flat).all():
-        return None  # NaN/Inf are not JSON
     return flat.tolist()  # type: ignore[no-any-return]
 
 

@@ -110,7 +110,9 @@ def _binary_parts(result: InferResult) -> list[Any] | None:
 
 
 _UNROUTED = object()
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+# NaN and infinities go as Triton writes them (NaN, Infinity, -Infinity: not strict JSON, but
+# what tritonclient and Python's json read back).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 def _dumps(obj: Any) -> bytes:
@@ -717,7 +719,7 @@ class HTTPFrontend:
                 data = None if out.binary else json_data(out)
                 if data is None:
                     # Binary when asked, and also when JSON cannot carry the values exactly
-                    # (FP16, NaN, bytes that are not UTF-8): the client decodes either form.
+                    # (FP16, bytes that are not UTF-8): the client decodes either form.
                     raw = out.raw()
                     entry["parameters"] = {"binary_data_size": len(raw)}
                     chunks.append(raw)
