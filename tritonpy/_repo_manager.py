@@ -41,6 +41,15 @@ log = logging.getLogger("tritonpy.repository")
 _VERSION_FAILED = re.compile(r"version (\d+) is at UNAVAILABLE state: (.*)", re.DOTALL)
 
 
+def _check_model_name(name: str) -> None:
+    """Refuses a name no model directory can have: a load must not reach outside the
+    repository (or the temp folder, with files), whatever its name holds."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        raise InvalidArgumentError(
+            f"{name!r} is not a model name: a model name is the name of one directory (not "
+            "empty, '.' or '..', and without '/' or NUL)")
+
+
 class ModelEntry:
     """One model name: its directory and its loaded versions."""
 
@@ -203,6 +212,7 @@ class RepositoryManager:
                 "explicit model load / unload is not allowed unless the model control mode is "
                 "explicit")
         if api:
+            _check_model_name(name)
             self.scan()
         if files:
             if not config:

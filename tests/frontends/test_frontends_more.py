@@ -466,6 +466,24 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
             assert resp.status == 400 and b"holds an unpaired surrogate" in resp.read()
         finally:
             conn.close()
+        # A name that is no directory's name is refused before anything is written (it used
+        # to reach the temp folder's path: INTERNAL errors, and a way out of it).
+        before = set(Path(tempfile.gettempdir()).glob("tritonpy-*"))
+        for name in ("../escape", "a/b", "..", "."):
+            with pytest.raises(InferenceServerException) as e:
+                grpcc.load_model(name, config=lazy_config("grpc"),
+                                 files={"file:1/model.py": code.encode()})
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert f"{name!r} is not a model name" in e.value.message()
+        for escaped in ("..%2Fescape", "%2E%2E"):  # decoded after routing
+            conn = http_client.HTTPConnection(served.http, timeout=30)
+            try:
+                conn.request("POST", f"/v2/repository/models/{escaped}/load", body=b"{}")
+                resp = conn.getresponse()
+                assert resp.status == 400 and b"is not a model name" in resp.read()
+            finally:
+                conn.close()
+        assert set(Path(tempfile.gettempdir()).glob("tritonpy-*")) <= before
         grpcc.unload_model("from_files")
         assert not grpcc.is_model_ready("from_files")
     finally:

@@ -19,7 +19,6 @@ import zlib
 from collections import deque
 from http import HTTPStatus
 from typing import AsyncGenerator, Awaitable, Callable, Sequence, Union, cast
-from urllib.parse import unquote
 
 import httptools
 
@@ -61,7 +60,7 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 
 
 class Request:
-    """One parsed request: method, percent-decoded path, headers (lower-case names), whole body."""
+    """One parsed request: method, path as sent, headers (lower-case names), whole body."""
 
     __slots__ = ("method", "path", "headers", "body", "http10", "received")
 
@@ -527,9 +526,15 @@ class _Connection(asyncio.BufferedProtocol):
         self._message_done()
 
     def _path(self) -> str:
-        """The request's path, percent-decoded, without its query."""
+        """The request's path as sent (percent escapes kept: a router splits it first, then
+        decodes each part, so ``%2F`` never splits a name), without its query; an absolute-form
+        target (``http://host/v2/...``, which HTTP/1.1 servers must take) is cut to its path."""
         path = self.url.decode("latin-1").partition("?")[0]
-        return unquote(path) if "%" in path else path
+        if not path.startswith("/"):
+            scheme, sep, rest = path.partition("://")
+            if sep and scheme.lower() in ("http", "https"):
+                path = "/" + rest.partition("/")[2]
+        return path
 
     def _message_done(self) -> None:
         self.in_message = False

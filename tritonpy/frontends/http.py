@@ -18,6 +18,7 @@ import math
 import re
 import socket
 from typing import Any, AsyncGenerator, Awaitable, Callable
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -107,6 +108,11 @@ def _binary_parts(result: InferResult) -> list[Any] | None:
             return None
         parts.append(out.raw())
     return parts
+
+
+def _part(text: str) -> str:
+    """One part of a routed path, percent-decoded (after the path was split at its slashes)."""
+    return unquote(text) if "%" in text else text
 
 
 _UNROUTED = object()
@@ -275,7 +281,7 @@ class HTTPFrontend:
         if path == "/v2/logging":
             return self._logging
         if m is not None:
-            name, version, kind = m.group(1), m.group(2) or "", m.group(3) or ""
+            name, version, kind = _part(m.group(1)), m.group(2) or "", m.group(3) or ""
             if kind == "trace/setting" and version:
                 return None
             return lambda r: self._model(r, name, version, kind)
@@ -287,15 +293,16 @@ class HTTPFrontend:
             return lambda r: self._health(r, kind)
         m = _SYSSHM_RE.fullmatch(path)
         if m is not None:
-            region, action = m.group(1) or "", m.group(2)
+            region, action = _part(m.group(1) or ""), m.group(2)
             return lambda r: self._system_shm(r, region, action)
         m = _CUDASHM_RE.fullmatch(path)
         if m is not None:
-            region, action = m.group(1) or "", m.group(2)
+            region, action = _part(m.group(1) or ""), m.group(2)
             return lambda r: self._cuda_shm(r, region, action)
         m = _REPO_RE.fullmatch(path)
         if m is not None:
-            repo, kind, name, action = m.group(1) or "", m.group(2), m.group(3), m.group(4)
+            repo, kind, action = _part(m.group(1) or ""), m.group(2), m.group(4)
+            name = None if m.group(3) is None else _part(m.group(3))
             return lambda r: self._repository(r, repo, kind, name, action)
         if path == "/v2/trace/setting":
             return self._trace
