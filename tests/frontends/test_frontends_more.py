@@ -396,6 +396,14 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
             who(http, httpclient)
         assert e.value.status() == "404"
         assert e.value.message() == "Request for unknown model: 'lazy' has no available versions"
+        # As Triton 2.51 (measured): a model not loaded has no trace settings to read or set.
+        for call in (lambda: http.get_trace_settings(model_name="lazy"),
+                     lambda: http.update_trace_settings(model_name="lazy",
+                                                        settings={"trace_rate": "3"})):
+            with pytest.raises(InferenceServerException) as e:
+                call()
+            assert (e.value.status(), e.value.message()) == (
+                "400", "Request for unknown model : lazy")
     finally:
         http.unload_model("lazy")
 

@@ -825,8 +825,10 @@ class DataPlane:
                        model: str = "") -> dict[str, Any]:
         """The trace settings in effect (for ``model``: its own over the server's), after
         applying ``settings`` when given."""
-        if model and model not in self.server.repo.entries:
-            raise InvalidArgumentError(f"Request for unknown model : {model}")
+        if model:
+            entry = self.server.repo.entries.get(model)
+            if entry is None or not entry.runtimes:  # as Triton: a model not loaded is unknown
+                raise InvalidArgumentError(f"Request for unknown model : {model}")
         tracing = self.server.tracing
         return tracing.update(settings, model) if settings is not None else tracing.settings(model)
 
