@@ -153,6 +153,15 @@ def test_keep_alive_and_http10_close() -> None:
         assert (status, body, headers["connection"]) == (200, b"POST /old x", "close")
         assert closed_by_server(sock)
         sock.close()
+        # HTTP/1.0 asking to keep the connection: it stays, and the answer says so (a 1.0
+        # client assumes a close otherwise); twice, the second through the kept head.
+        sock = connect(running)
+        for i in range(2):
+            sock.sendall(post("/old", b"k%d" % i, "Connection: keep-alive", version="1.0"))
+            status, headers, body = read_response(sock)
+            assert (status, body, headers["connection"]) == (200, b"POST /old k%d" % i,
+                                                            "keep-alive")
+        sock.close()
 
 
 def test_pipelined_requests_answer_in_order() -> None:

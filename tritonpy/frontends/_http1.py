@@ -198,8 +198,9 @@ def _compress(body: bytes, accept: str) -> tuple[bytes, str] | None:
     return None
 
 
-def _head(response: Response, extra: list[str], keep_alive: bool) -> bytes:
-    """A response's status line and headers, ``extra`` (framing) among them."""
+def _head(response: Response, extra: list[str], keep_alive: bool, http10: bool = False) -> bytes:
+    """A response's status line and headers, ``extra`` (framing) among them; an HTTP/1.0
+    connection kept open is told so (its client assumes a close otherwise)."""
     lines = [f"HTTP/1.1 {response.status} {_PHRASES.get(response.status, 'Unknown')}"]
     if response.content_type is not None:
         lines.append(f"Content-Type: {response.content_type}")
@@ -208,6 +209,8 @@ def _head(response: Response, extra: list[str], keep_alive: bool) -> bytes:
     lines.extend(extra)
     if not keep_alive:
         lines.append("Connection: close")
+    elif http10:
+        lines.append("Connection: keep-alive")
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -589,9 +592,11 @@ class _Connection(asyncio.BufferedProtocol):
                     assert self.transport is not None
                     self.transport.resume_reading()
                     self.paused = False
+                http10 = False
                 if isinstance(item, Request):
                     accept = item.headers.get("accept-encoding", "")
                     head_only = item.method == "HEAD"
+                    http10 = item.http10
                     response = await self.server.call(item)
                 elif isinstance(item, Response):  # answered before it reached the handler
                     accept, head_only, response = "", False, item
@@ -601,15 +606,14 @@ class _Connection(asyncio.BufferedProtocol):
                 if self.server.stopping:
                     keep_alive = False
                 if response.stream is not None:
-                    http10 = isinstance(item, Request) and item.http10
                     keep_alive = await self._write_stream(response, response.stream,
                                                           keep_alive and not http10, chunked=not http10)
                 elif response.on_sent is None:
-                    self._write(response, accept, head_only, keep_alive)
+                    self._write(response, accept, head_only, keep_alive, http10)
                 else:
                     t_send = time.monotonic_ns()
                     try:
-                        self._write(response, accept, head_only, keep_alive)
+                        self._write(response, accept, head_only, keep_alive, http10)
                     finally:
                         response.on_sent(t_send, time.monotonic_ns())
                 if not keep_alive:
@@ -623,7 +627,8 @@ class _Connection(asyncio.BufferedProtocol):
         finally:
             self.task = None
 
-    def _write(self, response: Response, accept: str, head_only: bool, keep_alive: bool) -> None:
+    def _write(self, response: Response, accept: str, head_only: bool, keep_alive: bool,
+               http10: bool = False) -> None:
         transport = self.transport
         if transport is None or transport.is_closing():
             return
@@ -636,7 +641,7 @@ class _Connection(asyncio.BufferedProtocol):
                 extra.append(f"Content-Encoding: {packed[1]}")
         size = len(body) + sum(memoryview(p).nbytes for p in parts)
         extra.append(f"Content-Length: {size}")
-        head = _head(response, extra, keep_alive)
+        head = _head(response, extra, keep_alive, http10)
         if head_only or not size:
             transport.write(head)
         elif size <= SMALL_BODY:
