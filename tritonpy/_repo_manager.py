@@ -430,7 +430,7 @@ class RepositoryManager:
         from tritonpy.shm import Cmd
 
         from ._stubproc import StubProcess
-        from .config import config_from_dict, config_to_dict
+        from .config import auto_complete_input, auto_completed, config_from_dict
         from .repository import available_versions, model_file
 
         versions = available_versions(entry.directory)
@@ -446,8 +446,7 @@ class RepositoryManager:
                     return cfg
         except OSError:
             return cfg  # model_file() reports the missing file later with its path
-        d = config_to_dict(cfg)
-        d["name"] = d.get("name") or entry.name
+        d = auto_complete_input(cfg, entry.name, self.gpu_count())
         srv = self.server
         if srv.loads_cancelled:  # no new stub once the server is stopping
             raise load_cancelled()
@@ -467,7 +466,8 @@ class RepositoryManager:
         finally:
             srv.untrack_start(stub)
             stub.stop(finalize=False, timeout=2)
-        return config_from_dict(reply["config"], cfg_path)
+        # Its errors name auto_complete_config, not a config.pbtxt that may not exist.
+        return config_from_dict(reply["config"], auto_completed(entry.name))
 
     def unload(self, name: str, api: bool = False, wait: bool = True) -> None:
         """Unload ``name`` (and the ensembles that run it). Its in-flight and queued requests

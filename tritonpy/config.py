@@ -214,6 +214,34 @@ def normalize_config(
     return c
 
 
+def auto_complete_input(cfg: ModelConfig, model_name: str, gpu_count: int = 0) -> dict[str, Any]:
+    """The configuration a model's ``auto_complete_config`` receives, as Triton hands it over:
+    with the defaults the server fills first (name, backend, default model file, version
+    policy, pinned-memory flags, one instance group), so that code reading them finds them.
+    Nothing is checked here: :func:`normalize_config` checks the completed configuration (and
+    fills these same values, so a model that changes none of them gets the same result)."""
+    c = ModelConfig()
+    c.CopyFrom(cfg)
+    c.name = c.name or model_name
+    if not c.backend and not c.platform:
+        c.backend = PYTHON_BACKEND
+    if c.backend == PYTHON_BACKEND:
+        c.default_model_filename = c.default_model_filename or DEFAULT_MODEL_FILENAME
+    if not c.HasField("version_policy"):
+        c.version_policy.latest.num_versions = 1
+    for pinned in ("input_pinned_memory", "output_pinned_memory"):
+        if not c.optimization.HasField(pinned):
+            getattr(c.optimization, pinned).enable = True
+    _fill_instance_groups(c, gpu_count)
+    return config_to_dict(c)
+
+
+def auto_completed(model_name: str) -> str:
+    """What an error in a configuration ``auto_complete_config`` returned names as its
+    source."""
+    return f"the configuration auto_complete_config of '{model_name}' returned"
+
+
 def _fill_identity(c: ModelConfig, model_name: str) -> None:
     c.name = c.name or model_name
     # Triton refuses a config named otherwise than its directory (it keeps two same-named

@@ -103,8 +103,9 @@ class ModelRunner:
                  model_name: str | None = None, validate: bool = True,
                  bls_handler: Callable[[Any, bool], Any] | None = None) -> None:
         from tritonpy.config import (
+            auto_complete_input,
+            auto_completed,
             config_from_dict,
-            config_to_dict,
             config_to_json,
             load_model_config,
             normalize_config,
@@ -158,13 +159,12 @@ class ModelRunner:
             cls = self.module.TritonPythonModel
             complete = getattr(cls, "auto_complete_config", None)
             if complete is not None:
-                d = config_to_dict(cfg)
-                d["name"] = d.get("name") or name
+                d = auto_complete_input(cfg, name)
                 out = complete(pb.ModelConfig(d))
                 if not isinstance(out, pb.ModelConfig):  # as a server (and Triton) refuses it
                     raise InternalError(f"auto_complete_config function in model '{d['name']}' "
                                         "must return a valid pb.ModelConfig object.")
-                cfg = config_from_dict(out.as_dict(), cfg_path)
+                cfg = config_from_dict(out.as_dict(), auto_completed(name))
             self.model_config_proto = normalize_config(cfg, name, cfg_path, gpu_count=0)
             self.config_json = config_to_json(self.model_config_proto)
             #: The normalised configuration as the model sees it (Triton's JSON form).

@@ -43,6 +43,8 @@ class TritonPythonModel:
 """
 
 AUTO_PY = """
+import json
+import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -50,6 +52,8 @@ class TritonPythonModel:
     @staticmethod
     def auto_complete_config(auto_complete_model_config):
         cfg = auto_complete_model_config
+        with open(os.path.join(os.path.dirname(__file__), "seen.json"), "w") as f:
+            json.dump(cfg.as_dict(), f)  # what the model was given
         cfg.set_max_batch_size(4)
         cfg.set_dynamic_batching()
         cfg.add_input({"name": "IN", "data_type": "TYPE_FP32", "dims": [2]})
@@ -176,6 +180,25 @@ def test_auto_complete_fills_a_missing_config(server):
         model.infer({"IN": np.zeros((5, 2), np.float32)})
 
 
+def test_auto_complete_is_given_the_defaults_triton_fills_first(server, repo):
+    # As Triton 2.51 (measured): auto_complete_config's config already has the backend, the
+    # default model file, one CPU instance group named after the model, the version policy
+    # and the pinned-memory flags, though the model has no config.pbtxt at all.
+    assert server.model("auto").ready()
+    seen = json.loads((repo / "auto" / "1" / "seen.json").read_text())
+    assert (seen["name"], seen["backend"], seen["default_model_filename"]) == (
+        "auto", "python", "model.py")
+    assert [(g["name"], g["kind"], g["count"]) for g in seen["instance_group"]] == [
+        ("auto", "KIND_CPU", 1)]
+    assert seen["version_policy"] == {"latest": {"num_versions": 1}}
+    assert seen["optimization"]["input_pinned_memory"] == {"enable": True}
+    assert seen["max_batch_size"] == 0 and seen["input"] == [] and seen["output"] == []
+    # What the model then set is what the server serves; the defaults are as before.
+    cfg = server.model("auto").config()
+    assert cfg["instance_group"] == seen["instance_group"]
+    assert cfg["version_policy"] == seen["version_policy"]
+
+
 def test_auto_complete_decoupled_policy(server):
     model = server.model("auto_dec")
     assert model.config()["model_transaction_policy"] == {"decoupled": True}
@@ -272,12 +295,22 @@ def test_auto_complete_config_must_return_the_config(tmp_path: Path) -> None:
     write_model(tmp_path, "no_return", AUTO_PY.replace("DECOUPLED", "False").replace(
         "        return cfg\n", "", 1), config="")
     write_model(tmp_path, "fine", AUTO_PY.replace("DECOUPLED", "False"), config="")
+    # A value no config may hold is blamed on what auto_complete_config returned (it used to
+    # name <model>/config.pbtxt, which does not exist).
+    write_model(tmp_path, "bad_type", AUTO_PY.replace("DECOUPLED", "False").replace(
+        '"data_type": "TYPE_FP32", "dims": [2]})\n        cfg.add_output',
+        '"data_type": "FP32", "dims": [2]})\n        cfg.add_output', 1), config="")
     with serving(tmp_path, new_prefix()) as server:
         state = {m["name"]: m for m in server.models()}
         assert state["fine"]["state"] == "READY"
         assert state["no_return"]["state"] == "UNAVAILABLE"
         assert ("auto_complete_config function in model 'no_return' must return a valid "
                 "pb.ModelConfig object.") in state["no_return"]["reason"]
+        assert state["bad_type"]["state"] == "UNAVAILABLE"
+        reason = state["bad_type"]["reason"]
+        assert ("the configuration auto_complete_config of 'bad_type' returned: "
+                "(input[0].data_type): invalid value \"FP32\"") in reason, reason
+        assert "config.pbtxt" not in reason
 
 
 # Writes "<phase>" in the model's directory as it gets there, then sleeps for ever.

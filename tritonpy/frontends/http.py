@@ -302,8 +302,8 @@ class HTTPFrontend:
         m = _REPO_RE.fullmatch(path)
         if m is not None:
             repo, kind, action = _part(m.group(1) or ""), m.group(2), m.group(4)
-            name = None if m.group(3) is None else _part(m.group(3))
-            return lambda r: self._repository(r, repo, kind, name, action)
+            model = None if m.group(3) is None else _part(m.group(3))
+            return lambda r: self._repository(r, repo, kind, model, action)
         if path == "/v2/trace/setting":
             return self._trace
         return None
