@@ -17,7 +17,13 @@ import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 
 from _models import wait_for
-from tritonpy.frontends._http2 import MAX_HEADER_BLOCK, Http2GrpcServer, KeepAlive, Method
+from tritonpy.frontends._http2 import (
+    MAX_COMPRESSED_BLOCK,
+    MAX_HEADER_BLOCK,
+    Http2GrpcServer,
+    KeepAlive,
+    Method,
+)
 
 MAX_MESSAGE = 1 << 16
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -119,6 +125,26 @@ def test_a_deadline_answers_deadline_exceeded_and_cancels_the_handler(running: R
             unary(channel, "Slow")(BytesValue(value=b"30"), timeout=0.3)
         assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert running.toy.cancelled.wait(5), "the handler went on after the deadline"
+        assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
+
+
+def test_too_much_metadata_refuses_its_call_only(running: Running) -> None:
+    # As gRPC core (Triton's server): a call whose metadata decodes past 16 KiB is refused
+    # with RESOURCE_EXHAUSTED; the calls in flight on its connection go on, and new ones come.
+    # (It used to end the connection with GOAWAY: every call of the channel failed.)
+    with grpc.insecure_channel(running.address) as channel:
+        slow = unary(channel, "Slow").future(BytesValue(value=b"0.5"), timeout=30)
+        assert running.toy.slow_started.wait(5)
+        for metadata in ([("x-big", "a" * 20000)],
+                         [(f"x-h{i}", "b" * 200) for i in range(90)]):  # many small ones
+            with pytest.raises(grpc.RpcError) as err:
+                unary(channel, "Echo")(BytesValue(value=b"big"), metadata=metadata)
+            assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "received metadata size exceeds hard limit" in (err.value.details() or "")
+        # Just under the limit is served.
+        assert unary(channel, "Echo")(BytesValue(value=b"ok"),
+                                      metadata=[("x-fits", "c" * 12000)]).value == b"ok"
+        assert slow.result().value == b"done"
         assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
 
 
@@ -344,7 +370,7 @@ def test_a_small_client_window_gets_the_answer_as_the_window_opens(running: Runn
 
 def _violations() -> list[Any]:
     block = hpack.Encoder().encode([(":method", "POST"), (":path", "/t.T/Echo")])
-    big = b"\x00" * (MAX_HEADER_BLOCK // 2 + 1)
+    big = b"\x00" * (MAX_COMPRESSED_BLOCK // 2 + 1)
     opened = frame(HEADERS, END_HEADERS, 1, block)
     return [
         pytest.param(None, PROTOCOL_ERROR, id="not-a-preface"),

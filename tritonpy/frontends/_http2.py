@@ -54,9 +54,14 @@ _DEFAULT_WINDOW = 65535
 _WINDOW = 1 << 24
 _MAX_FRAME = (1 << 24) - 1
 _MAX_WINDOW = (1 << 31) - 1
-#: The largest header block (HEADERS and its CONTINUATIONs) a client may send, compressed and
-#: decoded: gRPC's own hard limit on a call's metadata.
+#: The most metadata a call may have, decoded (names and values, 32 bytes more each, as HTTP/2
+#: counts a header list): gRPC's own hard limit. A call past it alone is refused
+#: (RESOURCE_EXHAUSTED, gRPC core's words); the other calls of its connection go on.
 MAX_HEADER_BLOCK = 1 << 14
+#: A header block past this, compressed, or decoding past ``_MAX_DECODED``, ends the connection
+#: (GOAWAY): past what any call could use, it is an attack on the server's memory.
+MAX_COMPRESSED_BLOCK = 1 << 16
+_MAX_DECODED = 1 << 18
 #: Streams open at once on a connection (advertised; more are refused with REFUSED_STREAM).
 MAX_STREAMS = 4096
 #: A connection whose client preface has not come by then is closed.
@@ -504,7 +509,7 @@ class _Connection(asyncio.Protocol):
         self.calls: dict[int, _Call] = {}
         self.inbuf = bytearray()
         self.preface = False  # the client's preface has arrived
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_BLOCK)
+        self.decoder = hpack.Decoder(max_header_list_size=_MAX_DECODED)
         self.header_cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
         self.continued: tuple[int, bytearray, bool] | None = None  # a header block in parts
         self.out: list[bytes] = []
@@ -814,9 +819,9 @@ class _Connection(asyncio.Protocol):
             if flags & _PRIORITY_FLAG:
                 start += 5
             block = payload[start:len(payload) - _padding(flags, payload, start)]
-            if len(block) > MAX_HEADER_BLOCK:
+            if len(block) > MAX_COMPRESSED_BLOCK:
                 raise _ConnectionError(_ENHANCE_YOUR_CALM,
-                                       f"a header block over {MAX_HEADER_BLOCK} bytes")
+                                       f"a header block over {MAX_COMPRESSED_BLOCK} bytes")
             if flags & _END_HEADERS:
                 self._headers(sid, block, bool(flags & _END_STREAM))
             else:
@@ -830,9 +835,9 @@ class _Connection(asyncio.Protocol):
             if self.continuations > _MAX_CONTINUATIONS:
                 raise _ConnectionError(_ENHANCE_YOUR_CALM,
                                        f"a header block in over {_MAX_CONTINUATIONS} frames")
-            if len(self.continued[1]) > MAX_HEADER_BLOCK:
+            if len(self.continued[1]) > MAX_COMPRESSED_BLOCK:
                 raise _ConnectionError(_ENHANCE_YOUR_CALM,
-                                       f"a header block over {MAX_HEADER_BLOCK} bytes")
+                                       f"a header block over {MAX_COMPRESSED_BLOCK} bytes")
             if flags & _END_HEADERS:
                 csid, parts, end_stream = self.continued
                 self.continued = None
@@ -944,6 +949,15 @@ class _Connection(asyncio.Protocol):
             self._ended(sid)
 
     def _request(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        size = sum(len(name) + len(value) for name, value in headers) + 32 * len(headers)
+        if size > MAX_HEADER_BLOCK:
+            # Decoded (the HPACK table stays right), then refused: this call only.
+            call = _Call(self, sid, None, None, None)
+            call.ended = end_stream
+            self.calls[sid] = call
+            call.finish(_RESOURCE_EXHAUSTED, "received metadata size exceeds hard limit "
+                                             f"({size} vs. {MAX_HEADER_BLOCK})")
+            return
         path = encoding = timeout = accepted = None
         for name, value in headers:
             if name == b":path":
