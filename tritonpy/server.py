@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, sweep_orphans
+from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, janitor, sweep_orphans
 from tritonpy.shm import cuda
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.dtypes import triton_dtype_of
@@ -49,7 +49,7 @@ _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging
 _USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
 
 # Servers started and not stopped: a program that exits without stop() still leaves no stub
-# and no segment behind (a SIGKILLed one relies on PDEATHSIG and the next start's sweep).
+# and no segment behind (a SIGKILLed one relies on PDEATHSIG and its janitor, shm/janitor.py).
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
 
 
@@ -187,6 +187,8 @@ class Server:
                          directory=directory, segments=self.segments, label="host")
         # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
         self.pool.free(*self.pool.allocate(1), 1)
+        # Should this process die without stop() (SIGKILL), the janitor removes the segments.
+        self._janitor = janitor.start(opts.shm_region_prefix_name, directory)
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False, device_refs=True)
@@ -265,6 +267,7 @@ class Server:
         self.segments.close()
         sweep_orphans(self.options.shm_region_prefix_name,
                       self.options.shm_fallback_directory or None)
+        janitor.stop(self._janitor)
         self._started = False
 
     def _not_on_frame_loop(self, what: str) -> None:

@@ -39,6 +39,7 @@ class Serve:
     """A ``tritonpy serve`` subprocess; its output goes to a log file the test can read."""
 
     def __init__(self, args: list[str], prefix: str, workdir: Path) -> None:
+        self.prefix = prefix
         self.log_path = workdir / f"serve-{prefix}.log"
         self._log = open(self.log_path, "wb")
         cmd = [sys.executable, "-m", "tritonpy", "serve", "--http-address", "127.0.0.1",

@@ -19,7 +19,6 @@ from google.protobuf.wrappers_pb2 import BytesValue
 from _models import wait_for
 from tritonpy.frontends._http2 import (
     MAX_COMPRESSED_BLOCK,
-    MAX_HEADER_BLOCK,
     Http2GrpcServer,
     KeepAlive,
     Method,

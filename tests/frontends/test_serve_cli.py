@@ -361,6 +361,38 @@ def test_strict_readiness_flag(serve: Callable[..., Serve], tmp_path: Path) -> N
         assert server.wait(30) == 0
 
 
+def test_a_server_killed_with_sigkill_leaves_no_segment(serve: Callable[..., Serve],
+                                                        tmp_path: Path) -> None:
+    # Its stubs die with it (PR_SET_PDEATHSIG), and its janitor unlinks what they all left:
+    # 16 MiB per process used to stay in /dev/shm until a start with the same prefix.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG + "instance_group [ { kind: KIND_CPU, count: 2 } ]\n",
+                IDENT_MODEL.replace('.as_numpy())', '.as_numpy() * 2)'))  # a stub's own output
+    server, http_port, _ = serve_repo(serve, repo)
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    try:
+        inp = httpclient.InferInput("INPUT0", [1 << 18], "FP32")  # 1 MiB: through shm
+        inp.set_data_from_numpy(np.ones(1 << 18, np.float32))
+        assert http.infer("ident", [inp]).as_numpy("OUTPUT0").sum() == 1 << 19
+    finally:
+        http.close()
+    stubs = [p for p in server.stubs() if "tritonpy.stub" in " ".join(p.cmdline())]
+    assert len(stubs) == 2
+    owners = {int(re.match(r"(\d+)x", name[len(server.prefix):]).group(1))  # type: ignore[union-attr]
+              for name in segments(server.prefix)}
+    assert server.proc.pid in owners and {p.pid for p in stubs} & owners
+    os.kill(server.proc.pid, signal.SIGKILL)
+    server.wait(10)
+    wait_until(lambda: not segments(server.prefix), 20, "the killed server's segments to go")
+    assert not [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+    def janitors() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"])
+                if "janitor.py" in " ".join(p.info["cmdline"] or [])
+                and server.prefix in (p.info["cmdline"] or [])]
+    wait_until(lambda: not janitors(), 10, "the janitor to exit")
+
+
 def test_a_model_failing_to_load_ends_the_server_by_default(
         serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
     # Triton's --exit-on-error (default true): "failed to load all models", exit code 1, and
