@@ -62,7 +62,15 @@ class Serve:
         return wait_until(found, START_TIMEOUT, "tritonpy serve to listen")
 
     def stubs(self) -> list[psutil.Process]:
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        """Its stub processes (not its janitor)."""
+        found = []
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                if "tritonpy.stub" in child.cmdline():
+                    found.append(child)
+            except psutil.Error:
+                pass
+        return found
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)

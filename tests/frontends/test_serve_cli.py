@@ -376,7 +376,7 @@ def test_a_server_killed_with_sigkill_leaves_no_segment(serve: Callable[..., Ser
         assert http.infer("ident", [inp]).as_numpy("OUTPUT0").sum() == 1 << 19
     finally:
         http.close()
-    stubs = [p for p in server.stubs() if "tritonpy.stub" in " ".join(p.cmdline())]
+    stubs = server.stubs()
     assert len(stubs) == 2
     owners = {int(re.match(r"(\d+)x", name[len(server.prefix):]).group(1))  # type: ignore[union-attr]
               for name in segments(server.prefix)}
