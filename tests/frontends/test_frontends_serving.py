@@ -1133,6 +1133,17 @@ def test_grpc_infer_raw_and_typed(served: Served, grpcc: grpcclient.InferenceSer
         req.inputs.add(name="INPUT0", datatype="FP32", shape=[3])
         with pytest.raises(grpc.RpcError, match="unable to find data for input tensor"):
             stub.ModelInfer(req)
+        # A value past a narrow type in int_contents / uint_contents is the client's mistake
+        # (it was INTERNAL with numpy's OverflowError text; Triton 2.51 wraps it).
+        for datatype, field, value in (("INT8", "int_contents", 300),
+                                       ("UINT16", "uint_contents", 70000)):
+            req = service_pb2.ModelInferRequest(model_name="identity_fp32")
+            t = req.inputs.add(name="INPUT0", datatype=datatype, shape=[1])
+            getattr(t.contents, field).append(value)
+            with pytest.raises(grpc.RpcError) as e:
+                stub.ModelInfer(req)
+            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert f"value out of range for {datatype}" in (e.value.details() or "")
 
 
 @pytest.mark.parametrize("algorithm", ["gzip", "deflate"])

@@ -225,7 +225,13 @@ def _from_contents(model: str, name: str, datatype: str, shape: list[int], conte
     else:
         from ..shm.dtypes import numpy_dtype
 
-        arr = np.array(values, dtype=numpy_dtype(datatype)) if count else np.empty(0, numpy_dtype(datatype))
+        try:
+            arr = np.array(values, dtype=numpy_dtype(datatype)) if count else np.empty(
+                0, numpy_dtype(datatype))
+        except OverflowError:  # int_contents carry INT8/INT16, uint_contents UINT8/UINT16
+            raise InvalidArgumentError(
+                f"unexpected explicit tensor data for input tensor '{name}' for model "
+                f"'{model}': value out of range for {datatype}") from None
     return arr.reshape(shape)
 
 
