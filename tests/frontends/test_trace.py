@@ -6,10 +6,12 @@ import json
 from pathlib import Path
 from typing import Iterator
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 import tritonpy
@@ -119,6 +121,15 @@ def test_settings_over_http_and_grpc(traced) -> None:
                 http.update_trace_settings(settings=bad)
             with pytest.raises(InferenceServerException, match=words):
                 grpcc.update_trace_settings(settings=bad)
+        # Two values for a one-value setting (tritonclient sends one; a raw stub may not).
+        with grpc.insecure_channel(f"127.0.0.1:{fe.grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            req = service_pb2.TraceSettingRequest()
+            req.settings["trace_rate"].value.extend(["3", "4"])
+            with pytest.raises(grpc.RpcError) as err:
+                stub.TraceSetting(req)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert err.value.details() == "expect only 1 value for 'trace_rate'"
         with pytest.raises(InferenceServerException, match="Request for unknown model : zzz"):
             http.get_trace_settings("zzz")
         assert http.get_trace_settings()["trace_level"] == ["OFF"]  # nothing bad was applied

@@ -564,6 +564,8 @@ class GRPCService:
                 given = list(setting.value)
                 if key == "trace_level":
                     new[key] = given or None
+                elif len(given) > 1:  # Triton's words; nothing is applied
+                    raise InvalidArgumentError(f"expect only 1 value for '{key}'")
                 else:
                     new[key] = given[0] if given else None
         settings = self.plane.trace_settings(new, request.model_name)
