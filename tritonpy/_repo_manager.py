@@ -217,8 +217,6 @@ class RepositoryManager:
         if files:
             if not config:
                 raise InvalidArgumentError("load with files needs a config override as well")
-            entry = self.entries.get(name) or ModelEntry(name, "")
-            self.entries.setdefault(name, entry)
             tmp = tempfile.mkdtemp(prefix=f"tritonpy-{name}-")
             mdir = os.path.join(tmp, name)
             try:
@@ -227,6 +225,9 @@ class RepositoryManager:
             except BaseException:  # a refused path: what was written so far goes too
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
+            # Known from now on (a refused load of a new name leaves no entry in the index).
+            entry = self.entries.get(name) or ModelEntry(name, "")
+            self.entries.setdefault(name, entry)
             if entry.tmpdir:
                 self._stale_tmpdirs.append(entry.tmpdir)  # its version may still be serving
             entry.tmpdir = tmp
