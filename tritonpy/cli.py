@@ -406,6 +406,7 @@ def default_repository() -> Path:
 
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
+    from .server import load_models_problem
     from .frontends import Frontends
     from .frontends.dataplane import (
         DEFAULT_MAX_INPUT_SIZE,
@@ -429,6 +430,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         raise SystemExit(f"error: {exc.message}") from None
     grpc_ssl = grpc_ssl_context(args)
     grpc_keepalive = keepalive_options(args)
+    problem = load_models_problem(args.model_control_mode, args.load_model)
+    if problem:
+        raise SystemExit(f"error: {problem}")
     if args.model_load_retry_count < 0:
         raise SystemExit(f"error: --model-load-retry-count must be >= 0, got "
                          f"{args.model_load_retry_count}")

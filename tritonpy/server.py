@@ -48,6 +48,17 @@ __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
 
+def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> str:
+    """What is wrong with models to load at start (empty: nothing), in Triton's words: it
+    refuses to start then, rather than load every model or some of them."""
+    if load_models and model_control_mode != "explicit":
+        return ("Use of '--load-model' requires setting '--model-control-mode=explicit' as "
+                "well.")
+    if "*" in load_models and len(load_models) > 1:
+        return ("Wildcard model name '*' must be the ONLY startup model if specified at all.")
+    return ""
+
+
 # Servers started and not stopped: a program that exits without stop() still leaves no stub
 # and no segment behind (a SIGKILLed one relies on PDEATHSIG and its janitor, shm/janitor.py).
 _LIVE: weakref.WeakSet[Server] = weakref.WeakSet()
@@ -116,6 +127,9 @@ class Server:
         if model_control_mode not in ("none", "explicit", "poll"):
             raise InvalidArgumentError(
                 f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
+        problem = load_models_problem(model_control_mode, load_models)
+        if problem:
+            raise InvalidArgumentError(problem)
         self.repositories = [os.path.abspath(r) for r in repos]
         self.model_control_mode = model_control_mode
         self.load_models = list(load_models)

@@ -685,6 +685,25 @@ def test_grpc_keepalive_flags_reach_the_grpc_server(serve: Callable[..., Serve],
         assert f"{flag} must be >= 0, got -1" in refused.log(), refused.log()
 
 
+def test_models_to_load_at_start_need_explicit_mode(serve: Callable[..., Serve],
+                                                    tmp_path: Path) -> None:
+    # As Triton 2.51 (measured): models to load at start outside explicit mode, or '*' beside
+    # others, stop the server at once (it loaded every model instead: ones never asked for,
+    # any of which failing to load would also end it).
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    for flags, words in (
+            (["--load-model", "ident"], "Use of '--load-model' requires setting "
+                                        "'--model-control-mode=explicit' as well."),
+            (["--model-control-mode", "poll", "--load-model", "ident"], "requires setting"),
+            (["--model-control-mode", "explicit", "--load-model", "*", "--load-model", "ident"],
+             "Wildcard model name '*' must be the ONLY startup model")):
+        refused = serve("--model-repository", str(repo), *flags)
+        assert refused.wait(START_TIMEOUT) == 1
+        assert words in refused.log(), refused.log()
+        assert "listening" not in refused.log()
+
+
 def test_sigusr1_logs_where_every_thread_is_and_the_server_goes_on(
         serve: Callable[..., Serve], tmp_path: Path) -> None:
     # kill -USR1: the stacks of a server that seems stuck, without stopping it.

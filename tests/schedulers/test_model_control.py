@@ -112,6 +112,18 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, shm_prefix):
         assert "nope" not in _states(server)
 
 
+def test_models_to_load_at_start_need_explicit_mode(tmp_path):
+    # As Triton: refused at once, not every model loaded instead.
+    import tritonpy
+
+    for mode in ("none", "poll"):
+        with pytest.raises(tritonpy.InvalidArgumentError, match="requires setting "
+                           "'--model-control-mode=explicit'"):
+            tritonpy.Server(str(tmp_path), model_control_mode=mode, load_models=["a"])
+    with pytest.raises(tritonpy.InvalidArgumentError, match="must be the ONLY startup model"):
+        tritonpy.Server(str(tmp_path), model_control_mode="explicit", load_models=["*", "a"])
+
+
 def test_reload_serves_the_old_version_until_the_new_one_is_ready(tmp_path, shm_prefix):
     mdir = write_model(tmp_path, "m", tagged("old"), io_config(
         extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"))  # one held, one free
