@@ -219,6 +219,7 @@ class RuntimeBase:
         self._idle = threading.Condition(self.lock)
         self._draining = 0  # threads in drain(): only then is _idle worth notifying
         self.cut_short = False  # unloaded with requests still in flight (the drain timed out)
+        self.finalize_cut_off = False  # unloaded with a finalize still running (cut off)
 
     def not_ready_error(self) -> UnavailableError:
         return UnavailableError(
@@ -1149,5 +1150,6 @@ class ModelRuntime(RuntimeBase):
             thread.start()
         for thread in stoppers:
             thread.join()
+        self.finalize_cut_off = any(stub.finalize_cut_off for stub, _ in stubs)
         for thread in restarters:  # so that no stub outlives the unload
             thread.join(grace + 5.0)

@@ -189,8 +189,9 @@ class RepositoryManager:
             self.server.log_failed_load(name, exc.message)
 
     def shut_down(self, timeout: float) -> list[str]:
-        """Unload everything, each drain bounded by ``timeout``; the model versions that still
-        had requests in flight when it passed ("'name' version N")."""
+        """Unload everything, each drain bounded by ``timeout``; the model versions it cut
+        off: with requests still in flight when it passed ("'name' version N (requests in
+        flight)"), or a finalize still running then ("... (its finalize)")."""
         for t in list(self._retiring):  # their drains are bounded by the exit timeout too
             t.join(timeout + 15)
         entries = list(self.entries.values())
@@ -201,7 +202,10 @@ class RepositoryManager:
         for tmp in [e.tmpdir for e in entries if e.tmpdir] + self._stale_tmpdirs:
             shutil.rmtree(tmp, ignore_errors=True)
         self._stale_tmpdirs.clear()
-        return [f"'{rt.name}' version {rt.version}" for rt in live if rt.cut_short]
+        return ([f"'{rt.name}' version {rt.version} (requests in flight)"
+                 for rt in live if rt.cut_short]
+                + [f"'{rt.name}' version {rt.version} (its finalize)"
+                   for rt in live if rt.finalize_cut_off and not rt.cut_short])
 
     # -- load / unload -------------------------------------------------------------------------
     def load(self, name: str, config: str | None = None,

@@ -95,6 +95,7 @@ class StubProcess:
         self.alive = False
         self.dead_reason = ""
         self._closing = False
+        self.finalize_cut_off = False  # stop() gave up on a finalize still running
         self._last_seen = time.monotonic()
         self.hello_info: dict | None = None  # the stub's HELLO, once it came
         host_sock, child_sock = socket_pair()
@@ -337,6 +338,8 @@ class StubProcess:
             except TritonpyError as exc:
                 log.warning("[%s] finalize failed: %s", self.name, exc.message)
                 grace = 0.5  # stuck in finalize (or dead): no second full wait
+                # Still running it when the time was up: cut off (a stop then exits 1).
+                self.finalize_cut_off = self.alive
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:

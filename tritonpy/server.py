@@ -227,8 +227,7 @@ class Server:
         self.cancel_loads()  # an instance still initializing has no request to drain
         self.cut_short = self.repo.shut_down(self.exit_timeout)
         if self.cut_short:
-            log.error("exit timeout expired with requests in flight in %s: they were cut off",
-                      ", ".join(self.cut_short))
+            log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
         self.timers.stop()
         self.frames.close()
         self.tracing.close()

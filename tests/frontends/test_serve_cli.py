@@ -213,7 +213,7 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     os.killpg(server.proc.pid, signal.SIGINT)
     assert server.wait(30) == 1  # as Triton's: a request was still in flight, cut off
     elapsed = time.monotonic() - t0
-    assert "exit timeout expired with requests in flight in 'slow' version 1" in server.log()
+    assert "exit timeout expired: cut off in 'slow' version 1 (requests in flight)" in server.log()
     assert "failed to stop server: Exit timeout expired. Exiting immediately." in server.log()
     t_short.join(10)
     t_long.join(10)
@@ -224,6 +224,27 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     assert elapsed < 10, f"stopping took {elapsed:.1f} s with --exit-timeout-secs 4"
     # The instance that finished its request was finalized (the stuck one was killed).
     assert (marks / "finalized").read_text().count("\n") >= 1
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
+def test_a_finalize_cut_off_by_the_exit_timeout_exits_1(serve: Callable[..., Serve],
+                                                        tmp_path: Path, shm_prefix: str) -> None:
+    # As Triton 2.51 (measured): a stop that gives up on a finalize still running, its exit
+    # timeout spent, exits 1 ("Exit timeout expired"); it exited 0, with a warning only.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL + "\n    def finalize(self):\n"
+                "        import time\n        time.sleep(1000)\n")
+    server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0", "--exit-timeout-secs", "2")
+    server.endpoints()
+    stubs = server.stubs()
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 1, server.log()
+    assert time.monotonic() - t0 < 10
+    assert "exit timeout expired: cut off in 'ident' version 1 (its finalize)" in server.log()
+    assert "failed to stop server: Exit timeout expired. Exiting immediately." in server.log()
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []
 

@@ -370,7 +370,7 @@ def test_stop_is_bounded_by_the_exit_timeout_when_a_request_never_ends(tmp_path,
     # As Triton: the exit timeout bounds the wait, then the stuck model is given up on (its
     # finalize gets a moment only: 4 + 4 + 4 s before).
     assert 4 <= elapsed < 8, elapsed
-    assert server.cut_short == ["'stuck' version 1"]
+    assert server.cut_short == ["'stuck' version 1 (requests in flight)"]
     resp = stream.get(timeout=5)  # answered, not left hanging
     assert resp.error is not None and resp.error.code.name == "UNAVAILABLE"
 
