@@ -448,6 +448,31 @@ def test_the_index_goes_on_listing_the_versions_a_reload_took_out(tmp_path, shm_
     assert mdir.exists()
 
 
+def test_a_version_still_unloading_is_unavailable_not_unknown(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured): while a version a reload took out still drains, a request
+    # for it is UNAVAILABLE (503, which clients retry), "not at ready state"; once it is gone,
+    # NOT_FOUND (404). It was NOT_FOUND all along.
+    from _models import SLEEPER_PY
+
+    write_model(tmp_path, "two", SLEEPER_PY, io_config(extra="version_policy: { all: {} }\n"),
+                versions=(1, 2))
+    only2 = io_config(extra="version_policy: { specific: { versions: [2] } }\n")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["two"]) as server:
+        slow = threading.Thread(target=infer, args=(server.model("two", 1), {"IN": fp32(1500)}))
+        slow.start()
+        time.sleep(0.3)
+        server.load("two", config=json.dumps(config_to_dict(parse_config_text(only2, "two"))))
+        with pytest.raises(UnavailableError, match="'two' version 1 is not at ready state"):
+            infer(server.model("two", 1), {"IN": fp32(0)})
+        slow.join(10)
+        wait_until(lambda: [m["state"] for m in server.models()][0] == "UNAVAILABLE", 10,
+                   "version 1 to finish unloading")
+        with pytest.raises(NotFoundError, match="'two' version 1 is not found"):
+            infer(server.model("two", 1), {"IN": fp32(0)})
+        assert infer(server.model("two", 2), {"IN": fp32(0)}).error is None
+
+
 def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
     # As Triton's metrics (measured): the series of an unloaded version go with it, all but
     # nv_inference_request_failure's (see test_counter_lifetimes).
