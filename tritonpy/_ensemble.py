@@ -664,18 +664,23 @@ def step_models_to_unload(repo: RepositoryManager, name: str) -> list[str]:
     """The models that unloading ensemble ``name`` with ``unload_dependents`` also unloads.
 
     Its step models (and theirs, for nested ensembles), except those that another loaded
-    ensemble still runs. Empty for a model that is not a loaded ensemble.
+    ensemble still runs and those a load asked for by name (Triton keeps both). Empty for a
+    model that is not a loaded ensemble.
     """
     def steps_of(model: str) -> set[str]:
         entry = repo.entries.get(model)
         rts = list(entry.runtimes.values()) if entry is not None else []
         return {st.model for rt in rts if isinstance(rt, EnsembleRuntime) for st in rt.steps}
 
+    def requested(model: str) -> bool:
+        entry = repo.entries.get(model)
+        return entry is not None and entry.requested
+
     closure: set[str] = set()
     todo = list(steps_of(name))
     while todo:
         model = todo.pop()
-        if model not in closure and model != name:
+        if model not in closure and model != name and not requested(model):
             closure.add(model)
             todo.extend(steps_of(model))
     kept: set[str] = set()  # everything the other ensembles run, directly or nested

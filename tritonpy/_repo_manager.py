@@ -60,6 +60,9 @@ class ModelEntry:
         self.reason = "unloaded"
         self.runtimes: dict[int, ModelRuntime] = {}
         self.tried = False  # a load was attempted (the index lists a never-loaded model bare)
+        # Loaded because a load asked for it by name (not only as an ensemble's step): an
+        # ensemble's unload with unload_dependents keeps it, as Triton's does.
+        self.requested = False
         self.unloaded: list[int] = []  # the versions its last unload took down
         # The versions a reload took out of service (its version policy or files no longer
         # name them), which Triton's index goes on listing: UNLOADING, then "unloaded".
@@ -159,6 +162,8 @@ class RepositoryManager:
                 self.require_known(n)
         else:
             names = list(self.entries)
+        for n in names:
+            self.entries[n].requested = True
         work = lambda: self._load_many(names)  # noqa: E731
         if wait:
             work()
@@ -263,6 +268,7 @@ class RepositoryManager:
                 # As Triton's model control API answers a failed load (HTTP 400).
                 raise InvalidArgumentError(
                     f"load failed for model '{name}': {exc.message}") from exc
+            entry.requested = True
         self._orphans.pop(name, None)
         self._revive_orphans()
 
@@ -490,6 +496,7 @@ class RepositoryManager:
             log.info("unload of '%s': the repository has no such model; nothing to unload", name)
             return
         entry = self.require_known(name)
+        entry.requested = False
         self._orphans.pop(name, None)
         self._unload_with_dependents(entry, None, wait)
 
