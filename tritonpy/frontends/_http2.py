@@ -510,7 +510,7 @@ class _Connection(asyncio.Protocol):
         self.inbuf = bytearray()
         self.preface = False  # the client's preface has arrived
         self.decoder = hpack.Decoder(max_header_list_size=_MAX_DECODED)
-        self.header_cache: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self.header_cache: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
         self.continued: tuple[int, bytearray, bool] | None = None  # a header block in parts
         self.out: list[bytes] = []
         self.flush_pending = False
@@ -912,7 +912,8 @@ class _Connection(asyncio.Protocol):
                 self.peer_max_frame = value
         self.out.append(_frame(_SETTINGS, _ACK, 0))
 
-    def _decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+    def _decode(self, block: bytes) -> tuple[list[tuple[bytes, bytes]], int]:
+        """The block's headers, and their size as HTTP/2 counts a header list."""
         # A block of indexed fields only (every byte has its high bit set) leaves the HPACK
         # table as it was, so the same bytes decode the same way until a block changes it.
         indexed = not block.translate(None, _HIGH_BYTES)
@@ -926,12 +927,13 @@ class _Connection(asyncio.Protocol):
             headers = [(bytes(n), bytes(v)) for n, v in self.decoder.decode(block, raw=True)]
         except hpack.HPACKError as exc:
             raise _ConnectionError(_COMPRESSION_ERROR, f"bad header block: {exc}") from None
+        decoded = headers, sum(len(n) + len(v) for n, v in headers) + 32 * len(headers)
         if indexed and len(self.header_cache) < 64:
-            self.header_cache[block] = headers
-        return headers
+            self.header_cache[block] = decoded
+        return decoded
 
     def _headers(self, sid: int, block: bytes, end_stream: bool) -> None:
-        headers = self._decode(block)
+        headers, size = self._decode(block)
         if sid in self.calls or sid <= self.last_sid:  # trailers, or a stream already over
             if end_stream:
                 self._ended(sid)
@@ -944,12 +946,12 @@ class _Connection(asyncio.Protocol):
             # elsewhere), not served.
             self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_REFUSED_STREAM)))
             return
-        self._request(sid, headers, end_stream)
+        self._request(sid, headers, size, end_stream)
         if end_stream:
             self._ended(sid)
 
-    def _request(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
-        size = sum(len(name) + len(value) for name, value in headers) + 32 * len(headers)
+    def _request(self, sid: int, headers: list[tuple[bytes, bytes]], size: int,
+                 end_stream: bool) -> None:
         if size > MAX_HEADER_BLOCK:
             # Decoded (the HPACK table stays right), then refused: this call only.
             call = _Call(self, sid, None, None, None)
