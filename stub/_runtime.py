@@ -558,7 +558,8 @@ class StubRuntime:
                 raise AttributeError("TritonPythonModel has no execute() method")
             if is_async:
                 self._start_async_loop()
-        except Exception as exc:  # as Triton writes it: "Type: message", then the model's frames
+        # As Triton writes it: "Type: message", then the model's frames; sys.exit() too.
+        except BaseException as exc:  # noqa: B036
             return {"ok": False, "error": _error_body("INTERNAL", exception_text(exc))}
         finally:
             self.phase = "ready"
@@ -578,7 +579,7 @@ class StubRuntime:
                     f"auto_complete_config function in model '{body['config'].get('name', '')}' "
                     "must return a valid pb.ModelConfig object."))}
             return {"ok": True, "config": cfg.as_dict()}
-        except Exception as exc:
+        except BaseException as exc:  # noqa: B036 (sys.exit() too, as in initialize)
             return {"ok": False, "error": _error_body("INTERNAL", exception_text(exc))}
 
     def _is_ready(self) -> dict:

@@ -59,6 +59,19 @@ class TritonPythonModel:
         return []
 '''
 
+# sys.exit() in initialize: Triton's text, "SystemExit: 4" and the model's frame (it was the
+# stub's whole traceback, its own frames included).
+INIT_SYS_EXIT_PY = '''
+import sys
+
+class TritonPythonModel:
+    def initialize(self, args):
+        sys.exit(4)
+
+    def execute(self, requests):
+        return []
+'''
+
 TWO = ('backend: "python"\nmax_batch_size: 0\n'
        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
@@ -77,6 +90,8 @@ BAD = {
     "initraises": (INIT_RAISES_PY, TWO, [
         FAILED + "Internal: RuntimeError: initialize refused by initraises_0_1\n\nAt:\n",
         "/model.py(7): initialize\n"]),
+    "initsysexit": (INIT_SYS_EXIT_PY, None, [
+        FAILED + "Internal: SystemExit: 4\n\nAt:\n", "/model.py(6): initialize\n"]),
     "initexit": (INIT_EXITS_PY, None, [
         "stub process 'initexit_0' (pid ", "exited with code 7", "initexit: giving up"]),
 }
