@@ -400,8 +400,10 @@ class MetricsFrontend:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
             return web.json_response({"error": "Method Not Allowed"}, status=405)
-        if request.path != "/metrics":
-            return web.Response(status=400, content_type="text/plain", charset="utf-8")
+        if request.path not in ("/metrics", "/metrics/"):
+            # As Triton 2.51 (measured): any other path is 200 with an empty body, which is
+            # what an HTTP probe of the metrics port (Kubernetes' httpGet on "/") expects.
+            return web.Response(status=200, content_type="text/plain", charset="utf-8")
         # statistics() takes the server's locks: keep it off the event loop.
         text = await asyncio.to_thread(metrics_text, self.server, self.cpu)
         return web.Response(body=text.encode(), headers={"Content-Type": CONTENT_TYPE})

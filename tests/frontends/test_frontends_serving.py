@@ -1018,6 +1018,14 @@ def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceS
                    "tritonpy_shm_pool_used_bytes", "tritonpy_shm_pool_segments"):
         assert f"# TYPE {family} " in text, family
     assert 'nv_inference_request_success{model="add_sub",version="1"}' in text
+    # As Triton 2.51 (measured): "/metrics/" is the page too, and any other path of the
+    # metrics port is 200 with an empty body (an HTTP probe of the port passes); they were 400.
+    base = served.metrics.rsplit("/metrics", 1)[0]
+    with urllib.request.urlopen(base + "/metrics/") as resp:
+        assert "# TYPE nv_inference_count " in resp.read().decode()
+    for path in ("/", "/healthz", "/metricsX"):
+        with urllib.request.urlopen(base + path) as resp:
+            assert (resp.status, resp.read()) == (200, b"")
 
 
 def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
