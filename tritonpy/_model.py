@@ -34,6 +34,7 @@ from ._errors import (
 )
 from ._request import HostRequest
 from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, make_scheduler
+from ._sequence import SEQUENCE_TIMEOUT
 from ._stats import ModelStats
 from ._stubproc import StubProcess
 from . import _request, _warmup
@@ -733,7 +734,12 @@ class ModelRuntime(RuntimeBase):
                 pass
 
     def _timed_out(self, req: HostRequest) -> None:
-        req.abort(UnavailableError(REQUEST_TIMEOUT))
+        why = REQUEST_TIMEOUT
+        if self.sched_is_sequence:
+            with self.lock:  # Triton's words for a sequence that waited for a slot too long
+                if self.sched.waits_for_slot(req):
+                    why = SEQUENCE_TIMEOUT
+        req.abort(UnavailableError(why))
 
     # -- frames from the stubs -------------------------------------------------------------------
     def _on_frame(self, stub: StubProcess, msg: list) -> None:

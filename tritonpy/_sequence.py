@@ -243,8 +243,19 @@ class SequenceBatcher:
 
     def aborted(self, req: HostRequest, error: TritonpyError) -> None:
         """``req``, still queued, was answered ``error`` (cancel, timeout): its sequence ends
-        when it comes to the head (``_settle``). The caller holds the model lock."""
+        when it comes to the head (``_settle``); at once for a sequence in the backlog whose
+        first request it was (no slot is coming to settle it: its requests queued behind are
+        answered now, and its next one needs START, as in Triton). The caller holds the model
+        lock."""
         self._aborted[req.id] = error
+        for seq in self.backlog:
+            if seq.pending and seq.pending[0] is req:
+                self._settle(seq)
+                break
+
+    def waits_for_slot(self, req: HostRequest) -> bool:
+        """Whether ``req`` belongs to a sequence in the backlog (no slot yet)."""
+        return any(req in seq.pending for seq in self.backlog)
 
     # -- queueing ----------------------------------------------------------------------------
     def add(self, req: HostRequest) -> TritonpyError | None:

@@ -334,11 +334,29 @@ def test_a_backlogged_sequence_whose_start_is_cancelled_never_runs(server, gate)
     start = _send(server, "seq_cancel_backlog", 10, 82, START)  # backlogged
     second = _send(server, "seq_cancel_backlog", 20, 82)
     start.cancel()
+    # Ended at once, while the slot is still held: no slot would come to end it.
+    assert start.get(timeout=30).error.code.name == "CANCELLED"
+    assert second.get(timeout=10).error.code.name == "CANCELLED"
+    _needs_start(_run(server, "seq_cancel_backlog", 30, 82, END), 82, "seq_cancel_backlog")
     gate.open()
     assert _sum(held.get(timeout=30)) == 1
-    assert start.get(timeout=30).error.code.name == "CANCELLED"
-    assert second.get(timeout=30).error.code.name == "CANCELLED"
-    _needs_start(_run(server, "seq_cancel_backlog", 30, 82, END), 82, "seq_cancel_backlog")
+
+
+def test_a_backlogged_sequence_whose_start_times_out_ends_at_once(server, gate):
+    # As Triton 2.51 (measured): the START that timed out waiting for a slot is answered in
+    # Triton's words, and the sequence is over at once: what is queued behind it too, and its
+    # next request is refused for want of START. Those waited for the slot, then failed.
+    held = _send(server, "seq_cancel_backlog", 1, 83, START | END,
+                 parameters={"gate": gate.path})  # holds the only slot
+    start = _send(server, "seq_cancel_backlog", 10, 84, START, timeout=200_000)
+    behind = _send(server, "seq_cancel_backlog", 20, 84)
+    for resp in (start.get(timeout=30), behind.get(timeout=10)):  # the slot is still held
+        assert resp.error is not None and (resp.error.code.name, resp.error.message) == (
+            "UNAVAILABLE", "timeout of the corresponding sequence has been expired")
+    _needs_start(_run(server, "seq_cancel_backlog", 30, 84), 84, "seq_cancel_backlog")
+    gate.open()
+    assert _sum(held.get(timeout=30)) == 1
+    assert _sum(_run(server, "seq_cancel_backlog", 5, 84, START | END)) == 5
 
 
 def test_a_queued_request_that_times_out_ends_its_sequence(server, gate):
