@@ -27,6 +27,9 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   START, END, READY (always true: tritonpy sends no null requests) with their configured
   false/true values and data type, CORRID with the correlation ID in its configured type.
   Shapes are ``[1]``, or ``[1, 1]`` for a model with max_batch_size > 0.
+* Implicit state (``sequence_batching.state``) as Triton 2.51's Python backend has it: each
+  state input is added with its initial value (zeros, or the initial state's data file) at
+  every step; the model's state output is not carried to the next step.
 """
 from __future__ import annotations
 
@@ -34,13 +37,20 @@ import collections
 import heapq
 import itertools
 import logging
+import os
 import time
 from typing import TYPE_CHECKING, Any, Iterator
 
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType
 
-from ._errors import CancelledError, InvalidArgumentError, TritonpyError, UnavailableError
+from ._errors import (
+    CancelledError,
+    ConfigError,
+    InvalidArgumentError,
+    TritonpyError,
+    UnavailableError,
+)
 from ._scheduler import Waker, batch_key, fail_queued, remove_queued
 
 if TYPE_CHECKING:
@@ -87,9 +97,11 @@ def _ready_since(seq: _Seq) -> int:
 class _Controls:
     """The control tensors a configuration asks for, built once."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Any, model_dir: str = "") -> None:
         shape = (1, 1) if int(cfg.max_batch_size) > 0 else (1,)
         self.shape = shape
+        self.states = [(st.input_name, _initial_state(st, int(cfg.max_batch_size) > 0, model_dir))
+                       for st in cfg.sequence_batching.state]
         self.flags: list[tuple[str, int, np.ndarray, np.ndarray]] = []
         self.corrid: tuple[str, Any, bool] | None = None
         for ci in cfg.sequence_batching.control_input:
@@ -108,7 +120,7 @@ class _Controls:
                 false = np.full(shape, vals[0], dtype=dt)
                 true = np.full(shape, vals[1], dtype=dt)
                 self.flags.append((ci.name, kind, false, true))
-        self.names = frozenset([n for n, *_ in self.flags] +
+        self.names = frozenset([n for n, *_ in self.flags] + [n for n, _ in self.states] +
                                ([self.corrid[0]] if self.corrid else []))
 
     def tensors(self, req: HostRequest) -> list[tuple[str, np.ndarray]]:
@@ -132,7 +144,41 @@ class _Controls:
                 # The ID's low bytes in the configured type, as Triton copies them.
                 arr = np.full(self.shape, int(cid) & _U64, dtype=np.uint64).astype(dt)
             out.append((name, arr))
+        out.extend(self.states)
         return out
+
+
+def _initial_state(st: Any, batched: bool, model_dir: str) -> np.ndarray:
+    """A state input's value at every step: its ``initial_state`` (zeros, or the raw bytes of
+    ``<model dir>/initial_state/<data_file>``), else zeros. As Triton 2.51's Python backend
+    (measured): the model gets it, and what it returns as the state output is not carried to
+    the next step."""
+    from .shm.dtypes import numpy_dtype
+
+    init = st.initial_state[0] if len(st.initial_state) else None
+    type_code = int(init.data_type if init is not None and init.data_type else st.data_type)
+    dtype = numpy_dtype(DataType.Name(type_code))
+    dims = [max(0, int(d)) for d in (init.dims if init is not None else st.dims)]
+    if init is not None and init.data_file:
+        path = os.path.join(model_dir, "initial_state", init.data_file)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read()
+        except OSError as exc:
+            raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': "
+                              f"cannot read {path}: {exc.strerror}") from None
+        count = int(np.prod(dims)) if dims else 1
+        if dtype == np.object_ or len(raw) != count * dtype.itemsize:
+            raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': {path} "
+                              f"holds {len(raw)} bytes, {count} {DataType.Name(type_code)} "
+                              "values need " + (f"{count * dtype.itemsize}" if dtype != np.object_
+                                                else "a fixed size"))
+        arr = np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
+    elif dtype == np.object_:
+        arr = np.full(dims, b"", dtype=object)
+    else:
+        arr = np.zeros(dims, dtype=dtype)
+    return arr.reshape((1, *arr.shape)) if batched else arr
 
 
 class SequenceBatcher:
@@ -163,7 +209,7 @@ class SequenceBatcher:
         self.idle_s = max(int(sb.max_sequence_idle_microseconds), 1) / 1e6
         self.key = batch_key(rt.config)
         self.iterative = bool(sb.iterative_sequence)
-        self.controls = _Controls(rt.config)
+        self.controls = _Controls(rt.config, rt.model_dir)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
         self.by_inst: dict[Instance, list[_Seq]] = {}  # sequences holding a slot there
         # Heap of free slots: (slot, instance order, instance), so that slot 0 of every
