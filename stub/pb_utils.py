@@ -362,7 +362,9 @@ class ResponseSender:
         # Triton's checks, in its order and words: the arguments, then default-mode limits,
         # then whether the sender is closed.
         if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException("send() takes a pb_utils.InferenceResponse or None")
+            raise TypeError(  # as Triton's (pybind11) refuses an argument of the wrong type
+                f"send() takes a pb_utils.InferenceResponse or None, got "
+                f"{type(response).__name__}")
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL

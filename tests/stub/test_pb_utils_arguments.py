@@ -154,3 +154,14 @@ def test_triton_error_takes_what_tritons_takes():
     for code in (2, 99, -1, "INTERNAL", 1.0, True, 2 ** 70):
         with pytest.raises(TypeError, match="invalid TritonError code"):
             pb_utils.TritonError("x", code)
+
+
+def test_a_sender_refuses_what_is_no_response_with_a_type_error():
+    # As Triton's (pybind11, measured): TypeError for an argument of the wrong type, while a
+    # bad flag is a TritonModelException on both.
+    request = pb_utils.InferenceRequest(model_name="m", inputs=[T], requested_output_names=[])
+    sender = pb_utils.ResponseSender(request)
+    with pytest.raises(TypeError, match="takes a pb_utils.InferenceResponse or None, got str"):
+        sender.send("not a response")
+    with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag provided"):
+        sender.send(pb_utils.InferenceResponse(), flags=12345)
