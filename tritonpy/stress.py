@@ -19,6 +19,8 @@ process is left when it stops:
   of a decoupled stub whose responses wait unread in its segments.
 * ``stub-hung``: SIGSTOP of a stub in the middle of ``execute``, caught by
   ``stub-timeout-seconds``.
+* ``host-killed``: SIGKILL of the server process itself, its host and stubs holding segments:
+  the stubs die with it and its janitor removes the segments.
 
 The table has one row per check; the exit status is 1 when a check failed.
 """
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from ._gpus import visible_gpu_count
 from ._stress_checks import (
@@ -423,12 +426,73 @@ def stub_hung(ctx: Context) -> list[Row]:
                         {"stub-timeout-seconds": str(timeout)})
 
 
+# -- the server itself killed ------------------------------------------------------------------
+
+# A server in a process of its own: loads two models, has a stub make an output of 4 MiB (so
+# that the host and a stub hold segments), says "ready", then waits to be killed.
+_HOST = """
+import sys
+import numpy as np
+import tritonpy
+repo, prefix = sys.argv[1], sys.argv[2]
+server = tritonpy.Server(repo, model_control_mode="explicit",
+                         load_models=["stress_io", "stress_slow"],
+                         backend_config={"shm-region-prefix-name": prefix})
+server.start()
+resp = server.model("stress_io").infer({"DATA": np.zeros(4 << 20, np.uint8),
+                                        "OUT_BYTES": np.array([4 << 20], np.int64)}).get(timeout=120)
+print("ready" if resp.error is None else "error: " + resp.error.message, flush=True)
+sys.stdin.read()
+"""
+
+
+def host_killed(ctx: Context) -> list[Row]:
+    """SIGKILL to the server process itself (the OOM killer's pick): its stubs die with it
+    and its janitor removes every segment they and it held; nothing waits for a next start."""
+    name = "host killed"
+    prefix = f"{PREFIX}host{os.getpid()}_"
+    proc = subprocess.Popen([sys.executable, "-c", _HOST, str(ctx.repository), prefix],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = (proc.stdout.readline() if proc.stdout else "").strip()
+        held = list_segments(prefix)
+        if line != "ready" or not held:
+            return [Row(name, "set-up", short(line) or "the server did not start", None, FAILED)]
+        mark = f'"host_pid": {proc.pid}'
+        t0 = time.monotonic()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        gone = wait_until(lambda: not list_segments(prefix), 20)
+        took = time.monotonic() - t0
+        stubs = [p for p in psutil.process_iter(["cmdline", "status"])
+                 if any(mark in arg for arg in (p.info["cmdline"] or []))
+                 and p.info["status"] != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            if pipe is not None:
+                pipe.close()
+    owners = len({seg.split("x", 1)[0] for seg in held})
+    check = f"SIGKILL to the server, {len(held)} segments held by {owners} processes"
+    if not gone:
+        left = list_segments(prefix)
+        sweep_orphans(prefix)
+        return [Row(name, check, f"{len(left)} left in /dev/shm after 20 s", took, FAILED)]
+    if stubs:
+        return [Row(name, check, f"segments gone, but {len(stubs)} stub(s) still run", took,
+                    FAILED)]
+    return [Row(name, check, "its stubs died with it; every segment gone", took, OK)]
+
+
 SCENARIOS: dict[str, Callable[[Context], list[Row]]] = {
     "shm-full": shm_full,
     "gpu-memory-full": gpu_memory_full,
     "message-queue-full": message_queue_full,
     "stub-killed": stub_killed,
     "stub-hung": stub_hung,
+    "host-killed": host_killed,
 }
 
 
@@ -508,7 +572,7 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser("stress", help="push a server into exhaustion and print what a user sees",
                        description="Push real servers past their limits on purpose (shared "
                        "memory full, GPU memory full, message floods, a stub killed or hung "
-                       "mid-request) and print a table of what a user sees: one row per check, "
+                       "mid-request, the server killed) and print a table of what a user sees: one row per check, "
                        "exit status 1 when one failed.")
     s.add_argument("--scenario", action="append", choices=list(SCENARIOS), default=[],
                    help="run this scenario (repeatable); default: all")

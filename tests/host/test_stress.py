@@ -73,7 +73,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     assert "FAILED" not in verdicts, proc.stdout
     assert [s for s, *_ in rows if s not in ("GPU memory full",)] == \
         ["shm full"] * (13 if no_private is None else 9) + ["message queue full"] * 5 \
-        + ["stub killed"] * 6 + ["stub hung"] * 3
+        + ["stub killed"] * 6 + ["stub hung"] * 3 + ["host killed"]
     outcome = {(s, check): o for s, check, _, o in rows}
     verdict = {(s, check): v for s, check, v, _ in rows}
 
@@ -122,6 +122,10 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
     for s in ("stub killed", "stub hung"):
         assert outcome[(s, "the 3 requests queued behind it")].startswith(
             "served by the restarted stub")
+    killed = [(c, o) for s, c, _, o in rows if s == "host killed"]
+    assert killed[0][0].startswith("SIGKILL to the server, ") and "held by 2 processes" in \
+        killed[0][0]
+    assert killed[0][1] == "its stubs died with it; every segment gone"
     stops = [v for _, c, v, _ in rows if c == "stop: nothing left behind"]
     assert stops == ["ok"] * (6 if no_private is None else 5)
     assert proc.stdout.rstrip().endswith(
