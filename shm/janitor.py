@@ -17,6 +17,7 @@ its path, so that it imports only this package's sweep (0.05 s to start, not the
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -52,14 +53,23 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
         proc.wait()
 
 
-def _stubs_alive(server_pid: int) -> bool:
-    mark = f'"host_pid": {server_pid}'
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        cmd = proc.info["cmdline"] or []
-        if ("tritonpy.stub" in cmd and any(mark in arg for arg in cmd)
-                and proc.info["status"] != psutil.STATUS_ZOMBIE):
-            return True
-    return False
+def stubs_of(host_pid: int) -> list[psutil.Process]:
+    """The live stub processes of the server ``host_pid`` (each is told its host's pid on its
+    command line), whether that server runs or is gone (they are reparented then)."""
+    return [proc for proc in psutil.process_iter(["cmdline", "status"])
+            if proc.info["status"] != psutil.STATUS_ZOMBIE
+            and _host_of(proc.info["cmdline"] or []) == host_pid]
+
+
+def _host_of(cmd: list[str]) -> int | None:
+    """The host pid in a stub's command line (``... -m tritonpy.stub FD OPTIONS_JSON``)."""
+    if "tritonpy.stub" not in cmd:
+        return None
+    try:
+        host = json.loads(cmd[cmd.index("tritonpy.stub") + 2]).get("host_pid")
+    except (ValueError, IndexError, AttributeError):
+        return None
+    return host if isinstance(host, int) else None
 
 
 def main(argv: list[str]) -> int:
@@ -71,7 +81,7 @@ def main(argv: list[str]) -> int:
         said = (said + chunk)[-3:]
     if said != b"bye":  # the server died: its stubs are being killed (PR_SET_PDEATHSIG)
         deadline = time.monotonic() + _PATIENCE_S
-        while _stubs_alive(server_pid) and time.monotonic() < deadline:
+        while stubs_of(server_pid) and time.monotonic() < deadline:
             time.sleep(_EVERY_S)
     _sweep()(prefix, directory)
     return 0

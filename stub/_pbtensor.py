@@ -71,7 +71,8 @@ class Tensor:
     __slots__ = ("_name", "_arr", "_dtype", "_shm")
 
     def __init__(self, name: str, numpy_array: Any, triton_dtype: int | None = None) -> None:
-        name = _tensor_name(name)
+        if type(name) is not str:
+            name = _tensor_name(name)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")  # Triton's
         # As Triton's (measured): a numpy array only, not a list, a scalar or a numpy scalar

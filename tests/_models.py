@@ -21,6 +21,7 @@ import numpy as np
 import psutil
 
 import tritonpy
+from tritonpy.shm import janitor
 
 # One small model body used by many tests: OUT = IN * 2 for FP32 IN (any shape).
 DOUBLE_PY = """
@@ -111,15 +112,8 @@ def segments(prefix: str) -> list[str]:
 
 
 def stub_processes() -> list[psutil.Process]:
-    """Live (non-zombie) stub processes that are children of this test process."""
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "tritonpy.stub" in child.cmdline():
-                out.append(child)
-        except psutil.Error:
-            continue
-    return out
+    """Live (non-zombie) stub processes of this test process's servers."""
+    return janitor.stubs_of(os.getpid())
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

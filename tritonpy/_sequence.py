@@ -168,11 +168,11 @@ def _initial_state(st: Any, batched: bool, model_dir: str) -> np.ndarray:
             raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': "
                               f"cannot read {path}: {exc.strerror}") from None
         count = int(np.prod(dims)) if dims else 1
-        if dtype == np.object_ or len(raw) != count * dtype.itemsize:
+        need = count * dtype.itemsize if dtype != np.object_ else -1  # BYTES: no fixed size
+        if len(raw) != need:
             raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': {path} "
                               f"holds {len(raw)} bytes, {count} {DataType.Name(type_code)} "
-                              "values need " + (f"{count * dtype.itemsize}" if dtype != np.object_
-                                                else "a fixed size"))
+                              f"values need {need if need >= 0 else 'a fixed size'}")
         arr = np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
     elif dtype == np.object_:
         arr = np.full(dims, b"", dtype=object)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from .shm import list_segments
+from .shm import janitor, list_segments
 
 MiB = 1 << 20
 OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
@@ -166,15 +166,8 @@ def serving(ctx: Context, scenario: str, models: Sequence[str], rows: list[Row],
 
 
 def stub_processes() -> list[psutil.Process]:
-    """This process's stub children (not whatever else it runs, e.g. multiprocessing's)."""
-    out = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if "tritonpy.stub" in child.cmdline():
-                out.append(child)
-        except psutil.Error:
-            continue
-    return out
+    """This process's live stubs (not whatever else it runs, e.g. multiprocessing's)."""
+    return janitor.stubs_of(os.getpid())
 
 
 def wait_until(cond: Callable[[], bool], timeout: float) -> bool:

@@ -222,16 +222,8 @@ def auto_complete_input(cfg: ModelConfig, model_name: str, gpu_count: int = 0) -
     fills these same values, so a model that changes none of them gets the same result)."""
     c = ModelConfig()
     c.CopyFrom(cfg)
-    c.name = c.name or model_name
-    if not c.backend and not c.platform:
-        c.backend = PYTHON_BACKEND
-    if c.backend == PYTHON_BACKEND:
-        c.default_model_filename = c.default_model_filename or DEFAULT_MODEL_FILENAME
-    if not c.HasField("version_policy"):
-        c.version_policy.latest.num_versions = 1
-    for pinned in ("input_pinned_memory", "output_pinned_memory"):
-        if not c.optimization.HasField(pinned):
-            getattr(c.optimization, pinned).enable = True
+    _fill_names(c, model_name)
+    _fill_policies(c)
     _fill_instance_groups(c, gpu_count)
     return config_to_dict(c)
 
@@ -242,8 +234,17 @@ def auto_completed(model_name: str) -> str:
     return f"the configuration auto_complete_config of '{model_name}' returned"
 
 
-def _fill_identity(c: ModelConfig, model_name: str) -> None:
+def _fill_names(c: ModelConfig, model_name: str) -> None:
+    """The name, backend and model file that a configuration may leave out."""
     c.name = c.name or model_name
+    if not c.backend and not c.platform:
+        c.backend = PYTHON_BACKEND
+    if c.backend == PYTHON_BACKEND:
+        c.default_model_filename = c.default_model_filename or DEFAULT_MODEL_FILENAME
+
+
+def _fill_identity(c: ModelConfig, model_name: str) -> None:
+    _fill_names(c, model_name)
     # Triton refuses a config named otherwise than its directory (it keeps two same-named
     # models apart that way).
     _require(c.name == model_name, f"unexpected directory name '{model_name}' for model "
@@ -252,19 +253,25 @@ def _fill_identity(c: ModelConfig, model_name: str) -> None:
         _require(not c.backend, f"Ensemble model '{c.name}' must have platform type "
                  f"'{ENSEMBLE_PLATFORM}' and empty backend type")
         return
-    if not c.backend:
-        _require(not c.platform, f"unexpected platform type '{c.platform}' for {c.name}: "
-                 f"tritonpy runs 'backend: \"{PYTHON_BACKEND}\"' and 'platform: "
-                 f"\"{ENSEMBLE_PLATFORM}\"' models")
-        c.backend = PYTHON_BACKEND
+    _require(c.backend, f"unexpected platform type '{c.platform}' for {c.name}: "
+             f"tritonpy runs 'backend: \"{PYTHON_BACKEND}\"' and 'platform: "
+             f"\"{ENSEMBLE_PLATFORM}\"' models")
     _require(c.backend == PYTHON_BACKEND, f"unsupported 'backend' '{c.backend}' for {c.name}: "
              f"tritonpy runs only '{PYTHON_BACKEND}' models and '{ENSEMBLE_PLATFORM}' ensembles")
-    c.default_model_filename = c.default_model_filename or DEFAULT_MODEL_FILENAME
+
+
+def _fill_policies(c: ModelConfig) -> None:
+    """The version policy and, but for an ensemble, the pinned-memory flags."""
+    if not c.HasField("version_policy"):
+        c.version_policy.latest.num_versions = 1
+    if not c.HasField("ensemble_scheduling"):
+        for pinned in ("input_pinned_memory", "output_pinned_memory"):
+            if not c.optimization.HasField(pinned):
+                getattr(c.optimization, pinned).enable = True
 
 
 def _fill_defaults(c: ModelConfig) -> None:
-    if not c.HasField("version_policy"):
-        c.version_policy.latest.num_versions = 1
+    _fill_policies(c)
     if c.HasField("dynamic_batching"):
         if not c.dynamic_batching.preferred_batch_size and c.max_batch_size > 0:
             c.dynamic_batching.preferred_batch_size.append(c.max_batch_size)
@@ -274,10 +281,6 @@ def _fill_defaults(c: ModelConfig) -> None:
             sb.max_sequence_idle_microseconds = SEQUENCE_IDLE_DEFAULT_MICROSECONDS
         if sb.HasField("oldest") and not sb.oldest.preferred_batch_size and c.max_batch_size > 0:
             sb.oldest.preferred_batch_size.append(c.max_batch_size)
-    if not c.HasField("ensemble_scheduling"):
-        for pinned in ("input_pinned_memory", "output_pinned_memory"):
-            if not c.optimization.HasField(pinned):
-                getattr(c.optimization, pinned).enable = True
 
 
 def _check_model(c: ModelConfig) -> None:

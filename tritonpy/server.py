@@ -48,6 +48,7 @@ __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
 
+
 def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> str:
     """What is wrong with models to load at start (empty: nothing), in Triton's words: it
     refuses to start then, rather than load every model or some of them."""
@@ -55,7 +56,7 @@ def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> 
         return ("Use of '--load-model' requires setting '--model-control-mode=explicit' as "
                 "well.")
     if "*" in load_models and len(load_models) > 1:
-        return ("Wildcard model name '*' must be the ONLY startup model if specified at all.")
+        return "Wildcard model name '*' must be the ONLY startup model if specified at all."
     return ""
 
 

@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from ._gpus import visible_gpu_count
 from ._stress_checks import (
@@ -52,7 +51,8 @@ from ._stress_checks import (
     stub_processes, wait_until,
 )
 from ._stress_models import write_repository
-from .shm import list_segments, sweep_orphans
+from .shm import janitor, list_segments, sweep_orphans
+from .shm.sweep import owner_pid
 from .shm.segment import free_bytes
 
 # -- shm full ---------------------------------------------------------------------------------
@@ -458,15 +458,12 @@ def host_killed(ctx: Context) -> list[Row]:
         held = list_segments(prefix)
         if line != "ready" or not held:
             return [Row(name, "set-up", short(line) or "the server did not start", None, FAILED)]
-        mark = f'"host_pid": {proc.pid}'
         t0 = time.monotonic()
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         gone = wait_until(lambda: not list_segments(prefix), 20)
         took = time.monotonic() - t0
-        stubs = [p for p in psutil.process_iter(["cmdline", "status"])
-                 if any(mark in arg for arg in (p.info["cmdline"] or []))
-                 and p.info["status"] != psutil.STATUS_ZOMBIE]
+        stubs = janitor.stubs_of(proc.pid)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -474,7 +471,7 @@ def host_killed(ctx: Context) -> list[Row]:
         for pipe in (proc.stdin, proc.stdout):
             if pipe is not None:
                 pipe.close()
-    owners = len({seg.split("x", 1)[0] for seg in held})
+    owners = len({owner_pid(seg, prefix) for seg in held})
     check = f"SIGKILL to the server, {len(held)} segments held by {owners} processes"
     if not gone:
         left = list_segments(prefix)

@@ -17,6 +17,8 @@ from typing import Callable
 import psutil
 from _models import wait_until
 
+from tritonpy.shm import janitor
+
 START_TIMEOUT = 60.0
 
 
@@ -62,15 +64,8 @@ class Serve:
         return wait_until(found, START_TIMEOUT, "tritonpy serve to listen")
 
     def stubs(self) -> list[psutil.Process]:
-        """Its stub processes (not its janitor)."""
-        found = []
-        for child in psutil.Process(self.proc.pid).children(recursive=True):
-            try:
-                if "tritonpy.stub" in child.cmdline():
-                    found.append(child)
-            except psutil.Error:
-                pass
-        return found
+        """Its live stub processes (not its janitor)."""
+        return janitor.stubs_of(self.proc.pid)
 
     def wait(self, timeout: float) -> int:
         return self.proc.wait(timeout)

@@ -110,11 +110,6 @@ def _binary_parts(result: InferResult) -> list[Any] | None:
     return parts
 
 
-def _part(text: str) -> str:
-    """One part of a routed path, percent-decoded (after the path was split at its slashes)."""
-    return unquote(text) if "%" in text else text
-
-
 _UNROUTED = object()
 # NaN and infinities go as Triton writes them (NaN, Infinity, -Infinity: not strict JSON, but
 # what tritonclient and Python's json read back).
@@ -275,13 +270,15 @@ class HTTPFrontend:
         return handler  # type: ignore[return-value]
 
     def _find_route(self, path: str) -> Handler | None:
+        """The handler of ``path`` as sent; the names in it are percent-decoded once it is
+        split, so that an escaped slash never splits one."""
         m = _MODEL_RE.fullmatch(path)
         if path == "/v2/models/stats":
             return lambda r: self._stats(r, "", "")
         if path == "/v2/logging":
             return self._logging
         if m is not None:
-            name, version, kind = _part(m.group(1)), m.group(2) or "", m.group(3) or ""
+            name, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
             if kind == "trace/setting" and version:
                 return None
             return lambda r: self._model(r, name, version, kind)
@@ -293,16 +290,16 @@ class HTTPFrontend:
             return lambda r: self._health(r, kind)
         m = _SYSSHM_RE.fullmatch(path)
         if m is not None:
-            region, action = _part(m.group(1) or ""), m.group(2)
+            region, action = unquote(m.group(1) or ""), m.group(2)
             return lambda r: self._system_shm(r, region, action)
         m = _CUDASHM_RE.fullmatch(path)
         if m is not None:
-            region, action = _part(m.group(1) or ""), m.group(2)
+            region, action = unquote(m.group(1) or ""), m.group(2)
             return lambda r: self._cuda_shm(r, region, action)
         m = _REPO_RE.fullmatch(path)
         if m is not None:
-            repo, kind, action = _part(m.group(1) or ""), m.group(2), m.group(4)
-            model = None if m.group(3) is None else _part(m.group(3))
+            repo, kind, action = unquote(m.group(1) or ""), m.group(2), m.group(4)
+            model = None if m.group(3) is None else unquote(m.group(3))
             return lambda r: self._repository(r, repo, kind, model, action)
         if path == "/v2/trace/setting":
             return self._trace
