@@ -330,6 +330,9 @@ class ModelRuntime(RuntimeBase):
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
         self.sched = make_scheduler(self)
         self.sched_is_sequence = config.HasField("sequence_batching")
+        # Implicit state: the state outputs the model is always asked for (see _sequence).
+        self.state_outputs: list[str] = (
+            list(self.sched.controls.state_outputs) if self.sched_is_sequence else [])
         self.queue: Any = self.sched.queue
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
@@ -626,6 +629,10 @@ class ModelRuntime(RuntimeBase):
                 "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
                 "inputs": inputs, "outputs": req.requested or self.all_outputs,
             })
+            if self.state_outputs:
+                wanted = bodies[-1]["outputs"]
+                bodies[-1]["outputs"] = wanted + [n for n in self.state_outputs
+                                                  if n not in wanted]
             if req.gpu_ok:
                 bodies[-1]["gpu_ok"] = True
             if req.pacer is not None:
@@ -787,6 +794,11 @@ class ModelRuntime(RuntimeBase):
                 outputs = self._reshape_outputs(outputs)
             except TritonpyError as exc:
                 outputs, error = [], InternalError(f"model '{self.name}': {exc.message}")
+        if outputs and self.state_outputs:
+            try:
+                outputs = self.sched.keep_state(req, outputs, req.requested or self.all_outputs)
+            except TritonpyError as exc:
+                outputs, error = [], exc
         final = bool(body.get("final", True))
         params = body.get("parameters")
         if not self.decoupled:

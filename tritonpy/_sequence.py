@@ -27,9 +27,12 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   START, END, READY (always true: tritonpy sends no null requests) with their configured
   false/true values and data type, CORRID with the correlation ID in its configured type.
   Shapes are ``[1]``, or ``[1, 1]`` for a model with max_batch_size > 0.
-* Implicit state (``sequence_batching.state``) as Triton 2.51's Python backend has it: each
-  state input is added with its initial value (zeros, or the initial state's data file) at
-  every step; the model's state output is not carried to the next step.
+* Implicit state (``sequence_batching.state``) as Triton documents it, which its 2.51 Python
+  backend does not do (it gives the initial value at every step): each state input is added
+  to a request, with the state output of the sequence's last request that returned one, or
+  the initial value (zeros, or the initial state's data file) at START. The model is asked
+  for its state outputs whatever the client asked for; a client gets one only when the
+  config lists it among the outputs and the client asked for it (or for every output).
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ import itertools
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 from tritonclient.grpc.model_config_pb2 import DataType
@@ -47,11 +50,13 @@ from tritonclient.grpc.model_config_pb2 import DataType
 from ._errors import (
     CancelledError,
     ConfigError,
+    InternalError,
     InvalidArgumentError,
     TritonpyError,
     UnavailableError,
 )
 from ._scheduler import Waker, batch_key, fail_queued, remove_queued
+from .shm.dtypes import triton_dtype_of
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -75,7 +80,7 @@ _U64 = (1 << 64) - 1
 class _Seq:
     """One sequence: its slot (once it has one) and its requests not yet sent."""
 
-    __slots__ = ("corrid", "inst", "slot", "pending", "busy", "last", "open", "done_ns")
+    __slots__ = ("corrid", "inst", "slot", "pending", "busy", "last", "open", "done_ns", "state")
 
     def __init__(self, corrid: int | str) -> None:
         self.corrid = corrid
@@ -86,6 +91,7 @@ class _Seq:
         self.last = time.monotonic()
         self.open = True  # no END seen yet
         self.done_ns = 0  # its last request finished, or it got a slot (time.monotonic_ns)
+        self.state: dict[str, Any] = {}  # implicit state carried to its next step, by input
 
 
 def _ready_since(seq: _Seq) -> int:
@@ -102,6 +108,10 @@ class _Controls:
         self.shape = shape
         self.states = [(st.input_name, _initial_state(st, int(cfg.max_batch_size) > 0, model_dir))
                        for st in cfg.sequence_batching.state]
+        # State output name -> (its input's name, its data type: config name, wire name).
+        self.state_outputs = {st.output_name: (st.input_name, DataType.Name(int(st.data_type)),
+                                               _wire_type(int(st.data_type)))
+                              for st in cfg.sequence_batching.state}
         self.flags: list[tuple[str, int, np.ndarray, np.ndarray]] = []
         self.corrid: tuple[str, Any, bool] | None = None
         for ci in cfg.sequence_batching.control_input:
@@ -123,8 +133,9 @@ class _Controls:
         self.names = frozenset([n for n, *_ in self.flags] + [n for n, _ in self.states] +
                                ([self.corrid[0]] if self.corrid else []))
 
-    def tensors(self, req: HostRequest) -> list[tuple[str, np.ndarray]]:
-        out = []
+    def tensors(self, req: HostRequest, carried: dict[str, Any]) -> list[tuple[str, Any]]:
+        """The control and state inputs of ``req``; ``carried``: its sequence's state."""
+        out: list[tuple[str, Any]] = []
         flags = req.flags
         for name, kind, false, true in self.flags:
             if kind == _START:
@@ -144,15 +155,22 @@ class _Controls:
                 # The ID's low bytes in the configured type, as Triton copies them.
                 arr = np.full(self.shape, int(cid) & _U64, dtype=np.uint64).astype(dt)
             out.append((name, arr))
-        out.extend(self.states)
+        if carried:
+            out.extend((name, carried.get(name, initial)) for name, initial in self.states)
+        else:
+            out.extend(self.states)
         return out
 
 
+def _wire_type(type_code: int) -> str:
+    """A config data type's name as tensors carry it (``TYPE_FP32``: ``FP32``)."""
+    name = DataType.Name(type_code)[5:]
+    return "BYTES" if name == "STRING" else name
+
+
 def _initial_state(st: Any, batched: bool, model_dir: str) -> np.ndarray:
-    """A state input's value at every step: its ``initial_state`` (zeros, or the raw bytes of
-    ``<model dir>/initial_state/<data_file>``), else zeros. As Triton 2.51's Python backend
-    (measured): the model gets it, and what it returns as the state output is not carried to
-    the next step."""
+    """A state input's value at a sequence's START: its ``initial_state`` (zeros, or the raw
+    bytes of ``<model dir>/initial_state/<data_file>``), else zeros."""
     from .shm.dtypes import numpy_dtype
 
     init = st.initial_state[0] if len(st.initial_state) else None
@@ -384,6 +402,7 @@ class SequenceBatcher:
         if seq.open and self.active.get(seq.corrid) is seq:
             del self.active[seq.corrid]  # ended by the idle timeout
         seq.open = False
+        seq.state = {}
         if inst.state == "RETIRING":  # removed by an update: its slots are not handed on
             if not self.by_inst[inst]:
                 self.rt.retire_later(inst)
@@ -438,6 +457,36 @@ class SequenceBatcher:
             self._aborted.pop(req.id, None)
         if rest:
             self.rt.server.timers.at(0.0, lambda: fail_queued(self.rt, rest, why, reason))
+
+    # -- implicit state --------------------------------------------------------------------------
+    def keep_state(self, req: HostRequest, outputs: list, wanted: Sequence[str]) -> list:
+        """Take the state outputs out of a response of ``req`` (on the frames' loop, before its
+        execute is finished, so before the sequence's next request is sent): they become the
+        sequence's state for its next step. Returns the outputs for the caller: ``wanted``
+        (what it asked for) keeps a state output the config lists. Raises InternalError for a
+        state output of another data type than its state's, and then keeps no state of it."""
+        states = self.controls.state_outputs
+        kept = []
+        new = {}
+        for item in outputs:
+            st = states.get(item[0])
+            if st is None:
+                kept.append(item)
+                continue
+            input_name, type_name, wire_type = st
+            got = triton_dtype_of(item[1])
+            if got != wire_type:
+                raise InternalError(
+                    f"model '{self.name}' returned state output '{item[0]}' as {got}, but its "
+                    f"state '{input_name}' is {type_name}")
+            new[input_name] = item[1]
+            if item[0] in wanted:
+                kept.append(item)
+        if new:
+            seq = self.inflight.get(req.id)
+            if seq is not None:
+                seq.state = {**seq.state, **new}
+        return kept
 
     def requeue(self, reqs: list[HostRequest]) -> None:
         for req in reversed(reqs):
@@ -537,9 +586,11 @@ class SequenceBatcher:
             self.n -= 1
             s.busy += 1
             self.inflight[req.id] = s
+            if req.flags & FLAG_START and s.state:
+                s.state = {}  # a new sequence under the same ID: its state starts again
             if names:
                 inputs = [x for x in req.inputs if x[0] not in names]
-                inputs.extend(self.controls.tensors(req))
+                inputs.extend(self.controls.tensors(req, s.state))
                 req.inputs = inputs
             batch.append(req)
         return batch

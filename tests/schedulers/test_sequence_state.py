@@ -1,8 +1,8 @@
-"""Implicit state (``sequence_batching.state``) as Triton 2.51's Python backend has it
-(measured with the same model.py on both): the model gets each state input with its initial
-value (zeros, or ``<model dir>/initial_state/<data_file>``) at every step; what it returns as
-the state output is not carried to the next step, nor sent to the client. A model that reads
-its state input used to get none (and failed every request).
+"""Implicit state (``sequence_batching.state``) as Triton documents it: the state output of a
+sequence's request is the state input of its next one; at START the state input holds its
+initial value (zeros, or ``<model dir>/initial_state/<data_file>``). Triton 2.51's Python
+backend does not carry it (measured with the same model.py: the initial value at every step),
+so a model written to Triton's documentation got a state that never moved there.
 """
 from __future__ import annotations
 
@@ -16,7 +16,128 @@ pytestmark = pytest.mark.timeout(60)
 
 START, END = 1, 2
 
+# OUT = state + IN; the new state is OUT, unless IN is negative (then no state output at all).
+# STATE_OUT_TYPE makes a model that returns its state in another type than the config's.
 ACC_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+STATE_OUT_TYPE = np.float32
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            st = pb_utils.get_input_tensor_by_name(r, "INPUT_STATE").as_numpy()
+            s = (st + x).astype(np.float32)
+            tensors = [pb_utils.Tensor("OUT", s)]
+            if "OUTPUT_STATE" in r.requested_output_names() and float(x.reshape(-1)[0]) >= 0:
+                tensors.append(pb_utils.Tensor("OUTPUT_STATE", s.astype(STATE_OUT_TYPE)))
+            out.append(pb_utils.InferenceResponse(tensors))
+        return out
+"""
+
+
+def _config(initial: str = "", listed: bool = False) -> str:
+    state_out = ', { name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ 1 ] }' if listed else ""
+    return f"""
+backend: "python"
+max_batch_size: 4
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }}{state_out} ]
+sequence_batching {{
+  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32
+            dims: [ 1 ] {initial} }} ]
+}}
+"""
+
+
+def _step(model, cid: int, x: float, flags: int = 0, outputs=None) -> dict[str, float]:
+    resp = model.infer({"IN": np.array([[x]], np.float32)}, outputs, correlation_id=cid,
+                       flags=flags).get(timeout=30)
+    assert resp.error is None, resp.error
+    return {k: float(v.to_numpy().reshape(-1)[0]) for k, v in resp.outputs.items()}
+
+
+def _sums(model, cid: int, xs=(1, 2, 3)) -> list[float]:
+    flags = [START] + [0] * (len(xs) - 2) + [END]
+    got = []
+    for x, f in zip(xs, flags):
+        outs = _step(model, cid, x, f)
+        assert list(outs) == ["OUT"]  # the state output is the server's: the config omits it
+        got.append(outs["OUT"])
+    return got
+
+
+def test_the_state_output_is_the_next_steps_state_input(tmp_path):
+    write_model(tmp_path, "zeros", ACC_PY, _config(
+        'initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "z" }'))
+    write_model(tmp_path, "bare", ACC_PY, _config())
+    mdir = write_model(tmp_path, "from_file", ACC_PY, _config(
+        'initial_state: { data_type: TYPE_FP32 dims: [ 1 ] data_file: "ten" name: "f" }'))
+    (mdir / "initial_state").mkdir()
+    (mdir / "initial_state" / "ten").write_bytes(np.array([10], np.float32).tobytes())
+    with serving(tmp_path, new_prefix()) as server:
+        assert _sums(server.model("zeros"), 7) == [1.0, 3.0, 6.0]
+        assert _sums(server.model("bare"), 8) == [1.0, 3.0, 6.0]
+        assert _sums(server.model("from_file"), 9) == [11.0, 13.0, 16.0]
+        # The same ID again starts from the initial state, not from where it ended.
+        assert _sums(server.model("from_file"), 9) == [11.0, 13.0, 16.0]
+        # A state input is the server's to give: a client that sends one is refused.
+        with pytest.raises(tritonpy.InvalidArgumentError, match="INPUT_STATE"):
+            server.model("zeros").infer(
+                {"IN": np.array([[1]], np.float32), "INPUT_STATE": np.array([[100]], np.float32)},
+                correlation_id=10, flags=START | END)
+
+
+def test_sequences_keep_their_own_state(tmp_path):
+    write_model(tmp_path, "acc", ACC_PY, _config())
+    with serving(tmp_path, new_prefix()) as server:
+        m = server.model("acc")
+        assert _step(m, 1, 1, START)["OUT"] == 1
+        assert _step(m, 2, 100, START)["OUT"] == 100
+        assert _step(m, 1, 1)["OUT"] == 2
+        assert _step(m, 2, 100)["OUT"] == 200
+        # A step that returns no state output leaves the state as it was.
+        assert _step(m, 1, -5)["OUT"] == -3
+        assert _step(m, 1, 1)["OUT"] == 3
+        # START on an ID whose sequence is open ends it: the new one starts from zeros.
+        assert _step(m, 2, 7, START)["OUT"] == 7
+        assert _step(m, 2, 1, END)["OUT"] == 8
+        assert _step(m, 1, 1, END)["OUT"] == 4
+
+
+def test_a_client_gets_the_state_output_only_when_the_config_lists_it(tmp_path):
+    write_model(tmp_path, "listed", ACC_PY, _config(listed=True))
+    write_model(tmp_path, "unlisted", ACC_PY, _config())
+    with serving(tmp_path, new_prefix()) as server:
+        listed = server.model("listed")
+        # Asking for every output gets it; asking for OUT alone still carries the state.
+        assert _step(listed, 3, 2, START) == {"OUT": 2.0, "OUTPUT_STATE": 2.0}
+        assert _step(listed, 3, 3, 0, ["OUT"]) == {"OUT": 5.0}
+        assert _step(listed, 3, 4, END, ["OUTPUT_STATE"]) == {"OUTPUT_STATE": 9.0}
+        with pytest.raises(tritonpy.InvalidArgumentError, match="OUTPUT_STATE"):
+            server.model("unlisted").infer({"IN": np.array([[1]], np.float32)},
+                                           ["OUTPUT_STATE"], correlation_id=4, flags=START)
+
+
+def test_a_state_output_of_the_wrong_type_fails_that_request_and_keeps_the_state(tmp_path):
+    write_model(tmp_path, "wrong", ACC_PY.replace("STATE_OUT_TYPE = np.float32",
+                                                  "STATE_OUT_TYPE = np.float64"), _config())
+    with serving(tmp_path, new_prefix()) as server:
+        m = server.model("wrong")
+        resp = m.infer({"IN": np.array([[1]], np.float32)}, correlation_id=5,
+                       flags=START).get(timeout=30)
+        assert isinstance(resp.error, tritonpy.InternalError)
+        assert ("returned state output 'OUTPUT_STATE' as FP64, but its state 'INPUT_STATE' is "
+                "TYPE_FP32") in resp.error.message
+        # The sequence goes on, from the state it had (zeros), and the model still serves.
+        assert _step(m, 5, -1, END)["OUT"] == -1
+        assert _step(m, 6, -2, START | END)["OUT"] == -2
+
+
+BIG_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -26,54 +147,42 @@ class TritonPythonModel:
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
             st = pb_utils.get_input_tensor_by_name(r, "INPUT_STATE").as_numpy()
-            s = (st + x).astype(np.float32)
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", s),
+            s = x.copy() if st.size == 0 else st + x
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", s[:1]),
                                                    pb_utils.Tensor("OUTPUT_STATE", s)]))
         return out
 """
 
-
-def _config(initial: str) -> str:
-    return f"""
+BIG_CONFIG = """
 backend: "python"
-max_batch_size: 4
-input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
-sequence_batching {{
-  state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32
-            dims: [ 1 ] {initial} }} ]
-}}
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32
+            dims: [ -1 ] } ]
+}
 """
 
 
-def _steps(model, cid: int) -> list[float]:
-    got = []
-    for i, flags in enumerate((START, 0, END)):
-        resp = model.infer({"IN": np.array([[i + 1]], np.float32)}, correlation_id=cid,
-                           flags=flags).get(timeout=30)
-        assert resp.error is None, resp.error
-        assert list(resp.outputs) == ["OUT"]  # the state output is the server's, not sent
-        got.append(float(resp.outputs["OUT"].to_numpy().reshape(-1)[0]))
-    return got
-
-
-def test_the_state_input_holds_its_initial_value_at_every_step(tmp_path):
-    write_model(tmp_path, "zeros", ACC_PY, _config(
-        'initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "z" }'))
-    write_model(tmp_path, "bare", ACC_PY, _config(""))
-    mdir = write_model(tmp_path, "from_file", ACC_PY, _config(
-        'initial_state: { data_type: TYPE_FP32 dims: [ 1 ] data_file: "ten" name: "f" }'))
-    (mdir / "initial_state").mkdir()
-    (mdir / "initial_state" / "ten").write_bytes(np.array([10], np.float32).tobytes())
+def test_a_large_state_goes_back_to_the_model_by_handle(tmp_path):
+    write_model(tmp_path, "big", BIG_PY, BIG_CONFIG)
+    ones = np.ones(1 << 18, np.float32)  # 1 MiB: by handle, not inline
     with serving(tmp_path, new_prefix()) as server:
-        assert _steps(server.model("zeros"), 7) == [1.0, 2.0, 3.0]
-        assert _steps(server.model("bare"), 8) == [1.0, 2.0, 3.0]
-        assert _steps(server.model("from_file"), 9) == [11.0, 12.0, 13.0]
-        # A state input is the server's to give: a client that sends one is refused.
-        with pytest.raises(tritonpy.InvalidArgumentError, match="INPUT_STATE"):
-            server.model("zeros").infer(
-                {"IN": np.array([[1]], np.float32), "INPUT_STATE": np.array([[100]], np.float32)},
-                correlation_id=10, flags=START | END)
+        m, tx = server.model("big"), server.transport
+
+        def step(flags: int) -> float:
+            resp = m.infer({"IN": ones}, correlation_id=11, flags=flags).get(timeout=30)
+            assert resp.error is None, resp.error
+            return float(resp.outputs["OUT"].to_numpy()[0])
+
+        assert step(START) == 1.0  # a state of shape [0] at START: dims [ -1 ]
+        copies, forwards = tx.copies, tx.forwards
+        assert step(0) == 2.0
+        # The host copied the client's input into shared memory, and not the state: the
+        # model's state output went back to it by handle.
+        assert tx.copies - copies == ones.nbytes
+        assert tx.forwards - forwards == 1
+        assert step(END) == 3.0
 
 
 def test_an_initial_state_file_that_cannot_be_read_fails_the_load(tmp_path):
