@@ -123,6 +123,8 @@ class InferRequest:
     received: tuple[tuple[str, int], ...] = ()
     traceparent: str = ""
     trace: Trace | None = None
+    # The system shared-memory regions its outputs go to, kept registered while it runs.
+    shm_held: list[Any] = field(default_factory=list)
 
 
 #: Decoded request headers kept for the next request of the same header, and encoded response
@@ -433,16 +435,24 @@ def shm_ref(name: str, params: Mapping[str, object]) -> ShmRef | None:
     size = params.get("shared_memory_byte_size")
     offset = params.get("shared_memory_offset", 0)
     if not isinstance(region, str):
-        raise InvalidArgumentError("Unable to parse 'shared_memory_region'")
+        raise _bad_shm_param(name, "shared_memory_region", "a string", region)
     if size is None:
         raise InvalidArgumentError(
             f"'shared_memory_byte_size' must be given with 'shared_memory_region' for tensor '{name}'"
         )
     if not is_uint(size):
-        raise InvalidArgumentError("Unable to parse 'shared_memory_byte_size'")
+        raise _bad_shm_param(name, "shared_memory_byte_size", "a non-negative integer", size)
     if not is_uint(offset):
-        raise InvalidArgumentError("Unable to parse 'shared_memory_offset'")
+        raise _bad_shm_param(name, "shared_memory_offset", "a non-negative integer", offset)
     return ShmRef(region, offset, size)  # type: ignore[arg-type]
+
+
+def _bad_shm_param(tensor: str, param: str, expected: str, value: object) -> InvalidArgumentError:
+    shown = repr(value)
+    if len(shown) > 40:
+        shown = shown[:37] + "..."
+    return InvalidArgumentError(f"Unable to parse '{param}' of tensor '{tensor}': expected "
+                                f"{expected}, got {shown}")
 
 
 # --------------------------------------------------------------------------- tensor decoding
@@ -937,9 +947,11 @@ class DataPlane:
         return large
 
     def check_outputs(self, req: InferRequest) -> None:
-        """Fail early (before the model runs) on an output window that does not exist. An
-        output asked for twice is asked for once, with its first entry's settings (Triton 2.51
-        does so, measured; later Tritons refuse it)."""
+        """Fail early (before the model runs) on an output window that does not exist, and
+        hold the system shared-memory regions of the others (``req.shm_held``: an unregister
+        is refused until :meth:`_release`, as in Triton, so that the output is not lost at
+        the request's end). An output asked for twice is asked for once, with its first
+        entry's settings (Triton 2.51 does so, measured; later Tritons refuse it)."""
         outputs = req.outputs or ()
         if len(outputs) > 1:
             first: dict[str, RequestedOutput] = {}
@@ -947,12 +959,25 @@ class DataPlane:
                 first.setdefault(out.name, out)
             if len(first) < len(outputs):
                 req.outputs = outputs = list(first.values())
+        windows = []
         for out in outputs:
             if out.shm is not None:
+                if out.classification:  # as Triton: the classes are not written to shm
+                    raise InvalidArgumentError(
+                        f"output '{out.name}' can't set both 'shared_memory_region' and "
+                        "'classification'")
                 if self.shm.is_cuda(out.shm.region):
                     self.shm.cuda_check(out.shm.region, out.shm.offset, out.shm.byte_size)
                 else:
-                    self.shm.check(out.shm.region, out.shm.offset, out.shm.byte_size)
+                    windows.append((out.shm.region, out.shm.offset, out.shm.byte_size))
+        if windows:
+            req.shm_held = self.shm.hold(windows)
+
+    def _release(self, req: InferRequest) -> None:
+        """The request is over: its output regions may be unregistered again."""
+        held, req.shm_held = req.shm_held, []
+        if held:
+            self.shm.release(held)
 
     async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
         """Run one request on a default-mode model and return its single response.
@@ -990,36 +1015,45 @@ class DataPlane:
             if req.trace is not None:
                 req.trace.finish()
             raise
+        finally:
+            if req.shm_held:
+                self._release(req)
         return result
 
     async def _start(self, req: InferRequest, model: Model, own_trace: bool) -> AsyncResponseStream:
         """Check and submit ``req``; its model's response stream. A sampled request's trace is
-        put in ``req.trace`` (finished here if the request fails to start and ``own_trace``)."""
+        put in ``req.trace`` (finished here if the request fails to start and ``own_trace``).
+        The output regions it holds (:meth:`check_outputs`) are released here if it fails to
+        start, else by the caller when it ends."""
         self.check_outputs(req)
-        names = [o.name for o in req.outputs] if req.outputs is not None else None
-        large = False
-        for value in req.inputs.values():
-            if type(value) is PendingBytes:
-                large = await self._decode_pending(req, model, names)
-                break
-        tracing = self.server.tracing
-        trace = tracing.start(model.name, req.traceparent) if tracing.active else None
-        if trace is not None:
-            trace.stamps(req.received)
-            req.trace = trace
         try:
-            # Large BYTES inputs are encoded for the stub as they are sent: off the loop.
-            responses = (await asyncio.to_thread(_submit, model, req, names, trace,
-                                                 asyncio.get_running_loop())
-                         if large else _submit(model, req, names, trace))
-        except Exception as exc:  # validation errors raise straight from infer()
-            if own_trace and trace is not None:
-                trace.finish()
-            raise to_error(exc) from None
-        # The request's inputs may be views of the HTTP body or a client's shm window; the
-        # server has its own copy by now, so drop ours (lets an unregister unmap at once).
-        req.inputs = {}
-        return responses
+            names = [o.name for o in req.outputs] if req.outputs is not None else None
+            large = False
+            for value in req.inputs.values():
+                if type(value) is PendingBytes:
+                    large = await self._decode_pending(req, model, names)
+                    break
+            tracing = self.server.tracing
+            trace = tracing.start(model.name, req.traceparent) if tracing.active else None
+            if trace is not None:
+                trace.stamps(req.received)
+                req.trace = trace
+            try:
+                # Large BYTES inputs are encoded for the stub as they are sent: off the loop.
+                responses = (await asyncio.to_thread(_submit, model, req, names, trace,
+                                                     asyncio.get_running_loop())
+                             if large else _submit(model, req, names, trace))
+            except Exception as exc:  # validation errors raise straight from infer()
+                if own_trace and trace is not None:
+                    trace.finish()
+                raise to_error(exc) from None
+            # The request's inputs may be views of the HTTP body or a client's shm window; the
+            # server has its own copy by now, so drop ours (lets an unregister unmap at once).
+            req.inputs = {}
+            return responses
+        except BaseException:
+            self._release(req)
+            raise
 
     async def stream(self, req: InferRequest, model: Model | None = None,
                      own_trace: bool = True) -> AsyncGenerator[InferResult, None]:
@@ -1049,6 +1083,8 @@ class DataPlane:
         except Exception as exc:
             raise to_error(exc) from None
         finally:
+            if req.shm_held:
+                self._release(req)
             if own_trace and trace is not None:
                 trace.finish()
 

@@ -18,6 +18,8 @@ read (and a write is checked against its size first), which becomes a clear erro
 request. One copy is made either way (an input goes straight into the host's pool); a large
 one is split across threads, as one kernel copy is slower than a memcpy (``_SPLIT_BYTES``).
 Each copy holds its region, so an unregister meanwhile closes it only once the copy is done.
+A request in flight holds the regions its outputs go to (:meth:`SharedMemoryRegistry.hold`):
+unregistering one is refused until it ends, as in Triton, rather than losing its output.
 
 CUDA shared memory: a client registers the CUDA IPC handle of a device allocation
 (``tritonclient.utils.cuda_shared_memory``), its GPU and its size. An input read from such a
@@ -55,6 +57,7 @@ class _Region:
     byte_size: int
     fd: int  # the client's shm object, open for the copies
     users: int = 0  # copies in progress; the descriptor closes when the last one ends
+    requests: int = 0  # requests in flight that will write an output into it (see hold())
 
 
 @dataclass
@@ -112,25 +115,57 @@ class SharedMemoryRegistry:
             if any(r.key == key for r in self._regions.values()):
                 # Triton 2.51 refuses a key that another region has registered (measured)
                 raise InternalError(f"Invalid shared memory region: '{key}'")
-            fd = _open(name, "/" + bare, offset, byte_size)
+            fd = _open(name, key, offset, byte_size)
             self._regions[name] = _Region(name, key, offset, byte_size, fd)
         log.debug("registered system shared memory region %r (key %r, offset %d, %d bytes)",
                   name, key, offset, byte_size)
 
-    def unregister(self, name: str = "") -> None:
+    def unregister(self, name: str = "", *, force: bool = False) -> None:
         """Unregister region ``name``, or every region when ``name`` is empty.
 
-        An unknown name is not an error, as in Triton. A region a copy is using is unmapped
-        when that copy ends.
+        An unknown name is not an error, as in Triton. A region that a request in flight will
+        write an output into (:meth:`hold`) is refused, as in Triton, unless ``force``: the
+        request would otherwise fail at its end, its output lost. Unregistering all of them
+        unregisters the others, then names the refused ones (Triton's words). A region a copy
+        is using is closed when that copy ends.
         """
         with self._lock:
             names = [name] if name else list(self._regions)
+            busy = []
             for n in names:
-                region = self._regions.pop(n, None)
-                if region is not None:
-                    if region.users == 0:  # else the last copy closes it
-                        os.close(region.fd)
-                    log.debug("unregistered system shared memory region %r", n)
+                region = self._regions.get(n)
+                if region is None:
+                    continue
+                if region.requests and not force:
+                    busy.append(n)
+                    continue
+                del self._regions[n]
+                if region.users == 0:  # else the last copy closes it
+                    os.close(region.fd)
+                log.debug("unregistered system shared memory region %r", n)
+        if busy and name:
+            raise InternalError(
+                f"Cannot unregister shared memory region '{name}', it is currently in use.")
+        if busy:
+            raise InternalError("Failed to unregister the following system shared memory "
+                                f"regions: {', '.join(busy)} (in use by requests in flight)")
+
+    def hold(self, windows: Iterable[tuple[str, int, int]]) -> list[_Region]:
+        """Check that each ``(name, offset, byte_size)`` window is inside its region, and
+        keep those regions registered (:meth:`unregister` refuses them) until
+        :meth:`release` of what this returns: a request's output windows, from its start to
+        its end."""
+        with self._lock:
+            regions = [_window(self._regions, *w) for w in windows]
+            for region in regions:
+                region.requests += 1
+        return regions
+
+    def release(self, regions: Iterable[_Region]) -> None:
+        """End a :meth:`hold`."""
+        with self._lock:
+            for region in regions:
+                region.requests -= 1
 
     def status(self, name: str = "") -> list[dict[str, object]]:
         """Triton's status list: ``[{"name", "key", "offset", "byte_size"}]``."""
@@ -143,7 +178,7 @@ class SharedMemoryRegistry:
 
     def close(self) -> None:
         """Unregister everything (server shutdown)."""
-        self.unregister("")
+        self.unregister("", force=True)
         self.unregister_cuda("")
 
     # -- CUDA shared memory ------------------------------------------------------------------
@@ -308,10 +343,10 @@ def _check_window(name: str, offset: int, byte_size: int, region_size: int) -> N
 
 
 def _open(name: str, key: str, offset: int, byte_size: int) -> int:
-    """Open shm object ``key`` and check that it holds ``offset + byte_size`` bytes; its
-    descriptor."""
+    """Open shm object ``key`` (with or without its leading ``/``) and check that it holds
+    ``offset + byte_size`` bytes; its descriptor. Errors name the key as the client gave it."""
     try:
-        shm = posix_ipc.SharedMemory(key, 0)
+        shm = posix_ipc.SharedMemory("/" + key.lstrip("/"), 0)
     except posix_ipc.ExistentialError:  # Triton's status and words (measured)
         raise InternalError(f"Unable to open shared memory region: '{key}'") from None
     except (posix_ipc.Error, OSError, ValueError) as exc:
