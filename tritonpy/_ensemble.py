@@ -19,7 +19,9 @@ not need are pruned. The first error fails the request with ``in ensemble '<name
 step's message>``; the other in-flight steps are then cancelled (Triton 2.51 lets them run on,
 unseen), as they are when the client cancels the request (Triton 2.51 does not tell them).
 The ensemble's own ``reshape`` applies as in Triton: its inputs flow into the steps in their
-reshape form, and its outputs leave in their dims form.
+reshape form, and its outputs leave in their dims form. A tensor passing between a batching and
+a non-batching side gains or loses a batch dimension of 1 as it does in Triton
+(:func:`_fit_batch_dim`).
 """
 from __future__ import annotations
 
@@ -425,6 +427,43 @@ class EnsembleRuntime(RuntimeBase):
             return list(ctx.pending)
 
 
+def _fit_batch_dim(pairs: list, batched: dict[str, bool], cfg: Any, ios: Any,
+                   internal: bool = False) -> list:
+    """``(name, array)`` pairs given or stripped a batch dimension of 1 where they pass
+    between a batching and a non-batching side (as Triton's ensembles do).
+
+    ``batched`` says which arrays come from a batching producer (the ensemble's request or a
+    step); ``cfg`` is the receiver's config (a step model's, or the ensemble's for its own
+    outputs) and ``ios`` its tensors, compared in their ``dims`` form (``internal``: in their
+    ``reshape`` form, the one ensemble tensors flow in). A receiver that batches gets ``[1,
+    ...]`` when the array already has its per-item dims; one that does not gets a batch of
+    one without its batch dimension when the array does not fit its dims as it is. Anything
+    else is left to the receiver's own shape check.
+    """
+    receiver_batches = cfg.max_batch_size > 0
+    dims = {}
+    for io in ios:
+        shape = io.reshape.shape if internal and io.HasField("reshape") else io.dims
+        dims[io.name] = tuple(int(d) for d in shape)
+
+    def shape_of(name: str, shape: Sequence[int]) -> list[int] | None:
+        expected = dims.get(name)
+        if expected is None:
+            return None
+        batch = shape[0] if batched.get(name) and len(shape) else 0
+        if receiver_batches == (batch != 0):
+            return None
+        if receiver_batches:
+            return [1, *shape] if _dims_match(expected, shape) else None
+        if batch == 1 and not _dims_match(expected, shape):
+            return list(shape[1:])
+        return None
+
+    if not any(batched.get(n) != receiver_batches for n, _ in pairs):
+        return pairs
+    return reshape_arrays(pairs, shape_of)
+
+
 def _in_ensemble(name: str, err: TritonpyError) -> TritonpyError:
     return type(err)(f"in ensemble '{name}', {err.message}", err.code)
 
@@ -432,14 +471,17 @@ def _in_ensemble(name: str, err: TritonpyError) -> TritonpyError:
 class _Context:
     """The state of one ensemble request (see the module docstring)."""
 
-    __slots__ = ("ens", "request", "plan", "values", "iterations", "uses_left", "launched",
-                 "pending", "inflight", "error", "held", "finished", "lock", "compute_ns")
+    __slots__ = ("ens", "request", "plan", "values", "batched", "iterations", "uses_left",
+                 "launched", "pending", "inflight", "error", "held", "finished", "lock",
+                 "compute_ns")
 
     def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
         self.ens = ens
         self.request = req
         self.plan = plan
         self.values: dict[str, dict[int, Any]] = {}
+        # Whether each tensor comes from a batching producer: its first dimension is a batch.
+        self.batched: dict[str, bool] = {}
         self.iterations: dict[str, int] = {}
         self.uses_left: dict[tuple[str, int], int] = {}
         self.launched: set[tuple[int, int]] = set()
@@ -452,7 +494,8 @@ class _Context:
         self.compute_ns = [0, 0, 0]  # the steps' input, infer and output ns, summed
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
-    def _add(self, tensor: str, value: Any) -> tuple[str, int] | None:
+    def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:
+        self.batched[tensor] = batched
         it = self.iterations.get(tensor, 0)
         self.iterations[tensor] = it + 1
         uses = self.plan.uses.get(tensor, 0)
@@ -489,12 +532,15 @@ class _Context:
 
     def _make_step(self, step: _Step, it: int) -> HostRequest:
         ens, parent = self.ens, self.request
+        rt = ens.step_runtime(step)
         inputs = []
+        batched = {}
         for model_input, tensor in step.inputs:
             value = self._use(tensor, it)
             if value is not None:  # None: an optional input nobody provided
                 inputs.append((model_input, value))
-        rt = ens.step_runtime(step)
+                batched[model_input] = self.batched.get(tensor, False)
+        inputs = _fit_batch_dim(inputs, batched, rt.config, rt.config.input)
         sreq = HostRequest(
             rt, inputs, step.requested, functools.partial(self._on_step, step),
             request_id=parent.request_id, correlation_id=parent.correlation_id,
@@ -520,6 +566,8 @@ class _Context:
                     value = self._use(t, it)
                     if value is not None:
                         out.append((t, value))
+                cfg = self.ens.config
+                out = _fit_batch_dim(out, self.batched, cfg, cfg.output, internal=True)
                 reshapes = self.ens.reshapes
                 if reshapes is not None and reshapes.outputs:
                     # Its outputs leave in their dims form (TritonpyError when one cannot).
@@ -537,11 +585,13 @@ class _Context:
             # As Triton: the ensemble's own inputs flow on in their reshape form.
             inputs = reshape_arrays(inputs, reshapes.input_shape)
         with self.lock:
-            updated = [u for u in (self._add(n, a) for n, a in inputs) if u is not None]
+            batching = self.ens.config.max_batch_size > 0
+            updated = [u for u in (self._add(n, a, batching) for n, a in inputs)
+                       if u is not None]
             given = {n for n, _ in req.inputs}
             for name in self.ens.optional_inputs:
                 if name not in given:
-                    u = self._add(name, None)
+                    u = self._add(name, None, batching)
                     if u is not None:
                         updated.append(u)
             launches = self._advance(updated)
@@ -582,10 +632,10 @@ class _Context:
             return
         if outs is not None:
             if self.ens.decoupled:
-                req.respond(outs, None, self._parameters(), final)
+                req.respond(outs, None, self._parameters(outs), final)
                 self.held = outs  # remembers that a response went out
             elif final:
-                req.respond(outs, None, self._parameters(), True)
+                req.respond(outs, None, self._parameters(outs), True)
             else:
                 self.held = outs
             if final:
@@ -598,7 +648,7 @@ class _Context:
         if self.ens.decoupled:
             req.respond(None, None, None, True)  # a decoupled ensemble may answer nothing
         elif self.held is not None:
-            req.respond(self.held, None, self._parameters(), True)
+            req.respond(self.held, None, self._parameters(self.held), True)
         else:
             self.error = InvalidArgumentError(
                 f"in ensemble '{self.ens.name}', unexpected deadlock, at least one output is "
@@ -608,9 +658,12 @@ class _Context:
             return
         self.ens._finished(self, True)
 
-    def _parameters(self) -> dict:
+    def _parameters(self, outs: list) -> dict | None:
         """What Triton's ensemble puts in each of its responses (measured with 2.51): the
-        request's sequence ID and flags, whether or not it is part of a sequence."""
+        request's sequence ID and flags, whether or not it is part of a sequence; none in a
+        response without outputs (a step that did not make the ones asked for)."""
+        if not outs:
+            return None
         req = self.request
         return {"sequence_id": req.correlation_id,
                 "sequence_start": bool(req.flags & 1), "sequence_end": bool(req.flags & 2)}
@@ -632,11 +685,12 @@ class _Context:
                 self._emit(None)
             elif outputs is not None and self.error is None:
                 got = dict(outputs)
+                batching = sreq.model.config.max_batch_size > 0
                 updated = []
                 for model_output, tensor in step.outputs.items():
                     # A missing output still counts as produced (as Triton): it may feed an
                     # optional input of the next step.
-                    u = self._add(tensor, got.get(model_output))
+                    u = self._add(tensor, got.get(model_output), batching)
                     if u is not None:
                         updated.append(u)
                 launches = self._advance(updated)
