@@ -22,7 +22,8 @@ def config_to_dict(cfg: ModelConfig) -> dict[str, Any]:
     (so empty lists, empty maps and zero scalars appear; unset sub-messages do not), then
     turns a fixed list of 64-bit fields from protobuf's JSON strings back into numbers. The
     64-bit fields outside that list stay strings, as they do under Triton. Keys come in the
-    ``.proto`` declaration order, as Triton's C++ printer emits them.
+    ``.proto`` declaration order, as Triton's C++ printer emits them, a set scalar member of a
+    oneof after the rest.
     """
     raw = json_format.MessageToDict(
         cfg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
@@ -49,7 +50,11 @@ def config_to_json(cfg: ModelConfig) -> str:
 
 def _ordered(desc: Descriptor, obj: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for field in desc.fields:
+    # Triton's printer lays out every field but the scalar members of a oneof first, and adds
+    # a set scalar oneof member after them: InitialState prints "name" before "zero_data".
+    fields = sorted(desc.fields, key=lambda f: (f.containing_oneof is not None
+                                                and f.message_type is None))
+    for field in fields:
         if field.name not in obj:
             continue
         value = obj[field.name]

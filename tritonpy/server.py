@@ -663,7 +663,9 @@ class Model:
         from .validation import model_metadata
 
         rt = self._rt()
-        return model_metadata(rt.config, rt.name, self.server.repo.loaded_versions(rt.name))
+        # As Triton: the metadata of a version names that version; of the model, every one.
+        versions = [rt.version] if self.version >= 0 else self.server.repo.loaded_versions(rt.name)
+        return model_metadata(rt.config, rt.name, versions)
 
     def decoupled(self) -> bool:
         return self._rt().decoupled

@@ -843,9 +843,8 @@ class DataPlane:
         return tracing.update(settings, model) if settings is not None else tracing.settings(model)
 
     def model(self, name: str, version: int = -1) -> Model:
-        """The model object; NotFoundError for an unknown model."""
-        if not name:
-            raise InvalidArgumentError("Missing model name in request")
+        """The model object; NotFoundError for an unknown model (an empty name too, as in
+        Triton)."""
         return self.server.model(name, version)
 
     async def model_ready(self, name: str, version: int = -1) -> bool:
