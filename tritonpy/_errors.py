@@ -7,6 +7,7 @@ is what crosses the stub channel (``{"code": "INVALID_ARG", "message": ...}``), 
 from __future__ import annotations
 
 import enum
+import errno
 from typing import Any
 
 
@@ -97,6 +98,15 @@ class UnavailableError(TritonpyError):
 
 class UnsupportedError(TritonpyError):
     code = ErrorCode.UNSUPPORTED
+
+
+def listen_error(address: str, exc: OSError) -> UnavailableError:
+    """A frontend that cannot listen on ``address`` (``host:port``): Triton's "already in use"
+    when the port is taken, else what the system said (an address of no interface, a port
+    below 1024 without the right, ...)."""
+    if exc.errno == errno.EADDRINUSE:
+        return UnavailableError(f"Socket '{address}' already in use: {exc}")
+    return UnavailableError(f"cannot listen on '{address}': {exc.strerror or exc}")
 
 
 class AlreadyExistsError(TritonpyError):

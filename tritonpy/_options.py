@@ -9,6 +9,15 @@ from ._loop import STALL_S
 
 MiB = 1 << 20
 
+#: Settings Triton 2.51's python backend takes that mean nothing here: key -> (least value,
+#: why). A command line that gives one runs (its value checked as Triton checks it); it
+#: changes nothing, and ``tritonpy serve`` says so in a warning.
+TRITON_NO_EFFECT: dict[str, tuple[int, str]] = {
+    "thread-pool-size": (1, "tritonpy's python backend has no such thread pool"),
+    "default-max-batch-size": (0, "a python model's max_batch_size is its config's or its "
+                                  "auto_complete_config's"),
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class BackendOptions:
@@ -43,6 +52,16 @@ class BackendOptions:
         kw: dict[str, object] = {}
         fields = {f.name: f for f in dataclasses.fields(cls)}
         for key, raw in (cfg or {}).items():
+            ignored = TRITON_NO_EFFECT.get(key.replace("_", "-"))
+            if ignored is not None:
+                try:
+                    valid = int(raw) >= ignored[0]
+                except ValueError:
+                    valid = False
+                if not valid:
+                    raise InvalidArgumentError(
+                        f"backend option '{key}' expects an integer >= {ignored[0]}, got {raw!r}")
+                continue
             name = key.replace("-", "_")
             if name == "shm_total_cap":
                 name = "shm_total_byte_cap"

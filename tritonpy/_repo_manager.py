@@ -169,7 +169,7 @@ class RepositoryManager:
             work()
         else:
             threading.Thread(target=work, daemon=True, name="tritonpy-startup").start()
-        if mode == "poll":
+        if mode == "poll" and self.server.poll_interval > 0:  # 0: at start only, as Triton
             self._poller = threading.Thread(target=self._poll, daemon=True, name="tritonpy-poll")
             self._poller.start()
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import faulthandler
 import logging
 import os
 import signal
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -34,6 +37,18 @@ log = logging.getLogger("tritonpy.cli")
 _LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s"
 
 
+class _TritonLogFormatter(logging.Formatter):
+    """Triton's log lines: ``I1126 20:31:03.842345 <pid> <logger>] <message>``, in UTC as
+    Triton's. ``LogSettings`` switches the format (``--log-format``, ``/v2/logging``) through
+    ``datefmt``: None is Triton's default, a strftime pattern is ISO8601's."""
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        when = time.gmtime(record.created)
+        if datefmt:
+            return time.strftime(datefmt, when)
+        return f"{time.strftime('%m%d %H:%M:%S', when)}.{int(record.created * 1e6) % 1000000:06d}"
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -41,6 +56,28 @@ def _bool(text: str) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0-65535 (Triton takes -5 and reports "Started HTTPService at 0.0.0.0:-5")."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
+    return port
+
+
+def _seconds(text: str) -> float:
+    """A number of seconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:  # NaN too
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got {text!r}")
+    return value
 
 
 def _backend_config(text: str) -> tuple[str, str, str]:
@@ -193,6 +230,67 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def check_address(flag: str, host: str) -> None:
+    """Stop the start, naming the flag, when ``host`` is no address of this machine (Triton
+    2.51 starts anyway, without that endpoint: it logs "Started HTTPService" all the same)."""
+    if not host:
+        return
+    try:
+        found = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise SystemExit(f"error: {flag} {host}: {exc.strerror}") from None
+    problem = "no address"
+    for family, kind, proto, _, address in found:
+        with socket.socket(family, kind, proto) as sock:
+            try:
+                sock.bind(address)  # port 0: takes no port that a server could want
+                return
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+    raise SystemExit(f"error: {flag} {host}: not an address of this machine ({problem})")
+
+
+def python_backend_config(args: argparse.Namespace) -> dict[str, str]:
+    """The python backend's settings among the ``--backend-config`` flags.
+
+    As in Triton, a global setting (``key=value``, no backend named) goes to every backend,
+    and the python backend's own setting of the same key wins, whatever the order; a global
+    setting the python backend does not take is left to the other backends, which are not
+    served: each one left out is named in a warning, and so is each Triton setting that has no
+    effect here. A ``python,key=value`` that tritonpy does not know stops the start (see
+    :meth:`BackendOptions.from_mapping`).
+    """
+    from ._options import TRITON_NO_EFFECT, BackendOptions
+
+    known = {f.name.replace("_", "-") for f in dataclasses.fields(BackendOptions)}
+    known |= set(TRITON_NO_EFFECT) | {"shm-total-cap"}
+    global_settings: dict[str, str] = {}
+    own: dict[str, str] = {}
+    for backend, key, value in args.backend_config:
+        name = key.replace("_", "-")
+        if backend == "python":
+            own[name] = value
+        elif backend == "" and name in known:
+            global_settings[name] = value
+        elif backend == "":
+            log.warning("ignoring --backend-config=%s=%s: a global setting the python backend "
+                        "does not take", key, value)
+        else:
+            log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
+                        backend, key)
+    merged = {**global_settings, **own}
+    try:
+        BackendOptions.from_mapping(merged)
+    except TritonpyError as exc:
+        raise SystemExit(f"error: {exc.message}") from None
+    for name, value in merged.items():
+        if name in TRITON_NO_EFFECT:
+            log.warning("--backend-config=%s%s=%s is accepted for Triton's command lines "
+                        "and has no effect: %s", "python," if name in own else "", name, value,
+                        TRITON_NO_EFFECT[name][1])
+    return merged
+
+
 def keepalive_options(args: argparse.Namespace) -> KeepAlive:
     """The gRPC keepalive policy the ``--grpc-keepalive-*`` (and alike) flags ask for."""
     from .frontends._http2 import KeepAlive
@@ -268,9 +366,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Serve Triton Python-backend model repositories.")
     s.add_argument("--model-repository", "--model-store", action="append", default=[],
                    metavar="DIR", help="model repository directory (repeatable); default: examples/")
-    s.add_argument("--http-port", type=int, default=8000)
-    s.add_argument("--grpc-port", type=int, default=8001)
-    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--http-port", type=_port, default=8000)
+    s.add_argument("--grpc-port", type=_port, default=8001)
+    s.add_argument("--metrics-port", type=_port, default=8002)
     s.add_argument("--http-address", default="0.0.0.0")
     s.add_argument("--grpc-address", default="0.0.0.0")
     s.add_argument("--metrics-address", default=None, help="default: the HTTP address")
@@ -287,14 +385,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="counter_latencies=false drops the duration counters; "
                         "summary_latencies=true adds duration summaries, with "
                         "summary_quantiles=Q:ERROR,... (repeatable, as Triton)")
-    s.add_argument("--model-control-mode", choices=("none", "explicit", "poll"), default="none")
+    s.add_argument("--model-control-mode", type=str.lower, choices=("none", "explicit", "poll"),
+                   default="none", help="as Triton, in any case")
     s.add_argument("--load-model", action="append", default=[], metavar="NAME",
                    help="model to load at start in explicit mode (repeatable; '*' for all)")
     s.add_argument("--backend-config", action="append", default=[], type=_backend_config,
                    metavar="python,KEY=VALUE", help="python backend option (repeatable)")
-    s.add_argument("--repository-poll-secs", type=float, default=15.0)
+    s.add_argument("--repository-poll-secs", type=_seconds, default=15.0, metavar="SECS",
+                   help="seconds between scans in poll mode; 0: no scan after the start (as "
+                        "Triton)")
     s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
-    s.add_argument("--exit-timeout-secs", type=float, default=30.0)
+    s.add_argument("--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECS")
     s.add_argument("--id", default="triton", metavar="NAME",
                    help="the server's name in its metadata (Triton's default, which clients check)")
     s.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
@@ -323,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     for old_flag in ("rate", "count", "log-frequency", "file"):
         s.add_argument(f"--trace-{old_flag}", default=None, metavar="VALUE",
                        help=f"Triton's older spelling of --trace-config {old_flag}=")
-    s.add_argument("--rate-limit", default=None, choices=("off", "execution_count"),
+    s.add_argument("--rate-limit", default=None, type=str.lower, choices=("off", "execution_count"),
                    help="accepted for Triton's command lines; there is no rate limiter: an "
                         "instance runs as soon as it is free")
     s.add_argument("--reuse-http-port", type=_bool, default=False, metavar="BOOL",
@@ -406,6 +507,7 @@ def default_repository() -> Path:
 
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
+    from ._model import READY
     from .server import load_models_problem
     from .frontends import Frontends
     from .frontends.dataplane import (
@@ -428,6 +530,13 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         header_pattern(args.grpc_header_forward_pattern)
     except TritonpyError as exc:
         raise SystemExit(f"error: {exc.message}") from None
+    for flag, host, served in (
+            ("--http-address", args.http_address, args.allow_http),
+            ("--grpc-address", args.grpc_address, args.allow_grpc),
+            ("--metrics-address" if args.metrics_address else "--http-address",
+             args.metrics_address or args.http_address, args.allow_metrics)):
+        if served:
+            check_address(flag, host)
     grpc_ssl = grpc_ssl_context(args)
     grpc_keepalive = keepalive_options(args)
     problem = load_models_problem(args.model_control_mode, args.load_model)
@@ -442,12 +551,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     for line in no_effect_warnings(args):
         log.warning("%s", line)
     repos = args.model_repository or [str(default_repository())]
-    backend_config = {key: value for backend, key, value in args.backend_config
-                      if backend in ("", "python")}
-    for backend, key, _ in args.backend_config:
-        if backend not in ("", "python"):
-            log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
-                        backend, key)
+    backend_config = python_backend_config(args)
+    if args.model_control_mode == "poll" and not args.repository_poll_secs:
+        log.info("--repository-poll-secs 0: the repository is read at start only (as Triton)")
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
     loop = asyncio.get_running_loop()  # the stubs' frames are read on it too
     server = Server(repos, model_control_mode=args.model_control_mode,
@@ -480,6 +586,12 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         await loop.run_in_executor(None, server.stop)
         raise
     failed = set(server.repo.not_available())  # failed to load (not merely left unloaded)
+    # As Triton, a folder whose configuration cannot be read and a model name that two
+    # repositories hold fail the start too, though neither counts against readiness.
+    failed |= {name for name, e in server.repo.entries.items()
+               if e.unreadable and e.tried and e.state != READY}
+    if args.model_control_mode != "explicit" or "*" in args.load_model:
+        failed |= set(server.repo.scan_errors)
     if failed and args.exit_on_error and not stop.is_set():
         # As Triton: with --exit-on-error (its default) a model that failed to load at start
         # ends the server; --exit-on-error false serves the others (not ready while strict).
@@ -517,7 +629,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             for line in frontends.endpoints():
                 log.info("listening: %s", line)
             await waiter
-            log.info("signal received: stopping (draining for up to %.0f s)", args.exit_timeout_secs)
+            log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
     finally:
         waiter.cancel()
         began = loop.time()
@@ -539,7 +651,15 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tritonpy`` console script and ``python -m tritonpy``."""
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        # A usage error of serve exits 1, as tritonserver's does (argparse's code is 2), so
+        # that scripts written for tritonserver see the same status.
+        if exc.code == 2 and argv[:1] == ["serve"]:
+            raise SystemExit(1) from None
+        raise
     if args.command == "stress":
         logging.basicConfig(level=logging.WARNING, format=_LOG_FORMAT, datefmt="%m%d %H:%M:%S")
         return stress.main(args)
@@ -549,10 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             handler = logging.FileHandler(args.log_file)
         except OSError as exc:
             print(f"error: --log-file {args.log_file}: {exc}", file=sys.stderr)
-            return 2
+            return 1
     else:
         handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(_LOG_FORMAT, "%m%d %H:%M:%S"))
+    handler.setFormatter(_TritonLogFormatter(_LOG_FORMAT))
     # Where the log goes, a crash of the server prints every thread's stack, and so does
     # SIGUSR1 at any time (``kill -USR1 <pid>``: where a server that seems stuck is; it goes on
     # serving).

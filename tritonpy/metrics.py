@@ -23,7 +23,7 @@ import psutil
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from ._errors import UnavailableError
+from ._errors import listen_error
 from ._stats import FAILURE_REASONS
 
 if TYPE_CHECKING:
@@ -385,7 +385,7 @@ class MetricsFrontend:
         except OSError as exc:
             sock.close()
             await self._runner.cleanup()
-            raise UnavailableError(f"Socket '{self.host}:{self.port}' already in use: {exc}") from None
+            raise listen_error(f"{self.host}:{self.port}", exc) from None
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
         log.info("Started Metrics Service at %s:%d", self.host, self.port)

@@ -88,7 +88,8 @@ class Server:
         backend_config: Triton's python backend options, e.g.
             ``{"shm-default-byte-size": "16777216", "shm-region-prefix-name": "myapp_"}``.
         exit_timeout: seconds ``stop()`` waits for in-flight requests.
-        poll_interval: seconds between repository scans in poll mode.
+        poll_interval: seconds between repository scans in poll mode (0: the repository is
+            read at start only, as Triton's ``--repository-poll-secs 0``).
         strict_readiness: not ready while a model failed to load or is loading (Triton's
             default).
         auto_complete: call a model's ``auto_complete_config`` (and allow a missing
@@ -137,6 +138,8 @@ class Server:
         self.options = BackendOptions.from_mapping(backend_config)
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout
+        if not poll_interval >= 0:  # NaN too
+            raise ValueError(f"poll_interval must be 0 or more seconds, got {poll_interval!r}")
         self.poll_interval = poll_interval
         self.strict_readiness = strict_readiness
         # False: a model's auto_complete_config is never called and config.pbtxt is required

@@ -33,6 +33,7 @@ from .._errors import (
     UnavailableError,
     UnsupportedError,
     input_twice,
+    listen_error,
 )
 from ..validation import request_prefix
 from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method
@@ -878,7 +879,7 @@ class GRPCFrontend:
             self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:
             address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-            raise UnavailableError(f"Socket '{address}' already in use: {exc}") from None
+            raise listen_error(address, exc) from None
         self._service = service
         self._server = server
         log.info("Started GRPCInferenceService at %s:%d", self.host, self.port)

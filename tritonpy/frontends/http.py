@@ -26,9 +26,9 @@ from ..shm.dtypes import ITEMSIZE
 from .._errors import (
     InvalidArgumentError,
     TritonpyError,
-    UnavailableError,
     UnsupportedError,
     input_twice,
+    listen_error,
 )
 from ..validation import request_prefix
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
@@ -218,7 +218,7 @@ class HTTPFrontend:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise UnavailableError(f"Socket '{self.host}:{self.port}' already in use: {exc}") from None
+            raise listen_error(f"{self.host}:{self.port}", exc) from None
         self.port = sock.getsockname()[1]
         await server.start(sock)
         self._server = server

@@ -1,0 +1,228 @@
+"""``tritonpy serve`` takes a ``tritonserver`` command line as Triton 2.51 takes it.
+
+Each case was run side by side with the real ``tritonserver`` 2.51 (same repository, same
+flags). Where Triton's behaviour is what a user expects, tritonpy does the same: usage errors
+exit 1, ``--model-control-mode`` and ``--rate-limit`` in any case, ``--repository-poll-secs 0``
+reads the repository at start only, the python backend's own Triton settings
+(``thread-pool-size``, the global ``default-max-batch-size``) run, and the log lines have
+Triton's layout. Where Triton accepts nonsense (a port of -5, an address that is not the
+machine's, a negative poll interval), the start stops here, naming the flag and the value.
+"""
+from __future__ import annotations
+
+import json
+import re
+import signal
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from _models import wait_for, write_model
+from _serve import START_TIMEOUT, Serve, serve_repo
+
+from tritonpy import cli
+
+
+def _status(url: str, body: bytes | None = None) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def _stop(server: Serve) -> int:
+    server.proc.send_signal(signal.SIGTERM)
+    return server.wait(30)
+
+
+@pytest.mark.parametrize("flags, words", [
+    # Triton logs "Started HTTPService at 0.0.0.0:-5" and serves nothing there; tritonpy used to
+    # end in a traceback (OverflowError from bind()).
+    (["--http-port=-5"], "argument --http-port: expected a port number 0-65535, got '-5'"),
+    (["--grpc-port", "70000"], "argument --grpc-port: expected a port number 0-65535, got '70000'"),
+    # Triton starts without the endpoint; tritonpy said "Socket ... already in use".
+    (["--grpc-address", "192.0.2.1"],
+     "--grpc-address 192.0.2.1: not an address of this machine"),
+    # Triton takes them (a negative exit timeout exits 1 at once); tritonpy's poller died on it.
+    (["--model-control-mode=poll", "--repository-poll-secs=-1"],
+     "argument --repository-poll-secs: expected a number of seconds >= 0, got '-1'"),
+    (["--exit-timeout-secs=-1"],
+     "argument --exit-timeout-secs: expected a number of seconds >= 0, got '-1'"),
+    # As Triton: a bad value stops the start with exit code 1 (argparse's own code is 2).
+    (["--model-control-mode=sometimes"], "argument --model-control-mode: invalid choice"),
+    (["--backend-config=python,thread-pool-size=0"],
+     "backend option 'thread-pool-size' expects an integer >= 1, got '0'"),
+])
+def test_a_bad_value_stops_the_start_with_code_1_naming_it(
+        serve: Callable[..., Serve], tmp_path: Path, flags: list[str], words: str) -> None:
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    server = serve("--model-repository", str(repo), *flags)
+    assert server.wait(START_TIMEOUT) == 1, server.log()
+    text = server.log()
+    assert words in text, text
+    assert "Traceback" not in text, text
+
+
+def test_model_control_mode_and_rate_limit_in_any_case(serve: Callable[..., Serve],
+                                                      tmp_path: Path) -> None:
+    # Triton 2.51 takes EXPLICIT, Poll, OFF...; tritonpy refused them as invalid choices.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    write_model(repo, "other")
+    server, http_port, _ = serve_repo(serve, repo, "--model-control-mode=EXPLICIT",
+                                      "--load-model=ident", "--rate-limit=OFF")
+    base = f"http://127.0.0.1:{http_port}/v2"
+    assert _status(f"{base}/models/ident/ready") == 200
+    assert _status(f"{base}/models/other/ready") == 400  # explicit: not loaded at start
+    assert _status(f"{base}/repository/models/other/load", b"{}") == 200
+    assert _status(f"{base}/models/other/ready") == 200
+    assert _stop(server) == 0
+
+
+def test_poll_secs_0_reads_the_repository_at_start_only(serve: Callable[..., Serve],
+                                                        tmp_path: Path) -> None:
+    # As Triton 2.51: 0 turns the polling off. tritonpy used to scan the repository without a
+    # pause (half a CPU) and so loaded a model added later.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    server, http_port, _ = serve_repo(serve, repo, "--model-control-mode=poll",
+                                      "--repository-poll-secs=0")
+    base = f"http://127.0.0.1:{http_port}/v2"
+    assert _status(f"{base}/models/ident/ready") == 200
+    write_model(repo, "late")
+    assert not wait_for(lambda: _status(f"{base}/models/late/ready") == 200, timeout=3.0)
+    assert _stop(server) == 0
+    assert "--repository-poll-secs 0: the repository is read at start only" in server.log()
+
+
+def test_triton_backend_settings_run_and_are_named(serve: Callable[..., Serve],
+                                                   tmp_path: Path) -> None:
+    # Triton 2.51 runs these: thread-pool-size is its python backend's, default-max-batch-size
+    # a global setting given to every backend, foo=1 a global one no backend takes. tritonpy
+    # refused the first three as unknown python options.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    server, http_port, _ = serve_repo(
+        serve, repo, "--backend-config=python,thread-pool-size=8",
+        "--backend-config=default-max-batch-size=4", "--backend-config=foo=1",
+        "--backend-config=onnxruntime,default-max-batch-size=2")
+    assert _status(f"http://127.0.0.1:{http_port}/v2/models/ident/ready") == 200
+    assert _stop(server) == 0
+    text = server.log()
+    for line in ("--backend-config=python,thread-pool-size=8 is accepted for Triton's command "
+                 "lines and has no effect: ",
+                 "--backend-config=default-max-batch-size=4 is accepted for Triton's command "
+                 "lines and has no effect: ",
+                 "ignoring --backend-config=foo=1: a global setting the python backend does "
+                 "not take",
+                 "ignoring --backend-config for backend 'onnxruntime'"):
+        assert re.search(rf"^W.*{re.escape(line)}", text, re.M), (line, text)
+
+
+def test_the_python_backends_own_setting_wins_over_a_global_one() -> None:
+    # As in Triton, whatever the order on the command line; a python option tritonpy does not
+    # know still stops the start (Triton's python backend ignores it: a typo goes unnoticed).
+    parser = cli.build_parser()
+    for order in ((0, 1), (1, 0)):
+        flags = ["--backend-config=python,shm-default-byte-size=2097152",
+                 "--backend-config=shm_default_byte_size=1048576"]
+        args = parser.parse_args(["serve", *(flags[i] for i in order)])
+        assert cli.python_backend_config(args) == {"shm-default-byte-size": "2097152"}
+    args = parser.parse_args(["serve", "--backend-config=python,shm-default-bytes=1"])
+    with pytest.raises(SystemExit, match="unknown backend option 'shm-default-bytes'"):
+        cli.python_backend_config(args)
+
+
+def test_log_lines_have_tritons_default_layout(serve: Callable[..., Serve],
+                                               tmp_path: Path) -> None:
+    # Triton: "I1126 20:30:47.719771 10221 file.cc:273] ..." (UTC). tritonpy printed
+    # "I2026-11-26 20:31:03,842 ...", against its own --log-format help.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    server, http_port, _ = serve_repo(serve, repo)
+    settings = json.loads(urllib.request.urlopen(
+        f"http://127.0.0.1:{http_port}/v2/logging", timeout=10).read())
+    assert settings["log_format"] == "default"
+    assert _stop(server) == 0
+    lines = [ln for ln in server.log().splitlines() if re.match(r"^[IWE]\S", ln)]
+    assert lines, server.log()
+    for line in lines:
+        assert re.match(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+\] ", line), line
+
+
+@pytest.mark.parametrize("case", ["unreadable config", "name in two repositories"])
+def test_a_folder_that_is_no_model_fails_the_start_as_triton(
+        serve: Callable[..., Serve], tmp_path: Path, case: str) -> None:
+    # Triton 2.51 (--exit-on-error true, its default): "failed to load all models", exit 1;
+    # with --exit-on-error false it serves the rest and is ready (neither counts against
+    # readiness). tritonpy used to start and serve with the default.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    repos = ["--model-repository", str(repo)]
+    if case == "unreadable config":
+        write_model(repo, "broken", config="this is { not pbtxt")
+        name = "broken"
+    else:
+        write_model(tmp_path / "other", "ident")
+        repos += ["--model-repository", str(tmp_path / "other")]
+        name = "ident"
+    server = serve(*repos)
+    assert server.wait(START_TIMEOUT) == 1, server.log()
+    assert re.search(rf"^E.*model '{name}' failed to load: ", server.log(), re.M), server.log()
+    assert "failed to load all models" in server.log()
+
+    server, http_port, _ = serve_repo(serve, repo, *repos[2:], "--exit-on-error=false")
+    assert _status(f"http://127.0.0.1:{http_port}/v2/health/ready") == 200
+    assert _stop(server) == 0
+
+
+def test_the_in_process_api_takes_a_poll_interval_of_0_as_the_command_line_does(
+        tmp_path: Path) -> None:
+    # Server(poll_interval=0) used to scan the repository without a pause, and a negative
+    # interval killed the poll thread with a traceback while the server went on.
+    import threading
+
+    import tritonpy
+
+    from _models import new_prefix, serving
+
+    write_model(tmp_path, "ident")
+    with serving(tmp_path, new_prefix(), model_control_mode="poll", poll_interval=0) as server:
+        assert server.model("ident").ready()
+        assert not [t for t in threading.enumerate() if t.name == "tritonpy-poll"]
+        write_model(tmp_path, "late")
+        assert not wait_for(lambda: "late" in {m["name"] for m in server.models()}, timeout=1.0)
+    with pytest.raises(ValueError, match="poll_interval must be 0 or more seconds, got -1"):
+        tritonpy.Server(str(tmp_path), model_control_mode="poll", poll_interval=-1)
+
+
+def test_a_frontend_that_cannot_listen_says_why(tmp_path: Path) -> None:
+    # Every bind error used to read "already in use"; that is kept for a port that is taken.
+    import socket
+
+    from _models import new_prefix, serving
+    from tritonpy import UnavailableError
+    from tritonpy.frontends import Frontends
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    write_model(tmp_path, "ident")
+    try:
+        with serving(tmp_path, new_prefix()) as server:
+            for kwargs, words in (
+                    ({"http_address": "127.0.0.1", "http_port": port},
+                     f"Socket '127.0.0.1:{port}' already in use"),
+                    ({"http_address": "192.0.2.1", "http_port": 0},
+                     "cannot listen on '192.0.2.1:0': Cannot assign requested address")):
+                fe = Frontends(server, allow_grpc=False, allow_metrics=False, **kwargs)
+                with pytest.raises(UnavailableError, match=re.escape(words)):
+                    fe.start_in_thread()
+    finally:
+        taken.close()
