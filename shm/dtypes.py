@@ -72,6 +72,24 @@ def _as_bytes(x: Any) -> bytes:
     return str(x).encode("utf-8")
 
 
+class TruncatedPrefixError(ProtocolError):
+    """A BYTES tensor that ends inside an element's 4-byte length prefix."""
+
+    def __init__(self, available: int) -> None:
+        super().__init__(f"truncated BYTES tensor: a length prefix is cut short ({available} of "
+                         "its 4 bytes present)")
+        self.available = available
+
+
+class ElementCountError(ProtocolError):
+    """A BYTES tensor that holds more or fewer elements than its shape says."""
+
+    def __init__(self, found: int, expected: int) -> None:
+        super().__init__(f"BYTES tensor holds {found} elements, expected {expected}")
+        self.found = found
+        self.expected = expected
+
+
 _LEN = struct.Struct("<I").pack
 #: Elements (de)serialized per numpy call for large BYTES tensors, so that no single call holds
 #: the GIL for long (other threads, e.g. the host's event loop, run between chunks).
@@ -137,10 +155,10 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
     total = len(mv)
     if total == 0:
         if count:
-            raise ProtocolError(f"BYTES tensor holds 0 elements, expected {count}")
+            raise ElementCountError(0, count)
         return np.empty(0, dtype=object)
     if total < 4:
-        raise ProtocolError("truncated BYTES tensor: a length prefix is cut short")
+        raise TruncatedPrefixError(total)
     (first,) = struct.unpack_from("<I", mv, 0)
     stride = first + 4
     if total % stride == 0 and (count is None or count == total // stride):
@@ -158,7 +176,7 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
     unpack = struct.unpack_from
     while off < total:
         if off + 4 > total:
-            raise ProtocolError("truncated BYTES tensor: a length prefix is cut short")
+            raise TruncatedPrefixError(total - off)
         (n,) = unpack("<I", mv, off)
         off += 4
         if off + n > total:
@@ -166,7 +184,7 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
         items.append(bytes(mv[off:off + n]))
         off += n
     if count is not None and len(items) != count:
-        raise ProtocolError(f"BYTES tensor holds {len(items)} elements, expected {count}")
+        raise ElementCountError(len(items), count)
     out = np.empty(len(items), dtype=object)
     out[:] = items
     return out

@@ -53,6 +53,8 @@ from .dataplane import (
     keep,
     parse_version,
     shm_ref,
+    string_count_mismatch,
+    count_tail,
     to_error,
 )
 
@@ -177,7 +179,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
                 f"'{name}' for model '{model}'"
             )
         elif has_contents:
-            req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents)
+            req.inputs[name] = _from_contents(model, name, datatype, shape, inp.contents,
+                                              req.request_id)
         elif index < len(raw):
             req.inputs[name] = input_from_raw(name, datatype, shape, raw[index], model=model,
                                               request_id=req.request_id)
@@ -200,7 +203,8 @@ def decode_request(plane: DataPlane, request: Any) -> InferRequest:
     return req
 
 
-def _from_contents(model: str, name: str, datatype: str, shape: list[int], contents: Any) -> np.ndarray:
+def _from_contents(model: str, name: str, datatype: str, shape: list[int], contents: Any,
+                   request_id: str = "") -> np.ndarray:
     fields = [f.name for f, _ in contents.ListFields()]
     expected = _CONTENTS.get(datatype)
     if expected is None:
@@ -217,6 +221,11 @@ def _from_contents(model: str, name: str, datatype: str, shape: list[int], conte
     count = element_count(name, shape)
     values = getattr(contents, expected)
     if len(values) != count:
+        if datatype == "BYTES":  # Triton's words, as for raw BYTES data
+            raise InvalidArgumentError(
+                f"{request_prefix(request_id)}"
+                f"{string_count_mismatch(name, len(values), count)} for model '{model}', "
+                f"{count_tail(len(values), count)}")
         raise InvalidArgumentError(
             f"unexpected number of elements {len(values)} for input '{name}', expecting {count}"
         )
