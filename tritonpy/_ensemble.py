@@ -335,9 +335,8 @@ class EnsembleRuntime(RuntimeBase):
         self._plans: dict[tuple[str, ...], _Plan] = {}
         self._full_plan = self._plan(self.outputs)
         # As Triton 2.51: an ensemble that enables the response cache is cached as a whole
-        # (a hit runs no step); a decoupled one cannot be.
-        self.cache = (server.response_cache if config.response_cache.enable
-                      and not self.decoupled else None)
+        # (a hit runs no step); a decoupled one is refused at load.
+        self.cache = server.response_cache if config.response_cache.enable else None
 
     def _plan(self, requested: Sequence[str]) -> _Plan:
         key = tuple(requested)
@@ -777,6 +776,10 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
     # As Triton: an ensemble's config always has its transaction policy (decoupled when a
     # step is), where a plain model's has it only when set.
     decoupled = validate_ensemble(cfg, configs)
+    if decoupled and cfg.response_cache.enable:  # as Triton 2.51 (it was loaded, never cached)
+        raise InvalidArgumentError(
+            f"Response Cache does not currently support model {name} with 'decoupled' "
+            "transaction policy. Please disable the response cache.")
     cfg.model_transaction_policy.SetInParent()
     cfg.model_transaction_policy.decoupled = decoupled
     cfg_json = config_to_json(cfg)

@@ -200,7 +200,9 @@ class Waker:
 
 
 class DynamicBatcher(Unbound):
-    """Triton's dynamic batcher for a model with ``dynamic_batching`` and max_batch_size > 0."""
+    """Triton's dynamic batcher for a model with ``dynamic_batching``. For a model that does
+    not batch (max_batch_size 0) each batch is one request, and its queue policy (queue size,
+    timeouts, priority levels) applies, as in Triton 2.51 (measured: a full queue rejects)."""
 
     owns_timeouts = True
 
@@ -470,7 +472,7 @@ def make_scheduler(rt: ModelRuntime) -> Any:
         from ._sequence import SequenceBatcher
 
         return SequenceBatcher(rt)
-    if cfg.HasField("dynamic_batching") and rt.max_batch_size > 0:
+    if cfg.HasField("dynamic_batching"):
         return DynamicBatcher(rt)
     return FifoScheduler(rt)
 

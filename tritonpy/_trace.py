@@ -295,6 +295,12 @@ class Tracing:
         ignored = {"trace_mode", *unknown,
                    *(("log_frequency", *SETTING_NAMES) if self.otel else ())}
         values = {k: v for k, v in new.items() if k not in ignored}
+        levels = values.get("trace_level")
+        if isinstance(levels, list) and len(levels) > 1 and any(
+                isinstance(v, str) and v.upper() == "OFF" for v in levels):
+            # As Triton: OFF with another level is a contradiction, refused (the command line
+            # may give level twice, the last one winning, which it does not pass through here).
+            raise InvalidArgumentError("Expect only one trace level 'OFF' is specified")
         cleared = [k for k, v in values.items() if v is None]
         checked = _checked({k: v for k, v in values.items() if v is not None})
         with self._lock:
@@ -307,7 +313,12 @@ class Tracing:
                     trial.pop(k, None)
                 else:
                     trial[k] = self._startup[k]
-            self._check_file(dict(self._global, **trial) if model else trial)
+            effective = dict(self._global, **trial) if model else trial
+            self._check_file(effective)
+            if effective["trace_level"] != ["OFF"] and int(effective["trace_rate"]) == 0:
+                # As Triton over the network (a rate of 0 at start is taken, and traces none).
+                raise InvalidArgumentError(
+                    "Attempting to set invalid trace setting :sample rate must be non-zero")
             if not model:
                 self._global = trial
             elif trial:
@@ -421,10 +432,14 @@ def _checked(values: Mapping[str, Any]) -> dict[str, Any]:
             number = int(raw)
         except ValueError:
             raise InvalidArgumentError(f"Unable to parse '{key}', got: {raw}") from None
-        low = -1 if key == "trace_count" else 0
-        if number < low or number > 0xFFFFFFFF:
+        # As Triton: the count is a 32-bit signed integer, the rate and frequency unsigned.
+        low, high = (-1, 0x7FFFFFFF) if key == "trace_count" else (0, 0xFFFFFFFF)
+        if number < low:
             raise InvalidArgumentError(
                 f"Unable to parse '{key}'. Expecting value >= {low}, got:{raw}")
+        if number > high:
+            raise InvalidArgumentError(
+                f"Unable to parse '{key}', value is out of range [ {low}, {high} ], got: {raw}")
         out[key] = number
     return out
 

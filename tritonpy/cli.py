@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import faulthandler
+import json
 import logging
 import os
 import signal
@@ -39,13 +40,25 @@ _LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s"
 
 class _TritonLogFormatter(logging.Formatter):
     """Triton's log lines: ``I1126 20:31:03.842345 <pid> <logger>] <message>``, in UTC as
-    Triton's. ``LogSettings`` switches the format (``--log-format``, ``/v2/logging``) through
-    ``datefmt``: None is Triton's default, a strftime pattern is ISO8601's."""
+    Triton's, verbose lines with ``I`` as Triton's (Python's DEBUG). ``LogSettings`` switches
+    the format (``--log-format``, ``/v2/logging``) through ``datefmt``: None is Triton's
+    default; a strftime pattern is ISO8601, where Triton starts a line with the UTC time and
+    quotes its message (``2026-11-26T21:01:03Z I <pid> <logger>] "msg"``), so that each line
+    starts with a time that log tools read and holds one message, whatever it contains."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        letter = "I" if record.levelno <= logging.INFO else record.levelname[:1]
+        if not self.datefmt:
+            return f"{letter}{super().format(record)[1:]}"
+        text = record.getMessage()
+        if record.exc_info:
+            text = f"{text}\n{self.formatException(record.exc_info)}"
+        when = time.strftime(self.datefmt, time.gmtime(record.created))
+        return (f"{when}Z {letter} {record.process} {record.name}] "
+                f"{json.dumps(text, ensure_ascii=False)}")
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         when = time.gmtime(record.created)
-        if datefmt:
-            return time.strftime(datefmt, when)
         return f"{time.strftime('%m%d %H:%M:%S', when)}.{int(record.created * 1e6) % 1000000:06d}"
 
 
@@ -324,6 +337,9 @@ def cache_size(args: argparse.Namespace) -> int:
         key, eq, value = setting.partition("=")
         if cache != "local":
             raise SystemExit(f"error: --cache-config {spec}: tritonpy has the local cache only")
+        if "," in setting:
+            raise SystemExit(f"error: --cache-config {spec}: one setting per --cache-config, "
+                             "as in Triton (--cache-config local,size=BYTES)")
         if key != "size" or not eq:
             raise SystemExit(f"error: --cache-config {spec}: the local cache takes size=BYTES")
         try:
@@ -331,6 +347,10 @@ def cache_size(args: argparse.Namespace) -> int:
         except ValueError:
             raise SystemExit(f"error: --cache-config {spec}: size must be a number of bytes") \
                 from None
+        if size <= 0:
+            # Triton 2.51 fails to start with size=0 too ("Failed to initialize LocalCache").
+            raise SystemExit(f"error: --cache-config {spec}: the local cache needs a size of "
+                             "1 byte or more")
     if size < 0:
         raise SystemExit("error: the response cache size must not be negative")
     return size

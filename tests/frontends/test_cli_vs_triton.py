@@ -56,6 +56,12 @@ def _stop(server: Serve) -> int:
     (["--model-control-mode=sometimes"], "argument --model-control-mode: invalid choice"),
     (["--backend-config=python,thread-pool-size=0"],
      "backend option 'thread-pool-size' expects an integer >= 1, got '0'"),
+    # Triton fails to start with size=0 ("Failed to initialize LocalCache"); tritonpy started
+    # with no cache, without a word.
+    (["--cache-config", "local,size=0"],
+     "--cache-config local,size=0: the local cache needs a size of 1 byte or more"),
+    (["--cache-config", "local,size=100000,foo=bar"],
+     "one setting per --cache-config, as in Triton"),
 ])
 def test_a_bad_value_stops_the_start_with_code_1_naming_it(
         serve: Callable[..., Serve], tmp_path: Path, flags: list[str], words: str) -> None:
@@ -153,6 +159,47 @@ def test_log_lines_have_tritons_default_layout(serve: Callable[..., Serve],
     assert lines, server.log()
     for line in lines:
         assert re.match(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+\] ", line), line
+
+
+VERBOSE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pb_utils.Logger.log_verbose('a "verbose" line')
+        pb_utils.Logger.log_warn("a warning")
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+            for r in requests]
+"""
+
+
+@pytest.mark.parametrize("iso", [False, True])
+def test_model_log_lines_as_triton_writes_them(serve: Callable[..., Serve], tmp_path: Path,
+                                               iso: bool) -> None:
+    # A verbose line starts with I, as Triton's (it was D); ISO8601 starts a line with the UTC
+    # time, then the level, and quotes the message (it was "I2026-11-26T21:01:11 ..." with the
+    # message bare).
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", VERBOSE_PY)
+    server, http_port, _ = serve_repo(serve, repo, "--log-verbose=1",
+                                      *(["--log-format", "ISO8601"] if iso else []))
+    body = json.dumps({"inputs": [{"name": "IN", "shape": [1], "datatype": "FP32",
+                                   "data": [1.0]}]}).encode()
+    assert _status(f"http://127.0.0.1:{http_port}/v2/models/ident/infer", body) == 200
+    assert _stop(server) == 0
+    text = server.log()
+    if iso:
+        head = r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (?P<level>[IWE]) \d+ \S+\] '
+        verbose, warning = r'"\[ident_0\] a \\"verbose\\" line"$', r'"\[ident_0\] a warning"$'
+    else:
+        head = r"^(?P<level>[IWE])\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+\] "
+        verbose, warning = r'\[ident_0\] a "verbose" line$', r"\[ident_0\] a warning$"
+    found = re.search(head + verbose, text, re.M)
+    assert found and found["level"] == "I", text
+    found = re.search(head + warning, text, re.M)
+    assert found and found["level"] == "W", text
 
 
 @pytest.mark.parametrize("case", ["unreadable config", "name in two repositories"])

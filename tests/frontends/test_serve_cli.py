@@ -585,9 +585,11 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     for flag in ("--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
                  "--http-thread-count=4", "--buffer-manager-thread-count=2",
                  "--cache-directory=/opt/tritonserver/caches"):
-        assert re.search(rf"^W.*{re.escape(flag)} is accepted for Triton's command lines and "
+        assert re.search(rf"^\S+ W .*{re.escape(flag)} is accepted for Triton's command lines and "
                          "has no effect: ", text, re.M), (flag, text)
-    assert re.search(r"^I\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d .*listening: HTTP", text, re.M), text
+    # ISO8601 as Triton lays it out: the UTC time first, then the level, the message quoted.
+    assert re.search(r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ I \d+ \S+\] "listening: HTTP', text,
+                     re.M), text
 
     # --log-info false: the warnings stay, the info lines go.
     ports = free_ports(3)

@@ -51,6 +51,8 @@ MODELS = {
     "db_delay_order": _cfg(8, "default_queue_policy { timeout_action: DELAY "
                               "allow_timeout_override: true }"),
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
+    # A model that does not batch: batches of one, but its queue policy applies (Triton 2.51).
+    "db_full_nobatch": _cfg(0, "default_queue_policy { max_queue_size: 1 }"),
     "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
                             "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
     "db_cancel": _cfg(8, ""),
@@ -322,6 +324,21 @@ def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
     # A request refused as it is queued is no failure in Triton 2.51's statistics (measured).
     stats = server.statistics("db_full")["model_stats"][0]["inference_stats"]
     assert (stats["success"]["count"], stats["fail"]["count"]) == (4, 0)
+
+
+def test_a_model_that_does_not_batch_keeps_its_queue_policy(server, gate):
+    # As Triton 2.51 (measured): dynamic_batching with max_batch_size 0 still queues by its
+    # policy. tritonpy used to ignore the policy there, and queued without limit.
+    model = server.model("db_full_nobatch")
+    held = model.infer({"IN": np.array([-1], np.float32)}, parameters={"gate": gate.path})
+    queued = model.infer({"IN": np.array([1], np.float32)})
+    over = model.infer({"IN": np.array([2], np.float32)}).get(timeout=10)
+    assert over.error is not None and over.error.code.name == "UNAVAILABLE"
+    assert over.error.message == "[request id: <id_unknown>] Exceeds maximum queue size"
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    resp = queued.get(timeout=30)
+    assert _value(resp) == 1 and params(resp)["batch"] == 1
 
 
 def test_queue_size_is_per_priority_level(server, gate):

@@ -143,6 +143,40 @@ def test_an_ensemble_that_enables_the_cache_is_cached_as_a_whole(repo, shm_prefi
         assert server.statistics("plain")["model_stats"][0]["execution_count"] == 2
 
 
+DECOUPLED_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_an_ensemble_over_a_decoupled_step_cannot_enable_the_cache(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured): its load fails. tritonpy used to load it and never cache it.
+    write_model(tmp_path, "dec", DECOUPLED_PY,
+                io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    write_model(tmp_path, "ensd", "", """
+platform: "ensemble"
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "dec" model_version: -1
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+response_cache { enable: true }
+""")
+    with serving(tmp_path, shm_prefix, response_cache_size=1 << 20) as server:
+        state = {m["name"]: m for m in server.models()}
+        assert state["dec"]["state"] == "READY"
+        assert state["ensd"]["state"] == "UNAVAILABLE"
+        assert ("Response Cache does not currently support model ensd with 'decoupled' "
+                "transaction policy. Please disable the response cache.") in state["ensd"]["reason"]
+
+
 def test_an_answer_larger_than_the_cache_is_not_kept_and_says_so(repo, shm_prefix, caplog):
     with serving(repo, shm_prefix, response_cache_size=64) as server:
         model = server.model("cached")

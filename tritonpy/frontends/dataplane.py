@@ -31,7 +31,8 @@ from .._errors import (
 from .._trace import Trace
 from ..shm.cuda import DeviceRef
 from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError, TruncatedElementError
-from ..shm.dtypes import ITEMSIZE, TRITON_TO_NUMPY, deserialize_bytes, serialize_bytes
+from ..shm.dtypes import (ITEMSIZE, TRITON_TO_NUMPY, ElementCountError, TruncatedPrefixError,
+                          deserialize_bytes, serialize_bytes)
 from ..validation import request_prefix
 from .sharedmem import SharedMemoryRegistry
 
@@ -491,11 +492,33 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
             raise InvalidArgumentError(
                 f"incomplete string data for inference input '{name}', expecting string of "
                 f"length {exc.length} but only {exc.available} bytes available") from None
+        except TruncatedPrefixError as exc:
+            raise InvalidArgumentError(
+                f"{request_prefix(request_id)}incomplete string length indicator for inference "
+                f"input '{name}' for model '{model}', expecting 4 bytes but only "
+                f"{exc.available} bytes available") from None
+        except ElementCountError as exc:
+            raise InvalidArgumentError(
+                f"{request_prefix(request_id)}{string_count_mismatch(name, exc.found, exc.expected)}"
+                f" for model '{model}', {count_tail(exc.found, exc.expected)}") from None
         except ProtocolError as exc:
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
     check_raw_size(name, datatype, shape, len(buf), model=model, request_id=request_id)
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+def string_count_mismatch(name: str, found: int, expected: int) -> str:
+    """The start of the error for a BYTES input of ``found`` elements whose shape says
+    ``expected``, in Triton's words."""
+    if found > expected:
+        return f"unexpected number of string elements {found} for inference input '{name}'"
+    return f"expected {expected} string elements for inference input '{name}'"
+
+
+def count_tail(found: int, expected: int) -> str:
+    """The end of that error: what was expected, or what came."""
+    return f"expecting {expected}" if found > expected else f"got {found}"
 
 
 def check_raw_size(name: str, datatype: str, shape: Sequence[int], nbytes: int, *,
@@ -538,6 +561,10 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
         _flatten(name, data, flat, 1)
         if not all(isinstance(s, str) for s in flat):
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
+        if len(flat) != count:  # the counts, as for binary data (Triton says them for both)
+            raise InvalidArgumentError(
+                f"{string_count_mismatch(name, len(flat), count)} (shape "
+                f"{list(shape)}), {count_tail(len(flat), count)}")
         arr = np.empty(len(flat), dtype=object)
         try:
             arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
@@ -687,6 +714,7 @@ class LogSettings:
     """
 
     _FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S"}
+    _EXPECTED = {bool: "boolean", int: "unsigned integer", str: "string"}
 
     def __init__(self, handlers: Sequence[logging.Handler] | None = None, verbose: int = 0) -> None:
         self._lock = threading.Lock()
@@ -732,7 +760,8 @@ class LogSettings:
             want = types[key]
             if not isinstance(value, want) or (want is int and (
                     isinstance(value, bool) or not isinstance(value, int) or value < 0)):
-                raise InvalidArgumentError(f"Unable to parse '{key}'")
+                raise InvalidArgumentError(f"Unable to parse '{key}': expect "
+                                           f"{self._EXPECTED[want]}, got {json.dumps(value)}")
             if isinstance(value, int) and value > 0xFFFFFFFF:
                 raise InvalidArgumentError(
                     f"Unable to parse '{key}': {value} is past the largest 32-bit unsigned "
