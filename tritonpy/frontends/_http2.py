@@ -46,8 +46,9 @@ _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWA
     _WINDOW_UPDATE, _CONTINUATION = range(10)
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # Error codes and settings.
-_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _FRAME_SIZE_ERROR, _REFUSED_STREAM, _CANCEL, \
-    _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = 0x0, 0x1, 0x3, 0x6, 0x7, 0x8, 0x9, 0xB
+_NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _STREAM_CLOSED, _FRAME_SIZE_ERROR, \
+    _REFUSED_STREAM, _CANCEL, _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = \
+    0x0, 0x1, 0x3, 0x5, 0x6, 0x7, 0x8, 0x9, 0xB
 _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS = 0x4, 0x5, 0x3
 _DEFAULT_WINDOW = 65535
 #: Our receive windows: large, so a client sending big tensors rarely waits for an update.
@@ -766,13 +767,38 @@ class _Connection(asyncio.Protocol):
         except _ConnectionError as exc:
             log.debug("gRPC connection dropped: %s", exc)
             self.goaway(exc.code, exc.debug)
-            if self.transport is not None:
-                self.transport.close()
+            self._drop()
             self.inbuf = bytearray()  # not clear(): the error's traceback may still view it
             return
         if pos:
             del buf[:pos]
         self.flush()
+
+    def _drop(self) -> None:
+        """After our GOAWAY for a broken rule: end the calls, close our side and read the
+        client's to its end (discarded) for up to ``_CLOSE_WAIT``, then reset. Closing with its
+        bytes still unread would reset the connection, and the client could lose the GOAWAY
+        that says why (gRPC's clients slow their keepalive pings on ``too_many_pings``)."""
+        transport = self.transport
+        if transport is None or self.eof_sent:
+            return
+        for call in list(self.calls.values()):
+            call.abandon()
+        self.eof_sent = True
+        try:
+            if not transport.can_write_eof():
+                raise OSError("no half-close on this transport")
+            transport.write_eof()
+        except OSError:  # TLS, or the client is gone already
+            transport.close()
+            return
+        transport.resume_reading()  # paused if the client was not reading: read its end now
+        self.loop.call_later(_CLOSE_WAIT, self._abort)
+
+    def _abort(self) -> None:
+        """A client that broke the rules and then neither read nor closed its end: reset."""
+        if self.transport is not None:
+            self.transport.abort()
 
     def _frames(self, buf: bytearray) -> int:
         """Handle every whole frame in ``buf``; return how many bytes they took."""
@@ -1014,6 +1040,12 @@ class _Connection(asyncio.Protocol):
         if flags & _PADDED:
             payload = payload[1:len(payload) - _padding(flags, payload, 1)]
         call = self.calls.get(sid)
+        if call is not None and call.ended:
+            # The client ended this stream already (half-closed): a stream error (RFC 9113
+            # §5.1), not more request bytes for its call.
+            self.out.append(_frame(_RST_STREAM, 0, sid, _U32.pack(_STREAM_CLOSED)))
+            call.abandon()
+            return
         if call is not None and not call.closed and call.method is not None:
             call.unacked += length
             if call.unacked >= _WINDOW // 2 and not flags & _END_STREAM:
