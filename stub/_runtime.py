@@ -59,6 +59,14 @@ _PREFETCH_WAIT_S = 0.02
 # A context variable, so that it follows an async execute into the tasks it awaits.
 _EXECUTE = contextvars.ContextVar("tritonpy_execute", default=0)
 _IDLE_POLL_S = 0.05
+# Tasks that only the stub's main thread runs (see StubRuntime._queue).
+_MAIN_THREAD_TASKS = frozenset((Cmd.INITIALIZE, Cmd.AUTO_COMPLETE, Cmd.FINALIZE))
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
 # A model streaming responses looks for frames from the host (ACK, CANCEL, RELEASE) this often
 # at most (see StubRuntime._peek).
 _PEEK_EVERY_S = 0.001
@@ -123,6 +131,8 @@ class StubRuntime:
         self._sync_waiting = 0  # threads inside _await(): they read the socket themselves
         self._stopping = False
         self._pending: collections.deque[list] = collections.deque()
+        # Tasks for the main thread only (see _MAIN_THREAD_TASKS), read by the other worker.
+        self._main_pending: collections.deque[list] = collections.deque()
         self._exec_busy = False  # a sync execute runs (see _run_executes)
         self._exec_start = 0.0  # ... since then
         self._exec_hold = False  # ... and waits on the server: later EXECUTEs go back
@@ -148,6 +158,7 @@ class StubRuntime:
         self._metric_deletes: list[tuple[str, int]] = []
         self._async_loop: asyncio.AbstractEventLoop | None = None
         self._async_sem: asyncio.Semaphore | None = None
+        self._side_loop: asyncio.AbstractEventLoop | None = None  # see _run_returned
         # The loop of ``async def execute`` must not block (every request of this instance
         # waits meanwhile): a stall is logged (loop-stall-seconds), checked by _maintain.
         self._stall_s = float(options.get("loop_stall_s", 0.0))
@@ -209,8 +220,9 @@ class StubRuntime:
         return 0
 
     def _worker(self) -> None:
+        main = threading.current_thread() is threading.main_thread()
         while True:
-            msg = self._next_task()
+            msg = self._next_task(main)
             if msg is None:
                 return
             if self._handle_inline(msg):
@@ -280,7 +292,7 @@ class StubRuntime:
             self.transport.discard(rb.get("inputs"), self.peer)
         self.channel.send(Cmd.EXECUTE_DONE, call_id, {"returned": True})
 
-    def _next_task(self) -> list | None:
+    def _next_task(self, main: bool = False) -> list | None:
         # The idle worker polls (a timed wait) rather than being notified after every frame:
         # a notify per frame would wake it, and make it fight for the GIL, on every request.
         cv = self._cv
@@ -288,6 +300,8 @@ class StubRuntime:
             while True:
                 if self._stopping:
                     return None
+                if main and self._main_pending:
+                    return self._main_pending.popleft()
                 if self._pending:
                     return self._pending.popleft()
                 if self._reading:
@@ -299,7 +313,8 @@ class StubRuntime:
                     break
                 else:
                     cv.wait(_TAKEOVER_S)
-        return self._read_idle()
+        msg = self._read_idle()
+        return msg if msg is not None else self._next_task(main)
 
     def _read_idle(self) -> list | None:
         """The idle worker's read of the next frame (an execute, mostly): polled for first,
@@ -321,7 +336,8 @@ class StubRuntime:
                   give_way: Callable[[], bool] | None = None) -> list | None:
         """Read one frame while holding the read role (released on return); ``spin_s``: poll
         the socket that long before sleeping in the kernel (see ``_await``, and
-        ``Channel._poll_into`` for ``give_way``)."""
+        ``Channel._poll_into`` for ``give_way``). None: the frame was a task for the main
+        thread, handed to it (see :meth:`_queue`)."""
         try:
             while True:
                 try:
@@ -331,9 +347,23 @@ class StubRuntime:
                     continue
                 if msg is None:
                     os._exit(0)  # the host is gone; nothing here can be useful any more
+                if msg[0] in _MAIN_THREAD_TASKS and not _on_main_thread():
+                    self._queue(msg)  # still holding the role: the main thread is not reading
+                    return None
                 return msg
         finally:
             self._reading = False  # a plain store: nobody sleeps waiting for exactly this
+
+    def _queue(self, msg: list) -> None:
+        """A task read by a thread that does not run it: for any worker, or for the main thread
+        (initialize, auto_complete_config and finalize run there, as in Triton's stub, where
+        Python lets a model call ``signal.signal()``; the other worker goes on reading the
+        host's frames, its pings during a long initialize included). Called while holding the
+        read role, so that the main thread, which looks for its tasks before it takes the role,
+        is never left reading when one waits for it."""
+        with self._cv:
+            (self._main_pending if msg[0] in _MAIN_THREAD_TASKS else self._pending).append(msg)
+            self._cv.notify_all()
 
     def _handle_inline(self, msg: list) -> bool:
         """Frames handled by whichever thread read them; False for tasks (execute etc.)."""
@@ -467,9 +497,7 @@ class StubRuntime:
                     continue
                 msg = self._read_one(spin_s, cpus_busy)
                 if msg is not None and not self._handle_inline(msg):
-                    with cv:
-                        self._pending.append(msg)
-                        cv.notify_all()
+                    self._queue(msg)
         finally:
             if timed:
                 policy.waited(time.perf_counter() - start)
@@ -647,6 +675,8 @@ class StubRuntime:
         token = _EXECUTE.set(requests[0]._host_id if requests else 0)
         try:
             result = self.model.execute(requests)
+            if inspect.isawaitable(result):
+                result = self._run_returned(result)
             err = None
         except BaseException as exc:  # sys.exit() too: the requests get it as their error
             result, err = None, exc
@@ -657,6 +687,39 @@ class StubRuntime:
         finally:
             _let_go(err)
             del err  # the last reference: it goes now, not at the next cyclic collection
+
+    def _run_returned(self, awaitable: Any) -> Any:
+        """A coroutine that a plain ``def execute`` returned: run, as Triton does, on an event
+        loop of its own thread (BLS ``async_exec`` needs one running). In default mode execute
+        ends when it does, with what it returns; in decoupled mode it runs in the background
+        (its responses go through the senders) and execute ends now."""
+        if self._side_loop is None:
+            loop = _new_event_loop()
+            threading.Thread(target=loop.run_forever, name="stub-coroutines", daemon=True).start()
+            self._side_loop = loop
+        tag = _EXECUTE.get()
+
+        async def run() -> Any:
+            _EXECUTE.set(tag)  # this task's own context: BLS cycles are told by it
+            return await awaitable
+
+        fut = asyncio.run_coroutine_threadsafe(run(), self._side_loop)
+        if not self.decoupled:
+            exc = fut.exception()  # waits; not fut.result(), whose frames would show
+            if exc is not None:
+                raise exc
+            return fut.result()
+
+        def done(f: Any) -> None:
+            exc = f.exception()
+            if exc is not None:
+                sys.stderr.write(f"tritonpy stub {self.name}: the coroutine that execute "
+                                 f"returned failed: {exception_text(exc)}\n")
+            elif f.result() is not None:
+                sys.stderr.write(f"tritonpy stub {self.name}: "
+                                 f"{decoupled_returned(self.name)}\n")
+        fut.add_done_callback(done)
+        return None
 
     async def _execute_async(self, call_id: int, requests: list) -> None:
         assert self._async_sem is not None
@@ -890,9 +953,7 @@ class StubRuntime:
                 if msg is None or msg is EMPTY:
                     return
                 if not self._handle_inline(msg):
-                    with self._cv:
-                        self._pending.append(msg)
-                        self._cv.notify_all()
+                    self._queue(msg)
         finally:
             with self._cv:  # an idle worker that found the role taken polls; it reads now
                 self._reading = False
