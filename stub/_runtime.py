@@ -579,7 +579,7 @@ class StubRuntime:
             self.max_async = max(1, int(body.get("max_async", 1)))
             if hasattr(self.model, "initialize"):
                 result = self.model.initialize(args)
-                if inspect.isawaitable(result):
+                if type(result) is not list and inspect.isawaitable(result):
                     asyncio.run(_awaited(result))  # an async initialize is allowed by Triton
             is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
             if not hasattr(self.model, "execute"):
@@ -625,7 +625,7 @@ class StubRuntime:
             fn = getattr(self.model, "finalize", None)
             if fn is not None:
                 result = fn()
-                if inspect.isawaitable(result):
+                if type(result) is not list and inspect.isawaitable(result):
                     asyncio.run(_awaited(result))
         except Exception:
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
@@ -675,7 +675,7 @@ class StubRuntime:
         token = _EXECUTE.set(requests[0]._host_id if requests else 0)
         try:
             result = self.model.execute(requests)
-            if inspect.isawaitable(result):
+            if type(result) is not list and inspect.isawaitable(result):
                 result = self._run_returned(result)
             err = None
         except BaseException as exc:  # sys.exit() too: the requests get it as their error
