@@ -140,7 +140,25 @@ def _decompress(body: bytes | bytearray, coding: str, limit: int) -> bytes:
         raise BodyTooLarge(len(out))
     if not inflater.eof:
         raise ValueError("truncated compressed body")
-    return out
+    # A gzip body may be several members, one after the other (RFC 1952, 2.2): each inflates
+    # to the next part. Anything else after the end is refused: the body up to there would
+    # answer a request other than the one sent.
+    rest = inflater.unused_data
+    parts = [out]
+    size = len(out)
+    while rest:
+        if coding != "gzip" or not rest.startswith(b"\x1f\x8b"):
+            raise ValueError(f"{len(rest)} bytes of trailing data after the compressed body")
+        inflater = zlib.decompressobj(wbits)
+        part = inflater.decompress(rest, limit + 1 - size)
+        size += len(part)
+        if size > limit:
+            raise BodyTooLarge(size)
+        if not inflater.eof:
+            raise ValueError("truncated compressed body")
+        parts.append(part)
+        rest = inflater.unused_data
+    return out if len(parts) == 1 else b"".join(parts)
 
 
 class _Compressed:
@@ -464,7 +482,14 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = parser.get_method().decode("latin-1")
-        if "upgrade" in self.headers and parser.should_upgrade() and self.method != "CONNECT":
+        if self.method == "CONNECT":
+            # What follows its head is a tunnel's bytes, not requests: one answer, then close
+            # (answering it as a request, then its tunnel as a malformed one, sent two).
+            self._refuse_head("the CONNECT method is not supported")
+        codings = self.headers.get("transfer-encoding")
+        if codings is not None:
+            self._check_transfer_codings(codings)
+        if "upgrade" in self.headers and parser.should_upgrade():
             self.upgrade_head = self._head_without_upgrade(parser.get_http_version())
             return  # read again without it, body and all (see _feed)
         self.http10 = parser.get_http_version() == "1.0"
@@ -495,6 +520,25 @@ class _Connection(asyncio.BufferedProtocol):
                 known.clear()
             known[key] = _KnownHead(self.method, self._path(), dict(self.headers), length,
                                     self.keep_alive, self.http10)
+
+    def _refuse_head(self, reason: str) -> None:
+        """Stop the parser at this head: ``reason`` is answered with 400, then the connection
+        closes (httptools reports a callback's exception as a bare "callback error")."""
+        self.head_error = reason
+        raise ValueError(reason)
+
+    def _check_transfer_codings(self, value: str) -> None:
+        """Refuse a Transfer-Encoding other than chunked, alone or last (RFC 9112, 6.3: any
+        other leaves the body's length unknown). The parser would otherwise read its body
+        until the client closes, with Content-Length or without: it was never answered."""
+        codings = [c.strip().lower() for c in value.split(",")]
+        if codings[-1] != "chunked":
+            self._refuse_head(f"unsupported Transfer-Encoding '{value}': the body must be "
+                              "sent with Content-Length or chunked")
+        if len(codings) > 1:
+            # gzip, deflate: framed by chunks, but nothing here would decode them.
+            self._refuse_head(f"unsupported Transfer-Encoding '{value}': only chunked is "
+                              "supported (compress with Content-Encoding)")
 
     def _head_without_upgrade(self, version: str) -> bytes:
         """The request's head as it came, less its ``Upgrade`` header and token."""
