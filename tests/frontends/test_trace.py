@@ -91,6 +91,38 @@ def test_http_and_grpc_requests_are_traced_in_tritons_layout(traced) -> None:
     # The request that failed validation never reached the model: no compute timestamps.
     assert "COMPUTE_START" not in traces[3]["names"]
     assert traces[3]["names"][:2] == ["HTTP_RECV_START", "HTTP_RECV_END"]
+    # As Triton's, its trace ends with the error's send (it used to end before it).
+    assert traces[3]["names"][-2:] == ["HTTP_SEND_START", "HTTP_SEND_END"]
+
+
+def test_a_request_the_model_fails_is_traced_to_its_answer(tmp_path: Path) -> None:
+    # As Triton 2.51 (measured): the trace of a request whose execute fails ends with the
+    # error's send, over HTTP and gRPC; it used to end at REQUEST_END.
+    write_model(tmp_path / "repo", "fails", """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("no")
+""")
+    trace_file = tmp_path / "trace.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}")
+        grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+        try:
+            for client, mod in ((http, httpclient), (grpcc, grpcclient)):
+                with pytest.raises(InferenceServerException, match="no"):
+                    client.infer("fails", _inputs(mod))
+        finally:
+            http.close()
+            grpcc.close()
+        fe.stop_in_thread()
+    traces = _traces(_load(trace_file))
+    h, g = traces[1], traces[2]
+    assert h["names"][-3:] == ["REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END"], h
+    assert g["names"][-3:] == ["REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"], g
+    assert "COMPUTE_START" in h["names"] and "COMPUTE_START" in g["names"]
 
 
 def test_settings_over_http_and_grpc(traced) -> None:

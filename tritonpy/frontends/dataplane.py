@@ -1007,13 +1007,17 @@ class DataPlane:
         if held:
             self.shm.release(held)
 
-    async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
+    async def infer(self, req: InferRequest, *, decoupled_error: str,
+                    trace_errors: bool = False) -> InferResult:
         """Run one request on a default-mode model and return its single response.
 
         Args:
             req: the decoded request.
             decoupled_error: the message for a decoupled model, which this path cannot serve
                 (each protocol words it its own way in Triton).
+            trace_errors: the caller finishes the trace (``req.trace``) of a request that
+                fails with an error, once it has sent the error (as Triton, whose trace of a
+                failed request ends with the send's timestamps); else it is finished here.
         """
         model = self.model(req.model, req.version)
         if model.decoupled():
@@ -1039,8 +1043,8 @@ class DataPlane:
             result = self._result(req, resp)
             if result.error is not None:
                 raise result.error
-        except BaseException:
-            if req.trace is not None:
+        except BaseException as exc:
+            if req.trace is not None and not (trace_errors and isinstance(exc, Exception)):
                 req.trace.finish()
             raise
         finally:

@@ -617,7 +617,18 @@ class GRPCService:
             # The HTTP/2 server hands over a request once read: its wait is not timed here.
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
             req.traceparent = traceparent(context.metadata)
-        result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
+        try:
+            result = await self.plane.infer(req, decoupled_error=_DECOUPLED, trace_errors=True)
+        except Exception:
+            failed = req.trace
+            if failed is not None:  # as Triton: a failed request's trace has its send too
+                failed.at("GRPC_SEND_START")
+
+                def sent_error(_: Any) -> None:
+                    failed.at("GRPC_SEND_END")
+                    failed.finish()
+                context.add_done_callback(sent_error)
+            raise
         trace = req.trace
         if trace is None:
             return self._encode(result)

@@ -482,14 +482,20 @@ class HTTPFrontend:
             req.received = (("HTTP_RECV_START", request.received[0]),
                             ("HTTP_RECV_END", request.received[1]))
             req.traceparent = request.headers.get("traceparent", "")
-        result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         try:
-            response = self._encode_result(result)
-        except BaseException:
-            if req.trace is not None:
-                req.trace.finish()
-            raise
-        response.compress = True  # when the client's Accept-Encoding asks for it
+            result = await self.plane.infer(req, decoupled_error=_DECOUPLED, trace_errors=True)
+        except Exception as exc:
+            if req.trace is None:
+                raise
+            response = error_response(exc)  # as Triton: a failed request's trace has its send
+        else:
+            try:
+                response = self._encode_result(result)
+            except BaseException:
+                if req.trace is not None:
+                    req.trace.finish()
+                raise
+            response.compress = True  # when the client's Accept-Encoding asks for it
         trace = req.trace
         if trace is not None:
             def sent(start: int, end: int) -> None:
