@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import importlib
 import logging
 import os
 import threading
@@ -72,6 +73,15 @@ def _abandon_live_servers() -> None:
             srv._abandon()
         except Exception:  # best effort at interpreter exit
             log.exception("cleanup at exit failed")
+
+
+# And before that: at exit, the interpreter ends the thread that spawned the stubs (a
+# ThreadPoolExecutor's, joined by threading's own exit hooks, which run before atexit's), and
+# PR_SET_PDEATHSIG then kills them, each logged as an error and "died; restarting". Registered
+# after concurrent.futures' hook, so run before it.
+importlib.import_module("concurrent.futures.thread")  # its hook first
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_abandon_live_servers)
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
               "parameters", "statistics", "trace", "logging"]
@@ -189,10 +199,25 @@ class Server:
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, wait_until_ready: bool = True) -> Server:
-        """Create the shm pool, sweep orphans of our prefix, load models per the control mode."""
-        if self._started:
+        """Create the shm pool, sweep orphans of our prefix, load models per the control mode.
+
+        A second call does nothing. A server that was stopped (or whose start failed) cannot
+        start again: make a new one. A start that fails (say a model of ``load_models`` is
+        not in the repository) stops what it had started before it raises, so that
+        ``with Server(...)`` leaves no stub or segment behind either."""
+        if self._started and not self._stopping:
             return self
+        if self._stopping:
+            raise UnavailableError("this Server was stopped (or its start failed): it cannot "
+                                   "be started again; create a new Server")
         self._not_on_frame_loop("start()")
+        loop = self._loop
+        if loop is not None and (loop.is_closed() or not loop.is_running()):
+            raise RuntimeError(
+                "Server(loop=...) was given an event loop that is "
+                f"{'closed' if loop.is_closed() else 'not running'}: the stubs' answers are "
+                "read on it, so it must run from start() until stop() returns (or give no "
+                "loop: the server then reads them on a thread of its own)")
         opts = self.options
         directory = opts.shm_fallback_directory or None
         removed = sweep_orphans(opts.shm_region_prefix_name, directory)
@@ -218,7 +243,11 @@ class Server:
         self._maint = threading.Thread(target=self._maintain, name="tritonpy-maint", daemon=True)
         self._maint.start()
         _LIVE.add(self)
-        self.repo.start_up(wait_until_ready)
+        try:
+            self.repo.start_up(wait_until_ready)
+        except BaseException:
+            self.stop()  # nothing half-started stays behind (with: __exit__ is not called)
+            raise
         return self
 
     def stop(self) -> None:
@@ -270,11 +299,13 @@ class Server:
         if not self._started or self._stopping:
             return
         self._stopping = True
+        with self._starting_lock:  # a restart (after the kills below) starts no stub now
+            self.loads_cancelled = True
         for rt in self.repo.runtimes():
             for inst in rt.instances:
                 stub = inst.stub
                 if stub is not None and stub.proc.poll() is None:
-                    stub.proc.kill()
+                    stub.abandon()  # on purpose: its death is no error to log
                     stub.proc.wait()
         self._release_shm()
 
@@ -286,6 +317,22 @@ class Server:
                       self.options.shm_fallback_directory or None)
         janitor.stop(self._janitor)
         self._started = False
+
+    def _require_started(self) -> None:
+        """UnavailableError, naming why, unless the server is started (maybe stopping)."""
+        if not self._started:
+            raise UnavailableError(
+                "the server was stopped: create a new Server" if self._stopping else
+                "the server is not started: call start() first (or use 'with Server(...)')")
+
+    def _require_frame_loop(self) -> None:
+        """UnavailableError when the loop given as ``Server(loop=...)`` no longer runs: no
+        answer of a stub could be read, and a request would wait for ever."""
+        loop = self._loop
+        if loop is not None and not loop.is_running():
+            raise UnavailableError(
+                "the event loop given as Server(loop=...) is not running, so no answer of a "
+                "stub can be read: it must run until stop() returns")
 
     def _not_on_frame_loop(self, what: str) -> None:
         """Refuse a call that waits for stubs on the loop given to read their answers."""
@@ -380,7 +427,9 @@ class Server:
         return self.repo.index()
 
     def model(self, name: str, version: int = -1) -> Model:
-        """A handle on a model; NotFoundError if the repository has no such model."""
+        """A handle on a model; NotFoundError if the repository has no such model,
+        UnavailableError before :meth:`start` or after :meth:`stop`."""
+        self._require_started()
         self.repo.require_known(name)
         return Model(self, name, int(version))
 
@@ -597,6 +646,8 @@ class Server:
             pass
 
     def on_instance_died(self, rt: ModelRuntime, inst: Any) -> None:
+        if self._stopping:  # killed by the stop (or at exit): no restart to speak of
+            return
         log.warning("model '%s' instance '%s' died; restarting", rt.name, inst.name)
 
 
@@ -624,6 +675,41 @@ def _as_input(name: str, value: Any) -> np.ndarray:
         raise InvalidArgumentError(
             f"input '{name}' has numpy dtype {arr.dtype}, which has no Triton data type") from None
     return arr
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_UINT64_MAX = (1 << 64) - 1
+_SEQUENCE_FLAGS = 3  # START (1) | END (2): the only request flags Triton knows
+
+
+def _uint64(what: str, value: Any, bounded: bool = True) -> int:
+    """``value`` as an int in Triton's uint64 range (``bounded`` False: any int from 0),
+    else InvalidArgumentError naming it."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
+    number = value.__index__()
+    if number < 0 or bounded and number > _UINT64_MAX:
+        raise InvalidArgumentError(f"{what} must be in 0..2**64-1 (Triton's uint64), got {number}")
+    return number
+
+
+def _check_settings(request_id: Any, correlation_id: Any, flags: Any, timeout: Any,
+                    priority: Any) -> tuple[int | str, int, int, int]:
+    """A request's settings checked as Triton types them (the ID a str, the others uint64;
+    a correlation ID a uint64 or a str), so that a model never sees a value Triton cannot
+    send it; raises InvalidArgumentError naming the first that is wrong."""
+    if not isinstance(request_id, str):
+        raise InvalidArgumentError(f"request_id must be a str, not {type(request_id).__name__}")
+    if not isinstance(correlation_id, str):
+        correlation_id = _uint64("correlation_id (a str or an int)", correlation_id)
+    flags = _uint64("flags", flags)
+    if flags & ~_SEQUENCE_FLAGS:
+        raise InvalidArgumentError(
+            f"flags must combine SEQUENCE_START (1) and SEQUENCE_END (2) only, got {flags}")
+    # A timeout past 64 bits is left to the channel, whose "cannot be encoded" answers it
+    # (tests/host/test_huge_timeout.py).
+    return (correlation_id, flags, _uint64("timeout (microseconds)", timeout, bounded=False),
+            _uint64("priority", priority))
 
 
 class Model:
@@ -677,13 +763,30 @@ class Model:
                  requested_output_names: Sequence[str] | None, request_id: str,
                  parameters: Mapping[str, Any] | None, correlation_id: int | str, flags: int,
                  timeout: int, priority: int, trace: Trace | None = None) -> HostRequest:
+        self.server._require_started()
+        self.server._require_frame_loop()
+        if type(inputs) is not dict and not isinstance(inputs, Mapping):
+            raise InvalidArgumentError(
+                f"inputs must be a mapping of input names to arrays, not {type(inputs).__name__}")
+        # The usual values pass with a few type checks (every frontend request comes here).
+        if not (type(request_id) is str and type(flags) is int and not flags & ~_SEQUENCE_FLAGS
+                and type(timeout) is int and timeout >= 0
+                and type(priority) is int and 0 <= priority <= _UINT64_MAX
+                and (type(correlation_id) is str
+                     or type(correlation_id) is int and 0 <= correlation_id <= _UINT64_MAX)):
+            correlation_id, flags, timeout, priority = _check_settings(
+                request_id, correlation_id, flags, timeout, priority)
         rt = self._rt()
         if rt.state != READY and rt.successor is None:  # reloaded: submit() forwards it
             raise UnavailableError(f"model '{self.name}' is not ready")
         for k, v in (parameters or {}).items():
+            if not isinstance(k, str):
+                raise InvalidArgumentError(f"parameter name {k!r} is not a str")
             if not isinstance(v, (bool, int, float, str)):
                 raise InvalidArgumentError(
                     f"parameter '{k}' has type {type(v).__name__}; bool, int, float or str only")
+            if type(v) is int and not _INT64_MIN <= v <= _INT64_MAX:
+                raise InvalidArgumentError(f"parameter '{k}': {v} is out of the int64 range")
         if isinstance(requested_output_names, str):
             requested_output_names = [requested_output_names]
         arrays = [(n, _as_input(n, v)) for n, v in inputs.items()]
@@ -724,7 +827,15 @@ class Model:
         """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``.
         ``trace``: record the request's timestamps in it (the frontends' tracing). ``loop``:
         the loop that will iterate the stream, when called from another thread."""
-        stream = AsyncResponseStream(loop or asyncio.get_running_loop())
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                raise RuntimeError(
+                    "async_infer() needs the event loop that will iterate its responses: call "
+                    "it on that loop, or pass loop=... from another thread (or use infer())"
+                ) from None
+        stream = AsyncResponseStream(loop)
         req = self._request(stream, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority, trace)
         req.model.submit(req)

@@ -80,4 +80,5 @@ def test_stream_ends_when_its_last_task_ends_as_the_requests_do() -> None:
         out, err = proc.communicate()
         raise AssertionError(f"the stream did not end (its loop spun): {out}{err[-2000:]}") from None
     assert proc.returncode == 0, err[-2000:]
-    assert out.strip() == "ENDED [('r1', \"Request for unknown model: '' is not found\")]"
+    assert out.strip() == ("ENDED [('r1', \"the server is not started: call start() first "
+                           "(or use 'with Server(...)')\")]")

@@ -1,0 +1,173 @@
+"""The in-process API misused as a Python user will: a server used before start() or after
+stop(), a start that fails inside ``with``, request settings of the wrong type or range, an
+event loop that does not run, and a program that exits without stop(). Each is refused at the
+call with an error that names what was wrong, and leaves no stub or segment behind."""
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+import tritonpy
+from _models import fp32, infer, io_config, new_prefix, segments, serving, write_model
+from tritonpy import InvalidArgumentError, NotFoundError, UnavailableError
+
+pytestmark = pytest.mark.timeout(60)
+
+# Reports what the model sees of the request's settings.
+SEES_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([], parameters={
+            "correlation_id": repr(r.correlation_id()), "flags": r.flags()}) for r in requests]
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("misuse")
+    write_model(path, "double")
+    write_model(path, "sees", SEES_PY, io_config())
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(repo: Path) -> Iterator[tritonpy.Server]:
+    with serving(repo, new_prefix()) as srv:
+        yield srv
+
+
+def _backend(prefix: str) -> dict[str, str]:
+    return {"shm-region-prefix-name": prefix}
+
+
+def test_a_server_not_started_or_stopped_says_so(repo: Path, shm_prefix: str) -> None:
+    srv = tritonpy.Server(str(repo), backend_config=_backend(shm_prefix))
+    srv.stop()  # before start: nothing to do
+    with pytest.raises(UnavailableError, match="not started: call start"):
+        srv.model("double")  # was NotFoundError "unknown model"
+    srv.start()
+    srv.start()  # a second start does nothing
+    model = srv.model("double")
+    assert infer(model, {"IN": fp32(1)}).error is None
+    srv.stop()
+    srv.stop()
+    for call in (lambda: model.infer({"IN": fp32(1)}), lambda: srv.model("double")):
+        with pytest.raises(UnavailableError, match="server was stopped"):
+            call()
+    # Was: it "started" with every model's load cancelled, and a later stop() did nothing,
+    # leaving its new host segment behind.
+    with pytest.raises(UnavailableError, match="cannot be started again"):
+        srv.start()
+    assert segments(shm_prefix) == []
+
+
+def test_a_start_that_fails_in_with_leaves_nothing_behind(repo: Path, shm_prefix: str) -> None:
+    srv = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=["nosuch"],
+                          backend_config=_backend(shm_prefix))
+    with pytest.raises(NotFoundError, match="nosuch"):
+        with srv:  # __exit__ is not called when __enter__ raises
+            pass
+    # Was: live, with its segment, janitor and threads, until the interpreter exited.
+    assert not srv.live()
+    assert segments(shm_prefix) == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"correlation_id": -1}, "correlation_id .* got -1"),
+    ({"correlation_id": 2**64}, "correlation_id .* uint64"),
+    ({"correlation_id": 1.5}, "correlation_id .* not float"),
+    ({"correlation_id": True}, "correlation_id .* not bool"),
+    ({"request_id": 7}, "request_id must be a str"),
+    ({"timeout": -5}, "timeout .* got -5"),
+    ({"priority": -1}, "priority .* got -1"),
+    ({"flags": 4}, "flags must combine SEQUENCE_START"),
+    ({"parameters": {1: "x"}}, "parameter name 1 is not a str"),
+    ({"parameters": {"big": 2**70}}, "parameter 'big': .* int64"),
+])
+def test_request_settings_of_a_wrong_type_or_range_are_refused(
+        server: tritonpy.Server, kwargs: dict[str, Any], words: str) -> None:
+    # Were passed on as they were (the model saw correlation_id -1, flags 4, timeout -5, a
+    # request_id 7), or failed later as a response "a value of it cannot be encoded".
+    model = server.model("sees")
+    with pytest.raises(InvalidArgumentError, match=words):
+        model.infer({"IN": fp32(1)}, **kwargs)
+
+
+def test_request_settings_in_range_reach_the_model(server: tritonpy.Server) -> None:
+    model = server.model("sees")
+    for corr in ("session-1", 2**64 - 1, np.uint64(5)):
+        resp = infer(model, {"IN": fp32(1)}, correlation_id=corr, flags=3, timeout=0,
+                     priority=2**64 - 1)
+        assert resp.error is None, resp.error
+        assert resp.parameters["correlation_id"] == repr(corr if isinstance(corr, str)
+                                                         else int(corr))
+        assert resp.parameters["flags"] == 3
+
+
+def test_inputs_that_are_not_a_mapping_are_refused(server: tritonpy.Server) -> None:
+    with pytest.raises(InvalidArgumentError, match="mapping of input names"):
+        server.model("double").infer([("IN", fp32(1))])  # type: ignore[arg-type]
+
+
+def test_async_infer_off_a_loop_says_which_loop(server: tritonpy.Server) -> None:
+    with pytest.raises(RuntimeError, match="pass loop="):
+        server.model("double").async_infer({"IN": fp32(1)})
+
+
+def test_a_loop_that_does_not_run_is_refused(repo: Path, shm_prefix: str) -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        srv = tritonpy.Server(str(repo), loop=loop, backend_config=_backend(shm_prefix))
+        # Was: start() waited 60 s per model for stubs whose answers nobody read.
+        with pytest.raises(RuntimeError, match="not running"):
+            srv.start()
+        assert segments(shm_prefix) == []
+        thread = threading.Thread(target=loop.run_forever, daemon=True)
+        thread.start()
+        srv.start()
+        try:
+            model = srv.model("double")
+            assert infer(model, {"IN": fp32(2)}).error is None
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+            # Was: a request that waited for ever.
+            with pytest.raises(UnavailableError, match="is not running"):
+                model.infer({"IN": fp32(2)})
+        finally:
+            thread = threading.Thread(target=loop.run_forever, daemon=True)
+            thread.start()
+            srv.stop()
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5)
+    finally:
+        loop.close()
+
+
+def test_exit_without_stop_is_quiet_and_clean(repo: Path, shm_prefix: str) -> None:
+    script = textwrap.dedent(f"""
+        import numpy as np, tritonpy
+        srv = tritonpy.Server({str(repo)!r},
+                              backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
+        srv.start()
+        out = srv.model("double").infer({{"IN": np.ones(4, np.float32)}}).get(timeout=30)
+        assert out.error is None, out.error
+        print("served", flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=40, env=env)
+    assert done.returncode == 0 and "served" in done.stdout, done.stderr
+    # Was: "stub process ... killed by signal SIGKILL" and "instance ... died; restarting".
+    assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
+    assert segments(shm_prefix) == []
