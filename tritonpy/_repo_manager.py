@@ -223,6 +223,7 @@ class RepositoryManager:
         if api:
             _check_model_name(name)
             self.scan()
+        tmp = mdir = None
         if files:
             if not config:
                 raise InvalidArgumentError("load with files needs a config override as well")
@@ -234,22 +235,8 @@ class RepositoryManager:
             except BaseException:  # a refused path: what was written so far goes too
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            # Known from now on (a refused load of a new name leaves no entry in the index).
-            entry = self.entries.get(name) or ModelEntry(name, "")
-            self.entries.setdefault(name, entry)
-            if entry.tmpdir:
-                self._stale_tmpdirs.append(entry.tmpdir)  # its version may still be serving
-            entry.tmpdir = tmp
-            entry.directory = mdir
         else:
-            known = self.entries.get(name)
-            if known is not None and known.tmpdir and name in self._scanned:
-                # As Triton: a load without files undoes a files override and loads the
-                # repository's model again.
-                self._stale_tmpdirs.append(known.tmpdir)
-                known.tmpdir = None
-                known.directory = self._scanned[name]
-        entry = self.require_known(name)
+            self.require_known(name)
         override = None
         if config:
             from .config import config_from_dict
@@ -257,9 +244,30 @@ class RepositoryManager:
             try:  # Triton's words for an override it cannot read (clients look for them)
                 override = config_from_dict(config, "Invalid config override")
             except TritonpyError as exc:
+                if tmp:
+                    shutil.rmtree(tmp, ignore_errors=True)
                 raise InvalidArgumentError(f"failed to load '{name}', failed to poll from model "
                                            f"repository: {exc.message}") from exc
+        if mdir:
+            # Known from now on (a refused load of a new name leaves no entry in the index).
+            with self._lock:
+                entry = self.entries.setdefault(name, ModelEntry(name, ""))
+        else:
+            entry = self.require_known(name)
+        # Which directory the model loads from is settled under the entry's lock, by the load
+        # that holds it: a load waiting for another one must not change what that one reads.
         with entry.lock:
+            if mdir:
+                if entry.tmpdir:
+                    self._stale_tmpdirs.append(entry.tmpdir)  # its version may still serve
+                entry.tmpdir = tmp
+                entry.directory = mdir
+            elif entry.tmpdir and name in self._scanned:
+                # As Triton: a load without files undoes a files override and loads the
+                # repository's model again.
+                self._stale_tmpdirs.append(entry.tmpdir)
+                entry.tmpdir = None
+                entry.directory = self._scanned[name]
             try:
                 self._load_retrying(entry, override)
             except TritonpyError as exc:
