@@ -763,8 +763,11 @@ class Model:
                  requested_output_names: Sequence[str] | None, request_id: str,
                  parameters: Mapping[str, Any] | None, correlation_id: int | str, flags: int,
                  timeout: int, priority: int, trace: Trace | None = None) -> HostRequest:
-        self.server._require_started()
-        self.server._require_frame_loop()
+        server = self.server
+        if not server._started:
+            server._require_started()
+        if server._loop is not None:
+            server._require_frame_loop()
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise InvalidArgumentError(
                 f"inputs must be a mapping of input names to arrays, not {type(inputs).__name__}")

@@ -125,7 +125,7 @@ class InferRequest:
     traceparent: str = ""
     trace: Trace | None = None
     # The system shared-memory regions its outputs go to, kept registered while it runs.
-    shm_held: list[Any] = field(default_factory=list)
+    shm_held: Sequence[Any] = ()
 
 
 #: Decoded request headers kept for the next request of the same header, and encoded response
@@ -987,7 +987,7 @@ class DataPlane:
                 first.setdefault(out.name, out)
             if len(first) < len(outputs):
                 req.outputs = outputs = list(first.values())
-        windows = []
+        windows: list[tuple[str, int, int]] | None = None
         for out in outputs:
             if out.shm is not None:
                 if out.classification:  # as Triton: the classes are not written to shm
@@ -997,13 +997,14 @@ class DataPlane:
                 if self.shm.is_cuda(out.shm.region):
                     self.shm.cuda_check(out.shm.region, out.shm.offset, out.shm.byte_size)
                 else:
+                    windows = windows or []
                     windows.append((out.shm.region, out.shm.offset, out.shm.byte_size))
         if windows:
             req.shm_held = self.shm.hold(windows)
 
     def _release(self, req: InferRequest) -> None:
         """The request is over: its output regions may be unregistered again."""
-        held, req.shm_held = req.shm_held, []
+        held, req.shm_held = req.shm_held, ()
         if held:
             self.shm.release(held)
 
