@@ -9,10 +9,12 @@ crash produces.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import itertools
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -37,22 +39,35 @@ log = logging.getLogger("tritonpy.stub")
 _FRAMES_PER_TURN = 64
 
 # One long-lived thread spawns every stub: PR_SET_PDEATHSIG fires when the *thread* that forked
-# the child exits, so stubs must not be forked from short-lived loader threads.
+# the child exits, so stubs must not be forked from short-lived loader threads. A daemon thread
+# of our own, not a ThreadPoolExecutor's: the interpreter ends those as soon as the main thread
+# returns (before other non-daemon threads of the program, still serving, and before atexit's
+# clean-up), which would kill every stub under them.
 _spawn_lock = threading.Lock()
-_spawner: Any = None
+_spawn_queue: queue.SimpleQueue | None = None
+
+
+def _spawner(jobs: queue.SimpleQueue) -> None:
+    while True:
+        fut, args, kwargs = jobs.get()
+        if fut.set_running_or_notify_cancel():
+            try:
+                fut.set_result(subprocess.Popen(*args, **kwargs))
+            except BaseException as exc:
+                fut.set_exception(exc)
 
 
 def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
-    global _spawner
+    global _spawn_queue
     with _spawn_lock:
-        if _spawner is None:
-            import concurrent.futures
-
-            _spawner = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tritonpy-spawn")
-        fut = _spawner.submit(
-            subprocess.Popen, cmd, pass_fds=(fd,), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, close_fds=True,
-        )
+        if _spawn_queue is None:
+            _spawn_queue = queue.SimpleQueue()
+            threading.Thread(target=_spawner, args=(_spawn_queue,), name="tritonpy-spawn",
+                             daemon=True).start()
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    _spawn_queue.put((fut, (cmd,), dict(
+        pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=env, close_fds=True)))
     return fut.result()
 
 

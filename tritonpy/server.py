@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import importlib
 import logging
 import os
 import threading
@@ -75,13 +74,6 @@ def _abandon_live_servers() -> None:
             log.exception("cleanup at exit failed")
 
 
-# And before that: at exit, the interpreter ends the thread that spawned the stubs (a
-# ThreadPoolExecutor's, joined by threading's own exit hooks, which run before atexit's), and
-# PR_SET_PDEATHSIG then kills them, each logged as an error and "died; restarting". Registered
-# after concurrent.futures' hook, so run before it.
-importlib.import_module("concurrent.futures.thread")  # its hook first
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_abandon_live_servers)
 EXTENSIONS = ["classification", "sequence", "model_repository", "model_repository(unload_dependents)",
               "schedule_policy", "model_configuration", "system_shared_memory", "binary_tensor_data",
               "parameters", "statistics", "trace", "logging"]

@@ -171,3 +171,31 @@ def test_exit_without_stop_is_quiet_and_clean(repo: Path, shm_prefix: str) -> No
     # Was: "stub process ... killed by signal SIGKILL" and "instance ... died; restarting".
     assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
     assert segments(shm_prefix) == []
+
+
+def test_a_thread_may_serve_on_after_the_main_thread_returns(repo: Path, shm_prefix: str) -> None:
+    # The stubs were spawned from a ThreadPoolExecutor's thread, which the interpreter ends
+    # when the main thread returns: PR_SET_PDEATHSIG then killed every stub under a program
+    # whose other (non-daemon) thread was still serving.
+    script = textwrap.dedent(f"""
+        import threading, time
+        import numpy as np, tritonpy
+        srv = tritonpy.Server({str(repo)!r},
+                              backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
+        srv.start()
+
+        def serve_on():
+            time.sleep(1.0)  # the main thread has returned by now
+            out = srv.model("double").infer({{"IN": np.ones(4, np.float32)}}).get(timeout=30)
+            print("late", out.error, out.outputs["OUT"].to_numpy().tolist(), flush=True)
+            srv.stop()
+
+        threading.Thread(target=serve_on).start()
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=40, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "late None [2.0, 2.0, 2.0, 2.0]" in done.stdout, done.stdout + done.stderr
+    assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
+    assert segments(shm_prefix) == []
