@@ -220,7 +220,7 @@ class StubRuntime:
         return 0
 
     def _worker(self) -> None:
-        main = threading.current_thread() is threading.main_thread()
+        main = _on_main_thread()
         while True:
             msg = self._next_task(main)
             if msg is None:
@@ -579,7 +579,7 @@ class StubRuntime:
             self.max_async = max(1, int(body.get("max_async", 1)))
             if hasattr(self.model, "initialize"):
                 result = self.model.initialize(args)
-                if type(result) is not list and inspect.isawaitable(result):
+                if inspect.isawaitable(result):
                     asyncio.run(_awaited(result))  # an async initialize is allowed by Triton
             is_async = inspect.iscoroutinefunction(getattr(self.model, "execute", None))
             if not hasattr(self.model, "execute"):
@@ -625,7 +625,7 @@ class StubRuntime:
             fn = getattr(self.model, "finalize", None)
             if fn is not None:
                 result = fn()
-                if type(result) is not list and inspect.isawaitable(result):
+                if inspect.isawaitable(result):
                     asyncio.run(_awaited(result))
         except Exception:
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
@@ -693,10 +693,12 @@ class StubRuntime:
         loop of its own thread (BLS ``async_exec`` needs one running). In default mode execute
         ends when it does, with what it returns; in decoupled mode it runs in the background
         (its responses go through the senders) and execute ends now."""
-        if self._side_loop is None:
-            loop = _new_event_loop()
-            threading.Thread(target=loop.run_forever, name="stub-coroutines", daemon=True).start()
-            self._side_loop = loop
+        with self._mu:  # executes of a decoupled model may run at once: one loop for them all
+            if self._side_loop is None:
+                loop = _new_event_loop()
+                threading.Thread(target=loop.run_forever, name="stub-coroutines",
+                                 daemon=True).start()
+                self._side_loop = loop
         tag = _EXECUTE.get()
 
         async def run() -> Any:

@@ -440,6 +440,8 @@ def _fit_batch_dim(pairs: list, batched: dict[str, bool], cfg: Any, ios: Any,
     else is left to the receiver's own shape check.
     """
     receiver_batches = cfg.max_batch_size > 0
+    if not any(batched.get(n) != receiver_batches for n, _ in pairs):
+        return pairs  # the usual case: both sides batch, or neither does
     dims = {}
     for io in ios:
         shape = io.reshape.shape if internal and io.HasField("reshape") else io.dims
@@ -458,8 +460,6 @@ def _fit_batch_dim(pairs: list, batched: dict[str, bool], cfg: Any, ios: Any,
             return list(shape[1:])
         return None
 
-    if not any(batched.get(n) != receiver_batches for n, _ in pairs):
-        return pairs
     return reshape_arrays(pairs, shape_of)
 
 

@@ -333,6 +333,10 @@ class ModelRuntime(RuntimeBase):
         # Implicit state: the state outputs the model is always asked for (see _sequence).
         self.state_outputs: list[str] = (
             list(self.sched.controls.state_outputs) if self.sched_is_sequence else [])
+        # What the stub is asked for when the request names no output: every output, and the
+        # state outputs (built once).
+        self.all_and_states = self.all_outputs + [
+            n for n in self.state_outputs if n not in self.all_outputs]
         self.queue: Any = self.sched.queue
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
@@ -630,9 +634,10 @@ class ModelRuntime(RuntimeBase):
                 "inputs": inputs, "outputs": req.requested or self.all_outputs,
             })
             if self.state_outputs:
-                wanted = bodies[-1]["outputs"]
-                bodies[-1]["outputs"] = wanted + [n for n in self.state_outputs
-                                                  if n not in wanted]
+                wanted = req.requested
+                bodies[-1]["outputs"] = (
+                    wanted + [n for n in self.state_outputs if n not in wanted] if wanted
+                    else self.all_and_states)
             if req.gpu_ok:
                 bodies[-1]["gpu_ok"] = True
             if req.pacer is not None:

@@ -56,7 +56,8 @@ from ._errors import (
     UnavailableError,
 )
 from ._scheduler import Waker, batch_key, fail_queued, remove_queued
-from .shm.dtypes import triton_dtype_of
+from .shm.dtypes import numpy_dtype, triton_dtype_of
+from .validation import triton_type_name
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -110,7 +111,7 @@ class _Controls:
                        for st in cfg.sequence_batching.state]
         # State output name -> (its input's name, its data type: config name, wire name).
         self.state_outputs = {st.output_name: (st.input_name, DataType.Name(int(st.data_type)),
-                                               _wire_type(int(st.data_type)))
+                                               triton_type_name(st.data_type))
                               for st in cfg.sequence_batching.state}
         self.flags: list[tuple[str, int, np.ndarray, np.ndarray]] = []
         self.corrid: tuple[str, Any, bool] | None = None
@@ -162,17 +163,9 @@ class _Controls:
         return out
 
 
-def _wire_type(type_code: int) -> str:
-    """A config data type's name as tensors carry it (``TYPE_FP32``: ``FP32``)."""
-    name = DataType.Name(type_code)[5:]
-    return "BYTES" if name == "STRING" else name
-
-
 def _initial_state(st: Any, batched: bool, model_dir: str) -> np.ndarray:
     """A state input's value at a sequence's START: its ``initial_state`` (zeros, or the raw
     bytes of ``<model dir>/initial_state/<data_file>``), else zeros."""
-    from .shm.dtypes import numpy_dtype
-
     init = st.initial_state[0] if len(st.initial_state) else None
     type_code = int(init.data_type if init is not None and init.data_type else st.data_type)
     dtype = numpy_dtype(DataType.Name(type_code))

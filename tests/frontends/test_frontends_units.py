@@ -66,7 +66,7 @@ def test_registry_register_read_write_status_unregister(client_region) -> None:
     with pytest.raises(InvalidArgumentError, match="Invalid offset \\+ byte size"):
         reg.write("r", 8, b"\0" * 25)
     with pytest.raises(NotFoundError, match="Unable to find shared memory region: 'zz'"):
-        reg.check("zz", 0, 1)
+        reg.hold([("zz", 0, 1)])
     reg.unregister("r")
     reg.unregister("r")  # unknown names are not an error, as in Triton
     assert reg.status() == []

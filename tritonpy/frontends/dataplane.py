@@ -498,9 +498,8 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
                 f"input '{name}' for model '{model}', expecting 4 bytes but only "
                 f"{exc.available} bytes available") from None
         except ElementCountError as exc:
-            raise InvalidArgumentError(
-                f"{request_prefix(request_id)}{string_count_mismatch(name, exc.found, exc.expected)}"
-                f" for model '{model}', {count_tail(exc.found, exc.expected)}") from None
+            raise InvalidArgumentError(request_prefix(request_id) + string_count_error(
+                name, exc.found, exc.expected, f" for model '{model}'")) from None
         except ProtocolError as exc:
             raise InvalidArgumentError(f"input '{name}': {exc}") from None
         return arr.reshape(tuple(shape))
@@ -508,17 +507,13 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
     return np.frombuffer(buf, dtype=dtype, count=count).reshape(tuple(shape))
 
 
-def string_count_mismatch(name: str, found: int, expected: int) -> str:
-    """The start of the error for a BYTES input of ``found`` elements whose shape says
-    ``expected``, in Triton's words."""
+def string_count_error(name: str, found: int, expected: int, where: str) -> str:
+    """The error for a BYTES input of ``found`` elements whose shape says ``expected``, in
+    Triton's words; ``where`` (the model, or the shape) goes after the input's name."""
     if found > expected:
-        return f"unexpected number of string elements {found} for inference input '{name}'"
-    return f"expected {expected} string elements for inference input '{name}'"
-
-
-def count_tail(found: int, expected: int) -> str:
-    """The end of that error: what was expected, or what came."""
-    return f"expecting {expected}" if found > expected else f"got {found}"
+        return (f"unexpected number of string elements {found} for inference input "
+                f"'{name}'{where}, expecting {expected}")
+    return f"expected {expected} string elements for inference input '{name}'{where}, got {found}"
 
 
 def check_raw_size(name: str, datatype: str, shape: Sequence[int], nbytes: int, *,
@@ -563,8 +558,7 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': BYTES elements must be strings")
         if len(flat) != count:  # the counts, as for binary data (Triton says them for both)
             raise InvalidArgumentError(
-                f"{string_count_mismatch(name, len(flat), count)} (shape "
-                f"{list(shape)}), {count_tail(len(flat), count)}")
+                string_count_error(name, len(flat), count, f" (shape {list(shape)})"))
         arr = np.empty(len(flat), dtype=object)
         try:
             arr[:] = [str(s).encode("utf-8") for s in flat]  # all str (checked above)
@@ -1008,17 +1002,17 @@ class DataPlane:
         if held:
             self.shm.release(held)
 
-    async def infer(self, req: InferRequest, *, decoupled_error: str,
-                    trace_errors: bool = False) -> InferResult:
+    async def infer(self, req: InferRequest, *, decoupled_error: str) -> InferResult:
         """Run one request on a default-mode model and return its single response.
 
         Args:
             req: the decoded request.
             decoupled_error: the message for a decoupled model, which this path cannot serve
                 (each protocol words it its own way in Triton).
-            trace_errors: the caller finishes the trace (``req.trace``) of a request that
-                fails with an error, once it has sent the error (as Triton, whose trace of a
-                failed request ends with the send's timestamps); else it is finished here.
+
+        The trace (``req.trace``) of a request that fails with an error is the caller's to
+        finish, once it has sent the error (as Triton, whose trace of a failed request ends
+        with the send's timestamps); a cancelled one's is finished here.
         """
         model = self.model(req.model, req.version)
         if model.decoupled():
@@ -1045,7 +1039,7 @@ class DataPlane:
             if result.error is not None:
                 raise result.error
         except BaseException as exc:
-            if req.trace is not None and not (trace_errors and isinstance(exc, Exception)):
+            if req.trace is not None and not isinstance(exc, Exception):
                 req.trace.finish()
             raise
         finally:

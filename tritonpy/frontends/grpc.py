@@ -53,8 +53,7 @@ from .dataplane import (
     keep,
     parse_version,
     shm_ref,
-    string_count_mismatch,
-    count_tail,
+    string_count_error,
     to_error,
 )
 
@@ -222,10 +221,8 @@ def _from_contents(model: str, name: str, datatype: str, shape: list[int], conte
     values = getattr(contents, expected)
     if len(values) != count:
         if datatype == "BYTES":  # Triton's words, as for raw BYTES data
-            raise InvalidArgumentError(
-                f"{request_prefix(request_id)}"
-                f"{string_count_mismatch(name, len(values), count)} for model '{model}', "
-                f"{count_tail(len(values), count)}")
+            raise InvalidArgumentError(request_prefix(request_id) + string_count_error(
+                name, len(values), count, f" for model '{model}'"))
         raise InvalidArgumentError(
             f"unexpected number of elements {len(values)} for input '{name}', expecting {count}"
         )
@@ -618,7 +615,7 @@ class GRPCService:
             req.received = (("GRPC_WAITREAD_START", t_read), ("GRPC_WAITREAD_END", t_read))
             req.traceparent = traceparent(context.metadata)
         try:
-            result = await self.plane.infer(req, decoupled_error=_DECOUPLED, trace_errors=True)
+            result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         except Exception:
             failed = req.trace
             if failed is not None:  # as Triton: a failed request's trace has its send too

@@ -483,7 +483,7 @@ class HTTPFrontend:
                             ("HTTP_RECV_END", request.received[1]))
             req.traceparent = request.headers.get("traceparent", "")
         try:
-            result = await self.plane.infer(req, decoupled_error=_DECOUPLED, trace_errors=True)
+            result = await self.plane.infer(req, decoupled_error=_DECOUPLED)
         except Exception as exc:
             if req.trace is None:
                 raise

@@ -274,11 +274,6 @@ class SharedMemoryRegistry:
 
     # -- data --------------------------------------------------------------------------------
 
-    def check(self, name: str, offset: int, byte_size: int) -> None:
-        """Fail unless ``byte_size`` bytes at ``offset`` lie inside region ``name``."""
-        with self._lock:
-            _window(self._regions, name, offset, byte_size)
-
     def read(self, name: str, offset: int, byte_size: int,
              alloc: Callable[[int], np.ndarray] = lambda n: np.empty(n, np.uint8)) -> np.ndarray:
         """A copy of ``byte_size`` bytes at ``offset`` of region ``name``, in the flat uint8
