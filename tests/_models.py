@@ -41,6 +41,41 @@ class TritonPythonModel:
 """
 
 
+# Ensemble steps: OUT = IN + 1, and OUT = IN * 2.
+PLUS1 = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1)])
+            for r in requests]
+"""
+
+SCALE2 = PLUS1.replace("as_numpy() + 1", "as_numpy() * 2")
+
+# OUT = IN * 2 and N = how many requests this instance has executed; IN < 0 fails.
+COUNTING_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.n = 0
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            self.n += 1
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if (x < 0).any():
+                raise pb_utils.TritonModelException("negative input")
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("N", np.array([self.n], np.int64))]))
+        return out
+"""
+
+
 # OUT = IN after sleeping IN[0] ms: requests whose durations are known from below.
 SLEEPER_PY = """
 import time

@@ -21,19 +21,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
-from _models import io_config, serving_frontends, write_model
+from _models import PLUS1, SCALE2, io_config, serving_frontends, write_model
 
-PLUS1 = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1)])
-            for r in requests]
-"""
-
-SCALE2 = PLUS1.replace("as_numpy() + 1", "as_numpy() * 2")
 
 UPPER = """
 import numpy as np

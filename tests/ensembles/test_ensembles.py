@@ -19,19 +19,8 @@ import pytest
 import tritonpy
 from tritonpy import NotFoundError, TritonpyError
 
-from _models import infer, new_prefix, serving, wait_for, write_model
+from _models import PLUS1, SCALE2, infer, new_prefix, serving, wait_for, write_model
 
-PLUS1 = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + 1)])
-            for r in requests]
-"""
-
-SCALE2 = PLUS1.replace("as_numpy() + 1", "as_numpy() * 2")
 
 # Diamond middle steps: each announces itself with a file and waits (bounded) for the other's.
 # If the ensemble ran them one after the other, the first would give up with an error.

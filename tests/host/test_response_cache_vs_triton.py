@@ -11,28 +11,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 
-from _models import serving_frontends, write_model
+from _models import COUNTING_PY, serving_frontends, write_model
 
 pytestmark = pytest.mark.timeout(90)
 
-# OUT = IN * 2 and N = how many requests this instance has executed.
-COUNTING_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.n = 0
-
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            self.n += 1
-            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
-            out.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("N", np.array([self.n], np.int64))]))
-        return out
-"""
 COUNTING = """backend: "python"
 max_batch_size: 0
 input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]

@@ -8,32 +8,12 @@ import logging
 
 import numpy as np
 import pytest
-from _models import infer, io_config, serving, write_model
+from _models import COUNTING_PY, infer, io_config, serving, write_model
 
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(60)
 
-# OUT = IN * 2 and N = how many requests this instance has executed; IN < 0 fails.
-COUNTING_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def initialize(self, args):
-        self.n = 0
-
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            self.n += 1
-            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
-            if (x < 0).any():
-                raise pb_utils.TritonModelException("negative input")
-            out.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUT", x * 2), pb_utils.Tensor("N", np.array([self.n], np.int64))]))
-        return out
-"""
 CONFIG = (io_config() + 'output [ { name: "N", data_type: TYPE_INT64, dims: [ 1 ] } ]\n'
           "instance_group [ { count: 1, kind: KIND_CPU } ]\n")
 
