@@ -11,6 +11,10 @@ the server's stubs to die (they carry its pid on their command line), then unlin
 segment of the prefix whose creating process is dead: a live server of the same prefix keeps
 its own.
 
+Each stub runs in a process group of its own, where what its model starts stays; the server
+tells its janitors of each one (``+PGID``, then ``-PGID`` once it has ended it), so that a
+server's death ends those processes too, not only the stubs.
+
 Run as ``python -I .../janitor.py PREFIX SERVER_PID [DIRECTORY]`` with the pipe as stdin: by
 its path, so that it imports only this package's sweep (0.05 s to start, not the server's
 0.45 s).
@@ -22,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -31,20 +36,54 @@ _PATIENCE_S = 10.0
 _EVERY_S = 0.05
 
 
+#: This process's running janitors (one per started server), told of every stub's group.
+_live: list[subprocess.Popen[bytes]] = []
+_live_lock = threading.Lock()
+
+
 def start(prefix: str, directory: str | None) -> subprocess.Popen[bytes]:
     """Start a janitor for this process's segments of ``prefix`` (see :func:`stop`). Its own
     session: a terminal's Ctrl-C goes to the server, not to it."""
     args = [sys.executable, "-I", os.path.abspath(__file__), prefix, str(os.getpid())]
     if directory:
         args.append(directory)
-    return subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             start_new_session=True)
+    assert proc.stdin is not None
+    # Never wait on a janitor that does not read: a line it cannot take now is dropped.
+    os.set_blocking(proc.stdin.fileno(), False)
+    with _live_lock:
+        _live.append(proc)
+    return proc
+
+
+def _tell(line: bytes) -> None:
+    with _live_lock:
+        for proc in _live:
+            try:  # a line under PIPE_BUF is written whole or not at all
+                os.write(proc.stdin.fileno(), line)  # type: ignore[union-attr]
+            except OSError:  # full (it does not read) or gone
+                pass
+
+
+def watch_group(pgid: int) -> None:
+    """A stub's process group: the janitors end it should this process die."""
+    _tell(b"+%d\n" % pgid)
+
+
+def forget_group(pgid: int) -> None:
+    """The stub's group was ended: its number may now be another process's."""
+    _tell(b"-%d\n" % pgid)
 
 
 def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     """Tell the janitor the server cleaned up (it sweeps once more, and exits)."""
+    with _live_lock:
+        if proc in _live:
+            _live.remove(proc)
     try:
         if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), True)
             proc.stdin.write(b"bye")
             proc.stdin.close()
         proc.wait(timeout)
@@ -76,15 +115,37 @@ def main(argv: list[str]) -> int:
     prefix, server_pid = argv[1], int(argv[2])
     directory = argv[3] if len(argv) > 3 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    said = b""
+    groups: set[int] = set()
+    said = b""  # what follows the last whole line
     while chunk := os.read(0, 65536):
-        said = (said + chunk)[-3:]
+        *lines, said = (said + chunk).split(b"\n")
+        for line in lines:
+            _note_group(groups, line)
     if said != b"bye":  # the server died: its stubs are being killed (PR_SET_PDEATHSIG)
+        for pgid in groups:  # and what their models left running with them
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except OSError:
+                pass
         deadline = time.monotonic() + _PATIENCE_S
         while stubs_of(server_pid) and time.monotonic() < deadline:
             time.sleep(_EVERY_S)
     _sweep()(prefix, directory)
     return 0
+
+
+def _note_group(groups: set[int], line: bytes) -> None:
+    """``+PGID``: a stub's group to end should the server die; ``-PGID``: ended already."""
+    try:
+        pgid = int(line[1:])
+    except ValueError:
+        return
+    if pgid <= 1:
+        return
+    if line[:1] == b"+":
+        groups.add(pgid)
+    elif line[:1] == b"-":
+        groups.discard(pgid)
 
 
 def _sweep() -> Any:

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from tritonpy.shm import Channel, ChannelClosedError, Cmd, TensorTransport, socket_pair
-from tritonpy.shm import sweep_orphans
+from tritonpy.shm import janitor, sweep_orphans
 from tritonpy.shm.channel import EMPTY
 from tritonpy.shm.messages import PROTOCOL_VERSION
 
@@ -65,10 +65,14 @@ def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
             threading.Thread(target=_spawner, args=(_spawn_queue,), name="tritonpy-spawn",
                              daemon=True).start()
     fut: concurrent.futures.Future = concurrent.futures.Future()
+    # Its own process group (pgid = its pid): what the model starts (a subprocess, a shell
+    # pipeline, a multiprocessing pool) stays in it, and ends with the stub (_end_group).
     _spawn_queue.put((fut, (cmd,), dict(
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env, close_fds=True)))
-    return fut.result()
+        stderr=subprocess.PIPE, env=env, close_fds=True, process_group=0)))
+    proc = fut.result()
+    janitor.watch_group(proc.pid)
+    return proc
 
 
 def stub_python(options: BackendOptions) -> str:
@@ -160,6 +164,7 @@ class StubProcess:
             self.alive = False
             self.proc.kill()
             self.proc.wait()
+            self._end_group()
             host_sock.close()
             raise
         threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
@@ -225,6 +230,7 @@ class StubProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait()
+        self._end_group()  # before the pipes: a process left behind may hold them open
         for t in self._pipes:
             t.join(timeout=1)
         if code < 0:
@@ -251,6 +257,18 @@ class StubProcess:
         if was_alive and not self._closing:
             log.error("%s", self.dead_reason)
         self._on_death(self, self.dead_reason)
+
+    def _end_group(self) -> None:
+        """SIGKILL what the model left running in the stub's process group. Its pid is not
+        reused while a process of the group lives, so the group is still the stub's own.
+        Processes that left the group (``setsid``, a daemon's double fork) are not reached."""
+        janitor.forget_group(self.pid)
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return  # nothing was left (the usual case)
+        log.warning("[%s] killed the processes its model left running (process group %d)",
+                    self.name, self.pid)
 
     # -- calls --------------------------------------------------------------------------------
     def call(self, cmd: Cmd, body: Any = None, timeout: float | None = None) -> dict:
