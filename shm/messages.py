@@ -14,8 +14,9 @@ from typing import Any, TypedDict
 # 2: frames may carry releases (a fourth element); USAGE. 3: immutable tensor handles (a fifth
 # element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. 6: HELD, ACK, pace.
 # 7: METRIC_FAMILY_DELETE; a family's id in METRIC_FAMILY and METRIC_OP.
+# 8: HELD H->S and ACK S->H: a decoupled BLS stream paced by its caller's model.
 # A stub of another version is refused.
-PROTOCOL_VERSION = 7
+PROTOCOL_VERSION = 8
 # preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
 MEMORY_CPU = 0
 MEMORY_GPU = 2
@@ -41,8 +42,11 @@ class Cmd(enum.IntEnum):
     # Back-pressure on a request whose body has ``pace`` (see RequestBody): the stub keeps at
     # most that many of its responses (and their bytes) that the consumer has not taken yet.
     HELD = 15  # S->H: [ids]: the model's next send for these waits: acknowledge what was taken
+    # (H->S: [[call id, bytes, responses], ...]: the producer of these decoupled BLS streams
+    # of the stub waits for its model: report what it takes, in batches by those limits)
     # H->S: [[id, taken], ...]: how many of the request's responses were taken so far (-1: no
-    # more pacing for it)
+    # more pacing for it). S->H: [[call id, taken], ...]: how many responses of its decoupled
+    # BLS streams the stub's model took so far (after a HELD for them)
     ACK = 16
     # BLS and the model loading API
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id

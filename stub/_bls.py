@@ -2,9 +2,11 @@
 ``async_exec(decoupled=True)``, and the placement of outputs by ``preferred_memory``."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, Any
 
 from tritonpy.shm import cuda
+from tritonpy.shm.messages import Cmd
 
 from . import pb_utils
 from ._pbtensor import Tensor
@@ -24,6 +26,26 @@ def place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
     for t in outputs:
         if t.is_cpu() and t._dtype != 13:
             t._arr = cuda.to_device(t._arr, memory.preferred_device_id)
+
+
+def on_held(rt: StubRuntime, body: Any) -> None:
+    """HELD from the host: the producers of these decoupled BLS streams wait for this stub's
+    model to take what they sent ([[call id, bytes, responses], ...]: their limits)."""
+    for item in body if type(body) is list else ():
+        if type(item) is not list or len(item) != 3 or any(type(v) is not int for v in item):
+            continue
+        call_id, max_bytes, max_count = item
+        waiter = rt._calls.get(call_id)
+        if waiter is not None:
+            waiter.stream_pace().on_held(max_bytes, max_count,
+                                         functools.partial(_report, rt, call_id))
+
+
+def _report(rt: StubRuntime, call_id: int, taken: int) -> None:
+    try:
+        rt.channel.send(Cmd.ACK, 0, [[call_id, taken]])
+    except Exception:  # the host is gone: nobody waits for this any more
+        pass
 
 
 class ResponseIterator:
@@ -53,6 +75,10 @@ class ResponseIterator:
             resp = pb_utils.InferenceResponse([])  # a bare final flag: an empty response
         else:
             resp = self._rt._to_response(body, self._memory)
+        nbytes = 0
+        for t in resp._output_tensors:
+            nbytes += getattr(t._arr, "nbytes", 0)
+        self._waiter.stream_pace().took(nbytes, not self._waiter.items)
         self._seen.append(resp)
         self._pos = len(self._seen)
         return resp

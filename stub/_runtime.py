@@ -46,7 +46,7 @@ from ._pberrors import (
     unsendable,
 )
 from ._loader import import_model, model_search_path
-from ._bls import AsyncResponseIterator, ResponseIterator, place
+from ._bls import AsyncResponseIterator, ResponseIterator, on_held, place
 from ._pbtensor import Tensor
 from ._waiters import Pace, Waiter, first_item
 
@@ -396,6 +396,8 @@ class StubRuntime:
             for item in body if type(body) is list else ():
                 if type(item) is list and len(item) == 2:
                     self._taken(*item)
+        elif cmd == Cmd.HELD:  # the producer of a decoupled BLS stream waits for our model
+            on_held(self, body)
         elif cmd == Cmd.DROPPED:
             pass  # the channel already unmapped them
         elif cmd == Cmd.RECLAIM:

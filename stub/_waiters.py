@@ -1,4 +1,4 @@
-"""Reply slots of the stub's calls to the host, and the state of a paced request.
+"""Reply slots of the stub's calls to the host, and the state of paced streams.
 
 A :class:`Waiter` is where a reply to one stub->host call (or the responses of a decoupled BLS
 stream, or a paced sender's go-ahead) lands, whichever thread reads it off the socket.
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -20,10 +21,11 @@ class Waiter:
     it can be iterated with a plain ``for`` (as Triton's docs do) as well as ``async for``;
     ``wake`` tells a waiting ``async for`` that an item has arrived. ``drop`` takes the replies
     nobody will read (their tensors' blocks must still go back): set once a stream's reader is
-    gone, and up front for a single async reply, whose awaiting task may be cancelled.
+    gone, and up front for a single async reply, whose awaiting task may be cancelled. ``pace``:
+    what a decoupled BLS stream's reader took, for its producer's pacing (see StreamPace).
     """
 
-    __slots__ = ("items", "sig", "loop", "future", "wake", "drop")
+    __slots__ = ("items", "sig", "loop", "future", "wake", "drop", "pace")
 
     def __init__(self, stream: bool = False, loop: asyncio.AbstractEventLoop | None = None):
         self.items: collections.deque[Any] = collections.deque()
@@ -33,6 +35,7 @@ class Waiter:
         self.future: asyncio.Future | None = None
         self.wake: asyncio.Event | None = None
         self.drop: Callable[[Any], None] | None = None
+        self.pace: StreamPace | None = None
         if loop is not None:
             if stream:
                 self.wake = asyncio.Event()
@@ -42,6 +45,9 @@ class Waiter:
     def deliver(self, body: Any) -> bool:
         """Hand over one reply; returns True when no more replies are expected."""
         final = not isinstance(body, dict) or body.get("final", True)
+        pace = self.pace
+        if pace is not None:
+            pace.held = False  # (a response after HELD: the producer goes on)
         if self.future is not None:
             assert self.loop is not None
             try:
@@ -66,6 +72,17 @@ class Waiter:
     def ready(self) -> bool:
         return bool(self.items)
 
+    def stream_pace(self) -> StreamPace:
+        """This stream's StreamPace, made by whoever needs it first (its reader, or the
+        reader of the host's frames at a HELD)."""
+        pace = self.pace
+        if pace is None:
+            with _pace_made:
+                pace = self.pace
+                if pace is None:
+                    pace = self.pace = StreamPace()
+        return pace
+
     def abandon(self, drop: Callable[[Any], None]) -> None:
         """The reader is gone: replies queued, and those still to come, go to ``drop``."""
         self.drop = drop
@@ -81,6 +98,69 @@ class Waiter:
             except IndexError:
                 return
             drop(body)
+            # Given back: taken, as far as the producer's pacing goes (it goes on to its end).
+            self.stream_pace().took(0, not items)
+
+
+_pace_made = threading.Lock()
+
+
+class StreamPace:
+    """What the model reading a decoupled BLS stream took of it, for the pacing of the stream's
+    producer (see the host's ``_bls._StreamPacing``): every response the model takes (or the
+    stub gives back unread, the model having dropped the stream) counts. Nothing is reported
+    until the producer first waits for it (HELD, which gives its limits); from then on the
+    count goes to the host (``report``) as the host's own streams acknowledge (see
+    ``tritonpy._request._Pacing._took``): in batches of a quarter of the limits while the
+    producer sends, of an eighth while it waits, and while it waits, once the model has taken
+    all that arrived, or a second after the last report (the host cancels a stream whose reader
+    takes nothing for a long while)."""
+
+    __slots__ = ("lock", "taken", "reported", "nbytes", "held", "max_bytes", "max_count",
+                 "report", "last")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.taken = 0
+        self.reported = 0
+        self.nbytes = 0  # of the responses taken since the last report
+        self.held = False  # the producer waits (HELD, and no response since)
+        self.max_bytes = self.max_count = 1
+        self.report: Callable[[int], None] | None = None  # once the producer waited
+        self.last = 0.0  # time.monotonic() of the last report
+
+    def took(self, nbytes: int, drained: bool) -> None:
+        """One more response taken, holding ``nbytes`` of tensors (``drained``: none left)."""
+        with self.lock:
+            self.taken += 1
+            self.nbytes += nbytes
+            report = self.report
+            if report is None:
+                return
+            part = 8 if self.held else 4
+            if not (self.taken - self.reported >= self.max_count // part
+                    or self.nbytes >= self.max_bytes // part
+                    or self.held and (drained or time.monotonic() - self.last >= 1.0)):
+                return
+            taken = self._reported()
+        report(taken)
+
+    def on_held(self, max_bytes: int, max_count: int, report: Callable[[int], None]) -> None:
+        """The producer waits for the reader: report what it took now, and from now on."""
+        with self.lock:
+            self.max_bytes, self.max_count = max(max_bytes, 1), max(max_count, 1)
+            self.report = report
+            self.held = True
+            if self.taken == self.reported:
+                return
+            taken = self._reported()
+        report(taken)
+
+    def _reported(self) -> int:
+        self.reported = self.taken
+        self.nbytes = 0
+        self.last = time.monotonic()
+        return self.taken
 
 
 async def first_item(w: Waiter) -> None:

@@ -7,6 +7,11 @@ waiting, directly or through other such requests, on that very request's progres
 calling itself with every instance busy, or A <-> B both busy).
 The newest request of such a cycle is answered with an error naming the cycle, which unblocks
 its caller instead of hanging.
+
+A decoupled BLS stream is paced by the caller's model as a client's stream is by its consumer
+(see ``_request.HOLD_BYTES``): the producer's stub waits to send once too much of what it sent
+is not taken yet; the caller's stub tells the host how many responses its model took (ACK), and
+the host passes that on to the producer's stub.
 """
 from __future__ import annotations
 
@@ -18,8 +23,9 @@ from typing import TYPE_CHECKING, Any
 from tritonpy.shm import Cmd
 from tritonpy.shm.messages import MEMORY_GPU
 
+from . import _request
 from ._errors import InvalidArgumentError, NotFoundError, TritonpyError, UnavailableError
-from ._request import HostRequest
+from ._request import HostRequest, _Pacing
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -39,6 +45,44 @@ def _refused(body: Any, err: TritonpyError) -> TritonpyError:
     request = body.get("request")
     model = request.get("model", "") if isinstance(request, dict) else ""
     return type(err)(f"Model {model} - Error when running inference: {err.message}", err.code)
+
+
+class _StreamPacing(_Pacing):
+    """Back-pressure on a decoupled BLS stream, paced by the calling stub's model: the
+    producer's HELD is passed on to the caller's stub, which from then on reports what its
+    model took (Cmd.ACK from the caller, in batches as :meth:`_Pacing._took` makes them), and
+    each report goes on as the producer's ACK. A caller that takes nothing for
+    ``HELD_STALLED_S`` while the producer waits has the request cancelled, as a client has."""
+
+    def __init__(self, caller: StubProcess, call_id: int) -> None:
+        self.caller = caller
+        self.call_id = call_id
+        self.request: HostRequest | None = None
+
+    def held(self) -> None:
+        if self._timers is not None and self._timers.draining:
+            self.unpace()
+            return
+        with self._pace_lock:
+            self._held = True
+            arm = not self._stall_armed
+            self._stall_armed = True
+        try:  # the limits along: the caller's stub batches its reports by them
+            self.caller.send(Cmd.HELD, 0, [[self.call_id, _request.HOLD_BYTES,
+                                            _request.HOLD_RESPONSES]])
+        except Exception:  # the caller is gone: its calls are cancelled as it is reaped
+            pass
+        if arm and self._timers is not None:
+            self._timers.at(time.monotonic() + _request.HELD_STALLED_S, self._check_stalled)
+
+    def taken(self, taken: int) -> None:
+        """The caller's model took ``taken`` of the stream's responses so far."""
+        self._last_take = time.monotonic()
+        with self._pace_lock:
+            if taken <= self._acked:
+                return
+            self._acked = self._taken = taken
+        self._ack(taken)
 
 
 class BlsRouter:
@@ -90,8 +134,17 @@ class BlsRouter:
             reply_error(InvalidArgumentError(f"malformed BLS request: {exc}"))
             return
 
+        # Paced by the caller's model (a decoupled target's stream; an ensemble's steps are
+        # requests of their own).
+        pacer = (_StreamPacing(stub, call_id) if decoupled and target.decoupled
+                 and not target.is_ensemble else None)
+
         def sink(req: HostRequest, outputs: Any, error: TritonpyError | None,
                  parameters: dict | None, final: bool) -> None:
+            if pacer is not None:
+                pacer._held = False  # (a response after HELD: the producer goes on)
+                if final:
+                    pacer.request = None  # (the request <-> pacer cycle)
             if not stub.alive or inst.stub is not stub:
                 return
             out: dict[str, Any] = {"final": final}
@@ -144,6 +197,9 @@ class BlsRouter:
         except TritonpyError as exc:
             reply_error(exc)
             return
+        if pacer is not None:
+            pacer.request = req
+            pacer.pace(req, srv.timers)
         inst.bls_calls[call_id] = req
         if req.caller_exec:
             inst.waiting_on.add(req)
@@ -158,6 +214,17 @@ class BlsRouter:
         req = inst.bls_calls.get(call_id)
         if req is not None:
             req.cancel("BLS request cancelled by the caller")
+
+    def taken(self, inst: Instance, body: Any) -> None:
+        """ACK from a caller's stub: [[call id, responses its model took], ...]."""
+        for item in body if type(body) is list else ():
+            if type(item) is not list or len(item) != 2:
+                continue
+            call_id, taken = item
+            req = inst.bls_calls.get(call_id) if type(call_id) is int else None
+            pacer = req.pacer if req is not None else None
+            if type(pacer) is _StreamPacing and type(taken) is int:
+                pacer.taken(taken)
 
     # -- deadlock detection ------------------------------------------------------------------
     def watch(self, req: HostRequest) -> None:

@@ -136,7 +136,7 @@ class HostRequest:
         # ask for CPU outputs. Everyone else reads outputs on the CPU, so the stub copies them.
         self.gpu_ok = False
         # The stream that paces the stub's sends (back-pressure, see HOLD_BYTES): a decoupled
-        # request of the in-process API (every HTTP and gRPC stream).
+        # request of the in-process API (every HTTP and gRPC stream), or of a BLS call.
         self.pacer: _Pacing | None = None
         # Until when its inputs may wait for room in a full /dev/shm (ModelRuntime._retry_later)
         self.shm_retry_until = 0.0
@@ -205,9 +205,10 @@ def _make_response(req: HostRequest, outputs: list | None, error: TritonpyError 
 
 
 class _Pacing:
-    """Back-pressure on the stub (see HOLD_BYTES), for both kinds of response stream: how many
-    responses the consumer took, how many of them the stub was told of (ACK), and whether the
-    stub's model waits to send (HELD). Any thread may call in: a lock keeps the counts."""
+    """Back-pressure on the stub (see HOLD_BYTES), for both kinds of response stream (and, in
+    part, BLS streams: ``_bls._StreamPacing``): how many responses the consumer took, how many
+    of them the stub was told of (ACK), and whether the stub's model waits to send (HELD). Any
+    thread may call in: a lock keeps the counts."""
 
     request: HostRequest | None
     # Unpaced (every default-mode request) until pace(), which sets up the rest: nothing of it
@@ -247,6 +248,9 @@ class _Pacing:
 
     def held(self) -> None:
         """The stub's model waits to send (HELD)."""
+        if self._timers is not None and self._timers.draining:
+            self.unpace()
+            return
         with self._pace_lock:
             self._held = True
             taken = 0
@@ -259,6 +263,14 @@ class _Pacing:
             self._ack(taken)
         if arm and self._timers is not None:
             self._timers.at(time.monotonic() + HELD_STALLED_S, self._check_stalled)
+
+    def unpace(self) -> None:
+        """No more pacing: the stub's model sends at its own pace from now on (the server
+        stops: its drain must not wait for a consumer that may read no more)."""
+        req = self.request
+        if req is not None and req.pacer is self:
+            req.pacer = None
+            req.ack(-1)
 
     def _ack(self, taken: int) -> None:
         req = self.request
@@ -282,23 +294,51 @@ class _Pacing:
                        "while the model waited to send more")
 
 
-class ResponseStream(_Pacing):
-    """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it."""
+class _Feed(_Pacing):
+    """What the host holds of a :class:`ResponseStream`: its queue, request and pacing. The
+    request refers to this (``req.sink``, ``req.pacer``), never to the stream the caller holds:
+    a caller that drops that stream before its end can then have its request cancelled."""
 
     def __init__(self) -> None:
-        self._q: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
-        self._finished = False
+        self.q: queue.SimpleQueue[InferenceResponse] = queue.SimpleQueue()
         self.request: HostRequest | None = None
 
     def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         if final:
-            # request <-> stream is a reference cycle (req.sink is our bound method): break it
+            # request <-> feed is a reference cycle (req.sink is our bound method): break it
             # so that the request's inputs (maybe shm blocks) go as soon as the caller lets go,
             # not whenever the cyclic GC runs.
             self.request = None
         self._held = False  # (a response after HELD: the stub's model goes on)
-        self._q.put(_make_response(req, outputs, error, parameters, final))
+        self.q.put(_make_response(req, outputs, error, parameters, final))
+
+
+class ResponseStream:
+    """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it.
+
+    Dropping it before its end (the last reference to it goes) cancels a decoupled model's
+    request, as ``cancel()`` would: nobody is left to read what the model sends."""
+
+    __slots__ = ("_feed", "_finished", "__weakref__")
+
+    def __init__(self) -> None:
+        self._feed = _Feed()
+        self._finished = False
+
+    @property
+    def request(self) -> HostRequest | None:
+        """The request while it is in flight (None once its final response is in)."""
+        return self._feed.request
+
+    def _start(self, req: HostRequest, timers: Timers | None) -> None:
+        """Bind ``req``; ``timers``: pace it by this stream's consumer, and cancel it when the
+        stream is dropped (a decoupled model's request)."""
+        feed = self._feed
+        feed.request = req
+        if timers is not None:
+            feed.pace(req, timers)
+            _cancel_when_dropped(self, feed)
 
     def __iter__(self) -> ResponseStream:
         return self
@@ -313,15 +353,53 @@ class ResponseStream(_Pacing):
 
     def get(self, timeout: float | None = None) -> InferenceResponse:
         """The next response, waiting up to ``timeout`` seconds (queue.Empty when none)."""
-        resp = self._q.get(timeout=timeout)
-        if self._timers is not None:
-            self._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()),
-                       self._q.empty())
+        feed = self._feed
+        resp = feed.q.get(timeout=timeout)
+        if feed._timers is not None:
+            feed._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()),
+                       feed.q.empty())
         return resp
 
     def cancel(self) -> None:
-        if self.request is not None:
-            self.request.cancel("request cancelled by the client")
+        req = self._feed.request
+        if req is not None:
+            req.cancel("request cancelled by the client")
+
+
+# Requests of streams dropped before their end, cancelled by one thread of their own: a
+# stream's finalizer may run in the middle of any code of any thread (the cyclic GC), maybe
+# one that holds a lock that cancelling takes. SimpleQueue.put is safe there.
+_dropped: queue.SimpleQueue[HostRequest] = queue.SimpleQueue()
+_reaper: threading.Thread | None = None
+_reaper_lock = threading.Lock()
+
+
+def _cancel_when_dropped(stream: Any, feed: Any) -> None:
+    """Cancel ``feed``'s request, if still in flight, once ``stream`` is gone."""
+    global _reaper
+    if _reaper is None:
+        with _reaper_lock:
+            if _reaper is None:
+                _reaper = threading.Thread(target=_reap, name="tritonpy-dropped-streams",
+                                           daemon=True)
+                _reaper.start()
+    weakref.finalize(stream, _dropped_feed, feed).atexit = False
+
+
+def _dropped_feed(feed: Any) -> None:
+    req = feed.request
+    if req is not None and not req.done:
+        _dropped.put(req)
+
+
+def _reap() -> None:
+    while True:
+        req = _dropped.get()
+        try:
+            req.cancel("request cancelled: the client dropped its response stream")
+        except Exception:  # one request's failure must not stop the others' cancels
+            logging.getLogger("tritonpy").exception("cancelling a dropped stream's request")
+        del req  # (its inputs, maybe shm blocks, go now, not at the next drop)
 
 
 #: Back-pressure: the stub running a decoupled request of the in-process API (every HTTP and
@@ -349,21 +427,17 @@ STALLED_S = 5.0
 _HARD = 4
 
 
-class AsyncResponseStream(_Pacing):
-    """Async iterator of a request's responses, fed from the host's threads.
-
-    A deque and at most one pending future (not an ``asyncio.Queue``): a response that is
-    already there is returned without suspending, and each delivery costs one loop callback.
-    A consumer that stops taking them gets its request cancelled (:data:`MAX_WAITING_BYTES`).
-    """
+class _AsyncFeed(_Pacing):
+    """What the host holds of an :class:`AsyncResponseStream` (see :class:`_Feed`): a deque
+    and at most one pending future (not an ``asyncio.Queue``): a response that is already
+    there is returned without suspending, and each delivery costs one loop callback."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._items: collections.deque[tuple[InferenceResponse, int]] = collections.deque()
-        self._waiting_bytes = 0
-        self._taken_at = loop.time()  # when the consumer last took a response (or began)
-        self._waiter: asyncio.Future | None = None
-        self._finished = False
+        self.loop = loop
+        self.items: collections.deque[tuple[InferenceResponse, int]] = collections.deque()
+        self.waiting_bytes = 0
+        self.taken_at = loop.time()  # when the consumer last took a response (or began)
+        self.waiter: asyncio.Future | None = None
         self.request: HostRequest | None = None
 
     def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
@@ -375,34 +449,69 @@ class AsyncResponseStream(_Pacing):
         # The request to cancel if too much waits (None for the final response: nothing to).
         live: HostRequest | None = req
         if final:
-            self.request = None  # break the request <-> stream cycle, as ResponseStream does
+            self.request = None  # break the request <-> feed cycle, as _Feed does
             live = None
         self._on_loop(self._push, resp, nbytes, live)
 
     def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
         """``fn(*args)`` on the stream's loop: now if this is it, else handed over (in order)."""
-        if asyncio._get_running_loop() is self._loop:
+        if asyncio._get_running_loop() is self.loop:
             fn(*args)
             return
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self.loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
     def _push(self, resp: InferenceResponse, nbytes: int, req: HostRequest | None) -> None:
-        items = self._items
+        items = self.items
         items.append((resp, nbytes))
-        self._waiting_bytes += nbytes
-        count, size = len(items), self._waiting_bytes
+        self.waiting_bytes += nbytes
+        count, size = len(items), self.waiting_bytes
         if req is not None and (count > MAX_WAITING_RESPONSES or size > MAX_WAITING_BYTES) and (
-                self._loop.time() - self._taken_at > STALLED_S
+                self.loop.time() - self.taken_at > STALLED_S
                 or count > _HARD * MAX_WAITING_RESPONSES or size > _HARD * MAX_WAITING_BYTES):
             req.cancel(f"the client did not read its responses: {count} of them "
                        f"({size / (1 << 20):.1f} MiB) were waiting for it")
         self._held = False  # (a response after HELD: the stub's model goes on)
-        w = self._waiter
+        w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
+
+    def held(self) -> None:
+        if self._timers is not None and self._timers.draining:
+            self.unpace()  # (now: the loop may no longer run)
+            return
+        # On the loop, in order with the pushes that came before it (each clears _held).
+        self._on_loop(_Pacing.held, self)
+
+
+class AsyncResponseStream:
+    """Async iterator of a request's responses, fed from the host's threads.
+
+    A consumer that stops taking them gets its request cancelled (:data:`MAX_WAITING_BYTES`);
+    one that drops the stream before its end, a decoupled model's request cancelled at once
+    (as :class:`ResponseStream`).
+    """
+
+    __slots__ = ("_feed", "_finished", "__weakref__")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._feed = _AsyncFeed(loop)
+        self._finished = False
+
+    @property
+    def request(self) -> HostRequest | None:
+        """The request while it is in flight (None once its final response is in)."""
+        return self._feed.request
+
+    def _start(self, req: HostRequest, timers: Timers | None) -> None:
+        """As :meth:`ResponseStream._start`."""
+        feed = self._feed
+        feed.request = req
+        if timers is not None:
+            feed.pace(req, timers)
+            _cancel_when_dropped(self, feed)
 
     def __aiter__(self) -> AsyncResponseStream:
         return self
@@ -410,36 +519,37 @@ class AsyncResponseStream(_Pacing):
     async def __anext__(self) -> InferenceResponse:
         if self._finished:
             raise StopAsyncIteration
-        items = self._items
+        feed = self._feed
+        items = feed.items
         while not items:
-            self._waiter = self._loop.create_future()
+            waiter = feed.waiter = feed.loop.create_future()
             try:
-                await self._waiter
+                await waiter
             except asyncio.CancelledError:
                 self.cancel()
                 raise
             finally:
-                self._waiter = None
+                feed.waiter = None
         resp, nbytes = items.popleft()
-        self._waiting_bytes -= nbytes
-        self._taken_at = self._loop.time()
-        if self._timers is not None:
-            self._took(nbytes, not items)
+        feed.waiting_bytes -= nbytes
+        feed.taken_at = feed.loop.time()
+        if feed._timers is not None:
+            feed._took(nbytes, not items)
         if resp.final:
             self._finished = True
         return resp
 
-    def held(self) -> None:
-        # On the loop, in order with the pushes that came before it (each clears _held).
-        self._on_loop(_Pacing.held, self)
-
     def cancel(self) -> None:
-        if self.request is not None:
-            self.request.cancel("request cancelled by the client")
+        req = self._feed.request
+        if req is not None:
+            req.cancel("request cancelled by the client")
 
 
 class Timers:
     """Request deadlines: one thread, a heap, and a condition (cheap when there are none)."""
+
+    # The server stops: its paced streams are paced no more (see _Pacing.unpace).
+    draining = False
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Callable[[], None]]] = []

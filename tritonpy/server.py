@@ -250,6 +250,7 @@ class Server:
         self._stopping = True
         _LIVE.discard(self)
         self.cancel_loads()  # an instance still initializing has no request to drain
+        self._unpace_streams()
         self.cut_short = self.repo.shut_down(self.exit_timeout)
         if self.cut_short:
             log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
@@ -257,6 +258,20 @@ class Server:
         self.frames.close()
         self.tracing.close()
         self._release_shm()
+
+    def _unpace_streams(self) -> None:
+        """Lift the back-pressure of every stream (see ``_request.HOLD_BYTES``) for the drain:
+        a stream that its caller holds but reads no more would otherwise keep its model
+        waiting to send, and the drain waiting for it, until the exit timeout. Its model
+        finishes instead, as in Triton, whose streams have no back-pressure; what it sends
+        waits in the stream."""
+        self.timers.draining = True  # (streams held from now on: see _Pacing.held)
+        for rt in self.repo.runtimes():
+            for inst in getattr(rt, "instances", ()):
+                for req in list(inst.active.values()):
+                    pacer = req.pacer
+                    if pacer is not None:
+                        pacer.unpace()
 
     def cancel_loads(self) -> None:
         """Stop the instances being started now, in whatever their model's ``initialize`` or
@@ -584,6 +599,8 @@ class Server:
             self.bls.infer(rt, inst, stub, call_id, body)
         elif cmd == Cmd.BLS_CANCEL:
             self.bls.cancel(inst, call_id)
+        elif cmd == Cmd.ACK:  # what a caller's model took of its decoupled BLS streams
+            self.bls.taken(inst, body)
         elif cmd == Cmd.LOG:
             level, text = body[0], body[1]
             logging.getLogger(f"tritonpy.model.{rt.name}").log(
@@ -785,14 +802,13 @@ class Model:
         if isinstance(requested_output_names, str):
             requested_output_names = [requested_output_names]
         arrays = [(n, _as_input(n, v)) for n, v in inputs.items()]
-        req = HostRequest(rt, arrays, requested_output_names, stream.sink, request_id=request_id,
-                          correlation_id=correlation_id, flags=flags, timeout_us=timeout,
-                          priority=priority, parameters=parameters)
+        req = HostRequest(rt, arrays, requested_output_names, stream._feed.sink,
+                          request_id=request_id, correlation_id=correlation_id, flags=flags,
+                          timeout_us=timeout, priority=priority, parameters=parameters)
         req.trace = trace
         self.server.validate(rt, req)
-        stream.request = req
-        if rt.decoupled:
-            stream.pace(req, self.server.timers)
+        # A decoupled model's stream is paced by its consumer, and cancelled once dropped.
+        stream._start(req, self.server.timers if rt.decoupled else None)
         return req
 
     def infer(self, inputs: Mapping[str, Any],
@@ -800,6 +816,9 @@ class Model:
               parameters: Mapping[str, Any] | None = None, correlation_id: int | str = 0,
               flags: int = 0, timeout: int = 0, priority: int = 0) -> ResponseStream:
         """Run a request; iterate the result for its responses (one in default mode).
+
+        A decoupled model's request is cancelled once the result is dropped before its end
+        (the model sees ``is_cancelled()``), as :meth:`ResponseStream.cancel` would.
 
         Raises InvalidArgumentError / NotFoundError / UnavailableError for a request that
         cannot be queued; errors during execution come back as ``response.error``. On the
@@ -821,7 +840,8 @@ class Model:
                     loop: asyncio.AbstractEventLoop | None = None) -> AsyncResponseStream:
         """Like :meth:`infer`, for asyncio: ``async for response in model.async_infer(...)``.
         ``trace``: record the request's timestamps in it (the frontends' tracing). ``loop``:
-        the loop that will iterate the stream, when called from another thread."""
+        the loop that will iterate the stream, when called from another thread. As with
+        :meth:`infer`, dropping the result before its end cancels a decoupled model's request."""
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
