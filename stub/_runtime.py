@@ -17,11 +17,13 @@ import itertools
 import math
 import logging
 import os
+import queue
 import signal
 import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -80,6 +82,25 @@ def _let_go(err: BaseException | None) -> None:
     own reference (``del``), which ends the cycle."""
     if err is not None:
         traceback.clear_frames(err.__traceback__)
+
+
+class _Open(weakref.ref):  # type: ignore[type-arg]
+    """An open request of the stub, held weakly (see StubRuntime._dropped)."""
+
+    __slots__ = ("host_id", "request_id")
+
+    def __init__(self, req: pb_utils.InferenceRequest, callback: Callable[[_Open], None]) -> None:
+        # (weakref.ref.__new__ took both arguments already)
+        self.host_id = req._host_id
+        self.request_id = req._request_id
+
+
+def dropped_unanswered(instance: str, request_id: str) -> str:
+    """The error of a request its model let go of before sending the final flag."""
+    which = f"request '{request_id}'" if request_id else "the request"
+    return (f"model instance '{instance}' let go of {which} and its response sender without "
+            "sending the final flag (pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL): no "
+            "response can follow, so the request ends here")
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -141,7 +162,10 @@ class StubRuntime:
         self._exec_cv = threading.Condition(self._mu)
         self._calls: dict[int, Waiter] = {}
         self._call_ids = itertools.count(1)
-        self._active: dict[int, pb_utils.InferenceRequest] = {}  # host id -> request
+        # Host id -> its open request, held weakly: a request the model lets go of while it is
+        # still open (no final flag sent, and none can be any more) is ended by _end_dropped.
+        self._active: dict[int, _Open] = {}
+        self._dropped_ids: queue.SimpleQueue[_Open] = queue.SimpleQueue()
         self._early_cancel: set[int] = set()  # CANCELs that came before their request
         # Paced requests (back-pressure, a body's ``pace``): what their consumers have not
         # taken yet. See send_response.
@@ -214,6 +238,7 @@ class StubRuntime:
         self.channel.send(Cmd.HELLO, 0, {"version": PROTOCOL_VERSION, "pid": os.getpid()})
         other = threading.Thread(target=self._worker, name="stub-worker", daemon=True)
         other.start()
+        threading.Thread(target=self._end_dropped, name="stub-dropped", daemon=True).start()
         self._worker()
         self.channel.close()
         self.pool.close()
@@ -382,9 +407,11 @@ class StubRuntime:
             for rid in body if type(body) is list else ():
                 if type(rid) is not int:
                     continue
-                req = self._active.get(rid)
-                if req is not None:
-                    req._cancelled = True
+                held = self._active.get(rid)
+                if held is not None:
+                    req = held()
+                    if req is not None:
+                        req._cancelled = True
                 else:
                     # Its EXECUTE may have been read by another thread that has not made the
                     # request yet: _make_requests applies the flag (bounded: stale ids expire).
@@ -405,6 +432,32 @@ class StubRuntime:
         else:
             return False
         return True
+
+    def _dropped(self, held: _Open) -> None:
+        """A request was freed: the model holds neither it nor its response sender any more.
+        Still open, it is ended by _end_dropped. Called wherever the last reference went,
+        maybe under a lock of ours: hands over, and does nothing else."""
+        if self._active.get(held.host_id) is held:
+            self._dropped_ids.put(held)
+
+    def _end_dropped(self) -> None:
+        """End each open request its model let go of, with an error saying so (after what it
+        sent). Otherwise its client would wait for ever (as with Triton), and an unload until
+        its exit timeout."""
+        while True:
+            gone = self._dropped_ids.get()
+            if self._active.get(gone.host_id) is not gone:
+                continue
+            self._active.pop(gone.host_id, None)
+            if self._pace:
+                self._unpace(gone.host_id)
+            body: dict[str, Any] = {
+                "id": gone.host_id, "final": True, "outputs": [], "error": _error_body(
+                    "INTERNAL", dropped_unanswered(self.name, gone.request_id))}
+            try:
+                self.channel.send(Cmd.RESPONSE_SEND, 0, body)
+            except ChannelClosedError:
+                return
 
     def _unpace(self, rid: Any) -> None:
         """No more pacing for this request (cancelled, or its final response went)."""
@@ -654,7 +707,7 @@ class StubRuntime:
                         t._arr = cuda.to_host(t._arr)
             req = received(rb.get("model", ""), inputs, rb, self.decoupled)
             out.append(req)
-            self._active[req._host_id] = req
+            self._active[req._host_id] = _Open(req, self._dropped)
             pace = rb.get("pace")
             if type(pace) is list and len(pace) == 2 and all(type(n) is int for n in pace):
                 self._pace[req._host_id] = Pace(*pace)
@@ -761,8 +814,7 @@ class StubRuntime:
             # CANCEL) until the sender sends the final flag, which may happen in a thread after
             # execute returned (a decoupled request always may).
             if keep and r._host_id not in reschedule and (
-                    (r._sender is None and decoupled)
-                    or (r._sender is not None and not r._sender._closed)):
+                    (r._taken or decoupled) and not r._answered):
                 continue
             self._active.pop(r._host_id, None)
             if self._pace:
@@ -821,29 +873,29 @@ class StubRuntime:
                     return self._failed(
                         "Expected a None object in the execute function return list for "
                         f"rescheduled request, found type '{type(resp)}'.")
-            elif resp is None and req._sender is None:
+            elif resp is None and not req._taken:
                 missing += 1
         responses = []
         for req, resp in zip(requests, result):
-            sender = req._sender
+            taken = req._taken
             if req._release_flags == resched:
                 continue
             if resp is None:
-                if sender is None:
+                if not taken:
                     responses.append({"id": req._host_id, "error": _error_body(
                         "INTERNAL", f"execute() returned None, but no response was sent for "
                         f"{missing} of {len(requests)} request(s) of model '{self.name}'; "
                         "return a list of InferenceResponse or use the response sender")})
                 continue
-            if sender is not None and sender._closed:
+            if taken and req._answered:
                 # Answered through the sender already: as with Triton, the returned response
                 # has nobody to go to.
                 sys.stderr.write(f"tritonpy stub {self.name}: execute returned a response for a "
                                  "request already answered through its response sender; "
                                  "dropped\n")
                 continue
-            if sender is not None and sender._sent:
-                sender._closed = True  # the host answers with the response the sender sent
+            if taken and req._sent:
+                req._answered = True  # the host answers with the response the sender sent
                 responses.append({"id": req._host_id, "error": _error_body(
                     "INTERNAL", "a response was already sent for this request through its "
                     "response sender; execute() must return None for it")})
@@ -853,8 +905,8 @@ class StubRuntime:
                 responses.append({"id": req._host_id, "error": _error_body(
                     "INTERNAL", execute_failed(self.name, not_a_response(resp)))})
                 continue
-            if sender is not None:
-                sender._closed = True  # its one response is this one
+            if taken:
+                req._answered = True  # its one response is this one
             responses.append(self._response_body(req, resp, True))
         return {"responses": responses}
 

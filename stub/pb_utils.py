@@ -8,6 +8,7 @@ raises a clear :class:`TritonModelException`.
 from __future__ import annotations
 
 import json
+import weakref
 from typing import Any, Callable
 
 import numpy as np
@@ -149,6 +150,11 @@ def _text(value: Any, what: str) -> str:
     return str(value)
 
 
+def _no_sender() -> None:
+    """The ``_sender_ref`` of a request whose sender was never taken (or is gone)."""
+    return None
+
+
 class InferenceRequest:
     """A request: one the model received in ``execute``, or one it builds for BLS."""
 
@@ -210,10 +216,20 @@ class InferenceRequest:
         # Set by the runtime on requests that arrive in execute().
         self._host_id = 0
         self._cancelled = False
-        self._sender: ResponseSender | None = None
+        self._init_sender_state()
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._decoupled_model = False
         self._gpu_ok = False
+
+    def _init_sender_state(self) -> None:
+        # The response sender's state lives here, not in the sender: the sender refers to its
+        # request and the request only weakly to its sender, so that a request the model lets
+        # go of (the request and its sender alike) is freed at once, and the stub then ends it
+        # if it is still open (see the stub's _let_go).
+        self._sender_ref: Callable[[], ResponseSender | None] = _no_sender
+        self._taken = False  # get_response_sender() was called
+        self._answered = False  # the final flag was sent (the sender is closed)
+        self._sent = 0  # responses sent through the sender
 
     @classmethod
     def _received(cls, model_name: str, inputs: list[Tensor], rb: dict,
@@ -238,7 +254,9 @@ class InferenceRequest:
         r._parameters = rb.get("parameters") or {}
         r._host_id = rb["id"]
         r._cancelled = False
-        r._sender = None
+        r._sender_ref = _no_sender  # as _init_sender_state, inline: every request comes here
+        r._taken = r._answered = False
+        r._sent = 0
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         r._decoupled_model = decoupled
         return r
@@ -288,9 +306,12 @@ class InferenceRequest:
     def get_response_sender(self) -> ResponseSender:
         if self._host_id == 0:
             raise TritonModelException("only a request received in execute() has a response sender")
-        if self._sender is None:
-            self._sender = ResponseSender(self)
-        return self._sender
+        sender = self._sender_ref()
+        if sender is None:
+            sender = ResponseSender(self)
+            self._sender_ref = weakref.ref(sender)
+            self._taken = True
+        return sender
 
     def set_release_flags(self, flags: int) -> None:
         if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
@@ -355,8 +376,6 @@ class ResponseSender:
 
     def __init__(self, request: InferenceRequest) -> None:
         self._request = request
-        self._closed = False
-        self._sent = 0
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         # Triton's checks, in its order and words: the arguments, then default-mode limits,
@@ -371,28 +390,29 @@ class ResponseSender:
         if response is None and not final:
             raise TritonModelException("Inference Response object must be provided when the "
                                        "response flags is set to zero.")
-        if not self._request._decoupled_model and response is not None and self._sent >= 1:
+        req = self._request
+        if not req._decoupled_model and response is not None and req._sent >= 1:
             raise TritonModelException(
                 "Unable to send response. Non-decoupled model cannot send more than one response."
             )
-        if not self._request._decoupled_model and response is None and self._sent == 0:
+        if not req._decoupled_model and response is None and req._sent == 0:
             raise TritonModelException(
                 "Unable to send response. Non-decoupled model cannot send complete final before "
                 "sending a response."
             )
-        if self._closed:
+        if req._answered:
             raise TritonModelException(
                 "Unable to send response. Response sender has been closed."
             )
-        before = (self._closed, self._sent)
+        before = (req._answered, req._sent)
         if final:
-            self._closed = True
+            req._answered = True
         if response is not None:
-            self._sent += 1
+            req._sent += 1
         try:
-            _need_runtime("ResponseSender.send()").send_response(self._request, response, final)
+            _need_runtime("ResponseSender.send()").send_response(req, response, final)
         except BaseException:
-            self._closed, self._sent = before  # nothing was sent
+            req._answered, req._sent = before  # nothing was sent
             raise
 
     def is_cancelled(self) -> bool:

@@ -277,7 +277,7 @@ class ModelRunner:
             raise InternalError(self._failed(_pberrors().not_a_list(result)))
         if len(result) != len(reqs):
             raise InternalError(self._failed(_pberrors().count_mismatch(len(reqs), len(result))))
-        missing = sum(resp is None and r._sender is None for r, resp in zip(reqs, result))
+        missing = sum(resp is None and not r._taken for r, resp in zip(reqs, result))
         if missing:
             raise InternalError(
                 f"execute() returned None, but no response was sent for {missing} of "
