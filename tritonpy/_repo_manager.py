@@ -79,6 +79,10 @@ class ModelEntry:
         # as in Triton, where such a directory fails the poll, it is no model of the server
         # and does not count against readiness.
         self.unreadable = False
+        # The versions its last failed first load had loaded and took down again.
+        self.rolled_back: list[int] = []
+        # Its last failed first load found no version to load: Triton's index leaves it out.
+        self.unlisted = False
 
 
 def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
@@ -336,11 +340,13 @@ class RepositoryManager:
         cfg_path = (f"the config override of model '{entry.name}'" if config_override is not None
                     else config_path(entry.directory, srv.model_config_name))
         new: dict[int, ModelRuntime] = {}
+        read: tuple[Any, bool] | None = None  # the configuration as read; whether a file held it
         try:
             if config_override is not None:
                 cfg, exists = config_override, True
             else:
                 cfg, exists = load_model_config(entry.directory, srv.model_config_name)
+            read = cfg, exists
             ensemble = is_ensemble(cfg)
             files = version_fingerprints(entry.directory) if entry.directory else {}
             if cfg.backend and cfg.backend != "python":
@@ -356,7 +362,7 @@ class RepositoryManager:
             labels = read_labels(cfg, entry.directory, cfg_path) if entry.directory else {}
             versions = select_versions(cfg, available_versions(entry.directory))
             if not old:
-                entry.loading, entry.failed = list(versions), {}
+                entry.loading, entry.failed, entry.rolled_back = list(versions), {}, []
             if ensemble:  # steps are loaded (explicit mode) and checked first
                 new.update(load_ensemble(self, entry, cfg, versions))  # type: ignore[arg-type]
                 versions = []
@@ -375,15 +381,25 @@ class RepositoryManager:
             for rt in kept.values():
                 rt.update_instances(cfg, cfg_json)
         except TritonpyError as exc:
+            rolled_back: list[int] = []
             for rt in new.values():
                 if rt.state == READY:
                     rt.unload(timeout=5)
+                    rolled_back.append(rt.version)
             failed = _VERSION_FAILED.match(exc.message)
             if not old:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
                 entry.unreadable = isinstance(exc, (ConfigError, UnsupportedError))
                 entry.failed = {int(failed.group(1)): failed.group(2)} if failed else {}
+                entry.unlisted = False
+                if entry.unreadable and not failed and read is not None:
+                    tried = self._failed_after_poll(entry, *read)
+                    entry.unlisted = tried is None
+                    entry.failed = dict.fromkeys(tried or (), exc.message)
+                # As Triton: the versions that loaded beside the one that failed were unloaded
+                # again, and its index lists each of them so ("unloaded").
+                entry.rolled_back = rolled_back if failed else []
             elif failed and int(failed.group(1)) not in old:
                 # A reload whose new version failed beside the ones serving on: as Triton,
                 # the index lists it and the server is not ready until a load succeeds.
@@ -418,12 +434,50 @@ class RepositoryManager:
         entry.reason = ""
         entry.unreadable = False
         entry.failed = {}
+        entry.rolled_back = []
+        entry.unlisted = False
         if gone:  # the new versions serve already; the old ones finish up meanwhile
             self._in_background(self._retire, gone, name=f"{entry.name}-retire")
         if new:
             log.info("loaded model '%s' version(s) %s", entry.name, sorted(new))
         if kept:
             log.info("updated model '%s' version(s) %s in place", entry.name, sorted(kept))
+
+    def _failed_after_poll(self, entry: ModelEntry, cfg: Any,
+                           exists: bool) -> list[int] | None:
+        """The versions of ``entry`` that Triton would have tried to load, and failed, when its
+        configuration ``cfg`` (as read) did not load: none where Triton's poll of the
+        repository refuses the configuration already (a missing one without auto-complete, a
+        wrong name, a model-level setting out of range), so that the model never reaches
+        Triton's model lifecycle and its index lists it by name alone; None where no version
+        is there to load (Triton's index leaves such a folder out); else those its version
+        policy names (another backend, a tensor's settings, a label file, an
+        ``auto_complete_config`` that fails: Triton lists each version UNAVAILABLE, with the
+        reason)."""
+        from .config import normalize_config
+        from .repository import available_versions, select_versions
+
+        srv = self.server
+        if not entry.directory or (not exists and not srv.auto_complete):
+            return []
+        try:
+            versions = select_versions(cfg, available_versions(entry.directory))
+        except TritonpyError:
+            return None
+        try:
+            if cfg.backend and cfg.backend != "python":
+                return versions
+            # Triton checks the tensors and the instance groups (a KIND_GPU group where there
+            # is no GPU, measured), and reads label files, as a version loads, past its poll:
+            # the rest of the configuration is what the poll refuses.
+            polled = type(cfg)()
+            polled.CopyFrom(cfg)
+            for field in ("input", "output", "batch_input", "batch_output", "instance_group"):
+                polled.ClearField(field)
+            normalize_config(polled, entry.name, "", gpu_count=self.gpu_count())
+        except TritonpyError:
+            return []
+        return versions
 
     def _retire(self, runtimes: list[ModelRuntime]) -> None:
         for rt in runtimes:
@@ -658,6 +712,8 @@ class RepositoryManager:
         out = []
         for name in sorted(set(self.entries) | set(self.scan_errors)):
             e = self.entries.get(name)
+            if e is not None and e.unlisted and not e.runtimes:
+                continue  # as Triton: a folder with no version to load is not listed
             if e is None:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,
                             "reason": self.scan_errors[name]})
@@ -675,9 +731,12 @@ class RepositoryManager:
                 for v in e.loading:  # as Triton: each version being loaded
                     out.append({"name": name, "version": str(v), "state": LOADING, "reason": ""})
             elif e.state == UNAVAILABLE and e.failed and e.reason != "unloaded":
-                # As Triton: the version that failed, with the reason it gave.
-                for v, why in sorted(e.failed.items()):
-                    out.append({"name": name, "version": str(v), "state": UNAVAILABLE,
+                # As Triton: the version that failed, with the reason it gave, and those that
+                # loaded beside it and were unloaded again for it.
+                rows = {v: (UNAVAILABLE, "unloaded") for v in e.rolled_back}
+                rows.update({v: (UNAVAILABLE, why) for v, why in e.failed.items()})
+                for v, (state, why) in sorted(rows.items()):
+                    out.append({"name": name, "version": str(v), "state": state,
                                 "reason": why})
             elif e.unloaded and (e.state == UNLOADING or e.reason == "unloaded"):
                 # As Triton: the versions the unload took down, each UNAVAILABLE ("unloaded"),

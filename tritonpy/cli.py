@@ -35,16 +35,26 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tritonpy.cli")
 
-_LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s"
+_LOG_FORMAT = "%(levelname).1s%(asctime)s %(process)d %(filename)s:%(lineno)d] %(message)s"
 
 
 class _TritonLogFormatter(logging.Formatter):
-    """Triton's log lines: ``I1126 20:31:03.842345 <pid> <logger>] <message>``, in UTC as
-    Triton's, verbose lines with ``I`` as Triton's (Python's DEBUG). ``LogSettings`` switches
-    the format (``--log-format``, ``/v2/logging``) through ``datefmt``: None is Triton's
-    default; a strftime pattern is ISO8601, where Triton starts a line with the UTC time and
-    quotes its message (``2026-11-26T21:01:03Z I <pid> <logger>] "msg"``), so that each line
-    starts with a time that log tools read and holds one message, whatever it contains."""
+    """Triton's log lines: ``I1126 20:31:03.842345 <pid> <file>:<line>] <message>``, in UTC
+    as Triton's, verbose lines with ``I`` as Triton's (Python's DEBUG); the file and line are
+    those of the tritonpy code that logged (a model's lines are relayed: tritonpy's relay, the
+    instance's name in the message). ``LogSettings`` switches the format (``--log-format``,
+    ``/v2/logging``) through ``datefmt``: None is Triton's default; a strftime pattern is
+    ISO8601, where Triton starts a line with the UTC time to the second and quotes its message
+    (``2026-11-26T21:01:03Z I <pid> <file>:<line>] "msg"``), so that each line starts with a
+    time that log tools read and holds one message, whatever it contains. As Triton's,
+    ``TRITON_SERVER_ESCAPE_LOG_MESSAGES=0`` leaves that message bare.
+
+    Triton 2.51 quotes the message in its default format too; tritonpy's default lines keep it
+    bare (tools and tests read them as plain text)."""
+
+    def __init__(self, fmt: str | None = None, datefmt: str | None = None) -> None:
+        super().__init__(fmt, datefmt)
+        self.escape = os.environ.get("TRITON_SERVER_ESCAPE_LOG_MESSAGES") != "0"
 
     def format(self, record: logging.LogRecord) -> str:
         letter = "I" if record.levelno <= logging.INFO else record.levelname[:1]
@@ -54,8 +64,9 @@ class _TritonLogFormatter(logging.Formatter):
         if record.exc_info:
             text = f"{text}\n{self.formatException(record.exc_info)}"
         when = time.strftime(self.datefmt, time.gmtime(record.created))
-        return (f"{when}Z {letter} {record.process} {record.name}] "
-                f"{json.dumps(text, ensure_ascii=False)}")
+        if self.escape:
+            text = json.dumps(text, ensure_ascii=False)
+        return f"{when}Z {letter} {record.process} {record.filename}:{record.lineno}] {text}"
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         when = time.gmtime(record.created)

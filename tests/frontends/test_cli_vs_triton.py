@@ -147,7 +147,8 @@ def test_the_python_backends_own_setting_wins_over_a_global_one() -> None:
 def test_log_lines_have_tritons_default_layout(serve: Callable[..., Serve],
                                                tmp_path: Path) -> None:
     # Triton: "I1126 20:30:47.719771 10221 file.cc:273] ..." (UTC). tritonpy printed
-    # "I2026-11-26 20:31:03,842 ...", against its own --log-format help.
+    # "I2026-11-26 20:31:03,842 ...", against its own --log-format help, then the logger's
+    # name where Triton has the file and line ("tritonpy.cli]").
     repo = tmp_path / "repo"
     write_model(repo, "ident")
     server, http_port, _ = serve_repo(serve, repo)
@@ -158,7 +159,7 @@ def test_log_lines_have_tritons_default_layout(serve: Callable[..., Serve],
     lines = [ln for ln in server.log().splitlines() if re.match(r"^[IWE]\S", ln)]
     assert lines, server.log()
     for line in lines:
-        assert re.match(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+\] ", line), line
+        assert re.match(r"^[IWE]\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] ", line), line
 
 
 VERBOSE_PY = """
@@ -191,15 +192,49 @@ def test_model_log_lines_as_triton_writes_them(serve: Callable[..., Serve], tmp_
     assert _stop(server) == 0
     text = server.log()
     if iso:
-        head = r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (?P<level>[IWE]) \d+ \S+\] '
+        head = r'^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ (?P<level>[IWE]) \d+ \w+\.py:\d+\] '
         verbose, warning = r'"\[ident_0\] a \\"verbose\\" line"$', r'"\[ident_0\] a warning"$'
     else:
-        head = r"^(?P<level>[IWE])\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \S+\] "
+        head = r"^(?P<level>[IWE])\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ \w+\.py:\d+\] "
         verbose, warning = r'\[ident_0\] a "verbose" line$', r"\[ident_0\] a warning$"
     found = re.search(head + verbose, text, re.M)
     assert found and found["level"] == "I", text
     found = re.search(head + warning, text, re.M)
     assert found and found["level"] == "W", text
+
+
+# Triton 2.51's start-up lines, --log-verbose 1 --log-info true (measured):
+#   I1126 22:47:40.197481 4379 http_server.cc:4713] "Started HTTPService at 0.0.0.0:38497"
+#   2026-11-26T22:47:45Z I 4585 model_lifecycle.cc:472] "loading: ident:1"
+# The same fields and separators here: level and time (UTC; microseconds, or whole seconds and
+# a Z in ISO8601), pid, the file and line that logged, "] ", the message. ISO8601 quotes the
+# message as a JSON string, as Triton; with TRITON_SERVER_ESCAPE_LOG_MESSAGES=0 it is bare,
+# as Triton's. (Triton 2.51 quotes its default lines too; tritonpy's default lines stay bare:
+# see README.)
+ISO_HEAD = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ [IWE] \d+ \w+\.py:\d+\] "
+
+
+@pytest.mark.parametrize("escape", [None, "0"])
+def test_iso8601_start_up_lines_have_tritons_layout(
+        serve: Callable[..., Serve], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        escape: str | None) -> None:
+    if escape is not None:
+        monkeypatch.setenv("TRITON_SERVER_ESCAPE_LOG_MESSAGES", escape)
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    server, http_port, _ = serve_repo(serve, repo, "--log-verbose=1", "--log-info=true",
+                                      "--log-format=ISO8601")
+    assert _stop(server) == 0
+    lines = [ln for ln in server.log().splitlines() if ln[:2].isdigit()]
+    assert lines, server.log()
+    for line in lines:
+        if escape is None:
+            assert re.match(ISO_HEAD + r'"([^"\\]|\\.)*"$', line), line
+        else:
+            assert re.match(ISO_HEAD + r'[^"]', line), line
+    started = ISO_HEAD + (r'"Started HTTPService at [\d.]+:%d"$' if escape is None
+                          else r"Started HTTPService at [\d.]+:%d$") % http_port
+    assert re.search(started, server.log(), re.M), server.log()
 
 
 @pytest.mark.parametrize("case", ["unreadable config", "name in two repositories"])

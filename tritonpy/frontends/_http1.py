@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import time
 import zlib
@@ -56,7 +57,25 @@ KNOWN_HEADS = 256
 Buffer = Union[bytes, bytearray, memoryview]
 
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
+_PHRASES[405] = "Not Allowed"  # Triton's (libevhtp's) words
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+# A method token as Triton's HTTP parser (libevhtp) takes one it does not know: capital
+# letters and '_' (FOO, PATCHX; Triton closes without an answer at a lowercase letter, a digit
+# or '-'). llhttp knows a fixed list; a request with another one is read with a stand-in of
+# that list (see _unknown_method) and routed with its own, as Triton routes it (404 or 405).
+_METHOD_TOKEN = re.compile(rb"[\r\n]*([A-Z_]+) ")
+_STAND_IN = b"PUT"
+
+
+class _Counter:
+    """A parser callback object that only counts the requests that end (see _unknown_method)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+    def on_message_complete(self) -> None:
+        self.done += 1
 
 
 class Request:
@@ -274,6 +293,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.too_large = False
         self.keep_alive = True
         self.method = ""
+        self.method_override: str | None = None  # the method _unknown_method stood in for
+        self.messages = 0  # requests whose end the parser reached (see _unknown_method)
         self.http10 = False
         # The head of a request that asks to switch protocols, less the upgrade, to read again
         # (see _feed); None for any other.
@@ -387,6 +408,8 @@ class _Connection(asyncio.BufferedProtocol):
             parser = self.parser
             if parser is None:  # the connection is lost
                 return
+            # Whether ``data`` starts with a request, and how many ended before it.
+            at_start, before = not self.in_message and not head, self.messages
             try:
                 if head:
                     parser.feed_data(head)
@@ -406,8 +429,16 @@ class _Connection(asyncio.BufferedProtocol):
                 self.parser = self._new_parser()
                 data = memoryview(data)[int(exc.args[0]):]
             except httptools.HttpParserError as exc:
-                self._fail_parse(self.head_error or f"malformed HTTP request: {exc}")
-                return
+                rest = None
+                if isinstance(exc, httptools.HttpParserInvalidMethodError) and at_start \
+                        and not self.head_error:
+                    rest = self._unknown_method(data, self.messages - before)
+                if rest is None:
+                    self._fail_parse(self.head_error or f"malformed HTTP request: {exc}")
+                    return
+                # The refused request is read again from its first byte by a new parser.
+                self.parser, data, head = self._new_parser(), rest, b""
+                self.in_message = False
         if self.buffer is not None and not self.closing:
             # The head of a large body is parsed and its body is not all here yet.
             self.direct = memoryview(self.buffer)[self.size:]
@@ -482,6 +513,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = parser.get_method().decode("latin-1")
+        if self.method_override is not None:
+            self.method, self.method_override = self.method_override, None
         if self.method == "CONNECT":
             # What follows its head is a tunnel's bytes, not requests: one answer, then close
             # (answering it as a request, then its tunnel as a malformed one, sent two).
@@ -570,7 +603,38 @@ class _Connection(asyncio.BufferedProtocol):
             self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        self.messages += 1
         self._message_done()
+
+    def _unknown_method(self, data: Buffer, done: int) -> bytes | None:
+        """The bytes to parse again after llhttp refused a request's method: ``data`` from
+        that request on, its method replaced by a stand-in (``method_override`` keeps it); None
+        when it is no method token (a lowercase one, say) and the request is malformed.
+
+        ``data`` starts with a request, and ``done`` requests in it ended before the refused
+        one. Where that one starts is found by parsing again (an error path only): the
+        shortest part of ``data`` in which ``done`` requests end."""
+        whole = bytes(data)
+        low, high = 0, len(whole)
+        while low < high:
+            mid = (low + high) // 2
+            counter = _Counter()
+            probe = httptools.HttpRequestParser(counter)
+            if hasattr(probe, "set_dangerous_leniencies"):  # as _new_parser's
+                probe.set_dangerous_leniencies(lenient_chunked_length=True)
+            try:
+                probe.feed_data(whole[:mid])
+            except httptools.HttpParserError:
+                pass
+            if counter.done >= done:
+                high = mid
+            else:
+                low = mid + 1
+        found = _METHOD_TOKEN.match(whole, low)
+        if found is None:
+            return None
+        self.method_override = found.group(1).decode("latin-1")
+        return _STAND_IN + whole[found.end(1):]
 
     def _path(self) -> str:
         """The request's path as sent (percent escapes kept: a router splits it first, then

@@ -131,8 +131,15 @@ def error_response(err: BaseException) -> Response:
     return json_response({"error": e.message}, e.http_status)
 
 
-def _method_not_allowed() -> Response:
-    return json_response({"error": "Method Not Allowed"}, 405)
+# Triton's answers for a path it does not serve and a method a path does not take: a JSON
+# body, sent as text/plain for the former and the health, model ready and infer paths, as
+# application/json for the others (status line "405 Not Allowed", see _http1).
+_NOT_FOUND = b'{"error":"Not Found"}'
+_NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
+
+
+def _method_not_allowed(content_type: str = "application/json") -> Response:
+    return Response(405, _NOT_ALLOWED, content_type)
 
 
 def _json_body(request: Request, *, required: bool = False) -> dict[str, Any]:
@@ -252,7 +259,7 @@ class HTTPFrontend:
             handler = self._route(request, path)
             if handler is None:
                 log.debug("HTTP error: %s %s - 404", request.method, path)
-                return json_response({"error": "Not Found"}, 404)
+                return Response(404, _NOT_FOUND, "text/plain")
             return await handler(request)
         except Exception as exc:  # a bad request must never take the server down
             if not isinstance(exc, TritonpyError):
@@ -309,7 +316,7 @@ class HTTPFrontend:
 
     async def _health(self, request: Request, kind: str) -> Response:
         if request.method != "GET":
-            return _method_not_allowed()
+            return _method_not_allowed("text/plain")
         ok = self.plane.live() if kind == "live" else await self.plane.ready()
         return Response(200 if ok else 400, content_type="text/plain")  # as Triton, empty
 
@@ -322,6 +329,13 @@ class HTTPFrontend:
         if request.method == "GET":
             return json_response(self.plane.log_settings.get())
         if request.method == "POST":
+            body = request.body
+            if not body.strip(b" \t\r\n"):
+                # As Triton 2.51: a settings update needs a JSON document; an empty body (or one
+                # of whitespace only) changes nothing and is refused in its JSON parser's words
+                # (Triton answers 500; a bad request body is 400 here, as everywhere).
+                raise InvalidArgumentError("failed to parse the request JSON buffer: The "
+                                           f"document is empty. at {len(body)}")
             return json_response(self.plane.update_log_settings(_json_body(request)))
         return _method_not_allowed()
 
@@ -337,7 +351,7 @@ class HTTPFrontend:
     async def _model(self, request: Request, name: str, version_str: str, kind: str) -> Response:
         if kind == "infer":
             if request.method != "POST":
-                return _method_not_allowed()
+                return _method_not_allowed("text/plain")
             return await self._infer(request, name, parse_version(version_str))
         if kind == "trace/setting":
             return await self._trace(request, name)
@@ -348,7 +362,7 @@ class HTTPFrontend:
         if kind == "stats":
             return await self._stats(request, name, version_str)
         if request.method != "GET":
-            return _method_not_allowed()
+            return _method_not_allowed("text/plain" if kind == "ready" else "application/json")
         version = parse_version(version_str)
         if kind == "ready":
             if await self.plane.model_ready(name, version):
