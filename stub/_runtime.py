@@ -451,8 +451,10 @@ class StubRuntime:
             self._active.pop(gone.host_id, None)
             if self._pace:
                 self._unpace(gone.host_id)
+            # No response, only the flag and why: a default-mode request that had its response
+            # sent (the host holds it for the flag) gets that response, the error is logged.
             body: dict[str, Any] = {
-                "id": gone.host_id, "final": True, "outputs": [], "error": _error_body(
+                "id": gone.host_id, "final": True, "empty": True, "error": _error_body(
                     "INTERNAL", dropped_unanswered(self.name, gone.request_id))}
             try:
                 self.channel.send(Cmd.RESPONSE_SEND, 0, body)

@@ -9,6 +9,7 @@ sent. A model that keeps either one (in a thread, in a list) is left alone.
 """
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -63,7 +64,8 @@ class TritonPythonModel:
         return None
 """
 
-# Default mode: execute takes the sender and returns None without sending anything.
+# Default mode: execute takes the sender and returns None, having sent nothing, or its response
+# without the final flag ("send_one").
 DEFAULT_PY = """
 import triton_python_backend_utils as pb_utils
 
@@ -71,7 +73,10 @@ import triton_python_backend_utils as pb_utils
 class TritonPythonModel:
     def execute(self, requests):
         for r in requests:
-            r.get_response_sender()
+            sender = r.get_response_sender()
+            if "send_one" in r.parameters():
+                x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 3)]))
         return None
 """
 
@@ -117,6 +122,16 @@ def test_a_default_mode_request_whose_sender_sent_nothing(server):
     got = _all(_call(server, "drop_sender", model="default_dropper"))
     assert len(got) == 1 and got[0].error is not None
     assert "final flag" in got[0].error.message
+
+
+def test_a_default_mode_response_sent_without_the_flag_is_the_answer(server, caplog):
+    # Its one response came; the missing flag is the model's fault, which the log tells.
+    with caplog.at_level(logging.ERROR, logger="tritonpy"):
+        got = _all(_call(server, "send_one", model="default_dropper"))
+    assert len(got) == 1 and got[0].final and got[0].error is None, got
+    assert got[0].outputs["OUT"].to_numpy().tolist() == [3.0, 6.0]
+    assert any("final flag" in rec.getMessage() and "default_dropper_0" in rec.getMessage()
+               for rec in caplog.records)
 
 
 def test_a_sender_kept_by_a_thread_is_left_alone(server):
