@@ -249,6 +249,7 @@ class TritonPythonModel:
                 pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(1, np.float32))]))
         if MODE == "during":
             die()
+        self.kept = requests  # open until the stub dies (one let go of would end at once)
         threading.Thread(target=die).start()
         return None
 """
