@@ -26,6 +26,30 @@ class ShmExhaustedError(ShmError, MemoryError):
         )
 
 
+class FdLimitError(ShmError, OSError):
+    """A segment could not be opened or mapped: the process (or the system) has as many files
+    open as it may. Each mapped segment, stub pipe and client connection holds one."""
+
+    def __init__(self, what: str, system: bool = False) -> None:
+        if system:
+            why = "the system has as many files open as it allows (fs.file-max)"
+        else:
+            why = (f"this process has as many files open as RLIMIT_NOFILE allows "
+                   f"({_nofile()})")
+        super().__init__(
+            f"{what}: {why}; raise the limit (ulimit -n, docker --ulimit nofile=...) or "
+            "serve fewer connections or tensors at once")
+
+
+def _nofile() -> str:
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return "its soft limit"
+    return f"soft limit {soft}, hard limit {'unlimited' if hard < 0 else hard}"
+
+
 class ChannelClosedError(ShmError, ConnectionError):
     """The peer process closed the channel or died."""
 

@@ -82,6 +82,12 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
         if proc in _live:
             _live.remove(proc)
     try:
+        # One stopped (SIGSTOP, a debugger, Ctrl-Z on its own) would keep the server's stop
+        # waiting its whole timeout, then be killed before its last sweep: let it go on.
+        os.kill(proc.pid, signal.SIGCONT)
+    except OSError:
+        pass
+    try:
         if proc.stdin is not None:
             os.set_blocking(proc.stdin.fileno(), True)
             proc.stdin.write(b"bye")

@@ -12,12 +12,13 @@ import errno
 import mmap
 import os
 import re
+import resource
 import secrets
 import time
 
 import posix_ipc
 
-from ._errors import NO_SPACE, ProtocolError, ShmError, ShmExhaustedError
+from ._errors import NO_SPACE, FdLimitError, ProtocolError, ShmError, ShmExhaustedError
 
 PAGE = mmap.PAGESIZE
 SHM_DIR = "/dev/shm"
@@ -72,6 +73,33 @@ def wait_for_room(directory: str | None, nbytes: int, timeout: float) -> bool:
     return True
 
 
+def _fd_limit(exc: BaseException, what: str) -> FdLimitError | None:
+    """The error to raise for ``exc`` when it says that no file descriptor was left (EMFILE
+    or ENFILE), else None. posix_ipc raises a plain OSError without errno for them, known
+    by its text only."""
+    code = getattr(exc, "errno", None)
+    text = str(exc)
+    if code == errno.EMFILE or code is None and "maximum number of files open" in text:
+        return FdLimitError(what)
+    if code == errno.ENFILE or code is None and "total number of open files" in text:
+        return FdLimitError(what, system=True)
+    return None
+
+
+def _file_size_limit() -> int | None:
+    """This process's RLIMIT_FSIZE soft limit in bytes (None: unlimited)."""
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def _no_memory(exc: OSError, what: str) -> ShmError | None:
+    """The error to raise for a mapping refused for want of memory (ENOMEM), else None."""
+    if exc.errno != errno.ENOMEM:
+        return None
+    return ShmError(f"{what}: no memory or address space left for the mapping (the process's "
+                    "RLIMIT_AS, its memory cgroup, or vm.max_map_count)")
+
+
 def check_name(name: str) -> None:
     """Reject a segment name from a peer unless it is a plain name (no path tricks)."""
     if not isinstance(name, str) or not _NAME_RE.match(name):
@@ -100,22 +128,37 @@ class Segment:
         """Create and reserve a segment of ``size`` bytes; raises ShmExhaustedError when full."""
         check_name(name)
         size = round_up(max(size, 1))
-        fd = _open(name, directory, create=True)
+        try:
+            fd = _open(name, directory, create=True)
+        except (posix_ipc.Error, OSError) as exc:
+            raise (_fd_limit(exc, f"cannot create shared-memory segment {name} ({size} bytes)")
+                   or ShmError(f"cannot create shared-memory segment {name}: {exc}")) from None
         try:
             try:
                 os.posix_fallocate(fd, 0, size)
             except OSError as exc:
                 _unlink(name, directory)
+                limit = _file_size_limit() if exc.errno == errno.EFBIG else None
+                if limit is not None and size > limit:
+                    # Not /dev/shm: this process may not make a file that large (Python
+                    # ignores the SIGXFSZ that comes with it).
+                    raise ShmExhaustedError(
+                        size, free_bytes(directory), directory or SHM_DIR,
+                        f"larger than this process's file size limit, RLIMIT_FSIZE {limit} "
+                        "bytes: ulimit -f") from None
                 if exc.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM, errno.EDQUOT):
                     raise ShmExhaustedError(
                         size, free_bytes(directory), directory or SHM_DIR, NO_SPACE
                     ) from None
                 raise ShmError(f"cannot reserve {size} bytes for segment {name}: {exc}") from exc
             try:
+                # (mmap keeps a duplicate of the descriptor: EMFILE can come from here too.)
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
             except OSError as exc:
                 _unlink(name, directory)
-                raise ShmError(f"cannot map segment {name} ({size} bytes): {exc}") from exc
+                what = f"cannot map shared-memory segment {name} ({size} bytes)"
+                raise (_fd_limit(exc, what) or _no_memory(exc, what)
+                       or ShmError(f"{what}: {exc}")) from None
         finally:
             os.close(fd)
         return cls(name, size, mm, True, directory)
@@ -129,8 +172,10 @@ class Segment:
         except (posix_ipc.ExistentialError, FileNotFoundError):
             raise ProtocolError(f"shared-memory segment {name} does not exist") from None
         except (posix_ipc.Error, OSError, ValueError) as exc:
-            # A name from a peer that we may not open (permissions, a directory ...).
-            raise ProtocolError(f"cannot open shared-memory segment {name}: {exc}") from None
+            # A name from a peer that we may not open (permissions, a directory ...), unless
+            # this process is out of descriptors: not the peer's fault.
+            raise (_fd_limit(exc, f"cannot open shared-memory segment {name}")
+                   or ProtocolError(f"cannot open shared-memory segment {name}: {exc}")) from None
         try:
             size = os.fstat(fd).st_size
             if size <= 0:
@@ -138,7 +183,9 @@ class Segment:
             try:
                 mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE)
             except OSError as exc:
-                raise ProtocolError(f"cannot map shared-memory segment {name}: {exc}") from None
+                what = f"cannot map shared-memory segment {name} ({size} bytes)"
+                raise (_fd_limit(exc, what) or _no_memory(exc, what)
+                       or ProtocolError(f"{what}: {exc}")) from None
         finally:
             os.close(fd)
         return cls(name, size, mm, False, directory)
@@ -153,11 +200,14 @@ class Segment:
         try:
             fd = _open(self.name, self.directory, create=False)
         except (posix_ipc.Error, OSError) as exc:
-            raise ProtocolError(f"cannot reopen shared-memory segment {self.name}: {exc}") from None
+            raise (_fd_limit(exc, f"cannot reopen shared-memory segment {self.name}")
+                   or ProtocolError(f"cannot reopen shared-memory segment {self.name}: {exc}")) from None
         try:
             mm = mmap.mmap(fd, length, flags=mmap.MAP_PRIVATE, offset=start)
         except OSError as exc:
-            raise ProtocolError(f"cannot map shared-memory segment {self.name}: {exc}") from None
+            what = f"cannot map shared-memory segment {self.name} ({length} bytes)"
+            raise (_fd_limit(exc, what) or _no_memory(exc, what)
+                   or ProtocolError(f"{what}: {exc}")) from None
         finally:
             os.close(fd)
         probe = ctypes.c_char.from_buffer(mm)

@@ -40,6 +40,8 @@ def sweep_orphans(prefix: str, directory: str | None = None,
                 gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
             except psutil.Error:
                 gone = True
+            except OSError:  # e.g. no descriptor left to read /proc: not known, so kept
+                gone = False
         if gone:
             _unlink(entry, directory)
             removed.append(entry)

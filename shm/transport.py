@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import cuda
-from ._errors import ProtocolError
+from ._errors import ProtocolError, ShmError
 from .cuda import GPU, IPC_HANDLE_BYTES, DeviceRef
 from .dtypes import ITEMSIZE, deserialize_bytes, numpy_dtype, serialize_bytes, triton_dtype_of
 from .pool import Pool, SegmentMap
@@ -363,7 +363,7 @@ class TensorTransport:
             raise ProtocolError(f"malformed handle for tensor {name!r}")
         try:
             seg = self.segments.get(seg_name)
-        except ProtocolError:
+        except ShmError:  # a bad name, or no descriptor left (FdLimitError)
             peer.owe_release(eid)
             raise
         if off < 0 or nbytes < 0 or off + nbytes > seg.size:
@@ -386,7 +386,7 @@ class TensorTransport:
         elif self.private is not None:
             try:
                 root = self.private.map(seg, off, nbytes, npdt, count)
-            except ProtocolError:
+            except ShmError:
                 peer.owe_release(eid)
                 raise
         else:

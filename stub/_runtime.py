@@ -31,6 +31,7 @@ import numpy as np
 from tritonpy._loop import SpinPolicy, StallWatch, cpus_busy
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
+from tritonpy.shm._errors import FdLimitError, ProtocolError, ShmError
 from tritonpy.shm.channel import EMPTY
 from tritonpy.shm.messages import PROTOCOL_VERSION
 from tritonpy.shm.pool import RECLAIM_EVERY_S
@@ -367,6 +368,8 @@ class StubRuntime:
             while True:
                 try:
                     msg = self.channel.recv(spin_s, give_way=give_way)
+                except FdLimitError as exc:
+                    self._frame_lost(exc)
                 except Exception as exc:  # a malformed frame: report it, keep reading
                     sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
                     continue
@@ -718,9 +721,26 @@ class StubRuntime:
                 req._cancelled = True
         return out
 
+    def _frame_lost(self, exc: BaseException) -> None:
+        """A frame spilled into a segment this process has no descriptor left to map is lost,
+        and whatever waits for it would wait for ever: the stub ends, saying why (the host
+        then fails its requests with this line, and restarts it)."""
+        sys.stderr.write(f"tritonpy stub {self.name}: a frame from the host could not be "
+                         f"read: {exc}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
     def _on_execute(self, call_id: int, body: dict) -> None:
         try:
             requests = self._make_requests(body)
+        except ProtocolError:
+            self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
+                "INVALID_ARG", f"cannot decode requests: {traceback.format_exc(limit=2)}")})
+            return
+        except ShmError as exc:  # this process's limits (descriptors, address space)
+            self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
+                "UNAVAILABLE", f"cannot receive the requests' inputs: {exc}")})
+            return
         except Exception:
             self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
                 "INVALID_ARG", f"cannot decode requests: {traceback.format_exc(limit=2)}")})
@@ -1005,6 +1025,8 @@ class StubRuntime:
             while True:
                 try:
                     msg = self.channel.recv(wait=False)
+                except FdLimitError as exc:
+                    self._frame_lost(exc)
                 except Exception as exc:  # a malformed frame: report it, keep reading
                     sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
                     continue

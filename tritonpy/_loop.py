@@ -247,6 +247,13 @@ def run_loop(main: Any) -> Any:
     return uvloop.run(main)
 
 
+#: How often :meth:`FrameLoop.start_thread` tries again to start a thread that could not start.
+THREAD_RETRY_S = 0.2
+#: What a failed thread start (``RuntimeError: can't start new thread``) means.
+THREAD_LIMIT_HINT = ("too many processes and threads (RLIMIT_NPROC of this user, or the "
+                     "cgroup's pids.max: docker --pids-limit)")
+
+
 class FrameLoop:
     """The event loop on which the host reads every stub's frames.
 
@@ -314,6 +321,31 @@ class FrameLoop:
             add()
         else:
             self.loop.call_soon_threadsafe(add)
+
+    def start_thread(self, thread: threading.Thread, what: str) -> None:
+        """Start ``thread``, which does work that must not be lost (``what`` it is for, for
+        the log). When no thread can be started now (the process, its user or its cgroup has
+        as many tasks as RLIMIT_NPROC or pids.max allows), it is started later: tried again
+        every :data:`THREAD_RETRY_S` from the loop until it starts, or the loop closes."""
+        try:
+            thread.start()
+            return
+        except RuntimeError as exc:
+            log.error("cannot start a thread for %s (%s): %s; trying again every %g s", what,
+                      exc, THREAD_LIMIT_HINT, THREAD_RETRY_S)
+
+        def retry() -> None:
+            try:
+                thread.start()
+            except RuntimeError:
+                self.loop.call_later(THREAD_RETRY_S, retry)
+                return
+            log.warning("started the thread for %s at last", what)
+
+        try:
+            self.loop.call_soon_threadsafe(self.loop.call_later, THREAD_RETRY_S, retry)
+        except RuntimeError:  # the loop is closed: the server has stopped
+            pass
 
     def unwatch(self, fd: int) -> None:
         """Stop watching ``fd`` (readable and writable); on the loop's thread."""

@@ -7,7 +7,6 @@ instance; with ``dynamic_batching`` several queued requests go to one ``execute`
 """
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import os
 import threading
@@ -17,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import msgpack
 
 from tritonpy.shm import Cmd, ShmExhaustedError
-from tritonpy.shm._errors import NO_SPACE
+from tritonpy.shm._errors import NO_SPACE, FdLimitError
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.messages import RequestBody
 from tritonpy.shm.segment import could_fit
@@ -362,9 +361,32 @@ class ModelRuntime(RuntimeBase):
                    finalize: bool = False) -> None:
         """Start and initialize ``insts`` in parallel; on any failure stop them all (with
         ``finalize``) and raise the first error as this version's failure to load."""
-        with concurrent.futures.ThreadPoolExecutor(min(8, len(insts))) as ex:
-            futs = [ex.submit(self._start_instance, inst, config_json) for inst in insts]
-            errors = [f.exception() for f in futs]
+        errors: list[BaseException | None] = [None] * len(insts)
+        at_once = threading.BoundedSemaphore(8)
+
+        def start(i: int) -> None:
+            with at_once:
+                try:
+                    self._start_instance(insts[i], config_json)
+                except BaseException as exc:
+                    errors[i] = exc
+
+        # Threads of our own, not an executor's: when no thread can be had (RLIMIT_NPROC, the
+        # cgroup's pids.max), an executor's submit raised out of here with the instances
+        # submitted before still starting, and the version stayed LOADING for ever. Such an
+        # instance starts on this thread instead (its stub will then say what is missing).
+        threads = []
+        for i, inst in enumerate(insts):
+            thread = threading.Thread(target=start, args=(i,), daemon=True,
+                                      name=f"{inst.name}-start")
+            try:
+                thread.start()
+            except RuntimeError:
+                start(i)
+            else:
+                threads.append(thread)
+        for thread in threads:
+            thread.join()
         failed = [e for e in errors if e is not None]
         if not failed:
             return
@@ -618,6 +640,15 @@ class ModelRuntime(RuntimeBase):
                 self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
                 req.fail(UnavailableError(str(exc)))
                 continue
+            except Exception as exc:
+                # E.g. no file descriptor left for a new segment (FdLimitError). Raised out of
+                # here, it left the instance busy and the request in flight for ever.
+                self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
+                cls = (UnavailableError if isinstance(exc, FdLimitError)
+                       else InvalidArgumentError if isinstance(exc, ValueError)
+                       else InternalError)
+                req.fail(cls(f"the inputs cannot be passed to model '{self.name}': {exc}"))
+                continue
             if self.reshapes is not None:
                 # The model sees an input in its reshape form: the same contiguous data, so
                 # only the wire's shape changes (the request keeps the client's shapes).
@@ -792,6 +823,9 @@ class ModelRuntime(RuntimeBase):
             outputs: Any = None if body.get("empty") else self._decode(stub, body.get("outputs"))
         except TritonpyError as exc:
             outputs, error = [], exc
+        except FdLimitError as exc:  # not the stub's fault, and it may pass
+            outputs, error = [], UnavailableError(
+                f"the response of '{inst.name}' cannot be read: {exc}")
         except Exception as exc:
             outputs, error = [], InternalError(f"bad response from '{inst.name}': {exc}")
         if outputs and self.reshapes is not None and self.reshapes.outputs:
@@ -1029,7 +1063,7 @@ class ModelRuntime(RuntimeBase):
             self.server.on_instance_died(self, inst)
             inst.restarter = threading.Thread(target=self._restart, args=(inst,), daemon=True,
                                               name=f"{inst.name}-restart")
-            inst.restarter.start()
+            self.server.frames.start_thread(inst.restarter, f"the restart of '{inst.name}'")
         with self.lock:
             self._idle.notify_all()
 
@@ -1169,10 +1203,15 @@ class ModelRuntime(RuntimeBase):
         # Together, so that instances stuck in finalize cost one grace, not one each.
         stoppers = [threading.Thread(target=stub.stop, args=(finalize, grace), daemon=True,
                                      name=f"{stub.name}-stop") for stub, finalize in stubs]
+        for thread, (stub, finalize) in zip(stoppers, stubs):
+            try:
+                thread.start()
+            except RuntimeError:  # no thread to be had (RLIMIT_NPROC, pids.max): one by one
+                stub.stop(finalize, grace)
         for thread in stoppers:
-            thread.start()
-        for thread in stoppers:
-            thread.join()
+            if thread.ident is not None:
+                thread.join()
         self.finalize_cut_off = any(stub.finalize_cut_off for stub, _ in stubs)
         for thread in restarters:  # so that no stub outlives the unload
-            thread.join(grace + 5.0)
+            if thread.ident is not None:  # (one not started yet sees STOPPED when it starts)
+                thread.join(grace + 5.0)

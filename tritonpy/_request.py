@@ -561,9 +561,9 @@ class Timers:
     def at(self, deadline: float, fn: Callable[[], None]) -> None:
         with self._cv:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tritonpy-timers",
-                                                daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="tritonpy-timers", daemon=True)
+                thread.start()  # (raises where no thread can be had: the next at() tries again)
+                self._thread = thread
             entry = (deadline, next(self._seq), fn)
             heapq.heappush(self._heap, entry)
             if self._heap[0] is entry:  # a later deadline than the head wakes nobody

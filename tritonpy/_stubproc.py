@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import errno
 import itertools
 import json
 import logging
 import os
 import queue
+import resource
 import signal
 import subprocess
 import sys
@@ -24,11 +26,12 @@ from typing import Any, Callable
 
 from tritonpy.shm import Channel, ChannelClosedError, Cmd, TensorTransport, socket_pair
 from tritonpy.shm import janitor, sweep_orphans
+from tritonpy.shm._errors import FdLimitError
 from tritonpy.shm.channel import EMPTY
 from tritonpy.shm.messages import PROTOCOL_VERSION
 
 from ._errors import InternalError, TritonpyError, UnavailableError, error_from_wire
-from ._loop import FrameLoop
+from ._loop import THREAD_LIMIT_HINT, FrameLoop
 from ._options import BackendOptions
 
 log = logging.getLogger("tritonpy.stub")
@@ -61,9 +64,12 @@ def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
     global _spawn_queue
     with _spawn_lock:
         if _spawn_queue is None:
-            _spawn_queue = queue.SimpleQueue()
-            threading.Thread(target=_spawner, args=(_spawn_queue,), name="tritonpy-spawn",
+            jobs: queue.SimpleQueue = queue.SimpleQueue()
+            # Set once started: a start that failed (no thread to be had) is tried again by
+            # the next spawn, instead of queueing it for a spawner that never ran.
+            threading.Thread(target=_spawner, args=(jobs,), name="tritonpy-spawn",
                              daemon=True).start()
+            _spawn_queue = jobs
     fut: concurrent.futures.Future = concurrent.futures.Future()
     # Its own process group (pgid = its pid): what the model starts (a subprocess, a shell
     # pipeline, a multiprocessing pool) stays in it, and ends with the stub (_end_group).
@@ -73,6 +79,40 @@ def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
     proc = fut.result()
     janitor.watch_group(proc.pid)
     return proc
+
+
+def _spawn_failed(name: str, exc: OSError, python: str = "") -> str:
+    """Why stub ``name`` could not be started, in words that say which limit to raise."""
+    what = f"cannot start stub process '{name}'"
+    code = exc.errno
+    if code == errno.EMFILE:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return (f"{what}: this process has as many files open as RLIMIT_NOFILE allows (soft "
+                f"limit {soft}; each stub holds 3: its channel, stdout and stderr); raise it "
+                "(ulimit -n, docker --ulimit nofile=...)")
+    if code == errno.ENFILE:
+        return f"{what}: the system has as many files open as it allows (fs.file-max)"
+    if code == errno.EAGAIN:
+        soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+        return (f"{what}: fork failed, too many processes or threads (RLIMIT_NPROC soft limit "
+                f"{'unlimited' if soft < 0 else soft} for this user, or the cgroup's pids.max); "
+                f"raise it (ulimit -u, docker --pids-limit) ({exc.strerror})")
+    if code == errno.ENOMEM:
+        return f"{what}: not enough memory to fork ({exc.strerror})"
+    if python and code in (errno.ENOENT, errno.EACCES, errno.ENOEXEC):
+        return f"{what}: cannot run its interpreter {python} ({exc.strerror})"
+    return f"{what}: {exc}"
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (state T in /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
+    return stat[stat.rfind(b")") + 2:][:1] == b"T"
 
 
 def stub_python(options: BackendOptions) -> str:
@@ -117,7 +157,10 @@ class StubProcess:
         self.finalize_cut_off = False  # stop() gave up on a finalize still running
         self._last_seen = time.monotonic()
         self.hello_info: dict | None = None  # the stub's HELLO, once it came
-        host_sock, child_sock = socket_pair()
+        try:
+            host_sock, child_sock = socket_pair()
+        except OSError as exc:
+            raise UnavailableError(_spawn_failed(name, exc)) from None
         stub_opts = {
             "instance_name": name,
             "prefix": options.shm_region_prefix_name,
@@ -138,6 +181,15 @@ class StubProcess:
         self.python = cmd[0]
         try:
             self.proc = _spawn(cmd, child_sock.fileno(), env)
+        except OSError as exc:  # out of descriptors or processes, or no such interpreter
+            host_sock.close()
+            raise UnavailableError(_spawn_failed(name, exc, cmd[0])) from None
+        except BaseException as exc:  # (RuntimeError: the spawning thread could not start)
+            host_sock.close()
+            if isinstance(exc, RuntimeError) and "thread" in str(exc):
+                raise UnavailableError(f"cannot start stub process '{name}': {exc}: "
+                                       f"{THREAD_LIMIT_HINT}") from None
+            raise
         finally:
             child_sock.close()
         self.pid = self.proc.pid
@@ -156,18 +208,25 @@ class StubProcess:
                 threading.Thread(target=self._pump, args=(self.proc.stderr, True), daemon=True,
                                  name=f"{name}-stderr"),
             ]
+            self._hello = threading.Event()
             for t in self._pipes:
                 t.start()
-            self._hello = threading.Event()
+            # Started before the stub is watched: a start that fails must leave no stub
+            # running with nobody to watch it.
+            threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
             frames.watch(self.channel.sock.fileno(), self._readable)
-        except BaseException:  # e.g. the frame loop is closed (the server stopped meanwhile)
+        except BaseException as exc:  # e.g. the frame loop is closed (the server stopped)
             self.alive = False
+            self._closing = True  # a watchdog already started ends at once
             self.proc.kill()
             self.proc.wait()
             self._end_group()
             host_sock.close()
+            if isinstance(exc, RuntimeError) and "thread" in str(exc):
+                raise UnavailableError(
+                    f"cannot start stub process '{name}': no thread to read it can be started "
+                    f"({exc}): {THREAD_LIMIT_HINT}") from None
             raise
-        threading.Thread(target=self._watchdog, daemon=True, name=f"{name}-watchdog").start()
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, pipe: Any, is_err: bool) -> None:
@@ -186,6 +245,15 @@ class StubProcess:
         for _ in range(_FRAMES_PER_TURN):
             try:
                 msg = ch.recv(wait=False)
+            except FdLimitError as exc:
+                # A frame spilled into a segment this process had no descriptor left to map:
+                # it is lost, and whatever request it answered would wait for ever. Ending the
+                # stub fails them all with the reason (and gives descriptors back).
+                why = f"a frame from it could not be read: {exc}"
+                log.error("[%s] %s; killing it", self.name, why)
+                self.stderr_tail.append(f"(killed by tritonpy: {why})")
+                self.kill()
+                continue
             except Exception as exc:
                 log.error("[%s] bad frame from stub: %s", self.name, exc)
                 continue
@@ -194,7 +262,10 @@ class StubProcess:
             if msg is None:
                 # The stub is gone. Its death path waits for the process: not on this loop.
                 self._frames.unwatch(ch.sock.fileno())
-                threading.Thread(target=self._died, daemon=True, name=f"{self.name}-died").start()
+                # Not lost when no thread can be had now: its requests would wait for ever.
+                self._frames.start_thread(
+                    threading.Thread(target=self._died, daemon=True, name=f"{self.name}-died"),
+                    f"the end of stub '{self.name}'")
                 return
             self._frame(msg)
 
@@ -244,9 +315,14 @@ class StubProcess:
         self.dead_reason = f"stub process '{self.name}' (pid {self.pid}) {what}" + (
             f"; last stderr lines:\n{tail}" if tail else "")
         self.channel.close()
-        # The stub's own segments die with it: nobody else will unlink them.
-        sweep_orphans(self.options.shm_region_prefix_name,
-                      self.options.shm_fallback_directory or None, dead_pids={self.pid})
+        # The stub's own segments die with it: nobody else will unlink them. (Where /dev/shm
+        # cannot be listed now, e.g. no descriptor left, a later sweep removes them: the
+        # next death's, or the server's at stop.)
+        try:
+            sweep_orphans(self.options.shm_region_prefix_name,
+                          self.options.shm_fallback_directory or None, dead_pids={self.pid})
+        except Exception:  # its requests must be failed and it restarted all the same
+            log.exception("[%s] could not remove the dead stub's segments", self.name)
         err = UnavailableError(self.dead_reason)
         with self._calls_lock:
             calls, self._calls = self._calls, {}
@@ -344,10 +420,14 @@ class StubProcess:
             if time.monotonic() - self._last_seen < interval or not self._hello.is_set():
                 continue
             if not self.ping(timeout) and self.alive and not self._closing:
-                log.error("[%s] stub did not answer for %.1f s (stub-timeout-seconds); killing it",
-                          self.name, timeout)
+                if self.proc.poll() is not None:
+                    return  # it died meanwhile (its death path, maybe late, says how)
+                # A stopped stub (SIGSTOP, a debugger, Ctrl-Z) is silent for another reason.
+                how = "; it was stopped (SIGSTOP or SIGTSTP)" if _stopped(self.pid) else ""
+                log.error("[%s] stub did not answer for %.1f s (stub-timeout-seconds)%s; "
+                          "killing it", self.name, timeout, how)
                 self.stderr_tail.append(
-                    f"(killed by tritonpy: no answer for {timeout:g} s, stub-timeout-seconds)")
+                    f"(killed by tritonpy: no answer for {timeout:g} s, stub-timeout-seconds{how})")
                 self.kill()
                 return
 

@@ -17,6 +17,7 @@ import faulthandler
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -536,6 +537,23 @@ def default_repository() -> Path:
     return path
 
 
+def _raise_fd_limit() -> None:
+    """Raise the soft limit on open files to the hard one (stubs inherit it): each mapped
+    shm segment, stub and client connection holds a descriptor, and the usual soft limit of
+    1024 is reached long before the hard one. Nothing here uses select(), which breaks past
+    1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard or soft == resource.RLIM_INFINITY:
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, exc)
+        return
+    log.info("open files limit raised from %d to %s (RLIMIT_NOFILE's hard limit)", soft,
+             "unlimited" if hard == resource.RLIM_INFINITY else hard)
+
+
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
     from ._model import READY
@@ -586,6 +604,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     if args.model_control_mode == "poll" and not args.repository_poll_secs:
         log.info("--repository-poll-secs 0: the repository is read at start only (as Triton)")
     auto_complete = not (args.disable_auto_complete_config or args.strict_model_config)
+    _raise_fd_limit()
     loop = asyncio.get_running_loop()  # the stubs' frames are read on it too
     server = Server(repos, model_control_mode=args.model_control_mode,
                     load_models=args.load_model, backend_config=backend_config,

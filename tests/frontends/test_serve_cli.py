@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import socket
 import textwrap
@@ -27,7 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from _models import segments, wait_until
+from _models import DOUBLE_PY, io_config, segments, wait_until
+from _models import write_model as write_test_model
 from _serve import START_TIMEOUT, Serve, free_ports, serve_repo
 
 
@@ -793,3 +795,26 @@ def test_the_server_loop_polls_after_answering_with_idle_spin(
         server.proc.send_signal(signal.SIGTERM)
     assert server.wait(30) == 0
     assert segments(shm_prefix) == []
+
+
+def test_serve_raises_the_open_files_limit_to_its_hard_limit(serve: Callable[..., Serve],
+                                                            tmp_path: Path) -> None:
+    # Each mapped segment, stub and connection holds a descriptor: a soft limit below the hard
+    # one is raised at start (a stub inherits it), and the log says so.
+    repo = tmp_path / "repo"
+    write_test_model(repo, "ident", DOUBLE_PY, io_config())
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip(f"needs a finite hard RLIMIT_NOFILE above 256 (it is {hard})")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # inherited by the server only
+    try:
+        server = serve("--model-repository", str(repo), "--http-port", str(http_port),
+                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    server.endpoints()
+    assert psutil.Process(server.proc.pid).rlimit(psutil.RLIMIT_NOFILE) == (hard, hard)
+    (stub,) = wait_until(server.stubs, 30, "the stub")
+    assert stub.rlimit(psutil.RLIMIT_NOFILE) == (hard, hard)
+    assert f"open files limit raised from 256 to {hard}" in server.log()

@@ -1,0 +1,72 @@
+"""A process whose file size limit (``ulimit -f``, RLIMIT_FSIZE: batch schedulers set it) is
+below a segment's size cannot reserve that segment. It is told so, naming that limit: it used
+to read "shared memory exhausted (no space left) ... 25 GB free", which sends one looking at
+/dev/shm. (Python ignores the SIGXFSZ that comes with it, so nothing dies.)
+
+The server runs in a child process whose limit is lowered (never this one's).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from _models import assert_clean, write_model
+
+pytestmark = pytest.mark.timeout(60)
+
+HERE = Path(__file__).resolve().parent.parent
+
+DRIVER = textwrap.dedent("""
+    import resource, sys
+    import numpy as np
+    import tritonpy
+
+    repo, prefix, limit = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+    server = tritonpy.Server(repo, backend_config={"shm-region-prefix-name": prefix})
+    try:
+        server.start()
+        r = server.model("m").infer({"IN": np.ones(8 << 20, np.float32)}).get(timeout=20)
+        print("RESULT", "ok" if r.error is None else f"error: {r.error}")
+    except Exception as exc:
+        print("RESULT", f"raised {type(exc).__name__}: {exc}")
+    finally:
+        server.stop()
+""")
+
+
+def _run(tmp_path: Path, prefix: str, limit: int) -> str:
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), prefix, str(limit)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=50)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"no result (exit {proc.returncode}):\n{err.decode()[-3000:]}"
+    assert_clean(prefix)
+    return lines[-1][len("RESULT "):]
+
+
+def test_a_server_whose_first_segment_is_over_the_file_size_limit_says_so(
+        tmp_path: Path, shm_prefix: str) -> None:
+    write_model(tmp_path, "m")
+    got = _run(tmp_path, shm_prefix, 8 << 20)  # the pools' first segments are 16 MiB
+    assert got.startswith("raised ShmExhaustedError"), got
+    assert "RLIMIT_FSIZE 8388608 bytes" in got and "ulimit -f" in got, got
+    assert "no space left" not in got, got
+
+
+def test_a_tensor_over_the_file_size_limit_fails_alone(tmp_path: Path, shm_prefix: str) -> None:
+    write_model(tmp_path, "m")
+    got = _run(tmp_path, shm_prefix, 24 << 20)  # a 32 MiB input needs a segment of its own
+    assert got.startswith("error: "), got
+    assert "RLIMIT_FSIZE 25165824 bytes" in got, got
