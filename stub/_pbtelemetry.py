@@ -10,6 +10,8 @@ import enum
 import gc
 import itertools
 import logging
+import os
+import sys
 import weakref
 from typing import Any
 
@@ -56,7 +58,12 @@ class Logger:
                             f"VERBOSE, got {level!r}") from None
         rt = _rt()
         if rt is not None:
-            rt.log(int(level), sendable(str(message)))  # a lone surrogate goes escaped
+            # The model's line, for the host's log line (file:line, as Triton's shows).
+            frame = sys._getframe(1)
+            while frame.f_back is not None and frame.f_code.co_filename == __file__:
+                frame = frame.f_back
+            rt.log(int(level), sendable(str(message)),  # a lone surrogate goes escaped
+                   (os.path.basename(frame.f_code.co_filename), frame.f_lineno))
         else:
             _log.log(_PY_LEVEL[level], "%s", message)
 

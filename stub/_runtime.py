@@ -1189,8 +1189,9 @@ class StubRuntime:
             raise TritonModelException(str((reply.get("error") or {}).get("message", reply)))
         return reply
 
-    def log(self, level: int, message: str) -> None:
-        self.channel.send(Cmd.LOG, 0, [level, message])
+    def log(self, level: int, message: str, where: tuple[str, int] | None = None) -> None:
+        """A line for the host's log; ``where``: the model's file and line that logged it."""
+        self.channel.send(Cmd.LOG, 0, [level, message, *where] if where else [level, message])
 
     def metric_family(self, name: str, description: str, kind: int, family_id: int) -> None:
         # A call, not a notice: a family of that name but another kind is refused (as Triton).
@@ -1252,7 +1253,7 @@ class _LogForwarder(logging.Handler):
             n = record.levelno
             level = (2 if n >= logging.ERROR else 1 if n >= logging.WARNING
                      else 0 if n >= logging.INFO else 3)
-            self._rt.log(level, msg)
+            self._rt.log(level, msg, (record.filename, record.lineno))
         except Exception:
             self.handleError(record)
 

@@ -602,9 +602,7 @@ class Server:
         elif cmd == Cmd.ACK:  # what a caller's model took of its decoupled BLS streams
             self.bls.taken(inst, body)
         elif cmd == Cmd.LOG:
-            level, text = body[0], body[1]
-            logging.getLogger(f"tritonpy.model.{rt.name}").log(
-                _LOG_LEVELS.get(level, logging.INFO), "[%s] %s", inst.name, text)
+            self._model_log(rt, inst, body)
         elif cmd == Cmd.METRIC_FAMILY:
             problem = self.custom_metrics.family(str(body["name"]), str(body["description"]),
                                                  int(body["kind"]), stub, int(body["id"]))
@@ -653,6 +651,21 @@ class Server:
             stub.send(Cmd.REPLY, call_id, reply)
         except Exception:
             pass
+
+    @staticmethod
+    def _model_log(rt: ModelRuntime, inst: Any, body: list) -> None:
+        """A model's log line (pb_utils.Logger, Python logging), tagged with its instance and,
+        where the stub says, written as logged from the model's own file and line (as
+        Triton's, ``model.py:12]``)."""
+        level = _LOG_LEVELS.get(body[0], logging.INFO)
+        logger = logging.getLogger(f"tritonpy.model.{rt.name}")
+        if not logger.isEnabledFor(level):
+            return
+        if len(body) == 4 and type(body[2]) is str and type(body[3]) is int:
+            logger.handle(logger.makeRecord(logger.name, level, body[2], body[3], "[%s] %s",
+                                            (inst.name, body[1]), None))
+        else:
+            logger.log(level, "[%s] %s", inst.name, body[1])
 
     def on_instance_died(self, rt: ModelRuntime, inst: Any) -> None:
         if self._stopping:  # killed by the stop (or at exit): no restart to speak of

@@ -518,7 +518,7 @@ class _RunnerRuntime:
             f"the model loading API ({what} '{name}') needs a tritonpy server in explicit "
             "model control mode; ModelRunner runs one model on its own")
 
-    def log(self, level: int, message: str) -> None:
+    def log(self, level: int, message: str, where: tuple[str, int] | None = None) -> None:
         r = self.runner
         r.log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s] %s", r.instance_name, message)
 

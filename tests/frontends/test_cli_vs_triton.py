@@ -201,6 +201,10 @@ def test_model_log_lines_as_triton_writes_them(serve: Callable[..., Serve], tmp_
     assert found and found["level"] == "I", text
     found = re.search(head + warning, text, re.M)
     assert found and found["level"] == "W", text
+    # As Triton's: the model's own file and line (Logger.log_verbose is on line 7 of VERBOSE_PY).
+    head = head.replace(r"\w+\.py:\d+\] ", r"model\.py:(?P<line>\d+)\] ")
+    assert [m["line"] for m in re.finditer(head + f"(?:{verbose}|{warning})", text, re.M)] == [
+        "7", "8"], text
 
 
 # Triton 2.51's start-up lines, --log-verbose 1 --log-info true (measured):
