@@ -46,7 +46,8 @@ class Cmd(enum.IntEnum):
     # of the stub waits for its model: report what it takes, in batches by those limits)
     # H->S: [[id, taken], ...]: how many of the request's responses were taken so far (-1: no
     # more pacing for it). S->H: [[call id, taken], ...]: how many responses of its decoupled
-    # BLS streams the stub's model took so far (after a HELD for them)
+    # BLS streams the stub's model took so far (after a HELD for them; -1: pace it no more,
+    # the model waits for another call)
     ACK = 16
     # BLS and the model loading API
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id

@@ -225,7 +225,7 @@ class InferenceRequest:
         # The response sender's state lives here, not in the sender: the sender refers to its
         # request and the request only weakly to its sender, so that a request the model lets
         # go of (the request and its sender alike) is freed at once, and the stub then ends it
-        # if it is still open (see the stub's _let_go).
+        # if it is still open (see the stub's StubRuntime._dropped).
         self._sender_ref: Callable[[], ResponseSender | None] = _no_sender
         self._taken = False  # get_response_sender() was called
         self._answered = False  # the final flag was sent (the sender is closed)

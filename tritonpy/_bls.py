@@ -76,8 +76,14 @@ class _StreamPacing(_Pacing):
             self._timers.at(time.monotonic() + _request.HELD_STALLED_S, self._check_stalled)
 
     def taken(self, taken: int) -> None:
-        """The caller's model took ``taken`` of the stream's responses so far."""
+        """The caller's model took ``taken`` of the stream's responses so far (-1: it waits
+        for another call, and the stream is paced no more: see the stub's release_held)."""
         self._last_take = time.monotonic()
+        if taken < 0:
+            with self._pace_lock:
+                self._held = False  # (no stall to watch for any more)
+            self.unpace()
+            return
         with self._pace_lock:
             if taken <= self._acked:
                 return

@@ -322,22 +322,31 @@ class FrameLoop:
         else:
             self.loop.call_soon_threadsafe(add)
 
-    def start_thread(self, thread: threading.Thread, what: str) -> None:
-        """Start ``thread``, which does work that must not be lost (``what`` it is for, for
-        the log). When no thread can be started now (the process, its user or its cgroup has
-        as many tasks as RLIMIT_NPROC or pids.max allows), it is started later: tried again
-        every :data:`THREAD_RETRY_S` from the loop until it starts, or the loop closes."""
-        try:
-            thread.start()
-            return
-        except RuntimeError as exc:
-            log.error("cannot start a thread for %s (%s): %s; trying again every %g s", what,
-                      exc, THREAD_LIMIT_HINT, THREAD_RETRY_S)
-
-        def retry() -> None:
+    def start_thread(self, make: Callable[[], threading.Thread], what: str,
+                     started: Callable[[threading.Thread], None] | None = None) -> None:
+        """Start a thread ``make()`` builds, for work that must not be lost (``what`` it is
+        for, for the log); ``started(thread)`` once it runs. When no thread can be started now
+        (the process, its user or its cgroup has as many tasks as RLIMIT_NPROC or pids.max
+        allows), it is tried again every :data:`THREAD_RETRY_S` from the loop until it starts,
+        or the loop closes: with a new Thread each time (Python 3.13 refuses to start again
+        one whose start failed)."""
+        def attempt() -> bool:
+            thread = make()
             try:
                 thread.start()
             except RuntimeError:
+                return False
+            if started is not None:
+                started(thread)
+            return True
+
+        if attempt():
+            return
+        log.error("cannot start a thread for %s: %s; trying again every %g s", what,
+                  THREAD_LIMIT_HINT, THREAD_RETRY_S)
+
+        def retry() -> None:
+            if not attempt():
                 self.loop.call_later(THREAD_RETRY_S, retry)
                 return
             log.warning("started the thread for %s at last", what)

@@ -1061,9 +1061,10 @@ class ModelRuntime(RuntimeBase):
             self.kick()  # another instance may be free for them now
         if inst.state == "RESTARTING" and was == "READY":
             self.server.on_instance_died(self, inst)
-            inst.restarter = threading.Thread(target=self._restart, args=(inst,), daemon=True,
-                                              name=f"{inst.name}-restart")
-            self.server.frames.start_thread(inst.restarter, f"the restart of '{inst.name}'")
+            self.server.frames.start_thread(
+                lambda: threading.Thread(target=self._restart, args=(inst,), daemon=True,
+                                         name=f"{inst.name}-restart"),
+                f"the restart of '{inst.name}'", lambda t: setattr(inst, "restarter", t))
         with self.lock:
             self._idle.notify_all()
 

@@ -380,9 +380,10 @@ def _cancel_when_dropped(stream: Any, feed: Any) -> None:
     if _reaper is None:
         with _reaper_lock:
             if _reaper is None:
-                _reaper = threading.Thread(target=_reap, name="tritonpy-dropped-streams",
-                                           daemon=True)
-                _reaper.start()
+                thread = threading.Thread(target=_reap, name="tritonpy-dropped-streams",
+                                          daemon=True)
+                thread.start()  # (raises where no thread can be had: the next stream tries again)
+                _reaper = thread
     weakref.finalize(stream, _dropped_feed, feed).atexit = False
 
 

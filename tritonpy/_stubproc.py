@@ -71,11 +71,12 @@ def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
                              daemon=True).start()
             _spawn_queue = jobs
     fut: concurrent.futures.Future = concurrent.futures.Future()
-    # Its own process group (pgid = its pid): what the model starts (a subprocess, a shell
-    # pipeline, a multiprocessing pool) stays in it, and ends with the stub (_end_group).
+    # Its own session and process group (pgid = its pid; process_group=0 would need Python
+    # 3.11): what the model starts (a subprocess, a shell pipeline, a multiprocessing pool)
+    # stays in it, and ends with the stub (_end_group).
     _spawn_queue.put((fut, (cmd,), dict(
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env, close_fds=True, process_group=0)))
+        stderr=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)))
     proc = fut.result()
     janitor.watch_group(proc.pid)
     return proc
@@ -264,7 +265,8 @@ class StubProcess:
                 self._frames.unwatch(ch.sock.fileno())
                 # Not lost when no thread can be had now: its requests would wait for ever.
                 self._frames.start_thread(
-                    threading.Thread(target=self._died, daemon=True, name=f"{self.name}-died"),
+                    lambda: threading.Thread(target=self._died, daemon=True,
+                                             name=f"{self.name}-died"),
                     f"the end of stub '{self.name}'")
                 return
             self._frame(msg)

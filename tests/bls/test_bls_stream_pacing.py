@@ -249,3 +249,66 @@ def test_a_paced_bls_stream_ends_when_its_caller_dies(server) -> None:
     assert most <= BOUND, f"the producer's pool grew to {most / MiB:.0f} MiB"
     assert resp.error is not None, resp
     assert_producer_free(server)
+
+
+# Issues stream A (COUNT responses) and then stream B (3) to the one producer instance, and
+# reads B first: B is served only once A has ended, so A's producer must not wait for a reader
+# that waits for B.
+REVERSED_PY = _CALLER_BODY + """
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            first, second = bls(count, -1).exec(decoupled=True), bls(3, -1).exec(decoupled=True)
+            seen_b = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            for resp in second:
+                look(resp, seen_b)
+            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            for resp in first:
+                look(resp, seen)
+            seen["b"] = seen_b
+            out.append(report(seen))
+        return out
+"""
+ASYNC_REVERSED_PY = _CALLER_BODY + """
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            first = await bls(count, -1).async_exec(decoupled=True)
+            second = await bls(3, -1).async_exec(decoupled=True)
+            seen_b = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            async for resp in second:
+                look(resp, seen_b)
+            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            async for resp in first:
+                look(resp, seen)
+            seen["b"] = seen_b
+            out.append(report(seen))
+        return out
+"""
+
+
+@pytest.mark.parametrize("code", [REVERSED_PY, ASYNC_REVERSED_PY], ids=["sync", "async"])
+def test_streams_read_out_of_order_do_not_stall(tmp_path, shm_prefix, monkeypatch,
+                                                code: str) -> None:
+    """While the model waits for stream B, stream A (issued first, so B waits for A's end in
+    the producer's one instance) is paced no more: both end, at once. Paced, A's producer
+    waited for a reader that waited for B until the 60 s stall limit cancelled A."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    repo = tmp_path / "repo"
+    write_model(repo, "producer", PRODUCER_PY, PRODUCER_CONFIG)
+    write_model(repo, "reversed", code, CALLER_CONFIG)
+    with serving(repo, shm_prefix, backend_config=POOLS) as srv:
+        t0 = time.monotonic()
+        stream = srv.model("reversed").infer({"COUNT": np.array([COUNT], np.int32)})
+        try:
+            resp = stream.get(timeout=30)
+        except queue.Empty:
+            raise AssertionError("the caller did not answer within 30 s") from None
+        assert time.monotonic() - t0 < 30
+        assert report(resp) == {"taken": COUNT, "bad": 0, "sent": COUNT, "error": None,
+                                "b": {"taken": 3, "bad": 0, "sent": 3, "error": None}}
+        assert_producer_free(srv)
