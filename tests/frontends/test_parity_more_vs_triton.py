@@ -171,6 +171,31 @@ def test_an_unknown_method_among_other_requests_is_answered_in_turn(empty_server
     assert not closed
 
 
+_HEALTH = b" /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n"
+# A request cut inside its method by the end of a read (a slow client's): each part is a write
+# of its own. Known methods went through before; unknown ones were refused with 400 and a close.
+SPLIT_METHODS = [
+    ((b"FO", b"O" + _HEALTH), ["HTTP/1.1 405 Not Allowed"]),
+    ((b"F", b"O", b"O" + _HEALTH), ["HTTP/1.1 405 Not Allowed"]),
+    ((b"PATCH", b"X" + _HEALTH), ["HTTP/1.1 405 Not Allowed"]),
+    ((b"FOO", _HEALTH), ["HTTP/1.1 405 Not Allowed"]),
+    ((b"GE", b"T" + _HEALTH), ["HTTP/1.1 200 OK"]),
+    ((b"GET" + _HEALTH + b"FO", b"O" + _HEALTH), ["HTTP/1.1 200 OK", "HTTP/1.1 405 Not Allowed"]),
+    ((b"\r\nFO", b"O" + _HEALTH + b"GE", b"T" + _HEALTH),
+     ["HTTP/1.1 405 Not Allowed", "HTTP/1.1 200 OK"]),
+    ((b"FOO /v2/health/ready HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+      b"Upgrade: h2c\r\n\r\n",), ["HTTP/1.1 405 Not Allowed"]),
+]
+
+
+@pytest.mark.parametrize("writes,statuses", SPLIT_METHODS)
+def test_a_method_cut_by_a_read_is_read_whole(empty_server: int, writes: tuple[bytes, ...],
+                                              statuses: list[str]) -> None:
+    replies, closed = converse(empty_server, *writes, expect=len(statuses))
+    assert [r.status_line for r in replies] == statuses, writes
+    assert not closed, writes
+
+
 @pytest.mark.parametrize("method", [b"get", b"Get", b"FOO1", b"FOO-BAR"])
 def test_a_method_that_is_no_method_token_is_refused_and_the_connection_closed(
         empty_server: int, method: bytes) -> None:

@@ -65,7 +65,10 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 # or '-'). llhttp knows a fixed list; a request with another one is read with a stand-in of
 # that list (see _unknown_method) and routed with its own, as Triton routes it (404 or 405).
 _METHOD_TOKEN = re.compile(rb"[\r\n]*([A-Z_]+) ")
+_METHOD_PART = re.compile(rb"[\r\n]*[A-Z_]*\Z")  # a method token cut by the end of a read
 _STAND_IN = b"PUT"
+#: The most of a request's method kept back, its end not read yet (see _feed).
+MAX_METHOD = 1024
 
 
 class _Counter:
@@ -76,6 +79,29 @@ class _Counter:
 
     def on_message_complete(self) -> None:
         self.done += 1
+
+
+def _request_start(data: Buffer, done: int) -> int:
+    """Where in ``data`` (which starts with a request) the request after the first ``done``
+    ones starts: the shortest part of it in which ``done`` requests end, found by parsing it
+    again (only where a method was refused or cut: never on the usual path)."""
+    whole = bytes(data)
+    low, high = 0, len(whole)
+    while low < high:
+        mid = (low + high) // 2
+        counter = _Counter()
+        probe = httptools.HttpRequestParser(counter)
+        if hasattr(probe, "set_dangerous_leniencies"):  # as _Connection._new_parser's
+            probe.set_dangerous_leniencies(lenient_chunked_length=True)
+        try:
+            probe.feed_data(whole[:mid])
+        except httptools.HttpParserError:
+            pass
+        if counter.done >= done:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 class Request:
@@ -294,6 +320,9 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = True
         self.method = ""
         self.method_override: str | None = None  # the method _unknown_method stood in for
+        # A request whose method the last read cut (see _feed): parsed again from its first
+        # byte with the next read.
+        self.method_start = b""
         self.messages = 0  # requests whose end the parser reached (see _unknown_method)
         self.http10 = False
         # The head of a request that asks to switch protocols, less the upgrade, to read again
@@ -368,7 +397,8 @@ class _Connection(asyncio.BufferedProtocol):
             self.parser = self._new_parser()
             self._message_done()
             return
-        start = 0 if self.in_message or self.parser is None else self._known(nbytes)
+        start = (0 if self.in_message or self.parser is None or self.method_start
+                 else self._known(nbytes))
         if start < nbytes:
             self._feed(self.scratch[start:nbytes])
 
@@ -403,6 +433,8 @@ class _Connection(asyncio.BufferedProtocol):
         return pos
 
     def _feed(self, data: Buffer) -> None:
+        if self.method_start:
+            data, self.method_start = self.method_start + bytes(data), b""
         head = b""
         while True:
             parser = self.parser
@@ -439,6 +471,15 @@ class _Connection(asyncio.BufferedProtocol):
                 # The refused request is read again from its first byte by a new parser.
                 self.parser, data, head = self._new_parser(), rest, b""
                 self.in_message = False
+        if self.in_message and not self.url and not self.closing and not head:
+            # The read ended inside a request's method, which llhttp may refuse once the rest
+            # comes (an unknown one, routed as Triton routes it, see _unknown_method), where
+            # the request's start is no longer known: it is read again from its first byte
+            # with the next read. (A method cut by a read is rare: a slow client's.)
+            start = _request_start(data, self.messages - before)
+            if len(data) - start <= MAX_METHOD:
+                self.method_start = bytes(data[start:])
+                self.parser, self.in_message = self._new_parser(), False
         if self.buffer is not None and not self.closing:
             # The head of a large body is parsed and its body is not all here yet.
             self.direct = memoryview(self.buffer)[self.size:]
@@ -513,8 +554,9 @@ class _Connection(asyncio.BufferedProtocol):
         self.keep_alive = parser.should_keep_alive() and not (
             "transfer-encoding" in self.headers and "content-length" in self.headers)
         self.method = parser.get_method().decode("latin-1")
-        if self.method_override is not None:
-            self.method, self.method_override = self.method_override, None
+        stood_in = self.method_override is not None
+        if stood_in:
+            self.method, self.method_override = self.method_override, None  # type: ignore[assignment]
         if self.method == "CONNECT":
             # What follows its head is a tunnel's bytes, not requests: one answer, then close
             # (answering it as a request, then its tunnel as a malformed one, sent two).
@@ -523,7 +565,7 @@ class _Connection(asyncio.BufferedProtocol):
         if codings is not None:
             self._check_transfer_codings(codings)
         if "upgrade" in self.headers and parser.should_upgrade():
-            self.upgrade_head = self._head_without_upgrade(parser.get_http_version())
+            self.upgrade_head = self._head_without_upgrade(parser.get_http_version(), stood_in)
             return  # read again without it, body and all (see _feed)
         self.http10 = parser.get_http_version() == "1.0"
         text = self.headers.get("content-length", "")
@@ -573,9 +615,13 @@ class _Connection(asyncio.BufferedProtocol):
             self._refuse_head(f"unsupported Transfer-Encoding '{value}': only chunked is "
                               "supported (compress with Content-Encoding)")
 
-    def _head_without_upgrade(self, version: str) -> bytes:
-        """The request's head as it came, less its ``Upgrade`` header and token."""
-        lines = [b"%s %s HTTP/%s" % (self.method.encode("latin-1"), self.url, version.encode())]
+    def _head_without_upgrade(self, version: str, stood_in: bool = False) -> bytes:
+        """The request's head as it came, less its ``Upgrade`` header and token (with the
+        stand-in method again where llhttp does not know the request's own, ``stood_in``)."""
+        method = self.method.encode("latin-1")
+        if stood_in:
+            method, self.method_override = _STAND_IN, self.method
+        lines = [b"%s %s HTTP/%s" % (method, self.url, version.encode())]
         for name, value in self.headers.items():
             if name == "upgrade":
                 continue
@@ -608,33 +654,22 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _unknown_method(self, data: Buffer, done: int) -> bytes | None:
         """The bytes to parse again after llhttp refused a request's method: ``data`` from
-        that request on, its method replaced by a stand-in (``method_override`` keeps it); None
-        when it is no method token (a lowercase one, say) and the request is malformed.
+        that request on, its method replaced by a stand-in (``method_override`` keeps it);
+        empty when the method is cut by the end of ``data`` (kept back until the rest comes);
+        None when it is no method token (a lowercase one, say): the request is malformed.
 
         ``data`` starts with a request, and ``done`` requests in it ended before the refused
-        one. Where that one starts is found by parsing again (an error path only): the
-        shortest part of ``data`` in which ``done`` requests end."""
+        one (see _request_start)."""
         whole = bytes(data)
-        low, high = 0, len(whole)
-        while low < high:
-            mid = (low + high) // 2
-            counter = _Counter()
-            probe = httptools.HttpRequestParser(counter)
-            if hasattr(probe, "set_dangerous_leniencies"):  # as _new_parser's
-                probe.set_dangerous_leniencies(lenient_chunked_length=True)
-            try:
-                probe.feed_data(whole[:mid])
-            except httptools.HttpParserError:
-                pass
-            if counter.done >= done:
-                high = mid
-            else:
-                low = mid + 1
-        found = _METHOD_TOKEN.match(whole, low)
-        if found is None:
-            return None
-        self.method_override = found.group(1).decode("latin-1")
-        return _STAND_IN + whole[found.end(1):]
+        start = _request_start(whole, done)
+        found = _METHOD_TOKEN.match(whole, start)
+        if found is not None:
+            self.method_override = found.group(1).decode("latin-1")
+            return _STAND_IN + whole[found.end(1):]
+        if _METHOD_PART.match(whole, start) and len(whole) - start <= MAX_METHOD:
+            self.method_start = whole[start:]
+            return b""
+        return None
 
     def _path(self) -> str:
         """The request's path as sent (percent escapes kept: a router splits it first, then
