@@ -1007,6 +1007,10 @@ class StubRuntime:
                 p.unread += nbytes
         exc = self._send_responses(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
         if exc is not None:  # nothing went: the model may send another response instead
+            if final and req._host_id not in self._active:
+                # An execute that returned meanwhile took it for ended (its sender looked
+                # closed): open again, its end still to come.
+                self._active[req._host_id] = _Open(req, self._dropped)
             raise TritonModelException(f"Unable to send response. {unsendable(exc)}") from None
         if final:
             self._active.pop(req._host_id, None)
