@@ -158,6 +158,16 @@ def _no_sender() -> None:
 class InferenceRequest:
     """A request: one the model received in ``execute``, or one it builds for BLS."""
 
+    # The response sender's state lives here, not in the sender: the sender refers to its
+    # request and the request only weakly to its sender, so that a request the model lets go
+    # of (the request and its sender alike) is freed at once, and the stub then ends it if it
+    # is still open (see the stub's StubRuntime._dropped). Class defaults: a request gets its
+    # own values only once its sender is taken (nothing is set per request received).
+    _sender_ref: Callable[[], ResponseSender | None] = staticmethod(_no_sender)
+    _taken = False  # get_response_sender() was called
+    _answered = False  # the final flag was sent (the sender is closed)
+    _sent = 0  # responses sent through the sender
+
     # Triton's argument order; inputs, requested_output_names and model_name are required.
     def __init__(self, request_id: str = "", correlation_id: int | str = 0,
                  inputs: Any = _UNSET, requested_output_names: Any = _UNSET,
@@ -216,20 +226,9 @@ class InferenceRequest:
         # Set by the runtime on requests that arrive in execute().
         self._host_id = 0
         self._cancelled = False
-        self._init_sender_state()
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._decoupled_model = False
         self._gpu_ok = False
-
-    def _init_sender_state(self) -> None:
-        # The response sender's state lives here, not in the sender: the sender refers to its
-        # request and the request only weakly to its sender, so that a request the model lets
-        # go of (the request and its sender alike) is freed at once, and the stub then ends it
-        # if it is still open (see the stub's StubRuntime._dropped).
-        self._sender_ref: Callable[[], ResponseSender | None] = _no_sender
-        self._taken = False  # get_response_sender() was called
-        self._answered = False  # the final flag was sent (the sender is closed)
-        self._sent = 0  # responses sent through the sender
 
     @classmethod
     def _received(cls, model_name: str, inputs: list[Tensor], rb: dict,
@@ -254,9 +253,6 @@ class InferenceRequest:
         r._parameters = rb.get("parameters") or {}
         r._host_id = rb["id"]
         r._cancelled = False
-        r._sender_ref = _no_sender  # as _init_sender_state, inline: every request comes here
-        r._taken = r._answered = False
-        r._sent = 0
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         r._decoupled_model = decoupled
         return r

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import textwrap
@@ -176,6 +177,24 @@ def assert_clean(prefix: str, before: set[int] | None = None) -> None:
     assert left, f"stub processes left: {[p.cmdline() for p in stub_processes()]}"
     assert wait_for(lambda: not segments(prefix), timeout=2.0), \
         f"segments left: {segments(prefix)}"
+
+
+def run_driver(driver: str, *args: str, timeout: float = 50) -> tuple[str, str]:
+    """Run ``python -c driver args`` (from tests/, in a session of its own: killed, group and
+    all, if it outlives ``timeout``): the text after its last ``RESULT `` line, and its stderr.
+    Fails, naming its exit and stderr, when it printed no result."""
+    proc = subprocess.Popen([sys.executable, "-c", driver, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parent,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"the child printed no result (exit {proc.returncode}):\n{err.decode()[-3000:]}"
+    return lines[-1][len("RESULT "):], err.decode()
 
 
 @contextlib.contextmanager

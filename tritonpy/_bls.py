@@ -59,29 +59,18 @@ class _StreamPacing(_Pacing):
         self.call_id = call_id
         self.request: HostRequest | None = None
 
-    def held(self) -> None:
-        if self._timers is not None and self._timers.draining:
-            self.unpace()
-            return
-        with self._pace_lock:
-            self._held = True
-            arm = not self._stall_armed
-            self._stall_armed = True
+    def _tell_held(self) -> None:
         try:  # the limits along: the caller's stub batches its reports by them
             self.caller.send(Cmd.HELD, 0, [[self.call_id, _request.HOLD_BYTES,
                                             _request.HOLD_RESPONSES]])
         except Exception:  # the caller is gone: its calls are cancelled as it is reaped
             pass
-        if arm and self._timers is not None:
-            self._timers.at(time.monotonic() + _request.HELD_STALLED_S, self._check_stalled)
 
     def taken(self, taken: int) -> None:
         """The caller's model took ``taken`` of the stream's responses so far (-1: it waits
         for another call, and the stream is paced no more: see the stub's release_held)."""
         self._last_take = time.monotonic()
         if taken < 0:
-            with self._pace_lock:
-                self._held = False  # (no stall to watch for any more)
             self.unpace()
             return
         with self._pace_lock:

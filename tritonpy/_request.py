@@ -261,12 +261,20 @@ class _Pacing:
             self._stall_armed = True
         if taken:
             self._ack(taken)
+        self._tell_held()
         if arm and self._timers is not None:
             self._timers.at(time.monotonic() + HELD_STALLED_S, self._check_stalled)
 
+    def _tell_held(self) -> None:
+        """Pass the HELD on to the consumer, where it must report what it takes (a BLS
+        caller's stub: see _bls._StreamPacing); here it is this process, which does."""
+
     def unpace(self) -> None:
         """No more pacing: the stub's model sends at its own pace from now on (the server
-        stops: its drain must not wait for a consumer that may read no more)."""
+        stops: its drain must not wait for a consumer that may read no more; a BLS caller
+        waits for another call), and no stall is watched for."""
+        with self._pace_lock:
+            self._held = False
         req = self.request
         if req is not None and req.pacer is self:
             req.pacer = None

@@ -9,19 +9,14 @@ its descriptor table with ``/dev/null`` and reports what each request got, as JS
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from _models import assert_clean, io_config, write_model
+from _models import assert_clean, io_config, run_driver, write_model
 
 pytestmark = pytest.mark.timeout(60)
 
-HERE = Path(__file__).resolve().parent.parent
 
 # Run as ``python -c DRIVER REPO PREFIX SCENARIO``: prints one JSON object, then stops the server.
 DRIVER = textwrap.dedent("""
@@ -109,20 +104,9 @@ class TritonPythonModel:
 
 
 def _run(tmp_path: Path, prefix: str, scenario: str) -> dict:
-    proc = subprocess.Popen(
-        [sys.executable, "-c", DRIVER, str(tmp_path), prefix, scenario],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=50)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"the server's child printed no result (exit {proc.returncode}):\n" \
-                  f"{err.decode()[-3000:]}"
+    result, _ = run_driver(DRIVER, str(tmp_path), prefix, scenario)
     assert_clean(prefix)
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(result)
 
 
 def test_a_new_segment_without_a_descriptor_fails_that_request_naming_the_limit(

@@ -7,19 +7,14 @@ The server runs in a child process whose limit is lowered (never this one's).
 """
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from _models import assert_clean, write_model
+from _models import assert_clean, run_driver, write_model
 
 pytestmark = pytest.mark.timeout(60)
 
-HERE = Path(__file__).resolve().parent.parent
 
 DRIVER = textwrap.dedent("""
     import resource, sys
@@ -41,19 +36,9 @@ DRIVER = textwrap.dedent("""
 
 
 def _run(tmp_path: Path, prefix: str, limit: int) -> str:
-    proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(tmp_path), prefix, str(limit)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=50)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"no result (exit {proc.returncode}):\n{err.decode()[-3000:]}"
+    result, _ = run_driver(DRIVER, str(tmp_path), prefix, str(limit))
     assert_clean(prefix)
-    return lines[-1][len("RESULT "):]
+    return result
 
 
 def test_a_server_whose_first_segment_is_over_the_file_size_limit_says_so(

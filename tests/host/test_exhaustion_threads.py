@@ -12,18 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
-from _models import assert_clean, io_config, write_model
+from _models import assert_clean, io_config, run_driver, write_model
 
 pytestmark = pytest.mark.timeout(60)
 
-HERE = Path(__file__).resolve().parent.parent
 PIDS = Path("/sys/fs/cgroup/pids")
 
 # ``python -c DRIVER REPO PREFIX CGROUP SCENARIO``: prints one JSON object, then stops the
@@ -110,16 +107,9 @@ def _pids_cgroup(name: str) -> Path:
 def _run(tmp_path: Path, prefix: str, scenario: str) -> tuple[dict, str]:
     """The child's JSON result and its stderr."""
     cg = _pids_cgroup(f"{prefix}{scenario}")
-    proc = None
     try:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", DRIVER, str(tmp_path), prefix, str(cg), scenario],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=HERE, start_new_session=True)
-        out, err = proc.communicate(timeout=50)
+        result, err = run_driver(DRIVER, str(tmp_path), prefix, str(cg), scenario)
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
         (cg / "pids.max").write_text("max")
         for pid in (cg / "cgroup.procs").read_text().split():  # what is left of the child's
             try:
@@ -130,10 +120,8 @@ def _run(tmp_path: Path, prefix: str, scenario: str) -> tuple[dict, str]:
         while (cg / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.05)
         cg.rmdir()
-    lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"the child printed no result (exit {proc.returncode}):\n{err.decode()[-3000:]}"
     assert_clean(prefix)
-    return json.loads(lines[-1][len("RESULT "):]), err.decode()
+    return json.loads(result), err
 
 
 def test_a_stub_death_seen_when_no_thread_can_start_is_handled_once_one_can(
