@@ -15,8 +15,9 @@ from typing import Any, TypedDict
 # element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. 6: HELD, ACK, pace.
 # 7: METRIC_FAMILY_DELETE; a family's id in METRIC_FAMILY and METRIC_OP.
 # 8: HELD H->S and ACK S->H: a decoupled BLS stream paced by its caller's model.
+# 9: no ACK -1 S->H (the host ends a cycle through a paced stream itself).
 # A stub of another version is refused.
-PROTOCOL_VERSION = 8
+PROTOCOL_VERSION = 9
 # preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
 MEMORY_CPU = 0
 MEMORY_GPU = 2
@@ -46,8 +47,7 @@ class Cmd(enum.IntEnum):
     # of the stub waits for its model: report what it takes, in batches by those limits)
     # H->S: [[id, taken], ...]: how many of the request's responses were taken so far (-1: no
     # more pacing for it). S->H: [[call id, taken], ...]: how many responses of its decoupled
-    # BLS streams the stub's model took so far (after a HELD for them; -1: pace it no more,
-    # the model waits for another call)
+    # BLS streams the stub's model took so far (after a HELD for them)
     ACK = 16
     # BLS and the model loading API
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id

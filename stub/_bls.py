@@ -39,9 +39,6 @@ def on_held(rt: StubRuntime, body: Any) -> None:
         if waiter is not None:
             waiter.stream_pace().on_held(max_bytes, max_count,
                                          functools.partial(_report, rt, call_id))
-            rt.held_streams[call_id] = waiter
-    if rt.bls_waiting:  # the model waits for a reply: those of other calls are not read now
-        rt.release_held()
 
 
 def _report(rt: StubRuntime, call_id: int, taken: int) -> None:
@@ -99,11 +96,7 @@ class ResponseIterator:
             return kept
         if self._done:
             raise StopIteration
-        waiter = self._waiter
-        if waiter.items:
-            return self._take(self._rt._await(waiter))
-        with self._rt.waiting_on_bls(waiter):
-            return self._take(self._rt._await(waiter))
+        return self._take(self._rt._await(self._waiter))
 
     def cancel(self) -> None:
         if not self._done:
@@ -133,7 +126,5 @@ class AsyncResponseIterator(ResponseIterator):
             return kept
         if self._done:
             raise StopAsyncIteration
-        if not self._waiter.items:
-            with self._rt.waiting_on_bls(self._waiter):
-                await first_item(self._waiter)
+        await first_item(self._waiter)
         return self._take(self._waiter.items.popleft())

@@ -162,10 +162,6 @@ class StubRuntime:
         self._exec_token = 0  # counts the sync executes taken (see _exec_over)
         self._exec_cv = threading.Condition(self._mu)
         self._calls: dict[int, Waiter] = {}
-        # Decoupled BLS streams whose producers wait for this stub's model to read them (HELD),
-        # by call id, and how many waits for a BLS reply the model is in (see release_held).
-        self.held_streams: dict[int, Waiter] = {}
-        self.bls_waiting: list[Waiter] = []  # the BLS replies the model waits for now
         self._call_ids = itertools.count(1)
         # Host id -> its open request, held weakly: a request the model lets go of while it is
         # still open (no final flag sent, and none can be any more) is ended by _end_dropped.
@@ -404,8 +400,6 @@ class StubRuntime:
             w = self._calls.get(call_id)
             if w is not None and w.deliver(body):
                 self._calls.pop(call_id, None)
-                if self.held_streams:
-                    self.held_streams.pop(call_id, None)
         elif cmd == Cmd.PING:
             self._reply(call_id, {"ok": True})
         elif cmd == Cmd.USAGE:
@@ -1140,27 +1134,6 @@ class StubRuntime:
                 self._cv.notify()
         return call_id
 
-    def waiting_on_bls(self, waiter: Waiter) -> _BlsWait:
-        """``with`` it around a wait for a BLS reply (see release_held)."""
-        return _BlsWait(self, waiter)
-
-    def release_held(self) -> None:
-        """The model waits for BLS replies while producers of its other decoupled BLS streams
-        wait for it to read theirs: those are paced no more. A producer it does not read now
-        may be what keeps its reply from coming (the one instance of a model serving a stream
-        the model reads after the one it waits for), and pacing would then stall both until
-        the host's stall limit cancelled one. A stream it waits for itself stays paced."""
-        waiting = self.bls_waiting
-        if not waiting:
-            return
-        for call_id, w in list(self.held_streams.items()):
-            if any(w is x for x in waiting):
-                continue
-            self.held_streams.pop(call_id, None)
-            pace = w.pace
-            if pace is not None and call_id in self._calls:
-                pace.release()
-
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         body = self._bls_body(req, decoupled)
         if decoupled:
@@ -1169,8 +1142,7 @@ class StubRuntime:
             return ResponseIterator(self, call_id, waiter, req._preferred_memory)
         waiter = Waiter()
         self._call(Cmd.BLS_INFER, body, waiter)
-        with _BlsWait(self, waiter):
-            reply = self._await(waiter, spin=True)
+        reply = self._await(waiter, spin=True)
         return self._to_response(reply, req._preferred_memory)
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
@@ -1184,8 +1156,7 @@ class StubRuntime:
             # As Triton: resolved once the first response is in, so that the documented plain
             # ``for`` over the result does not block the event loop waiting for it.
             try:
-                with _BlsWait(self, waiter):
-                    await first_item(waiter)
+                await first_item(waiter)
             except BaseException:  # cancelled: nobody will read this stream
                 waiter.abandon(self.drop_reply)
                 raise
@@ -1193,8 +1164,7 @@ class StubRuntime:
         fut = waiter.future
         assert fut is not None
         try:
-            with _BlsWait(self, waiter):
-                body = await fut
+            body = await fut
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():  # the reply came just before the cancel
                 self.drop_reply(fut.result())
@@ -1281,28 +1251,6 @@ class StubRuntime:
         waiter = Waiter()
         self._call(Cmd.METRIC_VALUE, [family, labels], waiter)
         return float(self._await(waiter).get("value", 0.0))
-
-
-class _BlsWait:
-    """A wait of the model for a BLS reply (StubRuntime.bls_waiting): the other streams held
-    meanwhile are released (StubRuntime.release_held)."""
-
-    __slots__ = ("rt", "waiter")
-
-    def __init__(self, rt: StubRuntime, waiter: Waiter) -> None:
-        self.rt, self.waiter = rt, waiter
-
-    def __enter__(self) -> None:
-        rt = self.rt
-        with rt._mu:
-            rt.bls_waiting.append(self.waiter)
-        if rt.held_streams:
-            rt.release_held()
-
-    def __exit__(self, *exc: Any) -> None:
-        rt = self.rt
-        with rt._mu:
-            rt.bls_waiting.remove(self.waiter)
 
 
 class _LogForwarder(logging.Handler):

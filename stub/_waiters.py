@@ -117,7 +117,7 @@ class StreamPace:
     takes nothing for a long while)."""
 
     __slots__ = ("lock", "taken", "reported", "nbytes", "held", "max_bytes", "max_count",
-                 "report", "last", "released")
+                 "report", "last")
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -128,7 +128,6 @@ class StreamPace:
         self.max_bytes = self.max_count = 1
         self.report: Callable[[int], None] | None = None  # once the producer waited
         self.last = 0.0  # time.monotonic() of the last report
-        self.released = False  # paced no more (see release)
 
     def took(self, nbytes: int, drained: bool) -> None:
         """One more response taken, holding ``nbytes`` of tensors (``drained``: none left)."""
@@ -136,7 +135,7 @@ class StreamPace:
             self.taken += 1
             self.nbytes += nbytes
             report = self.report
-            if report is None or self.released:
+            if report is None:
                 return
             part = 8 if self.held else 4
             if not (self.taken - self.reported >= self.max_count // part
@@ -152,21 +151,10 @@ class StreamPace:
             self.max_bytes, self.max_count = max(max_bytes, 1), max(max_count, 1)
             self.report = report
             self.held = True
-            if self.taken == self.reported or self.released:
+            if self.taken == self.reported:
                 return
             taken = self._reported()
         report(taken)
-
-    def release(self) -> None:
-        """Pace the producer no more (-1): its reader waits for something else, which the
-        producer, waiting for it, might keep from coming (see StubRuntime.release_held)."""
-        with self.lock:
-            report = self.report
-            if report is None or self.released:
-                return
-            self.released = True
-            self.held = False
-        report(-1)
 
     def _reported(self) -> int:
         self.reported = self.taken

@@ -11,7 +11,10 @@ its caller instead of hanging.
 A decoupled BLS stream is paced by the caller's model as a client's stream is by its consumer
 (see ``_request.HOLD_BYTES``): the producer's stub waits to send once too much of what it sent
 is not taken yet; the caller's stub tells the host how many responses its model took (ACK), and
-the host passes that on to the producer's stub.
+the host passes that on to the producer's stub. The deadlock detector knows of it: a producer
+waiting to send waits for the execute that reads its stream, which is blocked if it waits on
+other calls that cannot progress (a model reading a stream issued after another one the same
+producer instance serves first); the streams of such a cycle are paced no more, which ends it.
 """
 from __future__ import annotations
 
@@ -67,12 +70,8 @@ class _StreamPacing(_Pacing):
             pass
 
     def taken(self, taken: int) -> None:
-        """The caller's model took ``taken`` of the stream's responses so far (-1: it waits
-        for another call, and the stream is paced no more: see the stub's release_held)."""
+        """The caller's model took ``taken`` of the stream's responses so far."""
         self._last_take = time.monotonic()
-        if taken < 0:
-            self.unpace()
-            return
         with self._pace_lock:
             if taken <= self._acked:
                 return
@@ -218,7 +217,7 @@ class BlsRouter:
             call_id, taken = item
             req = inst.bls_calls.get(call_id) if type(call_id) is int else None
             pacer = req.pacer if req is not None else None
-            if type(pacer) is _StreamPacing and type(taken) is int:
+            if type(pacer) is _StreamPacing and type(taken) is int and taken >= 0:
                 pacer.taken(taken)
 
     # -- deadlock detection ------------------------------------------------------------------
@@ -230,12 +229,26 @@ class BlsRouter:
     def _check(self, req: HostRequest) -> None:
         if req.done or req.instance is not None:
             return
-        cycle = self._find_cycle(req)
-        if cycle is None:
+        found = self._find_cycle(req)
+        if found is None:
+            self.server.timers.at(time.monotonic() + _RECHECK_S, lambda: self._check(req))
+            return
+        cycle, paced = found
+        path = " -> ".join(cycle)
+        if paced:
+            # The cycle runs through producers that wait for their reader (pacing), and the
+            # reader waits on calls that those producers hold up: pace them no more, and the
+            # cycle is gone (this request may still wait for them to end: look again).
+            for stream in paced:
+                pacer = stream.pacer
+                if type(pacer) is _StreamPacing:
+                    log.info("the BLS stream of model '%s' read by '%s' is paced no more: "
+                             "its reader waits on a call that waits on it (%s)",
+                             stream.model.name, stream.caller.name, path)
+                    pacer.unpace()
             self.server.timers.at(time.monotonic() + _RECHECK_S, lambda: self._check(req))
             return
         self.deadlocks += 1
-        path = " -> ".join(cycle)
         msg = (f"BLS deadlock: request to model '{req.model.name}' can never run because every "
                f"instance it needs is blocked waiting on it ({path}); add instances or avoid "
                "the circular call")
@@ -247,32 +260,69 @@ class BlsRouter:
                 return  # dispatched meanwhile: not a deadlock after all
         req.fail(UnavailableError(msg))
 
-    def _find_cycle(self, req: HostRequest) -> list[str] | None:
-        """The chain of instances that makes ``req`` unservable, or None if it can progress."""
+    def _find_cycle(self, req: HostRequest) -> tuple[list[str], list[HostRequest]] | None:
+        """The chain of instances that makes ``req`` unservable, and the paced streams in it
+        (see ``_held_by``); None if it can progress.
+
+        An execute is blocked while it waits on BLS calls none of which can make progress (a
+        sync execute waits on one call at a time; an async one may await several, and is
+        blocked only while all of those it still waits for are stuck), or, waiting on none,
+        while it waits to send on a decoupled BLS stream whose reader is blocked on other
+        calls (pacing). An instance is stuck iff it is busy and every execute it runs is
+        blocked."""
         on_path: list[str] = []
-        seen: set[int] = set()
+        seen: set[int] = set()  # the instances on the path (a cycle: assume stuck)
+        reading: set[tuple[int, int]] = set()  # the reading executes on the path
+        paced: list[HostRequest] = []  # the paced streams the cycle runs through
 
         def inst_stuck(inst: Instance) -> bool:
-            # An instance is stuck iff it is busy and every execute it runs waits on BLS calls
-            # none of which can make progress. A sync execute waits on one call at a time; an
-            # async one may await several (asyncio.gather), and is blocked only while all of
-            # those it still waits for are stuck.
             if id(inst) in seen:
                 return True  # a cycle: assume stuck (greatest fixed point)
             if inst.state != "READY" or inst.running < inst.capacity:
                 return False
-            by_exec: dict[int, list[HostRequest]] = {}
-            for r in list(inst.waiting_on):
-                if not r.done:
-                    by_exec.setdefault(r.caller_exec, []).append(r)
-            if len(by_exec) < inst.capacity:  # an execute that waits on no BLS call
+            waits = _waits_by_exec(inst)
+            held = _held_by_exec(inst)
+            execs = waits.keys() | held.keys()
+            if len(execs) < inst.capacity:  # an execute that waits on nothing
                 return False
             seen.add(id(inst))
             on_path.append(inst.name)
-            stuck = all(req_stuck(r) for waits in by_exec.values() for r in waits)
+            mark = len(paced)
+            stuck = all(exec_stuck(waits.get(k, ()), held.get(k, ())) for k in execs)
             if not stuck:
                 on_path.pop()
                 seen.discard(id(inst))
+                del paced[mark:]
+            return stuck
+
+        def exec_stuck(waits: Any, held: Any) -> bool:
+            if waits:
+                return all(req_stuck(r) for r in waits)
+            return bool(held) and all(reader_stuck(r) for r in held)
+
+        def reader_stuck(stream: HostRequest) -> bool:
+            # The execute reading a paced stream is blocked iff it waits on other calls, all
+            # stuck: waiting on nothing but this stream, it reads it (slowly, maybe).
+            reader, key = stream.caller, stream.caller_exec
+            if reader is None or not key:
+                return False
+            if (id(reader), key) in reading:
+                return True  # a cycle
+            if not any(batch[0].id == key for batch, _, _ in list(reader.inflight.values())):
+                return False  # read outside an execute: whether it is blocked is not seen
+            others = [r for r in _waits_by_exec(reader).get(key, ()) if r is not stream]
+            if not others:
+                return False
+            reading.add((id(reader), key))
+            on_path.append(f"{reader.name} reading {stream.model.name}")
+            mark = len(paced)
+            stuck = all(req_stuck(r) for r in others)
+            if stuck:
+                paced.append(stream)
+            else:
+                on_path.pop()
+                reading.discard((id(reader), key))
+                del paced[mark:]
             return stuck
 
         def req_stuck(r: HostRequest) -> bool:
@@ -292,5 +342,25 @@ class BlsRouter:
             return bool(live) and all(inst_stuck(i) for i in live)
 
         if req_stuck(req):
-            return [f"{req.model.name}"] + on_path
+            return [f"{req.model.name}"] + on_path, paced
         return None
+
+
+def _waits_by_exec(inst: Instance) -> dict[int, list[HostRequest]]:
+    """The BLS calls ``inst``'s running executes wait on, by execute."""
+    waits: dict[int, list[HostRequest]] = {}
+    for r in list(inst.waiting_on):
+        if not r.done:
+            waits.setdefault(r.caller_exec, []).append(r)
+    return waits
+
+
+def _held_by_exec(inst: Instance) -> dict[int, list[HostRequest]]:
+    """The requests of ``inst``'s running executes whose model waits to send on a decoupled
+    BLS stream until its reader takes more (HELD), by execute."""
+    held: dict[int, list[HostRequest]] = {}
+    for batch, _, _ in list(inst.inflight.values()):
+        for r in batch:
+            if type(r.pacer) is _StreamPacing and r.pacer._held and not r.done:
+                held.setdefault(batch[0].id, []).append(r)
+    return held

@@ -18,6 +18,7 @@ their blocks until it drops the iterator, so the bound is checked while it reads
 from __future__ import annotations
 
 import json
+import logging
 import queue
 import time
 
@@ -292,12 +293,14 @@ class TritonPythonModel:
 
 
 @pytest.mark.parametrize("code", [REVERSED_PY, ASYNC_REVERSED_PY], ids=["sync", "async"])
-def test_streams_read_out_of_order_do_not_stall(tmp_path, shm_prefix, monkeypatch,
+def test_streams_read_out_of_order_do_not_stall(tmp_path, shm_prefix, monkeypatch, caplog,
                                                 code: str) -> None:
     """While the model waits for stream B, stream A (issued first, so B waits for A's end in
-    the producer's one instance) is paced no more: both end, at once. Paced, A's producer
-    waited for a reader that waited for B until the 60 s stall limit cancelled A."""
+    the producer's one instance) is paced no more: the host finds the cycle, and both end at
+    once. Paced, A's producer waited for a reader that waited for B until the 60 s stall limit
+    cancelled A."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    caplog.set_level(logging.INFO, logger="tritonpy.bls")
     repo = tmp_path / "repo"
     write_model(repo, "producer", PRODUCER_PY, PRODUCER_CONFIG)
     write_model(repo, "reversed", code, CALLER_CONFIG)
@@ -311,4 +314,133 @@ def test_streams_read_out_of_order_do_not_stall(tmp_path, shm_prefix, monkeypatc
         assert time.monotonic() - t0 < 30
         assert report(resp) == {"taken": COUNT, "bad": 0, "sent": COUNT, "error": None,
                                 "b": {"taken": 3, "bad": 0, "sent": 3, "error": None}}
+        assert "is paced no more" in caplog.text
         assert_producer_free(srv)
+
+
+POST_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+output [ { name: "FIRST", data_type: TYPE_INT32, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+# A postprocessor: the first byte of IN, after "delay_ms"; with "via": true it first reads a
+# stream of one response from the producer (whose one instance may be what its caller reads).
+POST_PY = """
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            p = json.loads(request.parameters())
+            time.sleep(p.get("delay_ms", 0) / 1000)
+            if p.get("via"):
+                for _ in pb_utils.InferenceRequest(
+                        model_name="producer", requested_output_names=["SENT"], inputs=[
+                            pb_utils.Tensor("COUNT", np.array([1], np.int32)),
+                            pb_utils.Tensor("FAIL_AT", np.array([-1], np.int32))]).exec(
+                                decoupled=True):
+                    pass
+            first = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0]
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("FIRST", np.array([first], np.int32))]))
+        return out
+"""
+# Reads the producer's stream and hands each response to the postprocessor as it comes (a
+# BLS call per response), checking its answer: the first SLOW calls take 10 ms each.
+_INTERLEAVED_BODY = _CALLER_BODY + """
+def post(resp, seen, p):
+    out = pb_utils.get_output_tensor_by_name(resp, "OUT")
+    if out is None:
+        return None
+    delay = 10 if seen["taken"] <= p["slow"] else 0
+    return pb_utils.InferenceRequest(
+        model_name="post", requested_output_names=["FIRST"], inputs=[
+            pb_utils.Tensor("IN", out.as_numpy())],
+        parameters={"delay_ms": delay, "via": bool(p.get("via"))})
+
+def check(answer, seen):
+    if answer.has_error():
+        seen["error"] = answer.error().message()
+    elif int(pb_utils.get_output_tensor_by_name(answer, "FIRST").as_numpy()[0]) != (
+            seen["taken"] - 1) % 256:
+        seen["bad"] += 1
+"""
+INTERLEAVED_PY = _INTERLEAVED_BODY + """
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            p = json.loads(request.parameters())
+            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            for resp in bls(count, -1).exec(decoupled=True):
+                look(resp, seen)
+                call = post(resp, seen, p)
+                if call is not None:
+                    check(call.exec(), seen)
+            out.append(report(seen))
+        return out
+"""
+ASYNC_INTERLEAVED_PY = _INTERLEAVED_BODY + """
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            p = json.loads(request.parameters())
+            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            async for resp in await bls(count, -1).async_exec(decoupled=True):
+                look(resp, seen)
+                call = post(resp, seen, p)
+                if call is not None:
+                    check(await call.async_exec(), seen)
+            out.append(report(seen))
+        return out
+"""
+
+
+@pytest.fixture
+def pipeline(tmp_path, shm_prefix, monkeypatch):
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    repo = tmp_path / "repo"
+    write_model(repo, "producer", PRODUCER_PY, PRODUCER_CONFIG)
+    write_model(repo, "post", POST_PY, POST_CONFIG)
+    write_model(repo, "interleaved", INTERLEAVED_PY, CALLER_CONFIG)
+    write_model(repo, "async_interleaved", ASYNC_INTERLEAVED_PY, CALLER_CONFIG)
+    with serving(repo, shm_prefix, backend_config=POOLS) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("caller", ["interleaved", "async_interleaved"])
+def test_a_reader_that_calls_a_postprocessor_per_response_still_paces(pipeline,
+                                                                      caller: str) -> None:
+    """The reader hands each response to a postprocessor model (a BLS call that takes 10 ms
+    for the first 200): its producer stays paced while it waits for those calls. Before, any
+    wait of the reader for another call released its streams for good, and the producer sent
+    all 125 MiB ahead."""
+    resp, most = call(pipeline, caller, slow=SLOW)
+    assert most <= BOUND, f"the producer's pool grew to {most / MiB:.0f} MiB"
+    assert report(resp) == {"taken": COUNT, "bad": 0, "sent": COUNT, "error": None}
+    assert_producer_free(pipeline)
+
+
+@pytest.mark.parametrize("caller", ["interleaved", "async_interleaved"])
+def test_a_postprocessor_that_needs_the_paced_producer_ends_the_pacing(
+        pipeline, caller: str, caplog) -> None:
+    """The postprocessor itself calls the producer, whose one instance waits for the reader,
+    which waits for the postprocessor: the host finds that cycle and paces the stream no
+    more, so all three go on (paced, they waited for each other until the 60 s stall limit
+    cancelled the stream)."""
+    caplog.set_level(logging.INFO, logger="tritonpy.bls")
+    t0 = time.monotonic()
+    resp, _ = call(pipeline, caller, count=300, slow=0, via=True)
+    assert time.monotonic() - t0 < 30
+    assert report(resp) == {"taken": 300, "bad": 0, "sent": 300, "error": None}
+    assert "is paced no more" in caplog.text
+    assert_producer_free(pipeline)
