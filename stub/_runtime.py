@@ -421,6 +421,11 @@ class StubRuntime:
                     if len(self._early_cancel) > 1024:
                         self._early_cancel.clear()
                     self._early_cancel.add(rid)
+                    # A failed final send may open it again meanwhile (see _reopen).
+                    held = self._active.get(rid)
+                    req = held() if held is not None else None
+                    if req is not None:
+                        req._cancelled = True
                 self._unpace(rid)
         elif cmd == Cmd.ACK:
             for item in body if type(body) is list else ():
@@ -877,7 +882,10 @@ class StubRuntime:
             raise
         except Exception as exc:
             self.peer.release(_own_handles(body))
-            return exc
+            # Without its traceback: its frames lead back (f_back) to the caller's, which keeps
+            # this error: a cycle that would hold the caller's requests until the cyclic
+            # collector runs (a request let go of would not end).
+            return exc.with_traceback(None)
         return None
 
     def _done_body(self, requests: list, result: Any, err: BaseException | None) -> dict:
@@ -999,16 +1007,36 @@ class StubRuntime:
             with self._mu:
                 p.sizes.append(nbytes)
                 p.unread += nbytes
-        exc = self._send_responses(Cmd.RESPONSE_SEND, 0, self._response_body(req, resp, final))
+        try:
+            exc = self._send_responses(Cmd.RESPONSE_SEND, 0,
+                                       self._response_body(req, resp, final))
+        except ChannelClosedError:
+            raise
+        except BaseException:  # its body could not be built (a BYTES element, no shm left)
+            if final:
+                self._reopen(req)
+            raise
         if exc is not None:  # nothing went: the model may send another response instead
-            if final and req._host_id not in self._active:
-                # An execute that returned meanwhile took it for ended (its sender looked
-                # closed): open again, its end still to come.
-                self._active[req._host_id] = _Open(req, self._dropped)
+            if final:
+                self._reopen(req)
             raise TritonModelException(f"Unable to send response. {unsendable(exc)}") from None
         if final:
             self._active.pop(req._host_id, None)
             self._unpace(req._host_id)
+
+    def _reopen(self, req: pb_utils.InferenceRequest) -> None:
+        """A final send that failed: nothing went, and the request is still open. An execute
+        that returned meanwhile took it for ended (its sender looked closed), and a CANCEL
+        that came since found no request: open it again, with that CANCEL."""
+        rid = req._host_id
+        if rid in self._active:
+            return
+        self._active[rid] = _Open(req, self._dropped)
+        # After the line above: the CANCEL handler adds to _early_cancel, then looks in
+        # _active, so one of the two sees the other.
+        if rid in self._early_cancel:
+            self._early_cancel.discard(rid)
+            req._cancelled = True
 
     def _wait_for_consumer(self, req: pb_utils.InferenceRequest, p: Pace) -> None:
         while True:
