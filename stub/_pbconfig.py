@@ -47,18 +47,22 @@ class ModelConfig:
 
     def _add_tensor(self, kind: str, tensor: dict, allowed: tuple[str, ...]) -> None:
         if not isinstance(tensor, dict):
-            raise ValueError(f"{kind} must be a dict")
+            raise TypeError(f"{kind} must be a dict, got {type(tensor).__name__}")
         name = tensor.get("name")
+        # Triton's words (measured): "'name', 'data_type', 'dims' and 'optional'", and a tensor
+        # without a name is "input in ...", not "input 'None' in ...".
+        which = f"{kind} '{name}'" if "name" in tensor else kind
         extra = [k for k in tensor if k not in allowed]
         if extra:
+            props = ", ".join(repr(a) for a in allowed[:-1]) + f" and {allowed[-1]!r}"
             raise ValueError(
-                f"{kind} '{name}' in auto-complete-config function for model '{self._name()}' "
-                f"contains property other than {', '.join(repr(a) for a in allowed)}."
+                f"{which} in auto-complete-config function for model '{self._name()}' "
+                f"contains property other than {props}."
             )
         for prop in ("name", "data_type", "dims"):
             if prop not in tensor:
                 raise ValueError(
-                    f"{kind} '{name}' in auto-complete-config function for model "
+                    f"{which} in auto-complete-config function for model "
                     f"'{self._name()}' is missing '{prop}' property."
                 )
         key = "input" if kind == "input" else "output"
@@ -110,6 +114,6 @@ class ModelConfig:
             if "decoupled" in policy and bool(policy["decoupled"]) != want:
                 raise ValueError(
                     f"trying to change decoupled property in auto-complete-config for model "
-                    f"'{self._name()}', which is already set to {policy['decoupled']}."
+                    f"'{self._name()}', which is already set to '{policy['decoupled']}'."
                 )
             policy["decoupled"] = want

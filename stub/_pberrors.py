@@ -21,6 +21,14 @@ class _ErrorCode(enum.IntEnum):
     ALREADY_EXISTS = 6
     CANCELLED = 7
 
+    # As Triton's (measured): str() and f-strings name the code ("__ErrorCode.NOT_FOUND"),
+    # where an IntEnum would print its number; a model that logs a code reads the same here.
+    def __str__(self) -> str:
+        return f"__ErrorCode.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(self, spec)
+
 
 _ErrorCode.__name__ = _ErrorCode.__qualname__ = "__ErrorCode"  # Triton's repr
 
@@ -78,14 +86,15 @@ class TritonError:
 
 
 class TritonModelException(Exception):
-    """Raised by pb_utils calls that fail (e.g. a BLS call with a bad request)."""
+    """Raised by pb_utils calls that fail (e.g. a BLS call with a bad request).
 
-    def __init__(self, msg: str) -> None:
-        super().__init__(msg)
-        self._msg = msg
+    Takes any arguments, as a plain exception (Triton's does): ``raise
+    TritonModelException()`` in a model is that exception, not a TypeError.
+    """
 
     def message(self) -> str:
-        return self._msg
+        """The message (a tritonpy addition; Triton's exception has none of its own)."""
+        return str(self)
 
 
 # -- what a client is told when execute fails (Triton 2.51's texts, measured against it) -------

@@ -46,9 +46,10 @@ def triton_to_numpy_type(data_type: int) -> Any:
 
 
 def numpy_to_triton_type(data_type: Any) -> int | None:
-    """ModelConfig DataType value for a numpy dtype or type (bytes_ is TYPE_STRING)."""
+    """ModelConfig DataType value for a numpy dtype or type (bytes_ is TYPE_STRING); None for
+    anything else, None itself included (``np.dtype(None)`` would be float64)."""
     code = _NUMPY_TO_CODE.get(data_type) if isinstance(data_type, np.dtype) else None
-    if code is not None:
+    if code is not None or data_type is None:
         return code
     try:
         dt = np.dtype(data_type)
@@ -85,10 +86,7 @@ class Tensor:
                             "values would go as they are (.filled() makes a plain array)")
         arr = numpy_array
         if arr.dtype.kind in ("U", "V") and arr.dtype != BFLOAT16:
-            raise TritonModelException(
-                "Tensor dtype used for numpy_array is not supported by Python backend. "
-                "Please use np.object_ instead."
-            )
+            raise _unsupported(name, arr.dtype)
         if not arr.flags.c_contiguous:
             # As Triton's: a strided view (a slice, a transpose) is copied here, so later
             # writes into the array it views do not reach this tensor.
@@ -101,7 +99,7 @@ class Tensor:
                 arr = arr.view(want)
         code = numpy_to_triton_type(arr.dtype)
         if code is None:
-            raise TritonModelException(f"numpy dtype {arr.dtype} has no Triton equivalent")
+            raise _unsupported(name, arr.dtype)
         self._name = name
         self._arr = arr
         self._dtype = code
@@ -150,14 +148,14 @@ class Tensor:
     def to_dlpack(self) -> Any:
         """A DLPack capsule of the data (CPU or GPU; BYTES tensors have no DLPack form)."""
         if self._dtype == 13:
-            raise TritonModelException("DLPack does not support BYTES tensors")
+            raise TritonModelException(_NO_DLPACK_STRINGS)
         if self._dtype == _BF16:
             return _bf16_capsule(self._arr)
         return _export(self._arr)
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._dtype == 13:
-            raise TritonModelException("DLPack does not support BYTES tensors")
+            raise TritonModelException(_NO_DLPACK_STRINGS)
         if self._dtype == _BF16:
             return _bf16_capsule(self._arr, **kwargs)
         return _export(self._arr, **kwargs)
@@ -209,6 +207,24 @@ class Tensor:
         where = "" if self.is_cpu() else ", GPU"
         return (f"Tensor({self._name!r}, shape={list(self._arr.shape)}, "
                 f"dtype={self._arr.dtype}{where})")
+
+
+# Triton's words first, as a model may match on them.
+_NO_DLPACK_STRINGS = ("DLPack does not have support for string tensors. (a BYTES tensor has "
+                      "no DLPack form: its elements are Python objects)")
+
+
+def _unsupported(name: str, dtype: np.dtype) -> TritonModelException:
+    """Triton's error for an array whose dtype no tensor can hold (a str_ array, a big-endian
+    one, complex, datetime, a record); its words first, as a model may match on them."""
+    if dtype.kind == "U":
+        why = "text goes as an np.object_ array of str or bytes"
+    elif not dtype.isnative:
+        why = "not in native byte order: .astype(a.dtype.newbyteorder('=')) makes it so"
+    else:
+        why = "it has no Triton data type"
+    return TritonModelException(
+        f"NumPy dtype is not supported. (tensor '{name}': dtype {dtype.str}, {why})")
 
 
 def _tensor_name(name: Any) -> str:

@@ -89,6 +89,10 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
             parameters = json.loads(parameters)
         except ValueError as exc:
             raise TritonModelException(f"parameters is not valid JSON: {exc}") from None
+    elif isinstance(parameters, dict):
+        # A copy, checked: as Triton's (which turns them into JSON here), a change the model
+        # makes to its dict afterwards changes nothing, and cannot get past the checks.
+        parameters = dict(parameters)
     # The messages are Triton's (its tests and users match on them), plus the key at fault.
     if not isinstance(parameters, dict):
         raise TritonModelException(
@@ -97,7 +101,7 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
         if not isinstance(k, str):
             raise TritonModelException(
                 f"Expect parameters keys to have type str, found type {type(k)} (key {k!r})")
-        for text in (k, v) if type(v) is str else (k,):
+        for text in (k, v) if isinstance(v, str) else (k,):
             if not text.isascii():
                 try:
                     text.encode("utf-8")
@@ -259,7 +263,9 @@ class InferenceRequest:
 
     # accessors, as Triton's
     def inputs(self) -> list[Tensor]:
-        return self._inputs
+        """The input tensors: a new list at each call, as Triton's (changing it changes
+        nothing in the request)."""
+        return list(self._inputs)
 
     def requested_output_names(self) -> set[str]:
         # A set, as Triton's (its C++ side keeps a std::set): duplicates collapse, no order.
@@ -288,9 +294,12 @@ class InferenceRequest:
 
     def parameters(self) -> str:
         """The request parameters as a JSON string (as Triton returns them)."""
-        # A request that came through the server reads as Triton's core writes it (compact);
-        # one built here, as Triton's stub writes it (json.dumps).
-        return json.dumps(self._parameters, separators=(",", ":") if self._host_id else None)
+        # A request that came through the server reads as Triton's core writes it (compact,
+        # text other than ASCII as it is); one built here, as Triton's stub writes it
+        # (json.dumps: spaces, \u escapes). Measured against Triton 2.51.
+        if self._host_id:
+            return json.dumps(self._parameters, separators=(",", ":"), ensure_ascii=False)
+        return json.dumps(self._parameters)
 
     def trace(self) -> Trace:
         return self._trace
@@ -355,7 +364,9 @@ class InferenceResponse:
         self._parameters = _check_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
-        return self._output_tensors
+        """The output tensors: a new list at each call, as Triton's (appending to it adds no
+        output to the response)."""
+        return list(self._output_tensors)
 
     def has_error(self) -> bool:
         return self._err is not None
@@ -380,6 +391,10 @@ class ResponseSender:
             raise TypeError(  # as Triton's (pybind11) refuses an argument of the wrong type
                 f"send() takes a pb_utils.InferenceResponse or None, got "
                 f"{type(response).__name__}")
+        if type(flags) is not int and (isinstance(flags, float)
+                                        or not hasattr(type(flags), "__index__")):
+            # As Triton's (pybind11): 0.0 or "1" is a TypeError, True is taken as 1.
+            raise TypeError(f"send(): flags must be an int, got {type(flags).__name__}")
         if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
             raise TritonModelException("Unable to send response. Unsupported flag provided.")
         final = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -416,14 +431,20 @@ class ResponseSender:
 
 
 def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
-    for t in inference_request.inputs():
+    # Ours without the copy inputs() makes; anything else with an inputs() (a stand-in in a
+    # model's unit test) as Triton's helper takes it.
+    tensors = (inference_request._inputs if type(inference_request) is InferenceRequest
+               else inference_request.inputs())
+    for t in tensors:
         if t.name() == name:
             return t
     return None
 
 
 def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
-    for t in inference_response.output_tensors():
+    tensors = (inference_response._output_tensors if type(inference_response) is
+               InferenceResponse else inference_response.output_tensors())
+    for t in tensors:
         if t.name() == name:
             return t
     return None
