@@ -9,9 +9,9 @@ send another final response, a CANCEL from the client must still reach ``is_canc
 letting go of the request and its sender must still end it with an error (a client waiting for
 ever otherwise).
 
-Two real ways a final send fails, "how" below: "frame", a frame msgpack refuses (a parameter
-holding a lone surrogate: checked as the response was built, the model changed its dict after),
-and "body", a response whose body cannot be built (a BYTES element that is not UTF-8 text).
+Two ways a final send fails, "how" below: "frame", a frame msgpack refuses (its parameters made
+to hold a lone surrogate as it is built), and "body", a response whose body cannot be built (a
+BYTES element that is not UTF-8 text).
 The model orders the race itself, with no sleeps: the failing response holds a BYTES element
 whose ``str()`` (model code, run while the stub builds the body, after the sender took the
 request for answered) lets the execute return, then waits for the next execute of the
@@ -65,10 +65,17 @@ class Stall:
     def __init__(self, model, value):
         self.model = model
         self.value = value
+        self.spoil = None  # a response whose frame it makes unencodable, as it is built
 
     def __str__(self):
         self.model.sending.set()  # the sender is closed now: the execute may return
         self.model.go.wait(WAIT_S)  # ... and has been seen to end
+        if self.spoil is not None:
+            # The parameters are read after the outputs: the frame is built, and msgpack
+            # refuses it. (A test's hook into the response: no public call can do this, as
+            # parameters are checked and copied when the response is made. Real ones: an
+            # error message holding a lone surrogate, a spilled frame with no shm left.)
+            self.spoil._parameters = {"note": "\ud800"}
         return self.value
 
 
@@ -107,14 +114,11 @@ class TritonPythonModel:
         return None
 
     def race(self, request, sender, how, then):
-        parameters = {"note": "fine"}
         if how == "frame":
+            stall = Stall(self, "fine")
             bad = pb_utils.InferenceResponse(
-                [pb_utils.Tensor("OUT", np.array([Stall(self, "fine")], dtype=object))],
-                parameters=parameters)
-            # Checked as the response was built; changed after: the frame is built, and
-            # msgpack refuses it (nothing goes).
-            parameters["note"] = "\ud800"
+                [pb_utils.Tensor("OUT", np.array([stall], dtype=object))])
+            stall.spoil = bad
         else:  # "body": the element is no UTF-8 text, the frame is never built
             bad = pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", np.array([Stall(self, "\ud800")], dtype=object))])
