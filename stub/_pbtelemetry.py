@@ -20,11 +20,28 @@ from ._pberrors import TritonModelException, sendable
 _log = logging.getLogger("triton_python_backend_utils")
 
 
-class LogLevel(enum.IntEnum):
+class _Named(enum.IntEnum):
+    """An enum that prints as Triton's (pybind11) do, ``LogLevel.INFO``, where an IntEnum
+    prints its number on Python 3.11+."""
+
+    def __str__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(self, spec)
+
+
+class LogLevel(_Named):
     INFO = 0
     WARNING = 1
     ERROR = 2
     VERBOSE = 3
+
+
+class MetricKind(_Named):
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
 
 
 _Level = LogLevel  # for annotations inside Logger, whose own LogLevel attribute shadows it
@@ -49,13 +66,19 @@ class Logger:
     ERROR = LogLevel.ERROR
     VERBOSE = LogLevel.VERBOSE
 
+    def __init__(self) -> None:
+        # As Triton's (pybind11, measured): the class has static methods only.
+        raise TypeError("pb_utils.Logger: No constructor defined!")
+
     @staticmethod
     def log(message: str, level: _Level = _Level.INFO) -> None:
-        try:
-            level = LogLevel(level)
-        except (ValueError, TypeError):
+        # As Triton's (pybind11, measured): a str message and a LogLevel, not a number or
+        # None; a model that passes those would fail its requests there.
+        if not isinstance(message, str):
+            raise TypeError(f"Logger.log: message must be a str, got {type(message).__name__}")
+        if not isinstance(level, LogLevel):
             raise TypeError(f"Logger.log: level must be one of Logger.INFO, WARNING, ERROR or "
-                            f"VERBOSE, got {level!r}") from None
+                            f"VERBOSE, got {level!r}")
         rt = _rt()
         if rt is not None:
             # The model's line, for the host's log line (file:line, as Triton's shows).
@@ -108,14 +131,18 @@ class MetricFamily:
     from 0. A Metric object deleted alone keeps its series.
     """
 
-    COUNTER = 0
-    GAUGE = 1
-    HISTOGRAM = 2
+    MetricKind = MetricKind
+    COUNTER = MetricKind.COUNTER
+    GAUGE = MetricKind.GAUGE
+    HISTOGRAM = MetricKind.HISTOGRAM
 
-    def __init__(self, name: str, description: str, kind: int) -> None:
+    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
         self._rt: Any = None  # set once the host took it: only then is there something to delete
-        if kind not in (self.COUNTER, self.GAUGE, self.HISTOGRAM):
-            raise TritonModelException(f"invalid metric kind {kind}")
+        if not isinstance(kind, MetricKind):
+            # As Triton's (pybind11, measured): MetricFamily.COUNTER, GAUGE or HISTOGRAM, not
+            # a number.
+            raise TypeError(f"MetricFamily: kind must be MetricFamily.COUNTER, GAUGE or "
+                            f"HISTOGRAM, got {kind!r}")
         if not name or not name.replace("_", "a").replace(":", "a").isalnum():
             raise TritonModelException(f"invalid metric family name {name!r}")
         self.name = name
@@ -182,7 +209,13 @@ class Metric:
         self._family = weakref.ref(family)
         self._name = family.name
         self._kind = family.kind
-        self._labels = {str(k): str(v) for k, v in labels.items()}
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                # Triton's words first (measured): its core reads the labels as JSON strings.
+                raise TritonModelException(
+                    f"attempt to access JSON non-string as string (metric label {k!r}: {v!r}; "
+                    "label names and values are str)")
+        self._labels = dict(labels)
         self._buckets = buckets if family.kind == MetricFamily.HISTOGRAM else None
         self._local = 0.0
         rt = family._rt

@@ -895,7 +895,8 @@ class StubRuntime:
             if result is not None:
                 return {**self._failed(decoupled_returned(self.name)), "unfinished_only": True}
             return {}
-        if result is None:
+        returned_none = result is None
+        if returned_none:
             # Each request answered (or will answer, from a thread) through its response sender.
             result = [None] * len(requests)
         elif not isinstance(result, (list, tuple)):
@@ -923,10 +924,12 @@ class StubRuntime:
                 continue
             if resp is None:
                 if not taken:
+                    what = ("returned None, but no response was sent" if returned_none else
+                            "returned None in its list, and no response was sent,")
                     responses.append({"id": req._host_id, "error": _error_body(
-                        "INTERNAL", f"execute() returned None, but no response was sent for "
-                        f"{missing} of {len(requests)} request(s) of model '{self.name}'; "
-                        "return a list of InferenceResponse or use the response sender")})
+                        "INTERNAL", f"execute() {what} for {missing} of {len(requests)} "
+                        f"request(s) of model '{self.name}'; return a list of "
+                        "InferenceResponse or use the response sender")})
                 continue
             if taken and req._answered:
                 # Answered through the sender already: as with Triton, the returned response

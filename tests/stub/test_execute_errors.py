@@ -57,6 +57,9 @@ class TritonPythonModel:
         if mode == "bad_item":
             responses[1] = "not a response"
             return responses
+        if mode == "none_entry":
+            responses[2] = None
+            return responses
         if mode == "error_outputs":
             return [pb_utils.InferenceResponse(
                 r.output_tensors(), error=pb_utils.TritonError("bad", pb_utils.TritonError.NOT_FOUND),
@@ -126,6 +129,19 @@ def test_every_request_of_the_batch_gets_the_error_and_the_stub_keeps_serving(mo
         assert "_runtime.py" not in r.error.message  # no frame of the stub's own
     assert good_batch(model) == pid
     assert model.ready()
+
+
+def test_a_none_in_the_list_fails_only_its_own_request_saying_so(model):
+    """(Triton 2.51 never answers that request: its client waits for its timeout.)"""
+    pid = good_batch(model)
+    resps = batch(model, "none_entry")
+    err = resps[2].error
+    assert isinstance(err, tritonpy.InternalError), resps[2]
+    assert err.message.startswith("execute() returned None in its list, and no response was "
+                                  "sent, for 1 of 4 request(s) of model 'batchy_0_0'"), err.message
+    for i in (0, 1, 3):
+        assert resps[i].error is None, resps[i].error
+    assert good_batch(model) == pid
 
 
 def test_a_wrong_item_fails_only_its_own_request(model):

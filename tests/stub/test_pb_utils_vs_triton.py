@@ -516,3 +516,22 @@ def test_parameters_are_taken_as_the_response_is_made():
 
     with pytest.raises(pb_utils.TritonModelException, match="valid UTF-8.*key 'k'"):
         pb_utils.InferenceResponse([], parameters={"k": Text("\ud800")})
+
+
+def test_logger_and_metric_kinds_as_tritons():
+    """Measured on Triton 2.51: its enums print their names, its Logger takes a str and a
+    LogLevel only and cannot be made, its MetricFamily takes a MetricKind only, and a
+    label that is no string is refused (a model doing any of these fails there)."""
+    assert (str(pb_utils.Logger.INFO), f"{pb_utils.LogLevel.ERROR}") == (
+        "LogLevel.INFO", "LogLevel.ERROR")
+    assert str(pb_utils.MetricFamily.COUNTER) == "MetricKind.COUNTER"
+    assert int(pb_utils.MetricFamily.HISTOGRAM) == 2
+    for call in (lambda: pb_utils.Logger.log("x", 0), lambda: pb_utils.Logger.log_info(None),
+                 lambda: pb_utils.Logger.log_info(5), pb_utils.Logger,
+                 lambda: pb_utils.MetricFamily("tpy_kind_probe", "d", 0)):
+        with pytest.raises(TypeError):
+            call()
+    family = pb_utils.MetricFamily("tpy_label_probe", "d", pb_utils.MetricFamily.GAUGE)
+    with pytest.raises(pb_utils.TritonModelException, match="non-string as string"):
+        family.Metric(labels={"k": 1})
+    family.Metric(labels={"k": "v"}).set(2)
