@@ -45,6 +45,7 @@ class MetricKind(_Named):
 
 
 _Level = LogLevel  # for annotations inside Logger, whose own LogLevel attribute shadows it
+_Kind = MetricKind  # the same inside MetricFamily
 
 _PY_LEVEL = {LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
              LogLevel.ERROR: logging.ERROR, LogLevel.VERBOSE: logging.DEBUG}
@@ -136,7 +137,7 @@ class MetricFamily:
     GAUGE = MetricKind.GAUGE
     HISTOGRAM = MetricKind.HISTOGRAM
 
-    def __init__(self, name: str, description: str, kind: MetricKind) -> None:
+    def __init__(self, name: str, description: str, kind: _Kind) -> None:
         self._rt: Any = None  # set once the host took it: only then is there something to delete
         if not isinstance(kind, MetricKind):
             # As Triton's (pybind11, measured): MetricFamily.COUNTER, GAUGE or HISTOGRAM, not
