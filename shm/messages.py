@@ -15,12 +15,13 @@ from typing import Any, TypedDict
 # element). 4: RECLAIM. 5: GPU tensor handles (CUDA IPC), a request's gpu_ok. 6: HELD, ACK, pace.
 # 7: METRIC_FAMILY_DELETE; a family's id in METRIC_FAMILY and METRIC_OP.
 # 8: HELD H->S and ACK S->H: a decoupled BLS stream paced by its caller's model.
-# 9: no ACK -1 S->H (the host ends a cycle through a paced stream itself).
+# 9: no ACK -1 S->H (the host ends a cycle through a paced stream itself); preferred_memory
+# kinds in Triton's numbers (GPU 0, CPU 1).
 # A stub of another version is refused.
 PROTOCOL_VERSION = 9
-# preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_CPU / _CPU_PINNED / _GPU.
-MEMORY_CPU = 0
-MEMORY_GPU = 2
+# preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_GPU / _CPU (Triton's numbers).
+MEMORY_GPU = 0
+MEMORY_CPU = 1
 
 
 class Cmd(enum.IntEnum):

@@ -7,6 +7,7 @@ raises a clear :class:`TritonModelException`.
 """
 from __future__ import annotations
 
+import enum
 import json
 import weakref
 from typing import Any, Callable
@@ -32,9 +33,26 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-TRITONSERVER_MEMORY_CPU = 0
-TRITONSERVER_MEMORY_CPU_PINNED = 1
-TRITONSERVER_MEMORY_GPU = 2
+
+
+class MemoryType(enum.IntEnum):
+    """Where a BLS call's outputs should be placed (``PreferredMemory``): Triton's numbers
+    (GPU 0, CPU 1) and names; CPU_PINNED is tritonpy's (taken as CPU here)."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+    TRITONSERVER_MEMORY_CPU_PINNED = 2
+
+    def __str__(self) -> str:  # as Triton's (pybind11) prints it
+        return f"MemoryType.{self.name}"
+
+    def __format__(self, spec: str) -> str:
+        return str(self) if not spec else int.__format__(self, spec)
+
+
+TRITONSERVER_MEMORY_GPU = MemoryType.TRITONSERVER_MEMORY_GPU
+TRITONSERVER_MEMORY_CPU = MemoryType.TRITONSERVER_MEMORY_CPU
+TRITONSERVER_MEMORY_CPU_PINNED = MemoryType.TRITONSERVER_MEMORY_CPU_PINNED
 
 _runtime: Any = None  # the stub runtime, or None in a plain interpreter
 
@@ -56,7 +74,7 @@ def _need_runtime(what: str) -> Any:
 class PreferredMemory:
     """Where BLS outputs should be placed: ``PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)``."""
 
-    def __init__(self, preferred_memory_type: int = TRITONSERVER_MEMORY_CPU,
+    def __init__(self, preferred_memory_type: int = MemoryType.TRITONSERVER_MEMORY_CPU,
                  preferred_device_id: int = 0) -> None:
         self.preferred_memory_type = preferred_memory_type
         self.preferred_device_id = preferred_device_id
@@ -525,6 +543,7 @@ _Callable = Callable  # keep typing import used for type checkers
 __all__ = [
     "get_model_dir",
     "TRITON_STRING_TO_NUMPY",
+    "MemoryType",
     "TRITONSERVER_MEMORY_CPU",
     "TRITONSERVER_MEMORY_CPU_PINNED",
     "TRITONSERVER_MEMORY_GPU",

@@ -267,7 +267,7 @@ def test_async_bls_calls_are_batched_by_the_targets_dynamic_batcher(server) -> N
     assert 1 <= exe1 - exe0 < 8, (exe1 - exe0)
 
 
-@pytest.mark.parametrize("kind", [0, 1])  # TRITONSERVER_MEMORY_CPU, _CPU_PINNED
+@pytest.mark.parametrize("kind", [1, 2])  # TRITONSERVER_MEMORY_CPU, _CPU_PINNED
 def test_preferred_memory_cpu_is_accepted_and_honoured(server, kind: int) -> None:
     report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
                                "preferred_memory": [kind, 0],
@@ -282,7 +282,7 @@ def test_preferred_memory_gpu_without_cupy_leaves_outputs_on_the_cpu(server) -> 
     if importlib.util.find_spec("cupy") is not None:
         pytest.skip("CuPy is installed here: this is about a stub without it")
     report, _ = drive(server, {"model": "add_sub", "outputs": ["OUTPUT0"],
-                               "preferred_memory": [2, 0],  # TRITONSERVER_MEMORY_GPU
+                               "preferred_memory": [0, 0],  # TRITONSERVER_MEMORY_GPU
                                "inputs": {"INPUT0": fp32(1, 2), "INPUT1": fp32(1, 1)}})
     assert report["exception"] is None, report["exception"]
     (resp,) = report["responses"]

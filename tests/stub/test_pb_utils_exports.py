@@ -17,6 +17,7 @@ EXPECTED = [
     "InferenceResponse",
     "LogLevel",
     "Logger",
+    "MemoryType",
     "Metric",
     "MetricFamily",
     "ModelConfig",

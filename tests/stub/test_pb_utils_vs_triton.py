@@ -535,3 +535,11 @@ def test_logger_and_metric_kinds_as_tritons():
     with pytest.raises(pb_utils.TritonModelException, match="non-string as string"):
         family.Metric(labels={"k": 1})
     family.Metric(labels={"k": "v"}).set(2)
+
+
+def test_memory_types_are_tritons():
+    """Triton 2.51's numbers and names (a model that passes 0 for the GPU, as Triton's enum
+    has it, got the CPU here)."""
+    assert (int(pb_utils.TRITONSERVER_MEMORY_GPU), int(pb_utils.TRITONSERVER_MEMORY_CPU)) == (0, 1)
+    assert str(pb_utils.TRITONSERVER_MEMORY_GPU) == "MemoryType.TRITONSERVER_MEMORY_GPU"
+    assert pb_utils.MemoryType.TRITONSERVER_MEMORY_CPU is pb_utils.TRITONSERVER_MEMORY_CPU
