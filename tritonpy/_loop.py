@@ -179,6 +179,13 @@ class SpinPolicy:
         self.mean += (min(seconds, self.longest) - self.mean) * 0.25
 
 
+#: Activity that comes within this share of a :class:`LoopSpinner`'s window after the last
+#: activity it recorded is not recorded: it would move the window's end by as little, and
+#: recording it (twice a request, under load every few microseconds) cost more than the rest
+#: of the host's bookkeeping of a request's turn.
+REARM_SHARE = 1 / 8
+
+
 class LoopSpinner:
     """Keeps an event loop polling for up to a :class:`SpinPolicy` window after its last
     activity (:meth:`arm`), rather than sleeping in the kernel: a callback that yields the CPU
@@ -190,17 +197,21 @@ class LoopSpinner:
         self.policy = SpinPolicy(window_s)
         self._until = 0.0
         self._last = 0.0  # the last activity (perf_counter seconds)
+        # Activity before then is not recorded (see REARM_SHARE).
+        self.next_arm = 0.0
         self._spinning = False
         self._ticks = 0
 
-    def arm(self) -> None:
-        """Activity now, on the loop's thread (a request sent to a stub, an answer sent to a
-        client): more will likely follow soon."""
-        now = time.perf_counter()
+    def arm(self, now: float | None = None) -> None:
+        """Activity now (``now``: its perf_counter time, if read already), on the loop's thread
+        (a request sent to a stub, an answer sent to a client): more will likely follow soon."""
+        if now is None:
+            now = time.perf_counter()
         if self._last:
             self.policy.waited(now - self._last)
         self._last = now
         self._until = now + self.policy.window
+        self.next_arm = now + self.policy.window * REARM_SHARE
         if not self._spinning and self.policy.worth():
             self._spinning = True
             self._ticks = 0
@@ -293,8 +304,14 @@ class FrameLoop:
         """Activity of the host's: keep the loop polling for a while (``idle-spin-microseconds``,
         see :class:`LoopSpinner`), so that the answer to what it just sent, or the next request,
         finds it awake. Only on the loop's thread (elsewhere it does nothing)."""
-        if self._spinner.policy.window and self.on_loop():
-            self._spinner.arm()
+        spinner = self._spinner
+        if not spinner.policy.window:
+            return
+        now = time.perf_counter()
+        # Recorded a moment ago (see REARM_SHARE): nothing to do, not even to find out which
+        # thread this is. (on_loop(), inline: this runs twice a request.)
+        if now >= spinner.next_arm and asyncio._get_running_loop() is self.loop:
+            spinner.arm(now)
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

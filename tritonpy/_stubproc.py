@@ -40,6 +40,9 @@ log = logging.getLogger("tritonpy.stub")
 #: clients on the same loop, have theirs. Taking one a turn left each further frame behind a
 #: whole loop iteration: HTTP at 16 clients lost a third of its throughput.
 _FRAMES_PER_TURN = 64
+#: The commands this module handles itself, as plain ints: a frame's command is an int, and
+#: comparing one with an IntEnum member costs several times an int comparison (every frame).
+_REPLY, _HELLO = int(Cmd.REPLY), int(Cmd.HELLO)
 
 # One long-lived thread spawns every stub: PR_SET_PDEATHSIG fires when the *thread* that forked
 # the child exits, so stubs must not be forked from short-lived loader threads. A daemon thread
@@ -243,6 +246,8 @@ class StubProcess:
     def _readable(self) -> None:
         """On the frame loop, when the channel is readable: handle the frames that are there."""
         ch = self.channel
+        # Seen now (for the watchdog): once a turn, not once a frame.
+        self._last_seen = time.monotonic()
         for _ in range(_FRAMES_PER_TURN):
             try:
                 msg = ch.recv(wait=False)
@@ -269,25 +274,26 @@ class StubProcess:
                                              name=f"{self.name}-died"),
                     f"the end of stub '{self.name}'")
                 return
-            self._frame(msg)
+            cmd = msg[0]
+            if cmd == _REPLY or cmd == _HELLO:
+                self._control(msg)
+                continue
+            try:
+                self._on_frame(self, msg)  # (here, not in a method of its own: once a frame)
+            except Exception:
+                log.exception("[%s] error handling frame %s", self.name, Cmd(cmd).name)
 
-    def _frame(self, msg: list) -> None:
-        self._last_seen = time.monotonic()
-        cmd = msg[0]
-        if cmd == Cmd.REPLY:
+    def _control(self, msg: list) -> None:
+        """A frame for this object itself: the reply to a call, or the stub's HELLO."""
+        if msg[0] == _REPLY:
             with self._calls_lock:
                 slot = self._calls.pop(msg[1], None)
             if slot is not None:
                 slot[1] = msg[2]
                 slot[0].set()
-        elif cmd == Cmd.HELLO:
+        else:
             self.hello_info = msg[2] if isinstance(msg[2], dict) else {}
             self._hello.set()
-        else:
-            try:
-                self._on_frame(self, msg)
-            except Exception:
-                log.exception("[%s] error handling frame %s", self.name, Cmd(cmd).name)
 
     def _died(self) -> None:
         try:

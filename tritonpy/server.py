@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from tritonpy.shm import Cmd, Pool, SegmentMap, TensorTransport, janitor, sweep_orphans
 from tritonpy.shm import cuda
 from tritonpy.shm.cuda import DeviceRef
-from tritonpy.shm.dtypes import triton_dtype_of
+from tritonpy.shm.dtypes import TRITON_TO_NUMPY, triton_dtype_of
 from tritonpy.shm.pool import RECLAIM_EVERY_S
 
 from . import _repo_manager
@@ -436,7 +436,8 @@ class Server:
     def model(self, name: str, version: int = -1) -> Model:
         """A handle on a model; NotFoundError if the repository has no such model,
         UnavailableError before :meth:`start` or after :meth:`stop`."""
-        self._require_started()
+        if not self._started:  # (the check, before the call: every request comes here)
+            self._require_started()
         self.repo.require_known(name)
         return Model(self, name, int(version))
 
@@ -673,6 +674,12 @@ class Server:
         log.warning("model '%s' instance '%s' died; restarting", rt.name, inst.name)
 
 
+#: The numpy dtypes that name a Triton type other than BYTES: an array of one of them is an
+#: input as it is (what every frontend request sends).
+_PLAIN_DTYPES = frozenset(dt for dt in map(np.dtype, TRITON_TO_NUMPY.values())
+                          if dt.kind not in "OSU")
+
+
 def _as_input(name: str, value: Any) -> np.ndarray:
     if type(value) is DeviceRef:  # in a client's CUDA shared memory: the stub maps it
         return value  # type: ignore[return-value]
@@ -743,7 +750,7 @@ class Model:
         self.version = version
 
     def _rt(self) -> ModelRuntime:
-        return self.server.runtime(self.name, self.version)
+        return self.server.repo.runtime(self.name, self.version)  # (Server.runtime's)
 
     def ready(self) -> bool:
         return self.server.repo.is_ready(self.name, self.version)
@@ -788,7 +795,8 @@ class Model:
         server = self.server
         if not server._started:
             server._require_started()
-        if server._loop is not None:
+        loop = server._loop
+        if loop is not None and not loop.is_running():
             server._require_frame_loop()
         if type(inputs) is not dict and not isinstance(inputs, Mapping):
             raise InvalidArgumentError(
@@ -804,7 +812,7 @@ class Model:
         rt = self._rt()
         if rt.state != READY and rt.successor is None:  # reloaded: submit() forwards it
             raise UnavailableError(f"model '{self.name}' is not ready")
-        for k, v in (parameters or {}).items():
+        for k, v in parameters.items() if parameters else ():
             if not isinstance(k, str):
                 raise InvalidArgumentError(f"parameter name {k!r} is not a str")
             if not isinstance(v, (bool, int, float, str)):
@@ -814,7 +822,10 @@ class Model:
                 raise InvalidArgumentError(f"parameter '{k}': {v} is out of the int64 range")
         if isinstance(requested_output_names, str):
             requested_output_names = [requested_output_names]
-        arrays = [(n, _as_input(n, v)) for n, v in inputs.items()]
+        arrays = []
+        for n, v in inputs.items():  # (a plain array as it is, without a call: the usual input)
+            arrays.append((n, v if type(v) is np.ndarray and v.dtype in _PLAIN_DTYPES
+                           else _as_input(n, v)))
         req = HostRequest(rt, arrays, requested_output_names, stream._feed.sink,
                           request_id=request_id, correlation_id=correlation_id, flags=flags,
                           timeout_us=timeout, priority=priority, parameters=parameters)

@@ -297,7 +297,11 @@ class _Connection(asyncio.BufferedProtocol):
         # would keep the connection (and its buffers) alive until the garbage collector ran.
         self.parser: httptools.HttpRequestParser | None = self._new_parser()
         self.pending: deque[tuple[Request | BaseException | _Compressed | Response, bool]] = deque()
+        # The task that answers the queued requests in order. It lives as long as the
+        # connection, waiting on ``idle`` between requests: a task per request cost more (its
+        # creation, and asyncio's registry of tasks, a WeakSet, in Python, on 3.11).
         self.task: asyncio.Task[None] | None = None
+        self.idle: asyncio.Future[None] | None = None
         self.closing = False
         self.paused = False
         self.writable: asyncio.Future[None] | None = None
@@ -719,15 +723,33 @@ class _Connection(asyncio.BufferedProtocol):
     def _enqueue(self, item: Request | BaseException | _Compressed | Response,
                  keep_alive: bool) -> None:
         self.pending.append((item, keep_alive))
-        if self.task is None:
+        idle = self.idle
+        if idle is not None:
+            self.idle = None
+            if not idle.done():
+                idle.set_result(None)
+        elif self.task is None:
             self.task = self.loop.create_task(self._serve())
         elif len(self.pending) >= MAX_PIPELINED and not self.paused and self.transport is not None:
             self.transport.pause_reading()
             self.paused = True
 
+    def _busy(self) -> bool:
+        """Whether a request is being answered, or waits to be."""
+        return (self.task is not None and self.idle is None) or bool(self.pending)
+
     async def _serve(self) -> None:
         try:
-            while self.pending:
+            while True:
+                if not self.pending:
+                    if self.closing:
+                        return
+                    idle = self.idle = self.loop.create_future()
+                    try:
+                        await idle  # the next request (_enqueue), or a cancel (_close)
+                    finally:
+                        self.idle = None
+                    continue
                 item, keep_alive = self.pending.popleft()
                 if isinstance(item, _Compressed):
                     item = await asyncio.to_thread(item.inflate)
@@ -740,7 +762,14 @@ class _Connection(asyncio.BufferedProtocol):
                     accept = item.headers.get("accept-encoding", "")
                     head_only = item.method == "HEAD"
                     http10 = item.http10
-                    response = await self.server.call(item)
+                    # The handler awaited here, not through a coroutine of the server's: one
+                    # frame less on each request's stack, at each suspension and resumption.
+                    try:
+                        response = await self.server.handler(item)
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception:
+                        response = self.server.failed(item)
                 elif isinstance(item, Response):  # answered before it reached the handler
                     accept, head_only, response = "", False, item
                 else:
@@ -776,15 +805,20 @@ class _Connection(asyncio.BufferedProtocol):
         if transport is None or transport.is_closing():
             return
         body, parts = response.body, response.parts
-        extra = []
+        coding = ""
         if response.compress and accept and (body or parts):
             packed = _compress(b"".join([body, *parts]) if parts else body, accept)
             if packed is not None:
                 body, parts = packed[0], ()
-                extra.append(f"Content-Encoding: {packed[1]}")
-        size = len(body) + sum(memoryview(p).nbytes for p in parts)
-        extra.append(f"Content-Length: {size}")
-        head = _head(response, extra, keep_alive, http10)
+                coding = packed[1]
+        size = len(body)
+        for part in parts:
+            size += part.nbytes if type(part) is memoryview else memoryview(part).nbytes
+        if coding:
+            head = _head(response, [f"Content-Encoding: {coding}", f"Content-Length: {size}"],
+                         keep_alive, http10)
+        else:
+            head = self.server.head(response, size, keep_alive, http10)
         if head_only or not size:
             transport.write(head)
         elif size <= SMALL_BODY:
@@ -866,7 +900,7 @@ class _Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.pause_reading()
         self.pending.append((ValueError(reason), False))
-        if self.task is None:
+        if self.task is None or self.idle is not None:
             # Nothing is queued ahead of it: write the answer now.
             item, _ = self.pending.popleft()
             assert isinstance(item, BaseException)
@@ -876,6 +910,8 @@ class _Connection(asyncio.BufferedProtocol):
     def _close(self) -> None:
         self.closing = True
         self.pending.clear()
+        if self.idle is not None and self.task is not None:
+            self.task.cancel()  # it waits for a request that will not come
         if self.transport is not None:
             self.transport.close()
 
@@ -886,7 +922,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _idle_close(self) -> None:
         self.idle_timer = None
-        if self.active or self.task is not None or self.pending:
+        if self.active or self._busy():
             self.active = False
             self._arm_idle_timer()
         else:
@@ -894,7 +930,7 @@ class _Connection(asyncio.BufferedProtocol):
 
     def close_if_idle(self) -> None:
         """On stop: close now unless a request is being answered (that one closes after)."""
-        if self.task is None:
+        if not self._busy():
             self._close()
 
 
@@ -924,6 +960,8 @@ class HTTPServer:
         self.stopping = False
         # Request heads parsed before, by their bytes (see _KnownHead); shared by connections.
         self.known_heads: dict[bytes, _KnownHead] = {}
+        # Response heads written before, by what they say (see head()).
+        self.heads: dict[tuple, bytes] = {}
         self._server: asyncio.AbstractServer | None = None
         self.loop: asyncio.AbstractEventLoop  # set by start()
 
@@ -933,15 +971,31 @@ class HTTPServer:
         self._server = await self.loop.create_server(lambda: _Connection(self), sock=sock,
                                                      backlog=backlog)
 
-    async def call(self, request: Request) -> Response:
-        """Run the handler; a bug in it answers 500 instead of dropping the connection."""
+    def failed(self, request: Request) -> Response:
+        """The answer to a request whose handler raised (a bug: the handler should turn its
+        errors into a Response), from inside the ``except``: logged, and 500 instead of
+        dropping the connection."""
+        log.exception("HTTP %s %s failed", request.method, request.path)
+        return Response(500, b'{"error":"internal server error"}', "application/json")
+
+    def head(self, response: Response, size: int, keep_alive: bool, http10: bool) -> bytes:
+        """The head of a whole ``size``-byte response, not compressed: built once for each
+        status, type, headers, size and connection, then kept (a client's requests of one kind
+        get answers alike; at most ``KNOWN_HEADS`` kept, all forgotten when full)."""
+        headers = response.headers
+        key = (response.status, response.content_type, size, keep_alive, http10,
+               tuple(headers.items()) if headers else None)
+        heads = self.heads
         try:
-            return await self.handler(request)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("HTTP %s %s failed", request.method, request.path)
-            return Response(500, b'{"error":"internal server error"}', "application/json")
+            head = heads.get(key)
+        except TypeError:  # a header value that cannot be hashed: not kept
+            return _head(response, [f"Content-Length: {size}"], keep_alive, http10)
+        if head is None:
+            head = _head(response, [f"Content-Length: {size}"], keep_alive, http10)
+            if len(heads) >= KNOWN_HEADS:
+                heads.clear()
+            heads[key] = head
+        return head
 
     async def stop(self, timeout: float) -> None:
         """Stop accepting; answer what is in flight for up to ``timeout`` seconds, then cancel
@@ -952,7 +1006,7 @@ class HTTPServer:
         self._server.close()
         for conn in list(self.connections):
             conn.close_if_idle()
-        busy = [c.task for c in self.connections if c.task is not None]
+        busy = [c.task for c in self.connections if c.task is not None and c.idle is None]
         if busy:
             _, rest = await asyncio.wait(busy, timeout=timeout)
             for task in rest:

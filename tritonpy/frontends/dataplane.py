@@ -183,7 +183,9 @@ class RequestPlan:
             elif len(buf) != nbytes:
                 return None
             else:
-                inputs[name] = np.frombuffer(buf, dtype, count).reshape(shape)
+                arr = np.frombuffer(buf, dtype, count)
+                # (1-D: the shape frombuffer gives, count elements)
+                inputs[name] = arr if len(shape) == 1 else arr.reshape(shape)
         return req
 
 
@@ -675,7 +677,12 @@ def tensor_bytes(arr: np.ndarray, datatype: str) -> Buffer:
     """The bytes of an output in Triton's layout; a zero-copy view for fixed-size types."""
     if datatype == "BYTES":
         return serialize_bytes(arr)
-    # A flat uint8 view, not memoryview.cast: that refuses shapes with a zero, e.g. (0, 3).
+    if arr.size and arr.flags.c_contiguous:
+        try:
+            return arr.data.cast("B")  # one call where numpy's view takes three
+        except (TypeError, ValueError):  # a type the buffer protocol does not carry (BF16)
+            pass
+    # A flat uint8 view (memoryview.cast refuses shapes with a zero, e.g. (0, 3)).
     return np.ascontiguousarray(arr).view(np.uint8).reshape(-1).data
 
 
@@ -1014,7 +1021,7 @@ class DataPlane:
         finish, once it has sent the error (as Triton, whose trace of a failed request ends
         with the send's timestamps); a cancelled one's is finished here.
         """
-        model = self.model(req.model, req.version)
+        model = self.server.model(req.model, req.version)
         if model.decoupled():
             raise UnsupportedError(decoupled_error)
         # The model's response stream is read here directly, not through ``stream()``: its
@@ -1148,7 +1155,10 @@ class DataPlane:
                                model.max_batch_size > 0, model.output_labels(name))
                 out = OutputTensor(name, "BYTES", arr.shape, arr)
             else:
-                out = OutputTensor(name, t.data_type, tuple(int(d) for d in t.shape), arr)
+                shape = t.shape  # a tensor's: a tuple of ints already
+                if type(shape) is not tuple:
+                    shape = tuple(int(d) for d in shape)
+                out = OutputTensor(name, t.data_type, shape, arr)
             if spec is not None and spec.shm is not None:
                 self._write_shm(out, spec.shm)
             else:

@@ -82,7 +82,8 @@ def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> In
     total = len(body)
     view = memoryview(body)
     buffers = []
-    for name, size, *_ in plan.inputs:
+    for spec in plan.inputs:
+        name, size = spec[0], spec[1]
         end = offset + size
         if end > total:
             raise InvalidArgumentError(
@@ -95,19 +96,6 @@ def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> In
     req = plan.request(buffers)
     assert req is not None  # each size is the header's own, checked when the plan was made
     return req
-
-
-def _binary_parts(result: InferResult) -> list[Any] | None:
-    """The bytes of each output, when every one goes binary in the body and the response has
-    no parameters (its header can then be kept); else None."""
-    if result.parameters or not result.outputs:
-        return None
-    parts = []
-    for out in result.outputs:
-        if not out.binary or out.shm is not None:
-            return None
-        parts.append(out.raw())
-    return parts
 
 
 _UNROUTED = object()
@@ -208,7 +196,7 @@ class HTTPFrontend:
         self.reuse_port = reuse_port
         self._server: HTTPServer | None = None
         self._plans: dict[tuple[str, int, bytes], RequestPlan] = {}
-        self._headers: dict[tuple, bytes] = {}
+        self._headers: dict[tuple, tuple[bytes, dict[str, str]]] = {}
         self._routes: dict[str, Handler | None] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -256,25 +244,20 @@ class HTTPFrontend:
                     {"error": f"This API is restricted, expecting header '{need[0]}'"}).encode(),
                     "text/plain")
         try:
-            handler = self._route(request, path)
+            # The handler of the path, kept per path (a route depends on the path alone).
+            routes = self._routes
+            handler = routes.get(path, _UNROUTED)
+            if handler is _UNROUTED:
+                handler = self._find_route(path)
+                keep(routes, path, handler)
             if handler is None:
                 log.debug("HTTP error: %s %s - 404", request.method, path)
                 return Response(404, _NOT_FOUND, "text/plain")
-            return await handler(request)
+            return await handler(request)  # type: ignore[operator]
         except Exception as exc:  # a bad request must never take the server down
             if not isinstance(exc, TritonpyError):
                 log.exception("HTTP %s %s failed", request.method, path)
             return error_response(exc)
-
-    def _route(self, request: Request, path: str) -> Handler | None:
-        """The handler of ``path`` (None: no such endpoint), kept per path: a route depends on
-        the path alone."""
-        routes = self._routes
-        handler = routes.get(path, _UNROUTED)
-        if handler is _UNROUTED:
-            handler = self._find_route(path)
-            keep(routes, path, handler)
-        return handler  # type: ignore[return-value]
 
     def _find_route(self, path: str) -> Handler | None:
         """The handler of ``path`` as sent; the names in it are percent-decoded once it is
@@ -288,6 +271,8 @@ class HTTPFrontend:
             name, version, kind = unquote(m.group(1)), m.group(2) or "", m.group(3) or ""
             if kind == "trace/setting" and version:
                 return None
+            if kind == "infer":
+                return self._infer_route(name, version)
             return lambda r: self._model(r, name, version, kind)
         if path == "/v2":
             return self._server_metadata
@@ -347,6 +332,18 @@ class HTTPFrontend:
         return _method_not_allowed()
 
     # -- models ------------------------------------------------------------------------------
+
+    def _infer_route(self, name: str, version_str: str) -> Handler:
+        """The handler of a model's ``infer`` path: :meth:`_model`'s, with the version read
+        once and an inference going straight to :meth:`_infer` (one coroutine less on the
+        stack of every request)."""
+        version = parse_version(version_str)  # digits or nothing (the route's pattern)
+
+        def infer(request: Request) -> Awaitable[Response]:
+            if request.method != "POST":
+                return self._model(request, name, version_str, "infer")
+            return self._infer(request, name, version)
+        return infer
 
     async def _model(self, request: Request, name: str, version_str: str, kind: str) -> Response:
         if kind == "infer":
@@ -704,23 +701,35 @@ class HTTPFrontend:
     # -- responses ---------------------------------------------------------------------------
 
     def _encode_result(self, result: InferResult) -> Response:
-        parts = _binary_parts(result)
+        # When every output goes binary in the body and the response has no parameters, the
+        # header depends on the outputs' names, types, shapes and sizes only: the same for each
+        # request of one shape, so it is kept.
+        parts: list[Any] | None = None
+        if result.outputs and not result.parameters:
+            parts = []
+            shape: list[Any] = [result.request_id, result.model, result.version]
+            for out in result.outputs:
+                if not out.binary or out.shm is not None:
+                    parts = None
+                    break
+                raw = out.raw()
+                parts.append(raw)
+                shape.append((out.name, out.datatype, out.shape, len(raw)))
         if parts is not None:
-            # The header depends on the outputs' names, types, shapes and sizes only: the same
-            # for each request of one shape.
-            key = (result.request_id, result.model, result.version,
-                   *[(o.name, o.datatype, o.shape, len(p)) for o, p in zip(result.outputs, parts)])
-            header = self._headers.get(key)
-            if header is None:
+            key = tuple(shape)
+            kept = self._headers.get(key)
+            if kept is None:
                 header = self._encode_header(result)[0]
-                keep(self._headers, key, header)
+                kept = header, {_HEADER_LENGTH: str(len(header))}
+                keep(self._headers, key, kept)
+            header, headers = kept  # (the headers are only read, by the server that writes them)
         else:
             header, parts = self._encode_header(result)
             if not parts:
                 return Response(200, header, "application/json")
+            headers = {_HEADER_LENGTH: str(len(header))}
         # The tensors follow the header as they are (views of the response's arrays), not joined.
-        return Response(200, header, "application/octet-stream", {_HEADER_LENGTH: str(len(header))},
-                        parts=parts)
+        return Response(200, header, "application/octet-stream", headers, parts=parts)
 
     def _encode_header(self, result: InferResult) -> tuple[bytes, list[Any]]:
         """A response's JSON header, and the bytes of its binary outputs (to follow it)."""
