@@ -436,4 +436,6 @@ class TensorTransport:
     def decode_many(self, wires: Any, peer: Peer) -> list[tuple[str, np.ndarray]]:
         if not isinstance(wires, list):
             raise ProtocolError("malformed tensor list")
+        if len(wires) == 1:  # the usual answer: no comprehension to set up
+            return [self.decode(wires[0], peer)]
         return [self.decode(w, peer) for w in wires]

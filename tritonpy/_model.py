@@ -46,6 +46,11 @@ SHM_RETRY_FOR_S = 0.25
 
 LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
 _KINDS = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
+# The stub's frames, as plain ints: _on_frame compares each frame's command with them, and an
+# IntEnum member compares several times slower.
+_EXECUTE_DONE = int(Cmd.EXECUTE_DONE)
+_RESPONSE_SEND = int(Cmd.RESPONSE_SEND)
+_HELD = int(Cmd.HELD)
 DEFAULT_MAX_ASYNC = 8
 
 
@@ -758,7 +763,8 @@ class ModelRuntime(RuntimeBase):
             if not inst.running and (self._draining and not inst.active
                                      or inst.state in ("STARTING", "RESTARTING")):
                 self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
-        self._send_plans(plans)
+        if plans:
+            self._send_plans(plans)
 
     def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
         with self.lock:
@@ -788,11 +794,11 @@ class ModelRuntime(RuntimeBase):
     def _on_frame(self, stub: StubProcess, msg: list) -> None:
         cmd, call_id, body = msg
         inst: Instance = stub.instance
-        if cmd == Cmd.EXECUTE_DONE:
+        if cmd == _EXECUTE_DONE:
             self._on_done(inst, stub, call_id, body)
-        elif cmd == Cmd.RESPONSE_SEND:
+        elif cmd == _RESPONSE_SEND:
             self._on_response(inst, stub, body)
-        elif cmd == Cmd.HELD:
+        elif cmd == _HELD:
             for rid in body if isinstance(body, list) else ():
                 req = inst.active.get(rid) if isinstance(rid, int) else None
                 if req is not None and req.pacer is not None and not req.done:
