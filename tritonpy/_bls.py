@@ -262,7 +262,7 @@ class BlsRouter:
 
     def _find_cycle(self, req: HostRequest) -> tuple[list[str], list[HostRequest]] | None:
         """The chain of instances that makes ``req`` unservable, and the paced streams in it
-        (see ``_held_by``); None if it can progress.
+        (see ``_held_by_exec``); None if it can progress.
 
         An execute is blocked while it waits on BLS calls none of which can make progress (a
         sync execute waits on one call at a time; an async one may await several, and is
