@@ -426,6 +426,7 @@ class StubRuntime:
                     req = held() if held is not None else None
                     if req is not None:
                         req._cancelled = True
+                        self._early_cancel.discard(rid)
                 self._unpace(rid)
         elif cmd == Cmd.ACK:
             for item in body if type(body) is list else ():
