@@ -322,17 +322,12 @@ class _Feed(_Pacing):
         self.q.put(_make_response(req, outputs, error, parameters, final))
 
 
-class ResponseStream:
-    """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it.
-
-    Dropping it before its end (the last reference to it goes) cancels a decoupled model's
-    request, as ``cancel()`` would: nobody is left to read what the model sends."""
+class _Stream:
+    """What both response streams share: the feed the host fills (the request refers to it,
+    never to the stream), the request while it is in flight, and its cancel."""
 
     __slots__ = ("_feed", "_finished", "__weakref__")
-
-    def __init__(self) -> None:
-        self._feed = _Feed()
-        self._finished = False
+    _feed: Any  # a _Feed or an _AsyncFeed
 
     @property
     def request(self) -> HostRequest | None:
@@ -347,6 +342,24 @@ class ResponseStream:
         if timers is not None:
             feed.pace(req, timers)
             _cancel_when_dropped(self, feed)
+
+    def cancel(self) -> None:
+        req = self._feed.request
+        if req is not None:
+            req.cancel("request cancelled by the client")
+
+
+class ResponseStream(_Stream):
+    """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it.
+
+    Dropping it before its end (the last reference to it goes) cancels a decoupled model's
+    request, as ``cancel()`` would: nobody is left to read what the model sends."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._feed = _Feed()
+        self._finished = False
 
     def __iter__(self) -> ResponseStream:
         return self
@@ -367,11 +380,6 @@ class ResponseStream:
             feed._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()),
                        feed.q.empty())
         return resp
-
-    def cancel(self) -> None:
-        req = self._feed.request
-        if req is not None:
-            req.cancel("request cancelled by the client")
 
 
 # Requests of streams dropped before their end, cancelled by one thread of their own: a
@@ -495,7 +503,7 @@ class _AsyncFeed(_Pacing):
         self._on_loop(_Pacing.held, self)
 
 
-class AsyncResponseStream:
+class AsyncResponseStream(_Stream):
     """Async iterator of a request's responses, fed from the host's threads.
 
     A consumer that stops taking them gets its request cancelled (:data:`MAX_WAITING_BYTES`);
@@ -503,24 +511,11 @@ class AsyncResponseStream:
     (as :class:`ResponseStream`).
     """
 
-    __slots__ = ("_feed", "_finished", "__weakref__")
+    __slots__ = ()
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._feed = _AsyncFeed(loop)
         self._finished = False
-
-    @property
-    def request(self) -> HostRequest | None:
-        """The request while it is in flight (None once its final response is in)."""
-        return self._feed.request
-
-    def _start(self, req: HostRequest, timers: Timers | None) -> None:
-        """As :meth:`ResponseStream._start`."""
-        feed = self._feed
-        feed.request = req
-        if timers is not None:
-            feed.pace(req, timers)
-            _cancel_when_dropped(self, feed)
 
     def __aiter__(self) -> AsyncResponseStream:
         return self
@@ -547,11 +542,6 @@ class AsyncResponseStream:
         if resp.final:
             self._finished = True
         return resp
-
-    def cancel(self) -> None:
-        req = self._feed.request
-        if req is not None:
-            req.cancel("request cancelled by the client")
 
 
 class Timers:

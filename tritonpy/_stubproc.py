@@ -108,6 +108,14 @@ def _spawn_failed(name: str, exc: OSError, python: str = "") -> str:
     return f"{what}: {exc}"
 
 
+def _raise_if_no_thread(name: str, exc: BaseException, what: str) -> None:
+    """UnavailableError naming the limit to raise, if ``exc`` is a thread that could not start
+    (``RuntimeError: can't start new thread``)."""
+    if isinstance(exc, RuntimeError) and "thread" in str(exc):
+        raise UnavailableError(f"cannot start stub process '{name}': {what} can be started "
+                               f"({exc}): {THREAD_LIMIT_HINT}") from None
+
+
 def _stopped(pid: int) -> bool:
     """Whether process ``pid`` is stopped by a signal (state T in /proc)."""
     try:
@@ -190,9 +198,7 @@ class StubProcess:
             raise UnavailableError(_spawn_failed(name, exc, cmd[0])) from None
         except BaseException as exc:  # (RuntimeError: the spawning thread could not start)
             host_sock.close()
-            if isinstance(exc, RuntimeError) and "thread" in str(exc):
-                raise UnavailableError(f"cannot start stub process '{name}': {exc}: "
-                                       f"{THREAD_LIMIT_HINT}") from None
+            _raise_if_no_thread(name, exc, "no thread to spawn it")
             raise
         finally:
             child_sock.close()
@@ -226,10 +232,7 @@ class StubProcess:
             self.proc.wait()
             self._end_group()
             host_sock.close()
-            if isinstance(exc, RuntimeError) and "thread" in str(exc):
-                raise UnavailableError(
-                    f"cannot start stub process '{name}': no thread to read it can be started "
-                    f"({exc}): {THREAD_LIMIT_HINT}") from None
+            _raise_if_no_thread(name, exc, "no thread to read it")
             raise
 
     # -- output -----------------------------------------------------------------------------
