@@ -179,6 +179,17 @@ def assert_clean(prefix: str, before: set[int] | None = None) -> None:
         f"segments left: {segments(prefix)}"
 
 
+def communicate_in_session(proc: subprocess.Popen, timeout: float) -> tuple[Any, Any]:
+    """``proc.communicate(timeout)`` of a child started in a session of its own; one that
+    outlives ``timeout`` is killed, its process group and all, even when the test fails."""
+    try:
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+
+
 def run_driver(driver: str, *args: str, timeout: float = 50) -> tuple[str, str]:
     """Run ``python -c driver args`` (from tests/, in a session of its own: killed, group and
     all, if it outlives ``timeout``): the text after its last ``RESULT `` line, and its stderr.
@@ -186,12 +197,7 @@ def run_driver(driver: str, *args: str, timeout: float = 50) -> tuple[str, str]:
     proc = subprocess.Popen([sys.executable, "-c", driver, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=Path(__file__).resolve().parent,
                             start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    out, err = communicate_in_session(proc, timeout)
     lines = [ln for ln in out.decode().splitlines() if ln.startswith("RESULT ")]
     assert lines, f"the child printed no result (exit {proc.returncode}):\n{err.decode()[-3000:]}"
     return lines[-1][len("RESULT "):], err.decode()

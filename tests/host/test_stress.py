@@ -13,12 +13,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from _models import communicate_in_session
 
 from tritonpy import stress
 from tritonpy._stress_models import write_repository
@@ -34,12 +35,7 @@ def run_stress(*args: str, env: dict[str, str] | None = None,
     proc = subprocess.Popen([sys.executable, "-m", "tritonpy", "stress", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, **(env or {})}, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate()
+    out, err = communicate_in_session(proc, timeout)
     done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     done.pid = proc.pid  # type: ignore[attr-defined]
     return done
