@@ -179,7 +179,7 @@ class StubProcess:
             "shm_default_byte_size": min(options.shm_default_byte_size, 16 << 20),
             "shm_growth_byte_size": options.shm_growth_byte_size,
             "shm_cap": options.shm_total_byte_cap,
-            "bls_spin_us": options.bls_spin_microseconds,
+            "bls_spin_us": options.bls_spin_us(),
             "idle_spin_us": options.idle_spin_microseconds,
             "loop_stall_s": options.loop_stall_seconds,
             "shm_directory": options.shm_fallback_directory,

@@ -1,9 +1,12 @@
 """bls-spin-microseconds: a model thread waiting in a sync BLS call polls its socket for a while
 before it sleeps (a sleeping thread costs a CPU wake-up per reply), and stops polling when its
-recent replies were slow, or while threads wait for a CPU. What a user sees of it is the caller stub's CPU time, measured here
-with psutil on real stubs calling the ``sleeper`` model."""
+recent replies were slow, or while threads wait for a CPU. What a user sees of it is the caller
+stub's CPU time, measured here with psutil on real stubs calling the ``sleeper`` model; and,
+for the "auto" default, the value a stub is started with (its command line, as ``ps`` shows
+it), on this machine told it has 2 or 4 CPUs."""
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -12,6 +15,8 @@ import psutil
 import pytest
 
 import tritonpy
+from tritonpy import _loop
+from tritonpy._options import BackendOptions
 from _bls_models import BLS_REPO, drive, new_prefix, serve
 from _models import pinned_beside_busy
 
@@ -94,7 +99,31 @@ def test_zero_turns_polling_off() -> None:
 @pytest.mark.parametrize("value, words", [
     ("-1", "bls-spin-microseconds must be between 0 and 1000000, got -1"),
     ("lots", "backend option 'bls-spin-microseconds' expects a number, got 'lots'"),
+    ("", "backend option 'bls-spin-microseconds' expects a number, got ''"),
 ])
 def test_a_bad_value_is_refused_naming_the_option(value: str, words: str) -> None:
     with pytest.raises(tritonpy.InvalidArgumentError, match=words):
         tritonpy.Server(BLS_REPO, backend_config={"bls-spin-microseconds": value})
+
+
+def started_with(server: tritonpy.Server) -> float:
+    """The bls-spin microseconds the caller's stub was started with (its command line)."""
+    (inst,) = server.runtime("bls_driver").instances
+    return float(json.loads(psutil.Process(inst.stub.pid).cmdline()[-1])["bls_spin_us"])
+
+
+@pytest.mark.parametrize("cpus, config, expected", [
+    (2, {}, 0.0),  # caller, host and target on 2 CPUs: the caller sleeps
+    (4, {}, 200.0),  # a CPU for each: it polls
+    (2, {"bls-spin-microseconds": "auto"}, 0.0),
+    (2, {"idle-spin-microseconds": "0"}, 200.0),  # host and target sleep: the caller polls
+    (2, {"bls-spin-microseconds": "150"}, 150.0),  # a value given is taken as it is
+    (4, {"bls-spin-microseconds": "0"}, 0.0),
+])
+def test_auto_polls_where_each_process_of_a_call_has_a_cpu(monkeypatch, cpus: int,
+                                                           config: dict, expected: float) -> None:
+    monkeypatch.setattr(_loop, "_CPUS", cpus)
+    assert BackendOptions.from_mapping(config).bls_spin_us() == expected
+    with serve(BLS_REPO, new_prefix(), model_control_mode="explicit", load_models=["bls_driver"],
+               backend_config=config) as srv:
+        assert started_with(srv) == expected
