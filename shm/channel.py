@@ -31,9 +31,9 @@ FRAME_LIMIT = 60 * 1024
 # Release ids per RELEASE frame: small enough that a batch never spills into shm (the flusher
 # must not need pool space to give pool space back).
 RELEASE_BATCH = 8192
-# How long owed releases of small blocks wait for a frame to carry them before the flusher sends
-# them: in request/response traffic they then cost no frame and no wake-up of the peer of their
-# own. Big blocks' releases (Peer.owe_release urgent) go at once. While releases are owed, the
+# How long owed releases wait for a frame to carry them before the flusher sends them: in
+# request/response traffic they then cost no frame and no wake-up of the peer of their own. Once
+# they add up to URGENT_RELEASE_BYTES of blocks (Peer.owe_release), they go at once. While releases are owed, the
 # flusher looks every RELEASE_DELAY_S (it is not woken per release: that wake-up cost more than
 # the release itself); after PARK_AFTER_TICKS looks that found nothing owed it sleeps until the
 # next release wakes it.

@@ -1,6 +1,6 @@
 """Immutable handles on the real substrate: a tensor's kept shm copy, the host's read-only
 views of it, a stub's copy-on-write views, and the page-map test that forwards an unwritten
-view by handle and copies a written one."""
+view by handle and copies a written one; and which releases go to the owner at once."""
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tritonpy.shm import Peer, Pool, ProtocolError, SegmentMap, TensorTransport
-from tritonpy.shm.transport import IMMUTABLE, KEEP_MIN_BYTES
+from tritonpy.shm.transport import IMMUTABLE, KEEP_MIN_BYTES, URGENT_RELEASE_BYTES
 
 N = KEEP_MIN_BYTES + 100
 
@@ -118,6 +118,27 @@ def test_views_release_the_block_hop_by_hop(pools) -> None:
     _, view = receiver.decode(wire, back)
     del view
     assert back.take_owed() == [eid]  # not urgent: the owner keeps the block anyway
+
+
+@pytest.mark.parametrize("sizes, urgent", [
+    ([URGENT_RELEASE_BYTES], [True]),  # the owner may need the room for its next big tensor
+    ([1 << 20], [False]),  # waits for a frame going to the owner anyway
+    ([3 << 20, 3 << 20], [False, True]),  # what is owed adds up to it: all of it goes at once
+    ([3 << 20, 3 << 20, 3 << 20], [False, True, False]),  # and counting starts again
+])
+def test_releases_go_at_once_once_they_add_up_to_a_big_block(pools, sizes: list[int],
+                                                             urgent: list[bool]) -> None:
+    sender, receiver = TensorTransport(pools[0]), TensorTransport(pools[1])
+    wires = [sender.encode("x", np.ones(n, np.uint8), Peer()) for n in sizes]
+    back = Peer()
+    views = [receiver.decode(w, back)[1] for w in wires]
+    assert not back.urgent and not back.lazy
+    for wire, at_once in zip(wires, urgent):
+        views.pop(0)  # the last view of that block dies: its release is owed
+        assert (wire[3][3] in back.urgent) is at_once
+        if at_once:  # the flusher takes them all
+            assert back.take_owed() and not back.urgent and not back.lazy
+    assert list(back.lazy) == ([wires[-1][3][3]] if not urgent[-1] else [])
 
 
 @pytest.mark.parametrize("handle", [

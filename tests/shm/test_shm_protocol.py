@@ -22,6 +22,7 @@ from tritonpy.shm import (
     TensorTransport,
     socket_pair,
 )
+from tritonpy.shm.transport import URGENT_RELEASE_BYTES
 
 
 class Pair:
@@ -292,7 +293,7 @@ def test_a_big_blocks_release_goes_at_once(pair: Pair, monkeypatch: pytest.Monke
     import tritonpy.shm.channel as channel_module
 
     monkeypatch.setattr(channel_module, "RELEASE_DELAY_S", 30.0)
-    pair.channel.peer.owe_release(9, urgent=True)
+    pair.channel.peer.owe_release(9, URGENT_RELEASE_BYTES)
     pair.raw.settimeout(5)
     assert msgpack.unpackb(pair.raw.recv(4096)) == [int(Cmd.RELEASE), 0, [9]]
 
