@@ -71,8 +71,9 @@ def segments(trace_dir: str) -> list[list[int]]:
     events = []
     for path in Path(trace_dir).glob("*.tsv"):
         for line in path.read_text().splitlines():
-            t, name, way, cmd, _ = line.split("\t")
-            events.append((int(t), name, way, int(cmd)))
+            fields = line.split("\t")
+            if len(fields) == 5:  # (a process killed while it wrote leaves a cut line)
+                events.append((int(fields[0]), fields[1], fields[2], int(fields[3])))
     events.sort()
     wanted = set(CALL)
     seq = [e for e in events if (e[1], e[2], e[3]) in wanted]

@@ -52,16 +52,35 @@ EMPTY: list = []
 # Plain ints for the per-frame checks in recv(): an IntEnum member lookup costs ~0.3 µs each.
 _SPILL, _RELEASE, _DROPPED = int(Cmd.SPILL), int(Cmd.RELEASE), int(Cmd.DROPPED)
 # TRITONPY_FRAME_TRACE=<directory>: every process (stubs inherit it) records when each frame is
-# sent and received, and writes <directory>/<pid>.tsv at exit; benchmarks/bls_trace.py reads
-# them. Off by default: one global test per frame.
+# sent and received, and appends the records to <directory>/<pid>.tsv every TRACE_CHUNK of them
+# and at exit (a stub that ends by os._exit, which skips atexit, calls flush_trace first);
+# benchmarks/bls_trace.py reads them. Off by default: one global test per frame.
 _TRACE_DIR = os.environ.get("TRITONPY_FRAME_TRACE", "")
+TRACE_CHUNK = 4096
 _trace: list[tuple[int, str, str, int, int]] = []
+_trace_lock = threading.Lock()
+
+
+def _traced(row: tuple[int, str, str, int, int]) -> None:
+    _trace.append(row)
+    if len(_trace) >= TRACE_CHUNK:
+        _dump_trace()
+
+
+def flush_trace() -> None:
+    """Write out the frame trace now (TRITONPY_FRAME_TRACE), before an ``os._exit``."""
+    if _TRACE_DIR:
+        _dump_trace()
 
 
 def _dump_trace() -> None:
-    if _trace:
-        with open(os.path.join(_TRACE_DIR, f"{os.getpid()}.tsv"), "w") as fh:
-            fh.writelines("\t".join(map(str, row)) + "\n" for row in _trace)
+    # Under a lock: a thread about to os._exit waits until another one (atexit's) has written.
+    with _trace_lock:
+        rows = _trace[:]
+        del _trace[:len(rows)]
+        if rows:
+            with open(os.path.join(_TRACE_DIR, f"{os.getpid()}.tsv"), "a") as fh:
+                fh.writelines("\t".join(map(str, row)) + "\n" for row in rows)
 
 
 if _TRACE_DIR:
@@ -199,7 +218,7 @@ class Channel:
             data = _packb(frame(Cmd.SPILL, 0, [seg.name, off, len(data), eid]), use_bin_type=True)
         try:
             if _TRACE_DIR:
-                _trace.append((time.perf_counter_ns(), self.name, "send", int(cmd), call_id))
+                _traced((time.perf_counter_ns(), self.name, "send", int(cmd), call_id))
             if self._backlog is None:
                 self.sock.send(data)
             else:
@@ -297,7 +316,7 @@ class Channel:
             if n == len(self._buf):  # SOCK_SEQPACKET cut a datagram longer than any we send
                 raise ProtocolError(f"{self.name}: frame of {n}+ bytes exceeds the frame limit")
             if _TRACE_DIR:  # the command byte: a fixarray header, then a positive fixint
-                _trace.append((time.perf_counter_ns(), self.name, "recv", self._buf[1], 0))
+                _traced((time.perf_counter_ns(), self.name, "recv", self._buf[1], 0))
             msg = self._parse(self._view[:n])
             if msg[0] == _SPILL:
                 msg = self._unspill(msg[2])

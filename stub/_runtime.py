@@ -32,7 +32,7 @@ from tritonpy._loop import SpinPolicy, StallWatch, cpus_busy
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
 from tritonpy.shm._errors import FdLimitError, ProtocolError, ShmError
-from tritonpy.shm.channel import EMPTY
+from tritonpy.shm.channel import EMPTY, flush_trace
 from tritonpy.shm.messages import PROTOCOL_VERSION
 from tritonpy.shm.pool import RECLAIM_EVERY_S
 
@@ -373,8 +373,9 @@ class StubRuntime:
                 except Exception as exc:  # a malformed frame: report it, keep reading
                     sys.stderr.write(f"tritonpy stub {self.name}: bad frame from host: {exc}\n")
                     continue
-                if msg is None:
-                    os._exit(0)  # the host is gone; nothing here can be useful any more
+                if msg is None:  # the host is gone; nothing here can be useful any more
+                    flush_trace()
+                    os._exit(0)
                 if msg[0] in _MAIN_THREAD_TASKS and not _on_main_thread():
                     self._queue(msg)  # still holding the role: the main thread is not reading
                     return None
