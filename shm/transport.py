@@ -37,8 +37,8 @@ INLINE_LIMIT = 48 * 1024
 # owed (the flusher is woken to send them), so that the owner finds the room for its next big
 # tensors. An urgent release costs a wake-up of the flusher thread and a frame of its own:
 # with every release of 256 KiB or more urgent, the four of a BLS call took a 1 MiB call from
-# 170-220 us to 220-330 us; with eight 3 MiB calls in flight and only a time limit, the owners'
-# pools grew, and the calls took 230-310 us, against 210-230 us.
+# 170-220 us to 220-330 us. With a time limit alone, eight 3 MiB calls in flight took 230-310 us
+# against 210-230 us with each release at once (more blocks held, and /dev/shm used grew).
 URGENT_RELEASE_BYTES = 4 * 1024 * 1024
 # A tensor sent again keeps its shm copy from this size up. Below it a copy is cheaper than the
 # private mapping that each receiver then needs (~100 µs of mapping and page-map reads a hop,

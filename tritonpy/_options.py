@@ -4,8 +4,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from ._errors import InvalidArgumentError
 from . import _loop
+from ._errors import InvalidArgumentError
 from ._loop import STALL_S
 
 MiB = 1 << 20
