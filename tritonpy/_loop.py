@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import sys
 import threading
@@ -87,7 +88,82 @@ class StallWatch:
         return "".join(traceback.format_stack(frame)).rstrip("\n")
 
 
-_CPUS = len(os.sched_getaffinity(0))
+def _read(path: str) -> str | None:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _quota_at(directory: str, v2: bool) -> float | None:
+    """The CPU quota (in CPUs) set on one cgroup directory, or None."""
+    try:
+        if v2:  # cpu.max: "<quota> <period>", or "max <period>"
+            text = _read(os.path.join(directory, "cpu.max"))
+            if text is None or text.split()[0] == "max":
+                return None
+            quota, period = (int(v) for v in text.split()[:2])
+        else:  # cgroup v1: cpu.cfs_quota_us is -1 without a quota
+            text = _read(os.path.join(directory, "cpu.cfs_quota_us"))
+            quota = int(text) if text is not None else -1
+            if quota <= 0:
+                return None
+            period = int(_read(os.path.join(directory, "cpu.cfs_period_us")) or "0")
+    except (ValueError, IndexError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
+
+
+def cgroup_cpu_quota(mountinfo: str = "/proc/self/mountinfo",
+                     cgroup: str = "/proc/self/cgroup") -> float | None:
+    """The tightest CPU quota (in CPUs, maybe fractional) of this process's cgroup and every
+    cgroup above it that this process can see: ``docker --cpus``, a Kubernetes CPU limit.
+    cgroup v2's ``cpu.max`` or v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; None when
+    there is none, or nothing can be read."""
+    paths: dict[str, str] = {}  # controller (or "" for cgroup v2) -> this process's cgroup
+    for line in (_read(cgroup) or "").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for name in parts[1].split(",") if parts[1] else [""]:
+                paths[name] = parts[2]
+    best: float | None = None
+    for line in (_read(mountinfo) or "").splitlines():
+        fields, sep, tail = line.partition(" - ")
+        mount, rest = fields.split(), tail.split()
+        if not sep or len(mount) < 5 or len(rest) < 3:
+            continue
+        root, point, fstype = mount[3], mount[4], rest[0]
+        if fstype == "cgroup2" and "" in paths:
+            v2, path = True, paths[""]
+        elif fstype == "cgroup" and "cpu" in rest[2].split(",") and "cpu" in paths:
+            v2, path = False, paths["cpu"]
+        else:
+            continue
+        # A container sees its own cgroup as the root of the mount (mountinfo's root field).
+        if root != "/" and (path == root or path.startswith(root + "/")):
+            path = path[len(root):]
+        directory = os.path.normpath(point + "/" + path)
+        while directory.startswith(point):
+            quota = _quota_at(directory, v2)
+            if quota is not None and (best is None or quota < best):
+                best = quota
+            if directory == point:
+                break
+            directory = os.path.dirname(directory)
+    return best
+
+
+def usable_cpus() -> int:
+    """The CPUs this process's server may keep busy: its affinity (``taskset``, a cpuset),
+    capped by a cgroup CPU quota rounded up (a 1.5-CPU quota counts as 2)."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = cgroup_cpu_quota()
+    return min(cpus, max(1, math.ceil(quota))) if quota is not None else cpus
+
+
+#: The CPUs that polling may count on (see :func:`usable_cpus`).
+_CPUS = usable_cpus()
 #: CPU pressure (``/proc/pressure/cpu``, "some"): the share of time in which some runnable
 #: thread waited for a CPU. Above this share, polling would take CPU from others.
 PRESSURE_MAX = 0.3
@@ -161,8 +237,9 @@ class SpinPolicy:
     microseconds on a virtual machine, on that message's critical path, and as much again
     before it runs. Polling is worth it while its recent waits (the moving mean of the last
     few, each counted at most ``longest`` windows long) came within ``within`` windows, and
-    while the machine has a CPU to spare (:func:`cpus_busy`). Never on a single CPU: the
-    sender could not run meanwhile.
+    while the machine has a CPU to spare (:func:`cpus_busy`). Never on a single CPU (see
+    :func:`usable_cpus`: a 1-CPU cgroup quota counts as one): the sender could not run
+    meanwhile.
     """
 
     def __init__(self, window_s: float, within: float = 1.0, longest: float = 4.0) -> None:
