@@ -156,10 +156,13 @@ def cgroup_cpu_quota(mountinfo: str = "/proc/self/mountinfo",
 
 def usable_cpus() -> int:
     """The CPUs this process's server may keep busy: its affinity (``taskset``, a cpuset),
-    capped by a cgroup CPU quota rounded up (a 1.5-CPU quota counts as 2)."""
+    capped by a cgroup CPU quota rounded down (a 1.5-CPU quota counts as 1): past its quota a
+    cgroup is stopped until the next period (100 ms by default). Under a 1-CPU quota on this
+    2-CPU VM, a host and a stub that polled made the in-process round trip's p99.9 28-32 ms
+    (throttled), against 0.3-0.6 ms with neither polling (p50 71-75 µs against 110-120 µs)."""
     cpus = len(os.sched_getaffinity(0))
     quota = cgroup_cpu_quota()
-    return min(cpus, max(1, math.ceil(quota))) if quota is not None else cpus
+    return min(cpus, max(1, math.floor(quota))) if quota is not None else cpus
 
 
 #: The CPUs that polling may count on (see :func:`usable_cpus`).

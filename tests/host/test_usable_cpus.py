@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonpy._loop import cgroup_cpu_quota
+from tritonpy import _loop
+from tritonpy._loop import cgroup_cpu_quota, usable_cpus
 
 V2 = "30 23 0:26 {root} {point} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 V1 = "32 31 0:29 {root} {point} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
@@ -63,6 +64,18 @@ def test_v1_quota_and_period(tmp_path: Path) -> None:
 ])
 def test_no_quota_or_unreadable_means_none(tmp_path: Path, files: dict[str, str]) -> None:
     assert tree(tmp_path, V2.replace("{root}", "/"), "0::/\n", files) is None
+
+
+@pytest.mark.parametrize("quota, expected", [
+    (None, 2), (0.5, 1), (1.0, 1), (1.5, 1), (2.0, 2), (2.5, 2), (64.0, 2),
+])
+def test_a_quota_counts_rounded_down_and_never_beyond_the_affinity(
+        monkeypatch: pytest.MonkeyPatch, quota: float | None, expected: int) -> None:
+    # Two CPUs in the affinity; past its quota a cgroup is stopped until the next period, so
+    # two processes busy under a 1.5-CPU quota would be.
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(_loop, "cgroup_cpu_quota", lambda: quota)
+    assert usable_cpus() == expected
 
 
 PROBE = """
