@@ -105,10 +105,7 @@ def _quota_at(directory: str, v2: bool) -> float | None:
                 return None
             quota, period = (int(v) for v in text.split()[:2])
         else:  # cgroup v1: cpu.cfs_quota_us is -1 without a quota
-            text = _read(os.path.join(directory, "cpu.cfs_quota_us"))
-            quota = int(text) if text is not None else -1
-            if quota <= 0:
-                return None
+            quota = int(_read(os.path.join(directory, "cpu.cfs_quota_us")) or "-1")
             period = int(_read(os.path.join(directory, "cpu.cfs_period_us")) or "0")
     except (ValueError, IndexError):
         return None

@@ -92,6 +92,13 @@ def bls(count, fail_at):
             pb_utils.Tensor("COUNT", np.array([count], np.int32)),
             pb_utils.Tensor("FAIL_AT", np.array([fail_at], np.int32))])
 
+def begin(request):  # COUNT, the request's parameters, a fresh tally of the stream
+    count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+    return count, json.loads(request.parameters()), new_seen()
+
+def new_seen():
+    return {"taken": 0, "bad": 0, "sent": -1, "error": None}
+
 def look(resp, seen):
     if resp.has_error():
         seen["error"] = resp.error().message()
@@ -117,9 +124,7 @@ class TritonPythonModel:
     def execute(self, requests):
         out = []
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            p = json.loads(request.parameters())
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            count, p, seen = begin(request)
             stream = bls(count, p.get("fail_at", -1)).exec(decoupled=True)
             for resp in stream:
                 look(resp, seen)
@@ -142,9 +147,7 @@ class TritonPythonModel:
     async def execute(self, requests):
         out = []
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            p = json.loads(request.parameters())
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            count, p, seen = begin(request)
             stream = await bls(count, p.get("fail_at", -1)).async_exec(decoupled=True)
             async for resp in stream:
                 look(resp, seen)
@@ -262,10 +265,10 @@ class TritonPythonModel:
         for request in requests:
             count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
             first, second = bls(count, -1).exec(decoupled=True), bls(3, -1).exec(decoupled=True)
-            seen_b = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            seen_b = new_seen()
             for resp in second:
                 look(resp, seen_b)
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            seen = new_seen()
             for resp in first:
                 look(resp, seen)
             seen["b"] = seen_b
@@ -280,10 +283,10 @@ class TritonPythonModel:
             count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
             first = await bls(count, -1).async_exec(decoupled=True)
             second = await bls(3, -1).async_exec(decoupled=True)
-            seen_b = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            seen_b = new_seen()
             async for resp in second:
                 look(resp, seen_b)
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            seen = new_seen()
             async for resp in first:
                 look(resp, seen)
             seen["b"] = seen_b
@@ -376,9 +379,7 @@ class TritonPythonModel:
     def execute(self, requests):
         out = []
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            p = json.loads(request.parameters())
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            count, p, seen = begin(request)
             for resp in bls(count, -1).exec(decoupled=True):
                 look(resp, seen)
                 call = post(resp, seen, p)
@@ -392,9 +393,7 @@ class TritonPythonModel:
     async def execute(self, requests):
         out = []
         for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            p = json.loads(request.parameters())
-            seen = {"taken": 0, "bad": 0, "sent": -1, "error": None}
+            count, p, seen = begin(request)
             async for resp in await bls(count, -1).async_exec(decoupled=True):
                 look(resp, seen)
                 call = post(resp, seen, p)
