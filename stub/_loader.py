@@ -17,29 +17,39 @@ def model_search_path(version_dir: str) -> list[str]:
     return [version_dir, os.path.dirname(version_dir)]
 
 
-def import_model(model_file: str, package: str) -> types.ModuleType:
-    """Import ``model_file`` as ``<package>.<stem>``, ``package`` being its directory."""
+def import_model(model_file: str, package: str | None) -> types.ModuleType:
+    """Import ``model_file`` as ``<package>.<stem>``, ``package`` being its directory; with
+    ``package`` None, as the top-level module ``<stem>`` (a Python-based backend's model.py)."""
+    stem = os.path.splitext(os.path.basename(model_file))[0]
+    if package is None:
+        return _exec_model(model_file, stem)
     directory = os.path.dirname(os.path.abspath(model_file))
     pkg = types.ModuleType(package)
     pkg.__path__ = [directory]
     pkg.__package__ = package
     pkg.__spec__ = importlib.machinery.ModuleSpec(package, None, is_package=True)
     pkg.__spec__.submodule_search_locations = [directory]
-    stem = os.path.splitext(os.path.basename(model_file))[0]
-    name = f"{package}.{stem}"
-    spec = importlib.util.spec_from_file_location(name, model_file)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {model_file}")
-    module = importlib.util.module_from_spec(spec)
     sys.modules[package] = pkg
-    sys.modules[name] = module
+    module = _exec_model(model_file, f"{package}.{stem}", package)
+    setattr(pkg, stem, module)
+    return module
+
+
+def _exec_model(model_file: str, name: str, package: str | None = None) -> types.ModuleType:
+    """Run ``model_file`` as the module ``name`` (and in ``package``, already registered: both
+    are taken out of ``sys.modules`` again if it fails)."""
     try:
+        spec = importlib.util.spec_from_file_location(name, model_file)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot load {model_file}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(name, None)
-        sys.modules.pop(package, None)
+        if package is not None:
+            sys.modules.pop(package, None)
         raise
-    setattr(pkg, stem, module)
     if not hasattr(module, "TritonPythonModel"):
         raise AttributeError(f"{model_file} defines no class TritonPythonModel")
     return module

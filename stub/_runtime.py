@@ -619,9 +619,20 @@ class StubRuntime:
         self.channel.send(Cmd.REPLY, call_id, body)
 
     # -- lifecycle --------------------------------------------------------------------------------
-    def _load_module(self, model_file: str, version_dir: str) -> Any:
+    def _load_module(self, body: dict) -> Any:
+        """Import the model of an INITIALIZE or AUTO_COMPLETE frame (see
+        ``tritonpy.repository.model_source``)."""
         sys.modules["triton_python_backend_utils"] = pb_utils
+        model_file, version_dir = body["model_file"], body["version_dir"]
         self.version_dir = version_dir
+        backend = body.get("backend_dir")
+        if backend is not None:
+            # A Python-based backend, as Triton 2.51 imports it (measured): its folder is
+            # searched last, the model's folders not at all, and its model.py is the
+            # top-level module "model".
+            if backend not in sys.path:
+                sys.path.append(backend)
+            return import_model(model_file, None)
         # As Triton: the version directory's files and then the model directory's (beside
         # config.pbtxt, shared by the versions) import as plain modules, and model.py is the
         # module "<version>.model" (its relative imports work).
@@ -638,7 +649,7 @@ class StubRuntime:
         try:
             import json
 
-            module = self._load_module(body["model_file"], body["version_dir"])
+            module = self._load_module(body)
             self.model = module.TritonPythonModel()
             args = body["args"]
             self.model_config = json.loads(args["model_config"])
@@ -666,7 +677,7 @@ class StubRuntime:
     def _auto_complete(self, body: dict) -> dict:
         self.phase = "initialize"
         try:
-            module = self._load_module(body["model_file"], body["version_dir"])
+            module = self._load_module(body)
             cls = module.TritonPythonModel
             cfg = pb_utils.ModelConfig(body["config"])
             fn = getattr(cls, "auto_complete_config", None)

@@ -8,7 +8,6 @@ instance; with ``dynamic_batching`` several queued requests go to one ``execute`
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
@@ -319,9 +318,10 @@ class ModelRuntime(RuntimeBase):
     """One version of one model, loaded."""
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
-                 model_dir: str, model_file: str) -> None:
+                 model_dir: str, source: dict[str, str]) -> None:
         super().__init__(server, name, version, config, config_json, model_dir)
-        self.model_file = model_file
+        # Where its stubs import the model from (see repository.model_source).
+        self.source = source
         params = {k: v.string_value for k, v in config.parameters.items()}
         try:
             self.max_async = int(params.get("max_concurrent_executes", DEFAULT_MAX_ASYNC))
@@ -462,8 +462,7 @@ class ModelRuntime(RuntimeBase):
                 on_hello()
             reply = stub.call(Cmd.INITIALIZE, {
                 "args": self._initialize_args(inst, config_json or ""),
-                "model_file": self.model_file,
-                "version_dir": os.path.dirname(self.model_file),
+                **self.source,
                 "decoupled": self.decoupled,
                 "max_async": self.max_async,
             }, timeout=None)  # as Triton: as long as the stub lives and answers (watchdog)

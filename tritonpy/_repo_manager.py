@@ -326,6 +326,7 @@ class RepositoryManager:
             available_versions,
             fingerprint,
             model_file,
+            model_source,
             select_versions,
             version_fingerprints,
         )
@@ -349,10 +350,6 @@ class RepositoryManager:
             read = cfg, exists
             ensemble = is_ensemble(cfg)
             files = version_fingerprints(entry.directory) if entry.directory else {}
-            if cfg.backend and cfg.backend != "python":
-                raise UnsupportedError(
-                    f"model '{entry.name}': backend '{cfg.backend}' is not supported; "
-                    "tritonpy runs python backend models")
             if not exists and not srv.auto_complete:
                 raise ConfigError(f"{cfg_path}: no model configuration, and auto-complete is "
                                   "disabled (it would complete a missing one)")
@@ -374,8 +371,10 @@ class RepositoryManager:
                     and not config_needs_reload(rt.config, cfg)}
             for v in versions:
                 if v not in kept:
+                    path = model_file(cfg, entry.directory, v, srv.backend_directory)
                     rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
-                                      model_file(cfg, entry.directory, v))
+                                      model_source(cfg, entry.directory, v, path,
+                                                   srv.backend_directory))
                     new[v] = rt
                     rt.load()
             for rt in kept.values():
@@ -451,7 +450,7 @@ class RepositoryManager:
         wrong name, a model-level setting out of range), so that the model never reaches
         Triton's model lifecycle and its index lists it by name alone; None where no version
         is there to load (Triton's index leaves such a folder out); else those its version
-        policy names (another backend, a tensor's settings, a label file, an
+        policy names (a backend not found, a tensor's settings, a label file, an
         ``auto_complete_config`` that fails: Triton lists each version UNAVAILABLE, with the
         reason)."""
         from .config import normalize_config
@@ -465,8 +464,6 @@ class RepositoryManager:
         except TritonpyError:
             return None
         try:
-            if cfg.backend and cfg.backend != "python":
-                return versions
             # Triton checks the tensors and the instance groups (a KIND_GPU group where there
             # is no GPU, measured), and reads label files, as a version loads, past its poll:
             # the rest of the configuration is what the poll refuses.
@@ -504,13 +501,14 @@ class RepositoryManager:
 
         from ._stubproc import StubProcess
         from .config import auto_complete_input, auto_completed, config_from_dict
-        from .repository import available_versions, model_file
+        from .repository import available_versions, model_file, model_source
 
         versions = available_versions(entry.directory)
         if not versions:
             return cfg
+        srv = self.server
         try:
-            path = model_file(cfg, entry.directory, versions[-1])
+            path = model_file(cfg, entry.directory, versions[-1], srv.backend_directory)
         except ConfigError:
             return cfg  # the load reports the missing file later, with its path
         try:
@@ -520,7 +518,6 @@ class RepositoryManager:
         except OSError:
             return cfg  # model_file() reports the missing file later with its path
         d = auto_complete_input(cfg, entry.name, self.gpu_count())
-        srv = self.server
         if srv.loads_cancelled:  # no new stub once the server is stopping
             raise load_cancelled()
         stub = StubProcess(f"{entry.name}_autocomplete", entry.name, srv.transport,
@@ -530,7 +527,8 @@ class RepositoryManager:
             srv.track_start(stub)  # a stop does not wait for its model.py to import
             stub.wait_hello(60)
             reply = stub.call(Cmd.AUTO_COMPLETE, {
-                "model_file": path, "version_dir": os.path.dirname(path), "config": d,
+                "config": d, **model_source(cfg, entry.directory, versions[-1], path,
+                                            srv.backend_directory),
             }, timeout=60)
         except TritonpyError as exc:
             if srv.loads_cancelled:

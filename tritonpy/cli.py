@@ -443,7 +443,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--log-file", default=None, metavar="PATH",
                    help="write the log to this file instead of stderr")
     s.add_argument("--backend-directory", default=None, metavar="DIR",
-                   help="accepted for Triton's command lines; the python backend is built in")
+                   help="where a model of another backend than python finds it as a "
+                        "Python-based backend (DIR/<backend>/model.py; default "
+                        "/opt/tritonserver/backends, as Triton's); the python backend itself "
+                        "is built in")
     s.add_argument("--trace-config", action="append", default=[], type=_trace_config,
                    metavar="[MODE,]SETTING=VALUE",
                    help="trace settings: level (OFF, TIMESTAMPS, TENSORS), rate, count, mode "
@@ -615,7 +618,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     model_config_name=args.model_config_name,
                     response_cache_size=cache_size(args),
                     model_load_retry_count=args.model_load_retry_count,
-                    metrics_config=metrics_config(args))
+                    metrics_config=metrics_config(args),
+                    backend_directory=args.backend_directory)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

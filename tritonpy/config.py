@@ -4,8 +4,10 @@ The configuration is Triton's own ``inference.ModelConfig`` protobuf (shipped by
 ``tritonclient[grpc]``), so every field Triton accepts parses here too. What
 :func:`normalize_config` fills and refuses follows Triton core's
 ``AutoCompleteBackendFields``, ``NormalizeModelConfig``, ``NormalizeInstanceGroup``,
-``ValidateModelConfig``, ``ValidateModelIOConfig`` and ``ValidateInstanceGroup`` for the two
-kinds of model tritonpy runs: ``backend: "python"`` and ``platform: "ensemble"``.
+``ValidateModelConfig``, ``ValidateModelIOConfig`` and ``ValidateInstanceGroup`` for the
+kinds of model tritonpy runs: ``backend: "python"``, Python-based backends (any other
+``backend``: its ``model.py`` is looked for in the backend directory as a version loads, see
+:func:`tritonpy.repository.model_file`) and ``platform: "ensemble"``.
 
 Every error is a :class:`~tritonpy._errors.ConfigError` whose message starts with the
 configuration's path, so a repository with one bad model says which file to fix. Its JSON
@@ -241,6 +243,10 @@ def _fill_names(c: ModelConfig, model_name: str) -> None:
         c.backend = PYTHON_BACKEND
     if c.backend == PYTHON_BACKEND:
         c.default_model_filename = c.default_model_filename or DEFAULT_MODEL_FILENAME
+    elif c.backend:
+        # A Python-based backend: Triton 2.51 names its script as the runtime (measured; a
+        # runtime or default_model_filename given stays as given, and is not used).
+        c.runtime = c.runtime or DEFAULT_MODEL_FILENAME
 
 
 def _fill_identity(c: ModelConfig, model_name: str) -> None:
@@ -254,10 +260,8 @@ def _fill_identity(c: ModelConfig, model_name: str) -> None:
                  f"'{ENSEMBLE_PLATFORM}' and empty backend type")
         return
     _require(c.backend, f"unexpected platform type '{c.platform}' for {c.name}: "
-             f"tritonpy runs 'backend: \"{PYTHON_BACKEND}\"' and 'platform: "
-             f"\"{ENSEMBLE_PLATFORM}\"' models")
-    _require(c.backend == PYTHON_BACKEND, f"unsupported 'backend' '{c.backend}' for {c.name}: "
-             f"tritonpy runs only '{PYTHON_BACKEND}' models and '{ENSEMBLE_PLATFORM}' ensembles")
+             f"tritonpy runs 'backend: \"{PYTHON_BACKEND}\"' models, Python-based backends "
+             f"and 'platform: \"{ENSEMBLE_PLATFORM}\"' models")
 
 
 def _fill_policies(c: ModelConfig) -> None:

@@ -5,6 +5,11 @@ Layout, as Triton reads it::
     <repository>/<model_name>/config.pbtxt
     <repository>/<model_name>/<version>/model.py
 
+or, for a model of a Python-based backend (``backend: "<name>"``), one ``model.py`` shared by
+its models in the backend directory (Triton's ``--backend-directory``)::
+
+    <backend directory>/<name>/model.py
+
 Nothing here imports model code or starts anything; it only looks at the file system.
 """
 from __future__ import annotations
@@ -17,19 +22,25 @@ from typing import Any, Callable
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from tritonpy._errors import ConfigError, NotFoundError
-from tritonpy.config import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM
+from tritonpy._errors import ConfigError, InvalidArgumentError, NotFoundError, version_failed
+from tritonpy.config import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, PYTHON_BACKEND
 
 __all__ = [
+    "DEFAULT_BACKEND_DIRECTORY",
     "available_versions",
+    "backend_dir",
     "fingerprint",
     "model_file",
+    "model_source",
     "scan_repositories",
     "select_versions",
     "version_fingerprints",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Triton's default ``--backend-directory``: where Python-based backends are looked for.
+DEFAULT_BACKEND_DIRECTORY = "/opt/tritonserver/backends"
 
 # Triton's reason for a name found in two repositories (MODEL_READY_REASON_DUPLICATE).
 DUPLICATE_REASON = "model appears in two or more repositories"
@@ -181,15 +192,38 @@ def _policy_text(cfg: ModelConfig) -> str:
     return "all { }" if choice == "all" else "latest { num_versions: 1 }"
 
 
-def model_file(cfg: ModelConfig, model_dir: str, version: int) -> str:
-    """The path of a version's model file, ``<model_dir>/<version>/<default_model_filename>``.
+def backend_dir(cfg: ModelConfig, backend_directory: str) -> str | None:
+    """The folder of the Python-based backend ``cfg`` names (``<backend_directory>/<backend>``),
+    or None for a model of the python backend (or an ensemble)."""
+    if not cfg.backend or cfg.backend == PYTHON_BACKEND or cfg.platform == ENSEMBLE_PLATFORM:
+        return None
+    return os.path.join(backend_directory, cfg.backend)
+
+
+def model_file(cfg: ModelConfig, model_dir: str, version: int,
+               backend_directory: str = DEFAULT_BACKEND_DIRECTORY) -> str:
+    """The path of a version's model file, ``<model_dir>/<version>/<default_model_filename>``;
+    for a model of a Python-based backend, the backend's ``model.py`` in
+    ``backend_directory``, whatever the version (as Triton 2.51: its ``runtime`` and
+    ``default_model_filename`` are not used, nor a model.py in the version directory).
 
     Raises:
         ConfigError: The model is an ensemble (it has no model file) or the file is missing;
-            the message names the path looked at.
+            the message names the path looked at (for a backend, Triton's words first, as
+            the failure of that version).
     """
     if cfg.platform == ENSEMBLE_PLATFORM:
         raise ConfigError(f"model '{cfg.name}' is an ensemble and has no model file")
+    folder = backend_dir(cfg, backend_directory)
+    if folder is not None:
+        path = os.path.join(folder, DEFAULT_MODEL_FILENAME)
+        if not os.path.isfile(path):
+            raise ConfigError(version_failed(version, InvalidArgumentError(
+                f"unable to find backend library for backend '{cfg.backend}', try specifying "
+                "runtime on the model configuration. (tritonpy runs the python backend and "
+                f"Python-based backends, and found no {path}; the backend directory is "
+                "Triton's --backend-directory)")))
+        return path
     filename = cfg.default_model_filename or DEFAULT_MODEL_FILENAME
     path = os.path.join(model_dir, str(version), filename)
     if not os.path.isfile(path):
@@ -199,6 +233,19 @@ def model_file(cfg: ModelConfig, model_dir: str, version: int) -> str:
             "'default_model_filename' in config.pbtxt to use another file name)"
         )
     return path
+
+
+def model_source(cfg: ModelConfig, model_dir: str, version: int, path: str,
+                 backend_directory: str) -> dict[str, str]:
+    """What a stub imports a version's model from (the ``model_file``, ``version_dir`` and,
+    for a Python-based backend, ``backend_dir`` of its INITIALIZE and AUTO_COMPLETE frames):
+    ``path`` as :func:`model_file` found it, and the version's own directory, which
+    ``pb_utils.get_model_dir()`` answers with in either case (as Triton's)."""
+    source = {"model_file": path, "version_dir": os.path.join(model_dir, str(version))}
+    folder = backend_dir(cfg, backend_directory)
+    if folder is not None:
+        source["backend_dir"] = folder
+    return source
 
 
 def fingerprint(model_dir: str) -> str:

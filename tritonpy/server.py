@@ -42,6 +42,7 @@ from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
 from ._stats import CounterCarry, MetricsConfig
 from ._stubproc import StubProcess
 from ._trace import Trace, Tracing
+from .repository import DEFAULT_BACKEND_DIRECTORY
 
 log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
@@ -106,6 +107,10 @@ class Server:
             (Triton's ``--model-load-retry-count``); an invalid configuration is not.
         metrics_config: Triton's ``--metrics-config`` (duration counters on or off, duration
             summaries and their quantiles); None: Triton's defaults (counters, no summaries).
+        backend_directory: Triton's ``--backend-directory``, where a model whose config names
+            another backend than ``python`` finds it as a Python-based backend
+            (``<backend_directory>/<backend>/model.py``); None: Triton's default,
+            ``/opt/tritonserver/backends``.
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -121,7 +126,8 @@ class Server:
                  loop: asyncio.AbstractEventLoop | None = None,
                  model_config_name: str = "", response_cache_size: int = 0,
                  model_load_retry_count: int = 0,
-                 metrics_config: MetricsConfig | None = None) -> None:
+                 metrics_config: MetricsConfig | None = None,
+                 backend_directory: str | os.PathLike[str] | None = None) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -148,6 +154,8 @@ class Server:
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
         self.model_config_name = model_config_name
+        self.backend_directory = os.path.abspath(
+            DEFAULT_BACKEND_DIRECTORY if backend_directory is None else backend_directory)
         if model_load_retry_count < 0:
             raise InvalidArgumentError(
                 f"model_load_retry_count must be >= 0, not {model_load_retry_count}")

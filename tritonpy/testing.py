@@ -91,6 +91,10 @@ class ModelRunner:
         bls_handler: Answers BLS calls: ``handler(request, decoupled)`` returns an
             ``InferenceResponse`` (or, when ``decoupled`` is True, an iterable of them).
             Without it BLS raises ``TritonModelException``.
+        backend_directory: Where a model whose configuration names a Python-based backend
+            finds its ``model.py`` (``<backend_directory>/<backend>/model.py``), as with
+            ``Server(backend_directory=...)``; Triton's default,
+            ``/opt/tritonserver/backends``, when None.
 
     Raises:
         ConfigError: The configuration is invalid.
@@ -101,7 +105,8 @@ class ModelRunner:
     def __init__(self, model: str | os.PathLike[str], config: Mapping[str, Any] | str | None = None,
                  version: int = 1, instance_name: str | None = None, *,
                  model_name: str | None = None, validate: bool = True,
-                 bls_handler: Callable[[Any, bool], Any] | None = None) -> None:
+                 bls_handler: Callable[[Any, bool], Any] | None = None,
+                 backend_directory: str | os.PathLike[str] | None = None) -> None:
         from tritonpy.config import (
             auto_complete_input,
             auto_completed,
@@ -111,6 +116,7 @@ class ModelRunner:
             normalize_config,
             parse_config_text,
         )
+        from tritonpy.repository import DEFAULT_BACKEND_DIRECTORY, backend_dir
         from tritonpy.validation import RequestValidator, Reshapes
 
         pb = _pb()
@@ -124,9 +130,12 @@ class ModelRunner:
         else:
             cfg = config_from_dict(config if isinstance(config, str) else dict(config), cfg_path)
         name = model_name or cfg.name or os.path.basename(model_dir)
+        backend = backend_dir(cfg, DEFAULT_BACKEND_DIRECTORY if backend_directory is None
+                              else os.path.abspath(backend_directory))
         if model_file is None:
             filename = cfg.default_model_filename or "model.py"
-            model_file = os.path.join(version_dir, filename)
+            model_file = os.path.join(backend or version_dir,
+                                      "model.py" if backend else filename)
         if not os.path.isfile(model_file):
             raise FileNotFoundError(f"{model_file}: model file does not exist")
 
@@ -149,8 +158,14 @@ class ModelRunner:
 
         from tritonpy.stub._loader import import_model, model_search_path
 
-        self._added_paths = [p for p in model_search_path(version_dir) if p not in sys.path]
-        sys.path[:0] = self._added_paths
+        # A Python-based backend's folder is searched last, its models' folders not at all
+        # (as a stub searches them).
+        searched = [backend] if backend else model_search_path(version_dir)
+        self._added_paths = [p for p in searched if p not in sys.path]
+        if backend:
+            sys.path.extend(self._added_paths)
+        else:
+            sys.path[:0] = self._added_paths
         self._modules_before = set(sys.modules)
         # Its own package name: several runners may hold models of the same version.
         self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
@@ -375,12 +390,13 @@ class ModelRunner:
             self._loop_thread.join(timeout=5)
             if not self._loop_thread.is_alive():
                 loop.close()
-        # Modules loaded from the version and model directories go, so that another model's
-        # helper of the same name is imported afresh.
+        # Modules loaded from the version and model directories (or the backend's) go, so
+        # that another model's helper of the same name is imported afresh.
         mdir = os.path.join(os.path.dirname(os.path.normpath(self.version_dir)), "")
+        own = (mdir, *(os.path.join(p, "") for p in self._added_paths))
         for mod_name in set(sys.modules) - self._modules_before:
             f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-            if f.startswith(mdir) or mod_name.partition(".")[0] == self._package:
+            if f.startswith(own) or mod_name.partition(".")[0] == self._package:
                 sys.modules.pop(mod_name, None)
         for folder in self._added_paths:
             if folder in sys.path:

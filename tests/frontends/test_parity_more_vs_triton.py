@@ -306,10 +306,9 @@ def test_index_rows_as_tritons(serve: Callable[..., Serve], tmp_path: Path) -> N
     # Triton 2.51's rows for this repository, field for field (measured), but badcfg's: Triton
     # lists it by name alone; tritonpy says why, on purpose. tritonpy used to give badio and
     # onnx no version, and to leave out twover's version 1.
-    # badio's and onnx's reasons are tritonpy's own words (Triton's: "Invalid argument: model
-    # input 'IN' dimension must be integer >= 1, or -1 to indicate a variable-size dimension
-    # for badio", "Invalid argument: unable to find backend library for backend
-    # 'onnxruntime', try specifying runtime on the model configuration.").
+    # badio's reason is tritonpy's own words (Triton's: "Invalid argument: model input 'IN'
+    # dimension must be integer >= 1, or -1 to indicate a variable-size dimension for
+    # badio"); onnx's is Triton's, then where tritonpy looked for a Python-based backend.
     badcfg = {"name": "badcfg", "state": "UNAVAILABLE",
               "reason": f"{repo / 'badcfg' / 'config.pbtxt'}:3:1: invalid field 'this' in "
                         "ModelConfig"}
@@ -324,8 +323,11 @@ def test_index_rows_as_tritons(serve: Callable[..., Serve], tmp_path: Path) -> N
          "reason": _reason(repo / "initfail" / "1" / "model.py")},
         {"name": "never"},
         {"name": "onnx", "version": "1", "state": "UNAVAILABLE",
-         "reason": "model 'onnx': backend 'onnxruntime' is not supported; tritonpy runs python "
-                   "backend models"},
+         "reason": "Invalid argument: unable to find backend library for backend "
+                   "'onnxruntime', try specifying runtime on the model configuration. (tritonpy "
+                   "runs the python backend and Python-based backends, and found no "
+                   "/opt/tritonserver/backends/onnxruntime/model.py; the backend directory is "
+                   "Triton's --backend-directory)"},
         {"name": "twover", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
         {"name": "twover", "version": "2", "state": "UNAVAILABLE",
          "reason": _reason(repo / "twover" / "2" / "model.py")},

@@ -201,7 +201,12 @@ def test_name_and_backend_rules() -> None:
     assert normalized('name: "m"\n' + IO).name == "m"
     message = config_error('name: "other"\n' + IO)
     assert "unexpected directory name 'm' for model 'other', directory name must equal model name" in message
-    assert "unsupported 'backend' 'onnxruntime'" in config_error('backend: "onnxruntime"\n' + IO)
+    # Another backend is a Python-based backend (its model.py is looked for as a version
+    # loads): filled as Triton 2.51 fills one (measured), a runtime given kept as given.
+    other = normalized('backend: "mybe"\n' + IO)
+    assert (other.backend, other.runtime, other.default_model_filename) == ("mybe", "model.py", "")
+    assert normalized('backend: "mybe"\nruntime: "other.py"\n' + IO).runtime == "other.py"
+    assert normalized(IO).runtime == ""
     assert "unexpected platform type 'tensorflow_savedmodel'" in config_error(
         'platform: "tensorflow_savedmodel"\n' + IO
     )

@@ -147,7 +147,8 @@ def _instances(groups: str, gpu_count: int) -> list[tuple[str, str, int, dict]]:
     text = io_config() + f"instance_group {groups}\n"
     cfg = normalize_config(config_from_dict(_parse(text)), "g", "config.pbtxt",
                            gpu_count=gpu_count)
-    rt = ModelRuntime(None, "g", 1, cfg, config_to_json(cfg), "/repo/g", "/repo/g/1/model.py")
+    rt = ModelRuntime(None, "g", 1, cfg, config_to_json(cfg), "/repo/g",
+                      {"model_file": "/repo/g/1/model.py", "version_dir": "/repo/g/1"})
     return [(i.name, i.kind, i.device_id, rt._initialize_args(i)) for i in rt.instances]
 
 
