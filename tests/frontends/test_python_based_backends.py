@@ -7,6 +7,7 @@ folder beside its python backend) answered for the same files.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -171,9 +172,9 @@ def test_backend_directory_defaults_to_tritons(tmp_path: Path, shm_prefix: str):
 
 def test_serve_with_backend_directory(serve: Callable[..., Serve], tmp_path: Path):
     backends, repo = _backends(tmp_path), _repo(tmp_path)
-    _, http_port, _ = serve_repo(serve, repo, "--model-control-mode=explicit",
-                                 "--load-model=a", "--load-model=m4",
-                                 f"--backend-directory={backends}")
+    server, http_port, _ = serve_repo(serve, repo, "--model-control-mode=explicit",
+                                      "--load-model=a", "--load-model=m4",
+                                      f"--backend-directory={backends}")
     client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     try:
         assert client.get_model_config("m4") == TRITON_M4_CONFIG
@@ -192,6 +193,8 @@ def test_serve_with_backend_directory(serve: Callable[..., Serve], tmp_path: Pat
         assert rows["nope"]["reason"].startswith(NO_BACKEND.format(name="nope"))
     finally:
         client.close()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
 
 
 def test_model_runner_finds_the_backend(tmp_path: Path):
