@@ -278,6 +278,8 @@ class BlsRouter:
         def inst_stuck(inst: Instance) -> bool:
             if id(inst) in seen:
                 return True  # a cycle: assume stuck (greatest fixed point)
+            if inst.limits and inst.state == "READY" and not inst.running:
+                return starved(inst)
             if inst.state != "READY" or inst.running < inst.capacity:
                 return False
             waits = _waits_by_exec(inst)
@@ -289,6 +291,22 @@ class BlsRouter:
             on_path.append(inst.name)
             mark = len(paced)
             stuck = all(exec_stuck(waits.get(k, ()), held.get(k, ())) for k in execs)
+            if not stuck:
+                on_path.pop()
+                seen.discard(id(inst))
+                del paced[mark:]
+            return stuck
+
+        def starved(inst: Instance) -> bool:
+            # Idle, waiting for rate limiter resources: stuck iff every holder of one it
+            # lacks is stuck (none of them will give any back).
+            if inst.admitted():
+                return False
+            seen.add(id(inst))
+            on_path.append(f"{inst.name} (waiting for rate limiter resources)")
+            mark = len(paced)
+            stuck = any(holders and all(inst_stuck(h) for h in holders)
+                        for holders in self.server.limiter.lacking_holders(inst))
             if not stuck:
                 on_path.pop()
                 seen.discard(id(inst))

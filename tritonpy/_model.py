@@ -145,10 +145,25 @@ class Instance:
         self.attempt = 0  # restart attempts ever made: a stale attempt's bound does nothing
         self.restarter: threading.Thread | None = None  # the restart of its dead stub
         self.has_is_ready = False
+        # The rate limiter (see _ratelimit): the resources it needs, ((name, device), count)
+        # each (none: it is not limited), its priority and turn; whether it holds them for
+        # its execute, or has them reserved.
+        self.limits: tuple = ()
+        self.priority = 1
+        self.pass_ = 0
+        self.holding = False
+        self.reserved = False
+
+    def admitted(self) -> bool:
+        """Whether the rate limiter lets it start an execute now (always, where it is not
+        limited). A limited instance runs one execute at a time (no prefetch)."""
+        return not self.limits or (not self.running and self.model.server.limiter.admits(self))
 
     def free(self) -> bool:
         if self.state != "READY":
             return False
+        if self.limits:
+            return self.admitted()
         if self.running < self.capacity:
             return True
         # One request more while a short execute runs, unless that execute waits on the
@@ -351,16 +366,30 @@ class ModelRuntime(RuntimeBase):
         # The server's response cache, when this model asks for it (a decoupled one cannot).
         self.cache = (server.response_cache if config.response_cache.enable
                       and not self.decoupled else None)
+        self.rate_limited = False  # an instance of it needs rate limiter resources
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
         """Start and initialize every instance; on any failure stop them all and raise."""
         try:
+            self._limit(self.instances)
             self._start_all(self.instances)
         except TritonpyError:
             self.state = UNAVAILABLE
             raise
         self.state = READY
+
+    def _limit(self, insts: list[Instance]) -> None:
+        """Give ``insts`` their rate limiter resources (with ``--rate-limit execution_count``);
+        raises this version's failure where one needs more than the server gives."""
+        limiter = self.server.limiter
+        if limiter is None:
+            return
+        try:
+            limiter.register(insts)
+        except TritonpyError as err:
+            raise type(err)(version_failed(self.version, err)) from None
+        self.rate_limited = self.rate_limited or any(i.limits for i in insts)
 
     def _start_all(self, insts: list[Instance], config_json: str | None = None,
                    finalize: bool = False) -> None:
@@ -518,6 +547,7 @@ class ModelRuntime(RuntimeBase):
                 new.append(Instance(self, name, kind, dev, sig))
             gone = pool
         if new:  # the model keeps what it has if any of them fails
+            self._limit(new)
             self._start_all(new, config_json, finalize=True)
         with self.lock:
             self.config = config
@@ -610,7 +640,15 @@ class ModelRuntime(RuntimeBase):
         succ.submit(req)
 
     def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
-        plans = self.sched.take(self.instances)
+        if self.rate_limited:
+            limiter = self.server.limiter
+            with limiter.taking():  # (see RateLimiter.admits)
+                plans = self.sched.take(self.instances)
+                granted = limiter.settle(inst for inst, _ in plans)
+            if granted:
+                self.server.tell_reserved(granted)
+        else:
+            plans = self.sched.take(self.instances)
         for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)
             for req in batch:
                 req.instance = inst
@@ -622,6 +660,21 @@ class ModelRuntime(RuntimeBase):
             plans = self._take_locked()
         if plans:
             self._send_plans(plans)
+
+    def kick_reserved(self, inst: Instance) -> None:
+        """The rate limiter reserved ``inst``'s resources: dispatch, and give back what it
+        did not use (its model had nothing for it, or it stopped meanwhile)."""
+        self.kick()
+        self.server.tell_reserved(self.server.limiter.unreserve(inst))
+
+    def _release(self, inst: Instance) -> list[Instance]:
+        """``inst`` holds its rate limiter resources no more (caller holds the lock): the
+        instances they are reserved for now (see Server.tell_reserved)."""
+        limiter = self.server.limiter
+        granted = limiter.unreserve(inst) if inst.reserved else []  # (its stub died)
+        if inst.holding:
+            granted += limiter.release(inst, inst.state == "READY" and len(self.queue) > 0)
+        return granted
 
     def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
         for inst, batch in plans:
@@ -755,8 +808,11 @@ class ModelRuntime(RuntimeBase):
             self.submit(req)
 
     def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
+        granted: list[Instance] = []
         with self.lock:
             inst.running -= 1
+            if inst.holding:
+                granted = self._release(inst)
             self.sched.finished(inst, batch)
             plans = self._take_locked()
             if not inst.running and (self._draining and not inst.active
@@ -764,6 +820,8 @@ class ModelRuntime(RuntimeBase):
                 self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
         if plans:
             self._send_plans(plans)
+        if granted:
+            self.server.tell_reserved(granted)
 
     def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
         with self.lock:
@@ -1031,6 +1089,7 @@ class ModelRuntime(RuntimeBase):
             calls, inst.bls_calls = inst.bls_calls, {}
             inst.waiting_on.clear()
             inst.running = 0
+            granted = self._release(inst) if inst.holding or inst.reserved else []
             inst.held_back = False  # its replacement starts afresh
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
@@ -1064,6 +1123,8 @@ class ModelRuntime(RuntimeBase):
             req.cancel("the calling stub died")
         if unstarted:
             self.kick()  # another instance may be free for them now
+        if granted:
+            self.server.tell_reserved(granted)
         if inst.state == "RESTARTING" and was == "READY":
             self.server.on_instance_died(self, inst)
             self.server.frames.start_thread(

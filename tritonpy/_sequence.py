@@ -519,7 +519,8 @@ class SequenceBatcher:
             return plans
         # The instances holding sequences, a RETIRING one included: its sequences end there.
         for inst in self.by_inst:
-            while inst.running < inst.capacity and inst.state in ("READY", "RETIRING"):
+            while (inst.running < inst.capacity and inst.state in ("READY", "RETIRING")
+                   and inst.admitted()):
                 batch = self._form(inst)
                 if not batch:
                     break

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from . import stress
 from ._errors import TritonpyError
 from ._otel import OtelSettings
+from ._ratelimit import parse_resource
 from ._trace import Tracing
 
 if TYPE_CHECKING:
@@ -195,6 +196,15 @@ def _tracing(args: argparse.Namespace) -> Tracing:
         raise SystemExit(f"error: trace settings: {exc.message}") from None
 
 
+def _rate_resource(text: str) -> str:
+    """``--rate-limit-resource``, checked here: a usage error (exit 1) names the form."""
+    try:
+        parse_resource(text)
+    except TritonpyError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from None
+    return text
+
+
 #: Triton flags taken so that its command lines run, though they change nothing here: flag ->
 #: (argparse type, repeatable, why). Each one given is named in a warning at start.
 _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
@@ -204,7 +214,6 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
     "--repoagent-directory": (str, False, "there are no repository agents"),
     "--cache-directory": (str, False, "the local response cache is built in"),
-    "--rate-limit-resource": (str, True, "there is no rate limiter"),
     "--pinned-memory-pool-byte-size": (int, False, "no CUDA pinned memory is used"),
     "--cuda-memory-pool-byte-size": (str, True, "no CUDA memory pool is used"),
     "--cuda-virtual-address-size": (str, True, "no CUDA memory pool is used"),
@@ -460,8 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument(f"--trace-{old_flag}", default=None, metavar="VALUE",
                        help=f"Triton's older spelling of --trace-config {old_flag}=")
     s.add_argument("--rate-limit", default=None, type=str.lower, choices=("off", "execution_count"),
-                   help="accepted for Triton's command lines; there is no rate limiter: an "
-                        "instance runs as soon as it is free")
+                   help="execution_count: an instance whose group lists rate_limiter resources "
+                        "runs an execute only while they are free, across models (Triton's "
+                        "rate limiter); off (the default): they are ignored")
+    s.add_argument("--rate-limit-resource", action="append", default=[], type=_rate_resource,
+                   metavar="NAME:COUNT[:DEVICE]",
+                   help="the copies of a rate limiter resource, on DEVICE or on every device "
+                        "(and for a global one); repeatable. Without it, a resource has as "
+                        "many as the largest count an instance lists")
     s.add_argument("--reuse-http-port", type=_bool, default=False, metavar="BOOL",
                    help="bind the HTTP port with SO_REUSEPORT (several servers may share it)")
     s.add_argument("--reuse-grpc-port", type=_bool, default=False, metavar="BOOL",
@@ -619,7 +634,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     response_cache_size=cache_size(args),
                     model_load_retry_count=args.model_load_retry_count,
                     metrics_config=metrics_config(args),
-                    backend_directory=args.backend_directory)
+                    backend_directory=args.backend_directory,
+                    rate_limit=args.rate_limit or "off",
+                    rate_limit_resources=args.rate_limit_resource)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import functools
 import logging
 import os
 import threading
@@ -38,6 +39,7 @@ from ._errors import (
 from ._loop import FrameLoop, StallWatch
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
+from ._ratelimit import RateLimiter, parse_resource
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
 from ._stats import CounterCarry, MetricsConfig
 from ._stubproc import StubProcess
@@ -111,6 +113,13 @@ class Server:
             another backend than ``python`` finds it as a Python-based backend
             (``<backend_directory>/<backend>/model.py``); None: Triton's default,
             ``/opt/tritonserver/backends``.
+        rate_limit: Triton's ``--rate-limit``: ``"execution_count"`` turns the rate limiter
+            on (an instance whose group lists ``rate_limiter`` resources runs an execute only
+            while they are free, across models); ``"off"`` (the default) ignores them.
+        rate_limit_resources: Triton's ``--rate-limit-resource``, each
+            ``"<name>:<count>[:<device>]"``: the copies of a resource (on every device, and for
+            a global one, without a device); others have as many as the largest count an
+            instance lists.
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -127,7 +136,9 @@ class Server:
                  model_config_name: str = "", response_cache_size: int = 0,
                  model_load_retry_count: int = 0,
                  metrics_config: MetricsConfig | None = None,
-                 backend_directory: str | os.PathLike[str] | None = None) -> None:
+                 backend_directory: str | os.PathLike[str] | None = None,
+                 rate_limit: str = "off",
+                 rate_limit_resources: Sequence[str] = ()) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -154,6 +165,12 @@ class Server:
         # (Triton's --disable-auto-complete-config).
         self.auto_complete = auto_complete
         self.model_config_name = model_config_name
+        if rate_limit.lower() not in ("off", "execution_count"):
+            raise InvalidArgumentError(
+                f"rate_limit must be off or execution_count, not {rate_limit!r}")
+        # Triton's rate limiter, with --rate-limit execution_count (see _ratelimit).
+        self.limiter = (RateLimiter(parse_resource(r) for r in rate_limit_resources)
+                        if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(
             DEFAULT_BACKEND_DIRECTORY if backend_directory is None else backend_directory)
         if model_load_retry_count < 0:
@@ -196,6 +213,12 @@ class Server:
         self._loop_watches: list[StallWatch] = []
         # After stop(): the model versions whose in-flight requests outlasted exit_timeout.
         self.cut_short: list[str] = []
+
+    def tell_reserved(self, instances: Sequence[Any]) -> None:
+        """The rate limiter reserved resources for ``instances``: their models dispatch
+        (on the timer thread: the caller may hold a model's lock)."""
+        for inst in instances:
+            self.timers.at(0.0, functools.partial(inst.model.kick_reserved, inst))
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self, wait_until_ready: bool = True) -> Server:

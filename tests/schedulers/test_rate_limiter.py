@@ -1,0 +1,234 @@
+"""Triton's rate limiter (``--rate-limit execution_count``): instances whose groups list
+``rate_limiter`` resources run an execute only while those are free, across models. Expected
+behaviour marked "measured" is what Triton 2.51 did with the same models and flags (models
+that sleep 0.3 s in execute, two or three at once).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from _models import run_driver, serving, write_model
+
+from tritonpy import InvalidArgumentError
+
+# Records when its execute ran (CLOCK_MONOTONIC, the same in every process).
+SLEEPY_PY = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        params = json.loads(args["model_config"])["parameters"]
+        self.sleep = float(params.get("SLEEP", {}).get("string_value", "0.3"))
+
+    def execute(self, requests):
+        t0 = time.monotonic()
+        time.sleep(self.sleep)
+        out = np.array([t0, time.monotonic()], np.float64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
+"""
+
+
+def _config(resources: str, priority: int = 1, sleep: float = 0.3, count: int = 1) -> str:
+    return (
+        'backend: "python"\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ 1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP64, dims: [ 2 ] } ]\n'
+        f"instance_group [ {{ count: {count}, kind: KIND_CPU, rate_limiter {{ "
+        f"resources [ {resources} ] priority: {priority} }} }} ]\n"
+        f'parameters {{ key: "SLEEP" value {{ string_value: "{sleep}" }} }}\n')
+
+
+def _repo(root: Path, models: dict[str, str]) -> Path:
+    repo = root / "repo"
+    for name, config in models.items():
+        write_model(repo, name, SLEEPY_PY, config)
+    return repo
+
+
+def _run_together(srv: Any, calls: list[str]) -> list[tuple[str, float, float]]:
+    """Send one request per name in ``calls`` at once; (model, start, end) of each execute,
+    in the order they started."""
+    streams = [(m, srv.model(m).infer({"IN": np.ones(1, np.float32)})) for m in calls]
+    out = []
+    for m, stream in streams:
+        response = stream.get(timeout=60)
+        assert response.error is None, response.error
+        t0, t1 = response.outputs["OUT"].to_numpy()
+        out.append((m, float(t0), float(t1)))
+    return sorted(out, key=lambda r: r[1])
+
+
+def _overlaps(runs: list[tuple[str, float, float]]) -> int:
+    """How many executes started before the one before them ended."""
+    return sum(1 for a, b in zip(runs, runs[1:]) if b[1] < a[2] - 0.01)
+
+
+R1 = '{ name: "R" count: 1 }'
+R2 = '{ name: "R" count: 2 }'
+
+
+def test_instances_needing_a_resource_take_turns(tmp_path: Path, shm_prefix: str):
+    repo = _repo(tmp_path, {"a": _config(R1), "b": _config(R1, priority=2)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        runs = _run_together(srv, ["a", "b", "a", "b"])
+    assert _overlaps(runs) == 0, runs  # measured: one at a time, 0.3 s each
+    assert sorted(m for m, _, _ in runs) == ["a", "a", "b", "b"]
+
+
+def test_without_rate_limit_the_resources_are_ignored(tmp_path: Path, shm_prefix: str):
+    repo = _repo(tmp_path, {"a": _config(R1), "b": _config(R1)})
+    with serving(repo, shm_prefix) as srv:
+        runs = _run_together(srv, ["a", "b"])
+    assert _overlaps(runs) == 1, runs
+
+
+def test_default_copies_are_the_largest_need(tmp_path: Path, shm_prefix: str):
+    # a needs 1, c needs 2: R has 2 copies, too few for both (measured: one after the other);
+    # given 3 with --rate-limit-resource (on device 0, a CPU instance's), both run at once.
+    repo = _repo(tmp_path, {"a": _config(R1), "c": _config(R2)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        assert _overlaps(_run_together(srv, ["a", "c"])) == 0
+    with serving(repo, shm_prefix, rate_limit="execution_count",
+                 rate_limit_resources=["R:3:0"]) as srv:
+        assert _overlaps(_run_together(srv, ["a", "c"])) == 1
+
+
+def test_an_instance_needing_more_than_given_fails_to_load(tmp_path: Path, shm_prefix: str):
+    repo = _repo(tmp_path, {"a": _config(R1), "c": _config(R2)})
+    with serving(repo, shm_prefix, model_control_mode="explicit", load_models=["a"],
+                 rate_limit="execution_count", rate_limit_resources=["R:1"]) as srv:
+        with pytest.raises(InvalidArgumentError) as err:
+            srv.load("c")
+        # Triton 2.51's words (measured).
+        assert err.value.message == (
+            "load failed for model 'c': version 1 is at UNAVAILABLE state: Invalid argument: "
+            'Resource count for "R" is limited to 1 which will prevent scheduling of one or '
+            "more model instances, the minimum required count is 2")
+        assert _overlaps(_run_together(srv, ["a", "a"])) == 0
+    # Copies given for device 1 only: device 0 has none (measured: "limited to 0").
+    with serving(repo, shm_prefix, model_control_mode="explicit",
+                 rate_limit="execution_count", rate_limit_resources=["R:3:1"]) as srv:
+        with pytest.raises(InvalidArgumentError, match='"R" is limited to 0 '):
+            srv.load("a")
+
+
+def test_global_resources_are_one_pool(tmp_path: Path, shm_prefix: str):
+    # Two GPU-less CPU instances of one model on device 0, and a third model marking R global:
+    # the global pool is apart from device 0's.
+    glob = '{ name: "R" global: true count: 1 }'
+    repo = _repo(tmp_path, {"a": _config(R1), "b": _config(R1), "g": _config(glob)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        runs = _run_together(srv, ["a", "b", "g"])
+    assert _overlaps(runs) == 1, runs  # a and b take turns; g runs beside one of them
+    assert [m for m, _, _ in runs].count("g") == 1
+
+
+def test_priority_gives_more_turns(tmp_path: Path, shm_prefix: str):
+    # 'hold' keeps R while eight requests of 'x' (priority 1) and of 'y' (priority 4) queue;
+    # then they take turns by weight: x runs four times as often as y.
+    repo = _repo(tmp_path, {"hold": _config(R1, sleep=0.5), "x": _config(R1, sleep=0.02),
+                            "y": _config(R1, priority=4, sleep=0.02)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        held = srv.model("hold").infer({"IN": np.ones(1, np.float32)})
+        time.sleep(0.2)
+        runs = _run_together(srv, ["x", "y"] * 8)
+        assert held.get(timeout=30).error is None
+    first = [m for m, _, _ in runs[:10]]
+    assert _overlaps(runs) == 0, runs
+    assert first.count("x") >= 7 and first.count("y") >= 1, first
+
+
+def test_equal_priorities_alternate(tmp_path: Path, shm_prefix: str):
+    repo = _repo(tmp_path, {"hold": _config(R1, sleep=0.5), "x": _config(R1, sleep=0.02),
+                            "y": _config(R1, sleep=0.02)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        held = srv.model("hold").infer({"IN": np.ones(1, np.float32)})
+        time.sleep(0.2)
+        runs = _run_together(srv, ["x", "y"] * 5)
+        assert held.get(timeout=30).error is None
+    order = [m for m, _, _ in runs]
+    assert order.count("x") == 5 and all(a != b for a, b in zip(order, order[1:])), order
+
+
+# A model holding R that calls, by BLS, a model that needs R too: Triton waits for ever.
+CALLER_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            inner = pb_utils.InferenceRequest(
+                model_name="a", requested_output_names=["OUT"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "IN")]).exec()
+            if inner.has_error():
+                out.append(pb_utils.InferenceResponse(error=inner.error()))
+            else:
+                out.append(pb_utils.InferenceResponse(
+                    [pb_utils.get_output_tensor_by_name(inner, "OUT")]))
+        return out
+"""
+
+
+def test_bls_call_waiting_for_the_callers_resource_is_a_deadlock_error(
+        tmp_path: Path, shm_prefix: str):
+    repo = _repo(tmp_path, {"a": _config(R1)})
+    write_model(repo, "caller", CALLER_PY, _config(R1))
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        response = srv.model("caller").infer({"IN": np.ones(1, np.float32)}).get(timeout=30)
+        assert response.error is not None
+        assert "BLS deadlock: request to model 'a' can never run" in str(response.error)
+        assert "(a -> a_0_0 (waiting for rate limiter resources) -> caller_0_0)" in str(
+            response.error)
+        # Nothing is left holding R: 'a' runs, and so does 'caller' again (failing the same).
+        assert _overlaps(_run_together(srv, ["a", "a"])) == 0
+
+
+def test_a_dead_holder_gives_its_resources_back(tmp_path: Path, shm_prefix: str):
+    killer = SLEEPY_PY.replace("time.sleep(self.sleep)", "import os; os._exit(3)")
+    repo = _repo(tmp_path, {"a": _config(R1)})
+    write_model(repo, "dies", killer, _config(R1))
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        dying = srv.model("dies").infer({"IN": np.ones(1, np.float32)})
+        waiting = srv.model("a").infer({"IN": np.ones(1, np.float32)})
+        assert dying.get(timeout=30).error is not None
+        assert waiting.get(timeout=30).error is None
+
+
+def test_serve_takes_the_rate_limit_flags(tmp_path: Path, shm_prefix: str):
+    # The flags reach the server: R given 1 copy, a model needing 2 fails to load, and so the
+    # start (Triton's --exit-on-error), in Triton's words.
+    repo = _repo(tmp_path, {"c": _config(R2)})
+    out, err = run_driver(
+        "import subprocess, sys\n"
+        "p = subprocess.run([sys.executable, '-m', 'tritonpy', 'serve', '--model-repository', "
+        f"{str(repo)!r}, '--http-port=0', '--grpc-port=0', '--metrics-port=0', "
+        f"'--backend-config=python,shm-region-prefix-name={shm_prefix}', "
+        "'--rate-limit=execution_count', '--rate-limit-resource=R:1'], capture_output=True, "
+        "text=True, timeout=60)\n"
+        "print('RESULT', p.returncode, repr(p.stderr))\n", timeout=90)
+    assert out.startswith("1 "), (out, err)
+    assert ('Resource count for "R" is limited to 1 which will prevent scheduling of one or '
+            "more model instances, the minimum required count is 2") in out, out
+    assert "failed to load all models" in out
+
+
+def test_rate_limit_resource_flag_is_checked(tmp_path: Path):
+    out, err = run_driver(
+        "import subprocess, sys\n"
+        "p = subprocess.run([sys.executable, '-m', 'tritonpy', 'serve', '--model-repository', "
+        f"{str(tmp_path)!r}, '--rate-limit-resource=R'], capture_output=True, text=True)\n"
+        "print('RESULT', p.returncode, p.stderr.strip().splitlines()[-1])\n")
+    assert out.startswith("1 "), (out, err)  # a usage error, as Triton's
+    assert "--rate-limit-resource 'R': expected <name>:<count> or <name>:<count>:<device>" in out

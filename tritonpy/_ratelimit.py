@@ -1,0 +1,233 @@
+"""Triton's rate limiter (``--rate-limit execution_count``): an instance whose group lists
+``rate_limiter { resources [...] }`` runs an execute only while the resources it lists are
+free, holding them until the execute ends, across all models.
+
+Resources are counted per device (a CPU instance's is device 0), or in one pool for a
+resource marked ``global``. A resource has the copies ``--rate-limit-resource
+name:count[:device]`` gives it (without a device: on every device, and for a global one);
+one named there for other devices only has none on the rest (as Triton 2.51, measured). Else
+it has as many as the largest count one of the live instances lists. An instance that lists
+more than a given count fails to load, in Triton's words.
+
+An instance takes what it needs when it is free; instances that wait for resources get them
+as they are released, lowest ``pass`` first:
+each turn adds the instance's ``priority`` (1 at least) to its pass (stride scheduling), so
+an instance of priority 2 gets half the turns of one of priority 1, as Triton's documentation
+describes. What is released is reserved for the instances chosen, whose models are told to
+dispatch; a reservation not used by then goes back at once.
+
+Locks: the limiter's own lock is taken under a model's lock, never the other way round (a
+model's scheduler forms its batches holding both, and calls nothing outside the model then),
+and the limiter never calls a model while it holds its lock.
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+import weakref
+from collections import defaultdict
+from typing import Any, Iterable, Iterator, Sequence
+
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
+from ._errors import InvalidArgumentError
+
+#: The device of a global resource's pool.
+GLOBAL = -1
+
+Key = tuple  # (resource name, device or GLOBAL)
+
+_RESOURCE = re.compile(r"^([^:]+):(\d+)(?::(\d+))?$")
+
+
+def parse_resource(text: str) -> tuple[str, int, int | None]:
+    """``--rate-limit-resource``'s ``<name>:<count>[:<device>]``.
+
+    Raises:
+        InvalidArgumentError: Anything else, in words that say the form.
+    """
+    m = _RESOURCE.match(text.strip())
+    if m is None:
+        raise InvalidArgumentError(
+            f"--rate-limit-resource '{text}': expected <name>:<count> or "
+            "<name>:<count>:<device> (count and device whole numbers)")
+    return m.group(1), int(m.group(2)), None if m.group(3) is None else int(m.group(3))
+
+
+def instance_limits(signature: bytes, device: int) -> tuple[tuple[tuple[Key, int], ...], int]:
+    """What an instance of the group with ``signature`` (see ``_model.instance_signature``)
+    needs on ``device``: ((key, count), ...) and its priority; no needs where its group has
+    no ``rate_limiter`` resources."""
+    if not signature:
+        return (), 1
+    limiter = ModelInstanceGroup.FromString(signature).rate_limiter
+    needs: dict[Key, int] = {}
+    for r in limiter.resources:
+        key = (r.name, GLOBAL if getattr(r, "global") else device)
+        needs[key] = needs.get(key, 0) + int(r.count)
+    return tuple(needs.items()), max(1, int(limiter.priority))
+
+
+class RateLimiter:
+    """The resources of one server, and the instances that hold, reserve or wait for them."""
+
+    def __init__(self, resources: Iterable[tuple[str, int, int | None]] = ()) -> None:
+        self._explicit: dict[str, dict[int | None, int]] = {}
+        for name, count, device in resources:
+            self._explicit.setdefault(name, {})[device] = count
+        self._lock = threading.RLock()
+        self._taking: list[Any] | None = None  # admitted during the current take
+        self._instances: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._in_use: dict[Key, int] = defaultdict(int)
+        self._reserved: dict[Key, int] = defaultdict(int)
+        self._waiting: dict[Any, None] = {}  # instances waiting, in the order they came
+        self._vtime = 0  # the pass of the last instance served (a newcomer starts there)
+
+    # -- instances ------------------------------------------------------------------------------
+    def register(self, insts: Sequence[Any]) -> None:
+        """Give ``insts`` (not started yet) their needs, from their groups' ``rate_limiter``.
+
+        Raises:
+            InvalidArgumentError: One needs more of a resource than ``--rate-limit-resource``
+                gives it (Triton's words).
+        """
+        with self._lock:
+            for inst in insts:
+                needs, priority = instance_limits(inst.signature, inst.device_id)
+                for (name, device), count in needs:
+                    if name in self._explicit:
+                        have = self._explicit_count(name, device)
+                        if have < count:
+                            raise InvalidArgumentError(
+                                f'Resource count for "{name}" is limited to {have} which will '
+                                "prevent scheduling of one or more model instances, the "
+                                f"minimum required count is {count}")
+            for inst in insts:
+                needs, priority = instance_limits(inst.signature, inst.device_id)
+                if needs:
+                    inst.limits, inst.priority, inst.pass_ = needs, priority, self._vtime
+                    self._instances.add(inst)
+
+    def _explicit_count(self, name: str, device: int) -> int:
+        given = self._explicit[name]
+        if device in given:
+            return given[device]
+        return given.get(None, 0)
+
+    def _capacity(self, key: Key) -> int:
+        name, device = key
+        if name in self._explicit:
+            return self._explicit_count(name, device)
+        return max((n for i in self._instances if i.state != "STOPPED"
+                    for k, n in i.limits if k == key), default=0)
+
+    def _fits(self, inst: Any) -> bool:
+        return all(self._capacity(k) - self._in_use[k] - self._reserved[k] >= n
+                   for k, n in inst.limits)
+
+    # -- scheduling -----------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def taking(self) -> Iterator[None]:
+        """A model's scheduler forms its batches (the model's lock held): an instance that
+        :meth:`admits` takes its resources at once, so that no other instance, of this model
+        or another, counts them free meanwhile. :meth:`settle` ends it."""
+        with self._lock:
+            self._taking = []
+            try:
+                yield
+            finally:
+                self._taking = None
+
+    def admits(self, inst: Any) -> bool:
+        """Whether ``inst`` may start an execute now: its resources are reserved for it, or
+        free. Inside :meth:`taking` it takes them; where it may not, it waits for them (its
+        model is told once they are reserved for it)."""
+        with self._lock:
+            if inst.holding:
+                return False
+            if not (inst.reserved or self._fits(inst)):
+                self._wait(inst)
+                return False
+            if self._taking is not None:
+                if inst.reserved:
+                    inst.reserved = False
+                    for k, n in inst.limits:
+                        self._reserved[k] -= n
+                for k, n in inst.limits:
+                    self._in_use[k] += n
+                inst.holding = True
+                self._waiting.pop(inst, None)
+                self._taking.append(inst)
+            return True
+
+    def settle(self, planned: Iterable[Any]) -> list[Any]:
+        """Inside :meth:`taking`, once the batches are formed: the instances admitted that got
+        no batch give their resources back. Returns whom they are now reserved for."""
+        assert self._taking is not None
+        sent = {id(i) for i in planned}
+        unused = [i for i in self._taking if id(i) not in sent]
+        for inst in unused:
+            inst.holding = False
+            for k, n in inst.limits:
+                self._in_use[k] -= n
+        return self._grant() if unused else []
+
+    def _wait(self, inst: Any) -> None:
+        if inst not in self._waiting:
+            inst.pass_ = max(inst.pass_, self._vtime)
+            self._waiting[inst] = None
+
+    def release(self, inst: Any, again: bool = False) -> list[Any]:
+        """``inst``'s execute ended (or its stub died): its resources go back. ``again``: its
+        model has more queued, so it takes its turn among those waiting (else whoever waits
+        would always come before it, whatever the priorities). Returns the instances they
+        are now reserved for (tell their models: see ``ModelRuntime.kick_reserved``)."""
+        with self._lock:
+            if not inst.holding:
+                return []
+            inst.holding = False
+            for k, n in inst.limits:
+                self._in_use[k] -= n
+            if again:
+                self._wait(inst)
+            return self._grant()
+
+    def unreserve(self, inst: Any) -> list[Any]:
+        """A reservation ``inst``'s model did not use goes back; returns whom it went to."""
+        with self._lock:
+            if not inst.reserved:
+                return []
+            inst.reserved = False
+            for k, n in inst.limits:
+                self._reserved[k] -= n
+            return self._grant()
+
+    def _grant(self) -> list[Any]:
+        granted = []
+        for inst in sorted(self._waiting, key=lambda i: i.pass_):
+            if inst.state != "READY" or inst.holding or inst.reserved:
+                del self._waiting[inst]
+                continue
+            if not self._fits(inst):
+                continue
+            del self._waiting[inst]
+            for k, n in inst.limits:
+                self._reserved[k] += n
+            inst.reserved = True
+            self._vtime = inst.pass_
+            inst.pass_ += inst.priority
+            granted.append(inst)
+        return granted
+
+    # -- the BLS deadlock detector --------------------------------------------------------------
+    def lacking_holders(self, inst: Any) -> list[list[Any]]:
+        """For each resource ``inst`` lacks now, the instances that hold some of it (an empty
+        list where only reservations do)."""
+        with self._lock:
+            out = []
+            for k, n in inst.limits:
+                if self._capacity(k) - self._in_use[k] - self._reserved[k] < n:
+                    out.append([i for i in self._instances if i.holding
+                                and any(kk == k for kk, _ in i.limits)])
+            return out
