@@ -354,9 +354,11 @@ class BlsRouter:
                 return bool(steps) and all(req_stuck(s) for s in steps)
             if any(i.free() for i in model.instances):
                 return False
-            # A RETIRING instance (removed by an update) takes no queued request. With no
-            # instance left to wait on there is no cycle either (the model is unloading).
-            live = [i for i in model.instances if i.state not in ("STOPPED", "RETIRING")]
+            # A RETIRING instance (removed by an update) takes no queued request, nor does a
+            # passive one. With no instance left to wait on there is no cycle either (the
+            # model is unloading).
+            live = [i for i in model.instances
+                    if i.state not in ("STOPPED", "RETIRING") and not i.passive]
             return bool(live) and all(inst_stuck(i) for i in live)
 
         if req_stuck(req):

@@ -14,6 +14,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 import msgpack
 
+from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
+
 from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm._errors import NO_SPACE, FdLimitError
 from tritonpy.shm.cuda import DeviceRef
@@ -153,6 +155,9 @@ class Instance:
         self.pass_ = 0
         self.holding = False
         self.reserved = False
+        # Of a ``passive: true`` group: initialized (and warmed up) but never given a request
+        # by the server, as in Triton.
+        self.passive = bool(signature) and ModelInstanceGroup.FromString(signature).passive
 
     def admitted(self) -> bool:
         """Whether the rate limiter lets it start an execute now (always, where it is not
@@ -160,7 +165,7 @@ class Instance:
         return not self.limits or (not self.running and self.model.server.limiter.admits(self))
 
     def free(self) -> bool:
-        if self.state != "READY":
+        if self.state != "READY" or self.passive:
             return False
         if self.limits:
             return self.admitted()
@@ -367,6 +372,8 @@ class ModelRuntime(RuntimeBase):
         self.cache = (server.response_cache if config.response_cache.enable
                       and not self.decoupled else None)
         self.rate_limited = False  # an instance of it needs rate limiter resources
+        # Every instance is passive: nothing would ever run a request.
+        self.passive_only = all(i.passive for i in self.instances)
 
     # -- loading ------------------------------------------------------------------------------
     def load(self) -> None:
@@ -558,6 +565,7 @@ class ModelRuntime(RuntimeBase):
                 else:  # restarting after its stub died: it simply stops
                     inst.state = "STOPPED"
             self.instances = keep + new + [i for i in self.instances if i.state == "RETIRING"]
+            self.passive_only = all(i.passive for i in keep + new)
             for inst in new:
                 self.sched.add_instance(inst)
             plans = self._take_locked()
@@ -604,6 +612,11 @@ class ModelRuntime(RuntimeBase):
         if self.unserviceable and not self._alive():
             self.stats.request_failed(0, "BACKEND")
             req.fail(UnavailableError(self.unserviceable))
+            return
+        if self.passive_only:  # (Triton 2.51 crashes there: SIGSEGV, measured)
+            self.stats.request_failed(0, "REJECTED")
+            req.fail(UnavailableError(
+                f"model '{self.name}' takes no requests: all its instance groups are passive"))
             return
         if self.cache is not None and self._answered_from_cache(req, self.cache):
             return

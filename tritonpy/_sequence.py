@@ -245,7 +245,10 @@ class SequenceBatcher:
         return bool(self.by_inst.get(inst))
 
     def add_instance(self, inst: Instance) -> None:
-        """Give ``inst`` its slots; backlogged sequences take them at once."""
+        """Give ``inst`` its slots; backlogged sequences take them at once. A passive one
+        gets none: it never runs a request."""
+        if inst.passive:
+            return
         self.order[inst] = next(self._orders)
         self.by_inst[inst] = []
         for slot in range(self.slots):
