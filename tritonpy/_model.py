@@ -655,11 +655,19 @@ class ModelRuntime(RuntimeBase):
     def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
         if self.rate_limited:
             limiter = self.server.limiter
-            with limiter.taking():  # (see RateLimiter.admits)
-                plans = self.sched.take(self.instances)
-                granted = limiter.settle(inst for inst, _ in plans)
-            if granted:
-                self.server.tell_reserved(granted)
+            plans = []
+            while True:
+                before = len(self.queue)
+                with limiter.taking():  # (see RateLimiter.admits)
+                    more = self.sched.take(self.instances)
+                    granted, unused = limiter.settle(inst for inst, _ in more)
+                plans += more
+                if granted:
+                    self.server.tell_reserved(granted)
+                # Again while that took requests out of the queue (answered ones, maybe)
+                # and gave resources back: they may admit an instance for what is left.
+                if not (unused and 0 < len(self.queue) < before):
+                    break
         else:
             plans = self.sched.take(self.instances)
         for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)

@@ -161,9 +161,11 @@ class RateLimiter:
                 self._taking.append(inst)
             return True
 
-    def settle(self, planned: Iterable[Any]) -> list[Any]:
+    def settle(self, planned: Iterable[Any]) -> tuple[list[Any], bool]:
         """Inside :meth:`taking`, once the batches are formed: the instances admitted that got
-        no batch give their resources back. Returns whom they are now reserved for."""
+        no batch give their resources back. Returns whom they are now reserved for, and
+        whether any was given back (the model may form batches again: an instance admitted
+        that found only answered requests kept the others from being admitted meanwhile)."""
         assert self._taking is not None
         sent = {id(i) for i in planned}
         unused = [i for i in self._taking if id(i) not in sent]
@@ -171,7 +173,7 @@ class RateLimiter:
             inst.holding = False
             for k, n in inst.limits:
                 self._in_use[k] -= n
-        return self._grant() if unused else []
+        return (self._grant(), True) if unused else ([], False)
 
     def _wait(self, inst: Any) -> None:
         if inst not in self._waiting:

@@ -5,6 +5,7 @@ that sleep 0.3 s in execute, two or three at once).
 """
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any
@@ -204,6 +205,44 @@ def test_a_dead_holder_gives_its_resources_back(tmp_path: Path, shm_prefix: str)
         waiting = srv.model("a").infer({"IN": np.ones(1, np.float32)})
         assert dying.get(timeout=30).error is not None
         assert waiting.get(timeout=30).error is None
+
+
+def test_many_models_at_once_never_exceed_and_always_finish(tmp_path: Path, shm_prefix: str):
+    # 600 requests to four models with two or three instances each, sharing per-device and
+    # global resources, a third of them with timeouts that pass while they queue: every one
+    # is answered, and no resource is ever used beyond its copies. (Timed-out requests left
+    # in a queue once made an admitted instance find nothing and keep the others out, and
+    # the model's queue stalled with both instances idle.)
+    models = {
+        "m1": (_config(R1, sleep=0.005, count=2), {"R": 1}),
+        "m2": (_config('{ name: "R" count: 2 }, { name: "G" global: true count: 1 }',
+                       priority=3, sleep=0.003, count=2), {"R": 2, "G": 1}),
+        "m3": (_config('{ name: "G" global: true count: 1 }', priority=2, sleep=0.004,
+                       count=2), {"G": 1}),
+        "m4": (_config('{ name: "Q" count: 1 }', sleep=0.002, count=3), {"Q": 1}),
+    }
+    repo = _repo(tmp_path, {m: cfg for m, (cfg, _) in models.items()})
+    rng = random.Random(1)
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        names = [rng.choice(sorted(models)) for _ in range(600)]
+        calls = [(m, srv.model(m).infer({"IN": np.ones(1, np.float32)},
+                                        timeout=rng.choice([0, 0, 20_000, 100_000])))
+                 for m in names]
+        ran = []
+        for m, stream in calls:
+            response = stream.get(timeout=30)
+            if response.error is None:
+                t0, t1 = response.outputs["OUT"].to_numpy()
+                ran.append((m, float(t0), float(t1)))
+            else:
+                assert "timeout" in str(response.error).lower(), response.error
+    assert len(ran) > 100
+    use = {"R": 0, "G": 0, "Q": 0}
+    for _, delta, m in sorted([(t0, 1, m) for m, t0, _ in ran] + [(t1, -1, m) for m, _, t1 in ran],
+                              key=lambda e: (e[0], e[1])):
+        for k, n in models[m][1].items():
+            use[k] += delta * n
+            assert use[k] <= {"R": 2, "G": 1, "Q": 1}[k], (k, use)
 
 
 def test_serve_takes_the_rate_limit_flags(tmp_path: Path, shm_prefix: str):
