@@ -169,6 +169,8 @@ class Server:
             raise InvalidArgumentError(
                 f"rate_limit must be off or execution_count, not {rate_limit!r}")
         # Triton's rate limiter, with --rate-limit execution_count (see _ratelimit).
+        if isinstance(rate_limit_resources, str):
+            rate_limit_resources = [rate_limit_resources]
         self.limiter = (RateLimiter(parse_resource(r) for r in rate_limit_resources)
                         if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(
