@@ -310,8 +310,9 @@ def python_backend_config(args: argparse.Namespace) -> dict[str, str]:
             log.warning("ignoring --backend-config=%s=%s: a global setting the python backend "
                         "does not take", key, value)
         else:
-            log.warning("ignoring --backend-config for backend '%s' (%s): only python is served",
-                        backend, key)
+            log.warning("ignoring --backend-config for backend '%s' (%s): the python backend's "
+                        "settings (--backend-config=python,...) apply to every model, those of "
+                        "Python-based backends too", backend, key)
     merged = {**global_settings, **own}
     try:
         BackendOptions.from_mapping(merged)
