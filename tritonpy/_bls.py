@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from tritonpy.shm import Cmd
 from tritonpy.shm.messages import MEMORY_GPU
@@ -275,6 +275,20 @@ class BlsRouter:
         reading: set[tuple[int, int]] = set()  # the reading executes on the path
         paced: list[HostRequest] = []  # the paced streams the cycle runs through
 
+        def on_path_if(marks: set, key: Any, label: str, stuck_of: Callable[[], bool]) -> bool:
+            # ``label`` is on the path (``key`` in ``marks``: coming back to it is a cycle)
+            # while ``stuck_of`` decides; if not stuck, it comes off again, with the paced
+            # streams found meanwhile.
+            marks.add(key)
+            on_path.append(label)
+            mark = len(paced)
+            stuck = stuck_of()
+            if not stuck:
+                on_path.pop()
+                marks.discard(key)
+                del paced[mark:]
+            return stuck
+
         def inst_stuck(inst: Instance) -> bool:
             if id(inst) in seen:
                 return True  # a cycle: assume stuck (greatest fixed point)
@@ -287,31 +301,18 @@ class BlsRouter:
             execs = waits.keys() | held.keys()
             if len(execs) < inst.capacity:  # an execute that waits on nothing
                 return False
-            seen.add(id(inst))
-            on_path.append(inst.name)
-            mark = len(paced)
-            stuck = all(exec_stuck(waits.get(k, ()), held.get(k, ())) for k in execs)
-            if not stuck:
-                on_path.pop()
-                seen.discard(id(inst))
-                del paced[mark:]
-            return stuck
+            return on_path_if(seen, id(inst), inst.name, lambda: all(
+                exec_stuck(waits.get(k, ()), held.get(k, ())) for k in execs))
 
         def starved(inst: Instance) -> bool:
             # Idle, waiting for rate limiter resources: stuck iff every holder of one it
             # lacks is stuck (none of them will give any back).
             if inst.admitted():
                 return False
-            seen.add(id(inst))
-            on_path.append(f"{inst.name} (waiting for rate limiter resources)")
-            mark = len(paced)
-            stuck = any(holders and all(inst_stuck(h) for h in holders)
-                        for holders in self.server.limiter.lacking_holders(inst))
-            if not stuck:
-                on_path.pop()
-                seen.discard(id(inst))
-                del paced[mark:]
-            return stuck
+            return on_path_if(
+                seen, id(inst), f"{inst.name} (waiting for rate limiter resources)",
+                lambda: any(holders and all(inst_stuck(h) for h in holders)
+                            for holders in self.server.limiter.lacking_holders(inst)))
 
         def exec_stuck(waits: Any, held: Any) -> bool:
             if waits:
@@ -331,16 +332,11 @@ class BlsRouter:
             others = [r for r in _waits_by_exec(reader).get(key, ()) if r is not stream]
             if not others:
                 return False
-            reading.add((id(reader), key))
-            on_path.append(f"{reader.name} reading {stream.model.name}")
-            mark = len(paced)
-            stuck = all(req_stuck(r) for r in others)
+            stuck = on_path_if(reading, (id(reader), key),
+                               f"{reader.name} reading {stream.model.name}",
+                               lambda: all(req_stuck(r) for r in others))
             if stuck:
                 paced.append(stream)
-            else:
-                on_path.pop()
-                reading.discard((id(reader), key))
-                del paced[mark:]
             return stuck
 
         def req_stuck(r: HostRequest) -> bool:

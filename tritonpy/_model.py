@@ -829,11 +829,9 @@ class ModelRuntime(RuntimeBase):
             self.submit(req)
 
     def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
-        granted: list[Instance] = []
         with self.lock:
             inst.running -= 1
-            if inst.holding:
-                granted = self._release(inst)
+            granted = self._release(inst) if inst.holding else None
             self.sched.finished(inst, batch)
             plans = self._take_locked()
             if not inst.running and (self._draining and not inst.active

@@ -69,6 +69,12 @@ def instance_limits(signature: bytes, device: int) -> tuple[tuple[tuple[Key, int
     return tuple(needs.items()), max(1, int(limiter.priority))
 
 
+def _count(table: dict[Key, int], inst: Any, sign: int) -> None:
+    """Add (``sign`` 1) or take away (-1) ``inst``'s needs in ``table``."""
+    for k, n in inst.limits:
+        table[k] += sign * n
+
+
 class RateLimiter:
     """The resources of one server, and the instances that hold, reserve or wait for them."""
 
@@ -92,19 +98,16 @@ class RateLimiter:
             InvalidArgumentError: One needs more of a resource than ``--rate-limit-resource``
                 gives it (Triton's words).
         """
+        limits = [instance_limits(inst.signature, inst.device_id) for inst in insts]
         with self._lock:
-            for inst in insts:
-                needs, priority = instance_limits(inst.signature, inst.device_id)
-                for (name, device), count in needs:
-                    if name in self._explicit:
-                        have = self._explicit_count(name, device)
-                        if have < count:
-                            raise InvalidArgumentError(
-                                f'Resource count for "{name}" is limited to {have} which will '
-                                "prevent scheduling of one or more model instances, the "
-                                f"minimum required count is {count}")
-            for inst in insts:
-                needs, priority = instance_limits(inst.signature, inst.device_id)
+            for (name, device), count in (need for needs, _ in limits for need in needs):
+                have = self._explicit_count(name, device) if name in self._explicit else count
+                if have < count:
+                    raise InvalidArgumentError(
+                        f'Resource count for "{name}" is limited to {have} which will prevent '
+                        "scheduling of one or more model instances, the minimum required "
+                        f"count is {count}")
+            for inst, (needs, priority) in zip(insts, limits):
                 if needs:
                     inst.limits, inst.priority, inst.pass_ = needs, priority, self._vtime
                     self._instances.add(inst)
@@ -152,10 +155,8 @@ class RateLimiter:
             if self._taking is not None:
                 if inst.reserved:
                     inst.reserved = False
-                    for k, n in inst.limits:
-                        self._reserved[k] -= n
-                for k, n in inst.limits:
-                    self._in_use[k] += n
+                    _count(self._reserved, inst, -1)
+                _count(self._in_use, inst, 1)
                 inst.holding = True
                 self._waiting.pop(inst, None)
                 self._taking.append(inst)
@@ -171,8 +172,7 @@ class RateLimiter:
         unused = [i for i in self._taking if id(i) not in sent]
         for inst in unused:
             inst.holding = False
-            for k, n in inst.limits:
-                self._in_use[k] -= n
+            _count(self._in_use, inst, -1)
         return (self._grant(), True) if unused else ([], False)
 
     def _wait(self, inst: Any) -> None:
@@ -189,8 +189,7 @@ class RateLimiter:
             if not inst.holding:
                 return []
             inst.holding = False
-            for k, n in inst.limits:
-                self._in_use[k] -= n
+            _count(self._in_use, inst, -1)
             if again:
                 self._wait(inst)
             return self._grant()
@@ -201,8 +200,7 @@ class RateLimiter:
             if not inst.reserved:
                 return []
             inst.reserved = False
-            for k, n in inst.limits:
-                self._reserved[k] -= n
+            _count(self._reserved, inst, -1)
             return self._grant()
 
     def _grant(self) -> list[Any]:
@@ -214,8 +212,7 @@ class RateLimiter:
             if not self._fits(inst):
                 continue
             del self._waiting[inst]
-            for k, n in inst.limits:
-                self._reserved[k] += n
+            _count(self._reserved, inst, 1)
             inst.reserved = True
             self._vtime = inst.pass_
             inst.pass_ += inst.priority

@@ -132,10 +132,10 @@ class ModelRunner:
         name = model_name or cfg.name or os.path.basename(model_dir)
         backend = backend_dir(cfg, DEFAULT_BACKEND_DIRECTORY if backend_directory is None
                               else os.path.abspath(backend_directory))
-        if model_file is None:
-            filename = cfg.default_model_filename or "model.py"
-            model_file = os.path.join(backend or version_dir,
-                                      "model.py" if backend else filename)
+        if model_file is None and backend:
+            model_file = os.path.join(backend, "model.py")
+        elif model_file is None:
+            model_file = os.path.join(version_dir, cfg.default_model_filename or "model.py")
         if not os.path.isfile(model_file):
             raise FileNotFoundError(f"{model_file}: model file does not exist")
 
