@@ -129,8 +129,12 @@ def test_global_resources_are_one_pool(tmp_path: Path, shm_prefix: str):
     repo = _repo(tmp_path, {"a": _config(R1), "b": _config(R1), "g": _config(glob)})
     with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
         runs = _run_together(srv, ["a", "b", "g"])
-    assert _overlaps(runs) == 1, runs  # a and b take turns; g runs beside one of them
-    assert [m for m, _, _ in runs].count("g") == 1
+    # a and b take turns; g runs beside one of them (whenever it starts: counting overlaps in
+    # start order saw two where g started late, under load).
+    ab = [r for r in runs if r[0] != "g"]
+    (g,) = [r for r in runs if r[0] == "g"]
+    assert _overlaps(ab) == 0, runs
+    assert any(g[1] < end - 0.01 and start < g[2] - 0.01 for _, start, end in ab), runs
 
 
 def test_priority_gives_more_turns(tmp_path: Path, shm_prefix: str):
