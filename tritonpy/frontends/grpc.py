@@ -251,10 +251,7 @@ def encode_result(result: InferResult) -> Any:
         _set_param(resp.parameters, key, value)
     for out in result.outputs:
         tensor = resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
-        if out.shm is not None:
-            _set_param(tensor.parameters, "shared_memory_region", out.shm.region)
-            _set_param(tensor.parameters, "shared_memory_offset", out.shm.offset)
-            _set_param(tensor.parameters, "shared_memory_byte_size", out.shm.byte_size)
+        if out.shm is not None:  # named with no parameters and empty contents, as Triton's
             resp.raw_output_contents.append(b"")
         else:
             resp.raw_output_contents.append(bytes(out.raw()))

@@ -744,11 +744,7 @@ class HTTPFrontend:
         chunks: list[Any] = []
         for out in result.outputs:
             entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
-            if out.shm is not None:
-                entry["parameters"] = {"shared_memory_region": out.shm.region,
-                                       "shared_memory_offset": out.shm.offset,
-                                       "shared_memory_byte_size": out.shm.byte_size}
-            else:
+            if out.shm is None:  # one in shared memory is named with no parameters, as Triton's
                 data = None if out.binary else json_data(out)
                 if data is None:
                     # Binary when asked, and also when JSON cannot carry the values exactly
