@@ -514,7 +514,9 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
         serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
     """A client holding an idle gRPC stream open does not keep the server from stopping (it
     waited out --exit-timeout-secs, as Triton does): the stream ends as soon as it has nothing
-    in flight. A stream with a request in flight still gets that request's answer first."""
+    in flight. A stream with a request in flight still gets that request's answer first. Each
+    ends with UNAVAILABLE "the server is stopping": a client still sending on it learns that
+    nothing more is read (perf_analyzer waited for ever on a stream that had ended OK)."""
     marks = tmp_path / "marks"
     marks.mkdir()
     repo = tmp_path / "repo"
@@ -549,12 +551,68 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
         idle.close()
         busy.close()
     assert elapsed < 15, f"stopping took {elapsed:.1f} s with an idle stream open"
-    assert [r.as_numpy("OUT").tolist() for r in got["idle"]] == [[0.0]], got["idle"]
+    assert [r.as_numpy("OUT").tolist() for r in got["idle"][:-1]] == [[0.0]], got["idle"]
     assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
         == [[8.0]], got["busy"]
     refused = [str(r) for r in got["busy"] if isinstance(r, Exception)]
     assert any("this stream takes no new requests" in r for r in refused), refused
+    for stream in got.values():  # the stream's end, after its answers
+        assert isinstance(stream[-1], InferenceServerException), stream
+        assert (stream[-1].status(), stream[-1].message()) == \
+            ("StatusCode.UNAVAILABLE", "the server is stopping"), stream
     assert not (marks / "started-late").exists()
+    assert segments(shm_prefix) == []
+
+
+def test_a_client_still_sending_on_a_grpc_stream_at_stop_gets_an_answer_for_each_request(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """As perf_analyzer does: a client sends its next request on the stream as each answer
+    comes, and the server stops meanwhile. Each request gets an answer (a refusal once the stop
+    began; the next one sent right after a refusal too), and the stream ends with UNAVAILABLE
+    once the client stops sending. The stream used to end OK at the first refusal, and
+    perf_analyzer waited for ever for answers to the requests it had sent after it."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    server, _, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "60")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    answers: list[Any] = []
+    answered = threading.Condition()
+
+    def callback(result: Any, error: Any) -> None:
+        with answered:
+            answers.append(error if error is not None else result)
+            answered.notify_all()
+
+    def ask(count: int) -> None:
+        client.async_stream_infer("slow", [inp], request_id=str(count))
+        with answered:
+            assert answered.wait_for(lambda: len(answers) > count, 10), \
+                f"request {count} got no answer: {answers}"
+
+    inp = grpcclient.InferInput("SECONDS", [1], "FP32")
+    inp.set_data_from_numpy(np.array([0.0], np.float32))
+    try:
+        client.start_stream(callback=callback)
+        for i in range(3):
+            ask(i)
+        os.killpg(server.proc.pid, signal.SIGTERM)
+        wait_until(lambda: "signal received" in server.log(), 10, "the server to begin stopping")
+        ask(3)
+        ask(4)  # sent right after the refusal of the last one
+        with answered:  # then nothing more: the stream ends
+            assert answered.wait_for(lambda: len(answers) > 5, 10), answers
+        assert server.wait(30) == 0, server.log()
+    finally:
+        client.close()
+    assert [a.as_numpy("OUT").tolist() for a in answers[:3]] == [[0.0]] * 3, answers
+    for refused in answers[3:5]:
+        assert isinstance(refused, InferenceServerException), answers
+        assert "this stream takes no new requests" in refused.message(), answers
+    end = answers[-1]
+    assert isinstance(end, InferenceServerException), answers
+    assert (end.status(), end.message()) == ("StatusCode.UNAVAILABLE", "the server is stopping")
     assert segments(shm_prefix) == []
 
 

@@ -10,8 +10,11 @@ order, decoupled models answer as their responses arrive, and every response car
 ``triton_final_response`` (the flags-only final response only when the request asked for it
 with ``triton_enable_empty_final_response``). A stream opened with the header
 ``triton_grpc_error: true`` ends instead at its first error, with that error's gRPC status, and
-what else runs on it is cancelled (as Triton 2.49+). On stop, a stream with nothing in flight ends at
-once and a busy one after its last answer, so an idle client does not hold the shutdown.
+what else runs on it is cancelled (as Triton 2.49+). On stop, a request that comes on a stream is refused
+with an ``error_message``, and a stream ends, with UNAVAILABLE "the server is stopping", once
+nothing has been in flight on it and no request has come for :data:`STOP_QUIET_S`: an idle client
+does not hold the shutdown, and one still sending gets an answer for each request (perf_analyzer
+waited for ever on requests that got none; Triton answers each with an error until it exits).
 """
 from __future__ import annotations
 
@@ -61,6 +64,10 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _STOP = object()  # the server is stopping: end the stream once nothing is in flight on it
+#: The status message of a stream that the server ends as it stops (UNAVAILABLE).
+_STOPPING = "the server is stopping"
+#: On stop, a stream ends once no request has come on it for this long (and none runs).
+STOP_QUIET_S = 1.0
 
 
 class _Fail:
@@ -656,6 +663,8 @@ class GRPCService:
         fail_fast = any(k.lower() == "triton_grpc_error" and v.strip().lower() == "true"
                         for k, v in metadata)
 
+        last_request = [time.monotonic()]
+
         def wake() -> None:
             queue.put_nowait(_STOP)
 
@@ -670,6 +679,7 @@ class GRPCService:
             previous: asyncio.Future[None] | None = None
             try:
                 async for request in request_iterator:
+                    last_request[0] = time.monotonic()
                     turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     task = asyncio.create_task(self._stream_one(request, queue, room, previous,
                                                                 turn, metadata, fail_fast))
@@ -699,7 +709,13 @@ class GRPCService:
                     return
                 if item is _STOP:
                     if not tasks:
-                        return
+                        quiet = time.monotonic() - last_request[0]
+                        if quiet >= STOP_QUIET_S:
+                            await context.abort(grpc.StatusCode.UNAVAILABLE, _STOPPING)
+                        # A client still sending gets each request refused (error_message)
+                        # until it stops: perf_analyzer waits for ever for requests that got no
+                        # answer, even once the stream has ended.
+                        asyncio.get_running_loop().call_later(STOP_QUIET_S - quiet, wake)
                     continue
                 if isinstance(item, BaseException):
                     raise item
