@@ -97,7 +97,8 @@ class Frontends:
         self.exit_timeout = exit_timeout
         repo = getattr(server, "repo", None)
         gpu_count = repo.gpu_count if repo is not None else (lambda: 0)
-        self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes, gpu_count),
+        self.plane = DataPlane(server, SharedMemoryRegistry(reserved_shm_prefixes, gpu_count,
+                                                            getattr(server, "segments", None)),
                                log_settings)
         self.http = HTTPFrontend(
             self.plane, http_address, http_port, max_input_size, restricted=http_restricted,

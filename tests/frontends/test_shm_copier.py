@@ -1,0 +1,208 @@
+"""Large copies between a client's system shared-memory region and the server's segments are
+made by the copier, a child process that maps both (``tritonpy/frontends/_shmcopy.py``): the
+data arrives whole both ways; a client that shrinks its object gets the error it always got,
+also when the shrink lands during the copy (the SIGBUS ends the copier alone, and the next copy
+starts a new one); nothing of a region stays mapped once it is unregistered, no segment the
+server gave back stays mapped in the copier, and the copier ends with the server."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import psutil
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import shared_memory as shm_utils
+
+from _models import truncate_shm
+from _serve import Serve, serve_repo
+from tritonpy._errors import InvalidArgumentError
+from tritonpy.frontends import sharedmem
+from tritonpy.frontends.sharedmem import SharedMemoryRegistry
+from tritonpy.shm import Pool, SegmentMap
+
+SIZE = 4 << 20  # past the copier's 1 MiB
+
+CONFIG = """\
+name: "ident"
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_UINT8 dims: [ -1 ] } ]
+"""
+MODEL = """\
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT",
+                    pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[::-1].copy())])
+                for r in requests]
+"""
+
+
+@pytest.fixture
+def regions() -> Iterator[Callable[[int], tuple[str, Any]]]:
+    made: list[Any] = []
+
+    def make(size: int) -> tuple[str, Any]:
+        key = f"tpyc{secrets.token_hex(4)}"
+        made.append(shm_utils.create_shared_memory_region(key, "/" + key, size))
+        return key, made[-1]
+
+    yield make
+    for handle in made:
+        shm_utils.destroy_shared_memory_region(handle)
+
+
+def _copiers(parent: int) -> list[psutil.Process]:
+    return [p for p in psutil.Process(parent).children()
+            if any("_shmcopy_child" in part for part in p.cmdline())]
+
+
+def _maps(pid: int, name: str) -> bool:
+    """Whether process ``pid`` maps or holds open something named ``name``."""
+    with open(f"/proc/{pid}/maps") as f:
+        if name in f.read():
+            return True
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if name in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_large_tensors_cross_shared_memory_through_the_copier(
+        serve: Callable[..., Serve], tmp_path: Path,
+        regions: Callable[[int], tuple[str, Any]]) -> None:
+    (tmp_path / "repo" / "ident" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "ident" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "repo" / "ident" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
+    server, http_port, grpc_port = serve_repo(serve, tmp_path / "repo")
+    in_key, in_handle = regions(SIZE)
+    out_key, out_handle = regions(2 * SIZE)
+    data = np.random.default_rng(0).integers(0, 256, SIZE, dtype=np.uint8)
+    shm_utils.set_shared_memory_region(in_handle, [data])
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        http.register_system_shared_memory("in", "/" + in_key, SIZE)
+        http.register_system_shared_memory("out", "/" + out_key, 2 * SIZE)
+        for client, mod, offset in ((http, httpclient, 0), (grpcc, grpcclient, SIZE)):
+            inp = mod.InferInput("IN", [SIZE], "UINT8")
+            inp.set_shared_memory("in", SIZE)
+            out = mod.InferRequestedOutput("OUT")
+            out.set_shared_memory("out", SIZE, offset=offset)
+            client.infer("ident", [inp], outputs=[out])
+        got = shm_utils.get_contents_as_numpy(out_handle, np.uint8, [2 * SIZE])
+        assert np.array_equal(got[:SIZE], data[::-1]) and np.array_equal(got[SIZE:], data[::-1])
+
+        copiers = _copiers(server.proc.pid)
+        assert len(copiers) == 1
+        copier = copiers[0].pid
+        assert _maps(copier, in_key) and _maps(copier, out_key)
+        http.unregister_system_shared_memory()
+        for pid in (server.proc.pid, copier):
+            assert _eventually(lambda: not _maps(pid, in_key) and not _maps(pid, out_key))
+        # small tensors do not start anything new
+        small = httpclient.InferInput("IN", [3], "UINT8")
+        small.set_data_from_numpy(np.arange(3, dtype=np.uint8))
+        assert http.infer("ident", [small]).as_numpy("OUT").tolist() == [2, 1, 0]
+    finally:
+        http.close()
+        grpcc.close()
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert not psutil.pid_exists(copier) or psutil.Process(copier).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture
+def registry(shm_prefix: str) -> Iterator[tuple[SharedMemoryRegistry, Pool]]:
+    segments = SegmentMap()
+    pool = Pool(prefix=shm_prefix, default_size=SIZE, growth_size=SIZE, segments=segments)
+    reg = SharedMemoryRegistry(segments=segments)
+    try:
+        yield reg, pool
+    finally:
+        reg.close()
+        pool.close()
+        segments.close()
+
+
+def test_a_shrink_during_a_copy_ends_the_copier_only(
+        registry: tuple[SharedMemoryRegistry, Pool], regions: Callable[[int], tuple[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reg, pool = registry
+    key, handle = regions(SIZE)
+    data = np.random.default_rng(1).integers(0, 256, SIZE, dtype=np.uint8)
+    shm_utils.set_shared_memory_region(handle, [data])
+    reg.register("r", "/" + key, 0, SIZE)
+    got = reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
+    assert np.array_equal(got, data)
+    (first,) = _copiers(os.getpid())
+
+    # The shrink lands between the size check and the copy: the check is skipped once, so the
+    # copier's load past the object's end is a SIGBUS, and the request gets the error a check
+    # would have given.
+    real = sharedmem._check_size
+    skipped: list[bool] = []
+
+    def check_once(*args: Any) -> None:
+        if not skipped:
+            skipped.append(True)
+            return
+        real(*args)
+
+    monkeypatch.setattr(sharedmem, "_check_size", check_once)
+    truncate_shm(key, 4096)
+    with pytest.raises(InvalidArgumentError, match=f"shared memory region 'r' cannot be read: "
+                       f"its shm object '/{key}' no longer holds byte 4096"):
+        reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
+    assert skipped and not psutil.pid_exists(first.pid)
+    monkeypatch.setattr(sharedmem, "_check_size", real)
+
+    # The object back at its size: the next copy starts a new copier, both ways.
+    truncate_shm(key, SIZE)
+    out = pool.new_array(np.uint8, (SIZE,))
+    out[:] = data[::-1]
+    reg.write("r", 0, out)
+    assert np.array_equal(shm_utils.get_contents_as_numpy(handle, np.uint8, [SIZE]), data[::-1])
+    assert np.array_equal(reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,))),
+                          data[::-1])
+    (second,) = _copiers(os.getpid())
+    assert second.pid != first.pid
+
+
+def test_the_copier_lets_go_of_segments_the_server_gave_back(
+        registry: tuple[SharedMemoryRegistry, Pool], regions: Callable[[int], tuple[str, Any]],
+        shm_prefix: str) -> None:
+    reg, pool = registry
+    key, handle = regions(SIZE)
+    reg.register("r", "/" + key, 0, SIZE)
+    arr = reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
+    (copier,) = _copiers(os.getpid())
+    names = pool.segment_names()
+    assert names and all(_maps(copier.pid, n) for n in names)
+    del arr
+    assert set(pool.reap(force=True)) == set(names)
+    # unmapped within its sweep (a second), with no copy to prompt it
+    assert _eventually(lambda: not any(_maps(copier.pid, n) for n in names))
+    reg.close()
+    assert _eventually(lambda: not psutil.pid_exists(copier.pid))
