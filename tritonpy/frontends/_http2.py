@@ -130,6 +130,9 @@ _COMPRESSED_HEADERS = {algo: _RESPONSE_HEADERS + _literal(b"grpc-encoding", algo
 #: the middle one, high the last).
 COMPRESSION_LEVELS = ("none", "low", "medium", "high")
 _COMPRESS_OFF_LOOP = 1 << 20
+#: A response message larger than this goes to the socket as views of its parts, framed
+#: without a copy (a copy of a few KiB costs less than the views and the writev).
+_SMALL_MESSAGE = 1 << 16
 
 
 def _algorithm(level: str, accepted: bytes | None) -> bytes | None:
@@ -148,6 +151,19 @@ def _compress(algo: bytes, payload: bytes) -> bytes:
     if algo == b"gzip":
         return gzip.compress(payload, compresslevel=6)
     return zlib.compress(payload)
+
+
+class Serialized:
+    """A response message serialized already, as parts to send one after the other (the
+    large tensors of a response need not be copied into one buffer)."""
+
+    __slots__ = ("parts", "size")
+
+    def __init__(self, parts: list[Any], size: int) -> None:
+        self.parts, self.size = parts, size
+
+    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
+        return b"".join(self.parts)
 
 
 def _frame(ftype: int, flags: int, sid: int, payload: bytes = b"") -> bytes:
@@ -200,7 +216,8 @@ class Context:
 
     async def write(self, message: Any) -> None:
         """Send one message of a streaming response; raises once the call is over."""
-        await self._call.send_message(message.SerializeToString())
+        await self._call.send_message(message if type(message) is Serialized
+                                      else message.SerializeToString())
 
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         """Run ``callback(context)`` once the call's last bytes are handed to the socket."""
@@ -295,6 +312,12 @@ class _Call:
             if len(buf) < 5 + size:
                 break
             assert self.method is not None
+            if not flag and size > _SMALL_MESSAGE and len(buf) == 5 + size:
+                # A large message alone in the buffer: the buffer is its own from now on, and
+                # what the parser keeps may be views of it (read-only ones: see parse).
+                self.buf = bytearray()
+                out.append(self.method.parse(memoryview(buf)[5:].toreadonly()))
+                return out
             view = memoryview(buf)
             part = view[5:5 + size]
             try:  # protobuf copies what it keeps: parse in place, no copy of the message
@@ -336,9 +359,11 @@ class _Call:
         return out
 
     # -- sending ---------------------------------------------------------------------------------
-    async def send_message(self, payload: bytes, flush: bool = True) -> None:
+    async def send_message(self, payload: Any, flush: bool = True) -> None:
         """Send one message (its headers first if none went yet); ``flush=False`` leaves the
-        bytes for the next write (a unary call's trailers follow at once)."""
+        bytes for the next write (a unary call's trailers follow at once). ``payload``: the
+        serialized message, or a :class:`Serialized` one whose parts go to the socket as they
+        are (a large tensor is not copied into frames)."""
         if self.closed:
             raise _Closed("the call is over")
         conn = self.conn
@@ -347,6 +372,16 @@ class _Call:
             self.headers_sent = True
             conn.send_headers(self.sid, _RESPONSE_HEADERS if algo is None
                               else _COMPRESSED_HEADERS[algo], end_stream=False)
+        if type(payload) is Serialized:
+            if algo is None and payload.size > _SMALL_MESSAGE:
+                conn.sends += 1
+                await self._send_in_frames([_PREFIX.pack(0, payload.size), *payload.parts])
+                if flush:
+                    conn.flush()
+                    if conn.write_paused:
+                        await conn.writable()
+                return
+            payload = payload.SerializeToString()
         if algo is None:
             data = _PREFIX.pack(0, len(payload)) + payload
         else:
@@ -363,16 +398,20 @@ class _Call:
             conn.send_window -= size
             conn.out.append(_frame(_DATA, 0, self.sid, data))
         else:
-            await self._send_in_frames(data)
+            await self._send_in_frames([data])
         if flush:
             conn.flush()
             if conn.write_paused:  # the client is not reading: wait until it does
                 await conn.writable()
 
-    async def _send_in_frames(self, data: bytes) -> None:
+    async def _send_in_frames(self, parts: list[Any]) -> None:
+        """DATA frames of the bytes of ``parts``, as the client's windows allow. A frame is
+        its header and views of the parts (no copy: the socket write takes them as they are)."""
         conn = self.conn
-        view = memoryview(data)
-        while view:
+        views = [memoryview(p).cast("B") for p in parts]
+        views.reverse()  # taken from the end
+        view = views.pop()
+        while True:
             if self.closed:
                 raise _Closed("the call is over")
             if conn.write_paused:  # the client is not reading: wait until it does
@@ -380,8 +419,8 @@ class _Call:
                 await conn.writable()
                 if self.closed:
                     raise _Closed("the call is over")
-            size = min(len(view), self.send_window, conn.send_window, conn.peer_max_frame)
-            if size <= 0:  # the client's window is full: wait for its WINDOW_UPDATE
+            room = min(self.send_window, conn.send_window, conn.peer_max_frame)
+            if room <= 0:  # the client's window is full: wait for its WINDOW_UPDATE
                 conn.flush()
                 self.window = asyncio.get_running_loop().create_future()
                 try:
@@ -389,10 +428,24 @@ class _Call:
                 finally:
                     self.window = None
                 continue
+            header = len(conn.out)
+            conn.out.append(b"")  # the frame's header, once its size is known
+            size = 0
+            while size < room:
+                take = view[:room - size]
+                size += len(take)
+                conn.out.append(take)
+                view = view[len(take):]
+                if not view:
+                    if not views:
+                        break
+                    view = views.pop()
             self.send_window -= size
             conn.send_window -= size
-            conn.out.append(_frame(_DATA, 0, self.sid, view[:size].tobytes()))
-            view = view[size:]
+            conn.out[header] = _FRAME.pack(size >> 16, size & 0xFFFF, _DATA, 0, self.sid)
+            conn.out_bytes += size
+            if not view and not views:
+                return
 
     def wake(self) -> None:
         if self.window is not None and not self.window.done():
@@ -513,7 +566,8 @@ class _Connection(asyncio.Protocol):
         self.decoder = hpack.Decoder(max_header_list_size=_MAX_DECODED)
         self.header_cache: dict[bytes, tuple[list[tuple[bytes, bytes]], int]] = {}
         self.continued: tuple[int, bytearray, bool] | None = None  # a header block in parts
-        self.out: list[bytes] = []
+        self.out: list[Any] = []  # what the next write sends: frames, or frame headers and views
+        self.out_bytes = 0  # of which views of large messages (see _send_in_frames)
         self.flush_pending = False
         self.table_size_sent = False
         self.send_window = _DEFAULT_WINDOW  # the connection's window the client allows us
@@ -581,6 +635,7 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         self.inbuf = bytearray()
         self.out.clear()
+        self.out_bytes = 0
         self._wake_writers(_Closed("the connection is gone"))
 
     # -- keepalive and connection age -------------------------------------------------------------
@@ -720,8 +775,16 @@ class _Connection(asyncio.Protocol):
         out = self.out
         if self.eof_sent:
             out.clear()
+            self.out_bytes = 0
             return
         if out:
+            large = self.out_bytes > _SMALL_MESSAGE
+            self.out_bytes = 0
+            if large and self.transport is not None:
+                # Views of a large message: handed to the socket as they are (writev).
+                self.transport.writelines(out)
+                self.out = []
+                return
             data = out[0] if len(out) == 1 else b"".join(out)
             out.clear()
             if self.transport is not None:
@@ -1200,7 +1263,8 @@ class Http2GrpcServer:
                 request = await resolve(request)
             response = await call.method.handler(request, context)
             if not call.closed:
-                await call.send_message(response.SerializeToString(), flush=False)
+                await call.send_message(response if type(response) is Serialized
+                                        else response.SerializeToString(), flush=False)
         except grpc.aio.AbortError:
             call.finish(context.code or _UNKNOWN, context.details)
             return

@@ -39,7 +39,7 @@ from .._errors import (
     listen_error,
 )
 from ..validation import request_prefix
-from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method
+from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method, Serialized
 from .dataplane import (
     SPECIAL_PARAMETERS,
     DataPlane,
@@ -257,7 +257,7 @@ def encode_result(result: InferResult) -> Any:
     for key, value in result.parameters.items():
         _set_param(resp.parameters, key, value)
     for out in result.outputs:
-        tensor = resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        resp.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         if out.shm is not None:  # named with no parameters and empty contents, as Triton's
             resp.raw_output_contents.append(b"")
         else:
@@ -315,18 +315,6 @@ class _Keyed:
         self.message, self.key = message, key
 
 
-class _Encoded:
-    """A response message serialized already (what the server sends of it)."""
-
-    __slots__ = ("data",)
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-
-    def SerializeToString(self) -> bytes:  # noqa: N802 (protobuf's name)
-        return self.data
-
-
 def _varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
@@ -361,14 +349,16 @@ class GRPCService:
     def parse_infer(self, data: Any) -> Any:
         """A ``ModelInfer`` request off the wire: the :class:`InferRequest` itself when a
         request with the same header was decoded before (its raw contents copied out of
-        ``data``), else the parsed message (with its plan's key)."""
+        ``data``, or views of it when ``data`` is read-only: a large message's own buffer, see
+        ``_Call.feed``), else the parsed message (with its plan's key)."""
         split = split_infer(data)
         if split is None:
             return service_pb2.ModelInferRequest.FromString(data)
         key, spans = split
         plan = self._plans.get(key)
         if plan is not None:
-            req = plan.request([bytes(data[a:b]) for a, b in spans])
+            keep_views = type(data) is memoryview and data.readonly
+            req = plan.request([data[a:b] if keep_views else bytes(data[a:b]) for a, b in spans])
             if req is not None:
                 return req
         return _Keyed(service_pb2.ModelInferRequest.FromString(data), key)
@@ -409,9 +399,15 @@ class GRPCService:
             head = resp.SerializeToString()
             keep(self._heads, tuple(key), head)
         parts = [head]
+        size = len(head)
         for raw in raws:
-            parts += (_RAW_OUT_TAG, _varint(len(raw)), raw)
-        return _Encoded(b"".join(parts))
+            n = len(raw)
+            tag = _RAW_OUT_TAG + _varint(n)
+            parts += (tag, raw)
+            size += len(tag) + n
+        # The outputs follow the head as they are (views of the response's arrays): a large one
+        # goes to the socket without being copied into the message.
+        return Serialized(parts, size)
 
     def begin_stop(self) -> None:
         """The server is stopping: a stream with nothing in flight ends now, the others once
