@@ -24,7 +24,7 @@ from tritonclient.utils import shared_memory as shm_utils
 from _models import truncate_shm
 from _serve import Serve, serve_repo
 from tritonpy._errors import InvalidArgumentError
-from tritonpy.frontends import sharedmem
+from tritonpy.frontends import _shmcopy, sharedmem
 from tritonpy.frontends.sharedmem import SharedMemoryRegistry
 from tritonpy.shm import Pool, SegmentMap
 
@@ -206,3 +206,26 @@ def test_the_copier_lets_go_of_segments_the_server_gave_back(
     assert _eventually(lambda: not any(_maps(copier.pid, n) for n in names))
     reg.close()
     assert _eventually(lambda: not psutil.pid_exists(copier.pid))
+
+
+def test_a_stuck_copier_is_replaced_and_the_copy_made_in_the_server(
+        registry: tuple[SharedMemoryRegistry, Pool], regions: Callable[[int], tuple[str, Any]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_shmcopy, "ANSWER_S", 0.5)
+    reg, pool = registry
+    key, handle = regions(SIZE)
+    data = np.random.default_rng(2).integers(0, 256, SIZE, dtype=np.uint8)
+    shm_utils.set_shared_memory_region(handle, [data])
+    reg.register("r", "/" + key, 0, SIZE)
+    assert np.array_equal(reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,))), data)
+    (stuck,) = _copiers(os.getpid())
+    stuck.suspend()  # SIGSTOP: it takes the copy and never answers
+    t0 = time.monotonic()
+    got = reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
+    assert np.array_equal(got, data) and time.monotonic() - t0 < 5
+    assert _eventually(lambda: not psutil.pid_exists(stuck.pid)
+                       or psutil.Process(stuck.pid).status() == psutil.STATUS_ZOMBIE)
+    # the next copy starts a new one
+    reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
+    (fresh,) = _copiers(os.getpid())
+    assert fresh.pid != stuck.pid
