@@ -131,6 +131,21 @@ def new_prefix() -> str:
     return f"tpytm{secrets.token_hex(4)}_"
 
 
+def holds(pid: int, name: str) -> bool:
+    """Whether process ``pid`` maps or holds open something named ``name`` (a shm object,
+    unlinked or not)."""
+    with open(f"/proc/{pid}/maps") as f:
+        if name in f.read():
+            return True
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            if name in os.readlink(f"/proc/{pid}/fd/{fd}"):
+                return True
+        except OSError:  # closed meanwhile
+            pass
+    return False
+
+
 def truncate_shm(name: str, size: int) -> None:
     """Shrink (or grow) the shm object ``name`` to ``size`` bytes, as a careless client may."""
     fd = os.open(f"/dev/shm/{name}", os.O_RDWR)

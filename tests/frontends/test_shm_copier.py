@@ -7,7 +7,6 @@ server gave back stays mapped in the copier, and the copier ends with the server
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import textwrap
 import time
@@ -21,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import shared_memory as shm_utils
 
-from _models import truncate_shm
+from _models import holds, truncate_shm
 from _serve import Serve, serve_repo
 from tritonpy._errors import InvalidArgumentError
 from tritonpy.frontends import _shmcopy, sharedmem
@@ -47,37 +46,10 @@ class TritonPythonModel:
 """
 
 
-@pytest.fixture
-def regions() -> Iterator[Callable[[int], tuple[str, Any]]]:
-    made: list[Any] = []
-
-    def make(size: int) -> tuple[str, Any]:
-        key = f"tpyc{secrets.token_hex(4)}"
-        made.append(shm_utils.create_shared_memory_region(key, "/" + key, size))
-        return key, made[-1]
-
-    yield make
-    for handle in made:
-        shm_utils.destroy_shared_memory_region(handle)
-
-
 def _copiers(parent: int) -> list[psutil.Process]:
     return [p for p in psutil.Process(parent).children()
             if any("_shmcopy_child" in part for part in p.cmdline())]
 
-
-def _maps(pid: int, name: str) -> bool:
-    """Whether process ``pid`` maps or holds open something named ``name``."""
-    with open(f"/proc/{pid}/maps") as f:
-        if name in f.read():
-            return True
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if name in os.readlink(f"/proc/{pid}/fd/{fd}"):
-                return True
-        except OSError:
-            pass
-    return False
 
 
 def _eventually(check: Callable[[], bool], timeout: float = 5.0) -> bool:
@@ -117,10 +89,10 @@ def test_large_tensors_cross_shared_memory_through_the_copier(
         copiers = _copiers(server.proc.pid)
         assert len(copiers) == 1
         copier = copiers[0].pid
-        assert _maps(copier, in_key) and _maps(copier, out_key)
+        assert holds(copier, in_key) and holds(copier, out_key)
         http.unregister_system_shared_memory()
         for pid in (server.proc.pid, copier):
-            assert _eventually(lambda: not _maps(pid, in_key) and not _maps(pid, out_key))
+            assert _eventually(lambda: not holds(pid, in_key) and not holds(pid, out_key))
         # small tensors do not start anything new
         small = httpclient.InferInput("IN", [3], "UINT8")
         small.set_data_from_numpy(np.arange(3, dtype=np.uint8))
@@ -199,11 +171,11 @@ def test_the_copier_lets_go_of_segments_the_server_gave_back(
     arr = reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
     (copier,) = _copiers(os.getpid())
     names = pool.segment_names()
-    assert names and all(_maps(copier.pid, n) for n in names)
+    assert names and all(holds(copier.pid, n) for n in names)
     del arr
     assert set(pool.reap(force=True)) == set(names)
     # unmapped within its sweep (a second), with no copy to prompt it
-    assert _eventually(lambda: not any(_maps(copier.pid, n) for n in names))
+    assert _eventually(lambda: not any(holds(copier.pid, n) for n in names))
     reg.close()
     assert _eventually(lambda: not psutil.pid_exists(copier.pid))
 

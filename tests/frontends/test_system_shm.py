@@ -18,7 +18,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm_utils
 
-from _models import truncate_shm
+from _models import holds, truncate_shm
 from _serve import Serve, serve_repo
 
 CONFIG = """\
@@ -52,19 +52,6 @@ def region() -> Iterator[tuple[str, Any]]:
         except Exception:  # the test unlinked it itself
             pass
 
-
-def _held(pid: int, key: str) -> bool:
-    """Whether process ``pid`` holds shm object ``key`` open or mapped (unlinked or not)."""
-    with open(f"/proc/{pid}/maps") as f:
-        if key in f.read():
-            return True
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if key in os.readlink(f"/proc/{pid}/fd/{fd}"):
-                return True
-        except OSError:  # closed meanwhile
-            pass
-    return False
 
 
 def _inputs(mod: Any, region: str | None, offset: int = 0) -> list[Any]:
@@ -112,9 +99,9 @@ def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
         with pytest.raises(InferenceServerException, match="no longer holds byte 0"):
             http.infer("add_sub", _inputs(httpclient, "r"))
         assert server.proc.poll() is None and http.is_server_ready()
-        assert _held(server.proc.pid, key)
+        assert holds(server.proc.pid, key)
         http.unregister_system_shared_memory("r")
-        assert not _held(server.proc.pid, key)
+        assert not holds(server.proc.pid, key)
         assert http.infer("add_sub", _inputs(httpclient, None)).as_numpy("OUTPUT0").tolist() == [2.0] * 16
     finally:
         http.close()

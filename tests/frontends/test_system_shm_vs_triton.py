@@ -14,7 +14,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import grpc
 import numpy as np
@@ -48,22 +48,6 @@ max_batch_size: 0
 input [ { name: "IN" data_type: TYPE_FP32 dims: [ 16 ] } ]
 output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 16 ] } ]
 """
-
-
-@pytest.fixture
-def regions() -> Iterator[Callable[[int], tuple[str, Any]]]:
-    made: list[Any] = []
-
-    def make(size: int) -> tuple[str, Any]:
-        key = f"tpyv{secrets.token_hex(4)}"
-        made.append(shm_utils.create_shared_memory_region(key, "/" + key, size))
-        return key, made[-1]
-
-    try:
-        yield make
-    finally:
-        for handle in made:
-            shm_utils.destroy_shared_memory_region(handle)
 
 
 def _gated_server(serve: Callable[..., Serve], tmp_path: Path) -> tuple[Serve, int, int, Path]:
