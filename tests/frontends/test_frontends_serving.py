@@ -529,6 +529,46 @@ def test_http_system_shared_memory(served: Served, http: httpclient.InferenceSer
     assert http.get_system_shared_memory_status() == []
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_requests_of_one_header_read_shared_memory_afresh_each_time(
+        served: Served, protocol: str) -> None:
+    """A request whose header was seen before (tritonclient and perf_analyzer send the same one
+    each time) is decoded from its kept plan, its inputs in shared memory read again from their
+    windows: what the region holds now, and the errors of a region gone or grown too small."""
+    mod: Any = httpclient if protocol == "http" else grpcclient
+    client = mod.InferenceServerClient(served.http if protocol == "http" else served.grpc)
+    tag = f"tpyc{secrets.token_hex(4)}"
+    handles = _shm_regions(tag, {"in": 128, "out": 128})
+    try:
+        client.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 128)
+        client.register_system_shared_memory(f"{tag}_out", f"/{tag}_out", 128)
+        i0 = mod.InferInput("INPUT0", [16], "FP32")
+        i0.set_shared_memory(f"{tag}_in", 64)
+        i1 = mod.InferInput("INPUT1", [16], "FP32")
+        i1.set_data_from_numpy(np.ones(16, dtype=np.float32))
+        out = mod.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(f"{tag}_out", 64)
+        outputs = [out, mod.InferRequestedOutput("OUTPUT1")]
+        for k in range(3):
+            a = np.arange(16, dtype=np.float32) * (k + 1)
+            shm_utils.set_shared_memory_region(handles["in"], [a])
+            result = client.infer("add_sub", [i0, i1], outputs=outputs)
+            got = shm_utils.get_contents_as_numpy(handles["out"], np.float32, [16])
+            assert np.array_equal(got, a + 1) and np.array_equal(result.as_numpy("OUTPUT1"), a - 1)
+        client.unregister_system_shared_memory(f"{tag}_in")
+        with pytest.raises(InferenceServerException,
+                           match=f"Unable to find shared memory region: '{tag}_in'"):
+            client.infer("add_sub", [i0, i1], outputs=outputs)
+        client.register_system_shared_memory(f"{tag}_in", f"/{tag}_in", 32)
+        with pytest.raises(InferenceServerException, match="Invalid offset \\+ byte size"):
+            client.infer("add_sub", [i0, i1], outputs=outputs)
+    finally:
+        client.unregister_system_shared_memory()
+        client.close()
+        for h in handles.values():
+            shm_utils.destroy_shared_memory_region(h)
+
+
 def test_http_cuda_shm_is_unsupported_and_tracing_off(served: Served,
                                                      http: httpclient.InferenceServerClient) -> None:
     assert http.get_cuda_shared_memory_status() == []

@@ -16,7 +16,7 @@ import math
 import re
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -134,21 +134,26 @@ class InferRequest:
 HEADER_CACHE_SIZE = 256
 
 #: An input a :class:`RequestPlan` decodes: name, byte size as it came, numpy dtype (None:
-#: BYTES, left as :class:`PendingBytes` whatever its size), shape, element count.
+#: BYTES, left as :class:`PendingBytes` whatever its size), shape, element count. An input read
+#: from a system shared-memory region has the byte size -1 (see :meth:`RequestPlan.shm_spec`).
 InputSpec = tuple[str, int, "np.dtype | None", tuple[int, ...], int]
+#: How a plan reads an input from shared memory: ``(model, name, datatype, shape, ref, request
+#: id)`` to the input (:meth:`DataPlane.read_shm_input`: the region and window checked each time).
+ShmReader = Callable[[str, str, str, list, "ShmRef", str], Any]
 
 
 class RequestPlan:
     """What a request said apart from its tensors' bytes, decoded and checked once: the
     request's settings, its requested outputs, and how to decode each input from its bytes
     (``inputs``, see :data:`InputSpec`). A frontend keeps one per request header it has seen
-    (only headers whose inputs all come with the request, not from JSON or shared memory) and
-    makes the next such request with :meth:`request`; its bytes are checked as a full decode
-    checks them."""
+    (only headers whose inputs all come with the request or from system shared memory, not
+    from JSON) and makes the next such request with :meth:`request`; its bytes are checked as a
+    full decode checks them, and an input in shared memory is read as a full decode reads it."""
 
-    __slots__ = ("model", "version", "settings", "outputs", "inputs")
+    __slots__ = ("model", "version", "settings", "outputs", "inputs", "shm", "raw_count")
 
-    def __init__(self, req: InferRequest, inputs: list[InputSpec]) -> None:
+    def __init__(self, req: InferRequest, inputs: list[InputSpec],
+                 shm: dict[str, tuple[str, list, ShmRef]] | None = None) -> None:
         self.model, self.version = req.model, req.version
         # Copies: the request goes on, and its parameters may gain forwarded headers.
         self.settings = (req.request_id, dict(req.parameters), req.correlation_id, req.flags,
@@ -156,6 +161,14 @@ class RequestPlan:
                          req.enable_empty_final)
         self.outputs = None if req.outputs is None else list(req.outputs)
         self.inputs = inputs
+        self.shm = shm or {}  # name -> (datatype, shape, region window) of a shm input
+        self.raw_count = len(inputs) - len(self.shm)  # the buffers request() takes
+
+    @staticmethod
+    def shm_spec(name: str) -> InputSpec:
+        """The :data:`InputSpec` of an input read from shared memory (its datatype, shape and
+        window go in the plan's ``shm``)."""
+        return (name, -1, None, (), 0)
 
     @staticmethod
     def spec(name: str, value: np.ndarray | PendingBytes, nbytes: int) -> InputSpec:
@@ -163,12 +176,14 @@ class RequestPlan:
         dtype = None if isinstance(value, PendingBytes) else value.dtype
         return (name, nbytes, dtype, tuple(value.shape), int(math.prod(value.shape)))
 
-    def request(self, buffers: Sequence[Buffer]) -> InferRequest | None:
+    def request(self, buffers: Sequence[Buffer],
+                from_shm: ShmReader | None = None) -> InferRequest | None:
         """A request with this plan's settings and inputs decoded from ``buffers`` (one per
-        input, in order); None when they do not fit (their number or a size): a full decode
-        then gives the error."""
+        input that came with the request, in order) and read with ``from_shm`` (the others);
+        None when they do not fit (their number or a size): a full decode then gives the
+        error."""
         specs = self.inputs
-        if len(buffers) != len(specs):
+        if len(buffers) != self.raw_count:
             return None
         rid, params, correlation_id, flags, timeout, priority, binary, empty_final = self.settings
         req = InferRequest(self.model, self.version,
@@ -177,8 +192,15 @@ class RequestPlan:
                            flags=flags, timeout=timeout, priority=priority,
                            binary_output_default=binary, enable_empty_final=empty_final)
         inputs = req.inputs
+        if self.shm:
+            given = iter(buffers)
+            buffers = [b"" if spec[1] < 0 else next(given) for spec in specs]
         for (name, nbytes, dtype, shape, count), buf in zip(specs, buffers):
-            if dtype is None:
+            if nbytes < 0:
+                assert from_shm is not None
+                datatype, asked, ref = self.shm[name]
+                inputs[name] = from_shm(self.model, name, datatype, asked, ref, rid)
+            elif dtype is None:
                 inputs[name] = PendingBytes(name, shape, buf, self.model, rid)
             elif len(buf) != nbytes:
                 return None
@@ -944,6 +966,11 @@ class DataPlane:
 
         data = self.shm.read(ref.region, ref.offset, ref.byte_size, buffer)
         return input_from_raw(name, datatype, shape, data.data, model=model, request_id=request_id)
+
+    def read_shm_input(self, model: str, name: str, datatype: str, shape: Sequence[int],
+                       ref: ShmRef, request_id: str) -> np.ndarray | PendingBytes:
+        """:meth:`input_from_shm`, as a :class:`RequestPlan` calls it (:data:`ShmReader`)."""
+        return self.input_from_shm(name, datatype, shape, ref, model=model, request_id=request_id)
 
     def _input_from_cuda(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef,
                          model: str, request_id: str) -> DeviceRef:

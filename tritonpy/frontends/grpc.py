@@ -46,6 +46,7 @@ from .dataplane import (
     InferRequest,
     InferResult,
     RequestPlan,
+    ShmRef,
     RequestedOutput,
     apply_parameters,
     class_count,
@@ -358,7 +359,8 @@ class GRPCService:
         plan = self._plans.get(key)
         if plan is not None:
             keep_views = type(data) is memoryview and data.readonly
-            req = plan.request([data[a:b] if keep_views else bytes(data[a:b]) for a, b in spans])
+            req = plan.request([data[a:b] if keep_views else bytes(data[a:b]) for a, b in spans],
+                               self.plane.read_shm_input)
             if req is not None:
                 return req
         return _Keyed(service_pb2.ModelInferRequest.FromString(data), key)
@@ -372,26 +374,34 @@ class GRPCService:
             return decode_request(self.plane, request)
         message = request.message
         req = decode_request(self.plane, message)
-        raw = message.raw_input_contents
-        if len(raw) == len(message.inputs):  # none from shared memory or typed contents
-            keep(self._plans, request.key, RequestPlan(req, [
-                RequestPlan.spec(inp.name, req.inputs[inp.name], len(data))
-                for inp, data in zip(message.inputs, raw)]))
+        raw = iter(message.raw_input_contents)
+        specs = []
+        shm: dict[str, tuple[str, list, ShmRef]] = {}
+        for inp in message.inputs:  # each from the raw contents or shared memory
+            if "shared_memory_region" in inp.parameters:
+                ref = shm_ref(inp.name, {k: _param_value(v) for k, v in inp.parameters.items()})
+                assert ref is not None  # (decoded so above)
+                specs.append(RequestPlan.shm_spec(inp.name))
+                shm[inp.name] = (inp.datatype, list(inp.shape), ref)
+            elif inp.HasField("contents"):  # typed contents: decoded in full each time
+                return req
+            else:
+                specs.append(RequestPlan.spec(inp.name, req.inputs[inp.name], len(next(raw))))
+        keep(self._plans, request.key, RequestPlan(req, specs, shm))
         return req
 
     def _encode(self, result: InferResult) -> Any:
         """The ``ModelInferResponse`` of ``result``; serialized here from a kept head when it
-        has no parameters and no output in shared memory (the head: every field but the raw
-        output contents, which follow it)."""
+        has no parameters (the head: every field but the raw output contents, which follow it;
+        an output in shared memory has empty contents)."""
         if result.parameters:
             return encode_result(result)
         key: list[Any] = [result.model, result.version, result.request_id]
         raws = []
         for out in result.outputs:
-            if out.shm is not None:
-                return encode_result(result)
-            key.append((out.name, out.datatype, out.shape))
-            raws.append(out.raw())
+            in_shm = out.shm is not None
+            key.append((out.name, out.datatype, out.shape, in_shm))
+            raws.append(b"" if in_shm else out.raw())
         head = self._heads.get(tuple(key))
         if head is None:
             resp = encode_result(result)

@@ -40,6 +40,8 @@ from .dataplane import (
     InferResult,
     InputSpec,
     RequestPlan,
+    ShmReader,
+    ShmRef,
     RequestedOutput,
     apply_parameters,
     class_count,
@@ -76,7 +78,8 @@ Handler = Callable[[Request], Awaitable[Response]]
 PLAN_MAX_HEADER = 4096
 
 
-def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> InferRequest:
+def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int,
+                  from_shm: ShmReader) -> InferRequest:
     """``plan``'s request from an HTTP body whose JSON header ends at ``offset``: the errors
     of a body too short or too long are the full decode's."""
     total = len(body)
@@ -84,6 +87,8 @@ def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> In
     buffers = []
     for spec in plan.inputs:
         name, size = spec[0], spec[1]
+        if size < 0:  # in shared memory
+            continue
         end = offset + size
         if end > total:
             raise InvalidArgumentError(
@@ -93,7 +98,7 @@ def _plan_request(plan: RequestPlan, body: bytes | bytearray, offset: int) -> In
         offset = end
     if offset != total:
         raise InvalidArgumentError(f"unexpected additional input data for model '{plan.model}'")
-    req = plan.request(buffers)
+    req = plan.request(buffers, from_shm)
     assert req is not None  # each size is the header's own, checked when the plan was made
     return req
 
@@ -196,7 +201,7 @@ class HTTPFrontend:
         self.reuse_port = reuse_port
         self._server: HTTPServer | None = None
         self._plans: dict[tuple[str, int, bytes], RequestPlan] = {}
-        self._headers: dict[tuple, tuple[bytes, dict[str, str]]] = {}
+        self._headers: dict[tuple, tuple[bytes, dict[str, str] | None]] = {}
         self._routes: dict[str, Handler | None] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -538,9 +543,10 @@ class HTTPFrontend:
         if key is not None:
             plan = self._plans.get(key)
             if plan is not None:
-                return _plan_request(plan, body, hlen)
+                return _plan_request(plan, body, hlen, self.plane.read_shm_input)
         header = parse_json_object(head)
         specs: list[InputSpec] | None = []
+        shm_inputs: dict[str, tuple[str, list, ShmRef]] = {}
         req = InferRequest(model, version)
         rid = header.get("id", "")
         if not isinstance(rid, str):
@@ -594,17 +600,19 @@ class HTTPFrontend:
                 specs = None
                 req.inputs[name] = array_from_json(name, datatype, shape, inp["data"])
             else:
-                specs = None
                 ref = shm_ref(name, params)
                 assert ref is not None
                 req.inputs[name] = self.plane.input_from_shm(name, datatype, shape, ref, model=model,
                                                              request_id=req.request_id)
+                if specs is not None:  # read again from its window by the next such request
+                    specs.append(RequestPlan.shm_spec(name))
+                    shm_inputs[name] = (datatype, list(shape), ref)
         if offset != total:
             raise InvalidArgumentError(f"unexpected additional input data for model '{model}'")
         if "outputs" in header:
             req.outputs = self._parse_outputs(header["outputs"])
         if key is not None and specs is not None:
-            keep(self._plans, key, RequestPlan(req, specs))
+            keep(self._plans, key, RequestPlan(req, specs, shm_inputs))
         return req
 
     def _parse_outputs(self, outputs: object) -> list[RequestedOutput]:
@@ -701,15 +709,18 @@ class HTTPFrontend:
     # -- responses ---------------------------------------------------------------------------
 
     def _encode_result(self, result: InferResult) -> Response:
-        # When every output goes binary in the body and the response has no parameters, the
-        # header depends on the outputs' names, types, shapes and sizes only: the same for each
-        # request of one shape, so it is kept.
+        # When every output goes binary in the body or into shared memory and the response has
+        # no parameters, the header depends on the outputs' names, types, shapes and sizes
+        # only: the same for each request of one shape, so it is kept.
         parts: list[Any] | None = None
         if result.outputs and not result.parameters:
             parts = []
             shape: list[Any] = [result.request_id, result.model, result.version]
             for out in result.outputs:
-                if not out.binary or out.shm is not None:
+                if out.shm is not None:  # (named in the header only)
+                    shape.append((out.name, out.datatype, out.shape, -1))
+                    continue
+                if not out.binary:
                     parts = None
                     break
                 raw = out.raw()
@@ -720,9 +731,11 @@ class HTTPFrontend:
             kept = self._headers.get(key)
             if kept is None:
                 header = self._encode_header(result)[0]
-                kept = header, {_HEADER_LENGTH: str(len(header))}
+                kept = header, {_HEADER_LENGTH: str(len(header))} if parts else None
                 keep(self._headers, key, kept)
             header, headers = kept  # (the headers are only read, by the server that writes them)
+            if headers is None:  # every output in shared memory: the header is the body
+                return Response(200, header, "application/json")
         else:
             header, parts = self._encode_header(result)
             if not parts:

@@ -34,13 +34,12 @@ CuPy, mapping each region once, on its first output.
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import itertools
 import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import posix_ipc
@@ -294,48 +293,54 @@ class SharedMemoryRegistry:
              alloc: Callable[[int], np.ndarray] = lambda n: np.empty(n, np.uint8)) -> np.ndarray:
         """A copy of ``byte_size`` bytes at ``offset`` of region ``name``, in the flat uint8
         array ``alloc(byte_size)`` (called once the window is known to be inside it)."""
-        with self._holding(name, offset, byte_size) as region:
+        region = self._hold(name, offset, byte_size)
+        try:
             dst = alloc(byte_size)
             if not self._copied(region, offset, dst, write=False):
                 _transfer(region, offset, dst.data.cast("B"), write=False)
             return dst
+        finally:
+            self._let_go(region)
 
     def write(self, name: str, offset: int, data: Any) -> None:
         """Copy ``data`` (bytes-like) to ``offset`` of region ``name``."""
         src = memoryview(data).cast("B")
-        with self._holding(name, offset, len(src)) as region:
-            if not self._copied(region, offset, np.frombuffer(src, np.uint8), write=True):
+        region = self._hold(name, offset, len(src))
+        try:
+            if not self._copied(region, offset, src, write=True):
                 _transfer(region, offset, src, write=True)
+        finally:
+            self._let_go(region)
 
     # -- internals ---------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _holding(self, name: str, offset: int, byte_size: int) -> Iterator[_Region]:
-        """Region ``name``, checked to hold the window, kept open while the caller copies."""
+    def _hold(self, name: str, offset: int, byte_size: int) -> _Region:
+        """Region ``name``, checked to hold the window, kept open for a copy until
+        :meth:`_let_go`."""
         with self._lock:
             region: _Region = _window(self._regions, name, offset, byte_size)
             region.users += 1
-        try:
-            yield region
-        finally:
-            with self._lock:
-                region.users -= 1
-                if region.users == 0 and self._regions.get(region.name) is not region:
-                    self._close(region)  # unregistered during the copy
+        return region
+
+    def _let_go(self, region: _Region) -> None:
+        with self._lock:
+            region.users -= 1
+            if region.users == 0 and self._regions.get(region.name) is not region:
+                self._close(region)  # unregistered during the copy
 
     def _close(self, region: _Region) -> None:
         os.close(region.fd)
         if self._copier is not None:
             self._copier.forget(region.rid)
 
-    def _copied(self, region: _Region, offset: int, arr: np.ndarray, write: bool) -> bool:
-        """Whether the copier made this copy (a large one, ``arr`` in one of the server's
+    def _copied(self, region: _Region, offset: int, buf: Any, write: bool) -> bool:
+        """Whether the copier made this copy (a large one, ``buf`` in one of the server's
         segments). The object's size is checked first, so that only a shrink during the copy
         can end the copier; if it does, the request gets the error a kernel copy gives."""
-        n = arr.nbytes
+        n = buf.nbytes
         if n < MIN_BYTES or self._copier is None or self._segments is None:
             return False
-        where = self._segments.locate(arr)
+        where = self._segments.locate(np.frombuffer(buf, np.uint8))
         if where is None:
             return False
         seg, seg_off = where
