@@ -201,3 +201,25 @@ def test_a_stuck_copier_is_replaced_and_the_copy_made_in_the_server(
     reg.read("r", 0, SIZE, lambda n: pool.new_array(np.uint8, (n,)))
     (fresh,) = _copiers(os.getpid())
     assert fresh.pid != stuck.pid
+
+
+def test_a_copy_past_the_objects_end_is_refused_by_the_copier_which_lives_on(
+        registry: tuple[SharedMemoryRegistry, Pool], regions: Callable[[int], tuple[str, Any]]) -> None:
+    """Without the server's size check (a shrink between it and the copier's first mapping):
+    the copier answers that it cannot, and goes on; the server then copies itself."""
+    _, pool = registry
+    key, _ = regions(4096)
+    dst = pool.new_array(np.uint8, (SIZE,))
+    seg, off = pool.segments.locate(dst)  # type: ignore[misc]
+    copier = _shmcopy.Copier()
+    fd = os.open(f"/dev/shm/{key}", os.O_RDWR)
+    try:
+        path = _shmcopy.segment_path(seg.name, seg.directory)
+        assert copier.copy(1, fd, 0, path, off, SIZE, write=False) is False
+        (child,) = _copiers(os.getpid())
+        assert copier.copy(1, fd, 0, path, off, 4096, write=False) is True  # what is there
+        assert _copiers(os.getpid()) == [child]
+    finally:
+        os.close(fd)
+        copier.close()
+    assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE

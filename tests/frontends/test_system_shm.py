@@ -108,3 +108,36 @@ def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
         grpcc.close()
     server.proc.send_signal(signal.SIGTERM)  # a clean stop removes its pool's segments
     assert server.wait(30) == 0
+
+
+def test_a_region_shrunk_under_a_kept_grpc_plan_is_the_requests_error_only(
+        serve: Callable[..., Serve], tmp_path: Path, region: tuple[str, Any]) -> None:
+    """gRPC decodes a request whose header it has seen from a kept plan as its bytes are read;
+    an input region shrunk meanwhile is that request's INVALID_ARGUMENT, as in a full decode
+    (it was INTERNAL "Failed to parse the request"), and the connection serves on."""
+    (tmp_path / "repo" / "add_sub" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "add_sub" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "repo" / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
+    server, _, grpc_port = serve_repo(serve, tmp_path / "repo")
+    key, handle = region
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        grpcc.register_system_shared_memory("r", "/" + key, 65536)
+        shm_utils.set_shared_memory_region(handle, [np.arange(16, dtype=np.float32)])
+        inputs = _inputs(grpcclient, "r")
+        for _ in range(2):  # the second from the plan the first made
+            assert grpcc.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == \
+                (np.arange(16) + 1).tolist()
+        truncate_shm(key, 0)
+        for _ in range(3):
+            with pytest.raises(InferenceServerException) as err:
+                grpcc.infer("add_sub", inputs)
+            assert err.value.status() == "StatusCode.INVALID_ARGUMENT", err.value
+            assert "no longer holds byte 0" in err.value.message(), err.value
+        truncate_shm(key, 65536)
+        shm_utils.set_shared_memory_region(handle, [np.ones(16, dtype=np.float32)])
+        assert grpcc.infer("add_sub", inputs).as_numpy("OUTPUT0").tolist() == [2.0] * 16
+        grpcc.unregister_system_shared_memory()
+    finally:
+        grpcc.close()
+    assert "Fatal error" not in server.log() and "Traceback" not in server.log(), server.log()

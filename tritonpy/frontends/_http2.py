@@ -818,7 +818,10 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.eof_sent:  # stopping: read to the client's end, nothing more is answered
             return
-        self.inbuf += data
+        try:
+            self.inbuf += data
+        except BufferError:  # (see _process)
+            self.inbuf = self.inbuf + data
         self.last_read = self.clock()
         if not self.write_paused:
             self._process()
@@ -834,7 +837,10 @@ class _Connection(asyncio.Protocol):
             self.inbuf = bytearray()  # not clear(): the error's traceback may still view it
             return
         if pos:
-            del buf[:pos]
+            try:
+                del buf[:pos]
+            except BufferError:  # a view of it is still alive (an error's traceback, say)
+                self.inbuf = bytearray(buf[pos:])
         self.flush()
 
     def _drop(self) -> None:

@@ -56,10 +56,10 @@ class Copier:
         self._mapped: set[int] = set()  # regions the current child has mapped
         self._closed = False
 
-    def copy(self, rid: int, fd: int, length: int, pos: int, seg_path: str, seg_off: int,
-             n: int, write: bool) -> bool:
+    def copy(self, rid: int, fd: int, pos: int, seg_path: str, seg_off: int, n: int,
+             write: bool) -> bool:
         """Copy ``n`` bytes between byte ``pos`` of region ``rid`` (the client's object, open as
-        ``fd``, mapped from 0 to ``length``) and byte ``seg_off`` of the server's segment at
+        ``fd``) and byte ``seg_off`` of the server's segment at
         ``seg_path``: into the region when ``write``. False when the copier is busy or cannot be
         used (the caller copies); raises :class:`CopierDied` when it ended during the copy."""
         if not self._lock.acquire(blocking=False):
@@ -70,7 +70,7 @@ class Copier:
                 return False
             try:
                 if rid not in self._mapped:
-                    socket.send_fds(sock, [REGION.pack(b"R", rid, length)], [fd])
+                    socket.send_fds(sock, [REGION.pack(b"R", rid)], [fd])
                     self._mapped.add(rid)
                 sock.send(COPY.pack(b"C", write, rid, pos, n, seg_off) + seg_path.encode())
                 answer = sock.recv(4096)
@@ -83,8 +83,8 @@ class Copier:
                 answer = b""
             if not answer:
                 raise CopierDied(self._reap())
-            if answer != b"\0":
-                log.warning("shm copier: %s", answer.decode(errors="replace"))
+            if answer != b"\0":  # it could not (a shrunk object, say): copied here
+                log.debug("shm copier: %s", answer.decode(errors="replace"))
                 return False
             return True
         finally:

@@ -4,8 +4,9 @@ Run as ``python -I -S _shmcopy_child.py FD`` by :mod:`._shmcopy` (standard libra
 starts in a few milliseconds). FD is its end of a ``SOCK_SEQPACKET`` pair; one message a
 command, each a struct (see ``_shmcopy``):
 
-* ``R`` region id, length, with a client's shm object passed as a descriptor: map it;
-* ``F`` region id: unmap it (unregistered);
+* ``R`` region id, with a client's shm object passed as a descriptor: keep it (it is
+  mapped by the first copy that uses it, and again, larger, by one that needs more of it);
+* ``F`` region id: unmap and close it (unregistered);
 * ``C`` direction, region id, position, length, segment offset, segment path: copy between
   the region and the server's segment at that path (mapped on first use), then answer one
   byte.
@@ -26,48 +27,60 @@ import ctypes
 import mmap
 import os
 import resource
+import signal
 import socket
 import struct
 import sys
 import time
 
-REGION = struct.Struct("=cQQ")  # b"R", id, length
+REGION = struct.Struct("=cQ")  # b"R", id
 FORGET = struct.Struct("=cQ")  # b"F", id
 COPY = struct.Struct("=c?QQQQ")  # b"C", write, id, position, length, segment offset; path follows
 SWEEP_SECONDS = 1.0
 
 
 class _Mapping:
-    """One whole mapping and its address (no buffer export is kept: it can always close)."""
+    """A file kept open and mapped whole, as large as it is when mapped, with the mapping's
+    address (no buffer export is kept: it can always close)."""
 
-    def __init__(self, fd: int, length: int) -> None:
-        self.mm = mmap.mmap(fd, length)
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mm: mmap.mmap | None = None
+        self.addr = self.length = 0
+
+    def cover(self, end: int) -> None:
+        """Map the file again if this mapping ends before byte ``end`` (ValueError when the
+        file itself does: a client shrank it)."""
+        if end <= self.length:
+            return
+        self.unmap()
+        size = os.fstat(self.fd).st_size
+        if size < end:
+            raise ValueError(f"the object holds {size} bytes, the copy needs {end}")
+        self.mm = mmap.mmap(self.fd, size)
         probe = ctypes.c_char.from_buffer(self.mm)
         self.addr = ctypes.addressof(probe)
         del probe
-        self.length = length
+        self.length = size
+
+    def unmap(self) -> None:
+        if self.mm is not None:
+            self.mm.close()
+        self.mm, self.addr, self.length = None, 0, 0
 
     def close(self) -> None:
-        self.mm.close()
+        self.unmap()
+        os.close(self.fd)
 
 
 class _Segment(_Mapping):
-    """A server segment, with its descriptor kept to see whether it was unlinked."""
+    """A server segment, its descriptor kept to see whether it was unlinked."""
 
     def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            super().__init__(self.fd, os.fstat(self.fd).st_size)
-        except BaseException:
-            os.close(self.fd)
-            raise
+        super().__init__(os.open(path, os.O_RDWR | os.O_CLOEXEC))
 
     def unlinked(self) -> bool:
         return os.fstat(self.fd).st_nlink == 0
-
-    def close(self) -> None:
-        super().close()
-        os.close(self.fd)
 
 
 def serve(sock: socket.socket) -> None:
@@ -94,11 +107,11 @@ def serve(sock: socket.socket) -> None:
             return
         kind = msg[:1]
         if kind == b"R":
-            _, rid, length = REGION.unpack(msg)
-            try:
-                regions[rid] = _Mapping(fds[0], length)
-            finally:
-                os.close(fds[0])
+            _, rid = REGION.unpack(msg)
+            old = regions.pop(rid, None)
+            if old is not None:
+                old.close()
+            regions[rid] = _Mapping(fds[0])
         elif kind == b"F":
             _, rid = FORGET.unpack(msg)
             mapping = regions.pop(rid, None)
@@ -115,8 +128,8 @@ def serve(sock: socket.socket) -> None:
                 if seg is None:
                     seg = segments[path] = _Segment(path)
                 region = regions[rid]
-                if pos + n > region.length or seg_off + n > seg.length:
-                    raise ValueError("window outside the mapping")
+                region.cover(pos + n)
+                seg.cover(seg_off + n)
                 a, b = region.addr + pos, seg.addr + seg_off
                 if write:
                     ctypes.memmove(a, b, n)
@@ -129,6 +142,9 @@ def serve(sock: socket.socket) -> None:
 
 def main() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a SIGBUS leaves no core file behind
+    # Ctrl-C in a terminal goes to the server's whole process group: the server stops, and
+    # this process with it once the server closes its end.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     serve(socket.socket(fileno=int(sys.argv[1])))
 
 

@@ -359,8 +359,14 @@ class GRPCService:
         plan = self._plans.get(key)
         if plan is not None:
             keep_views = type(data) is memoryview and data.readonly
-            req = plan.request([data[a:b] if keep_views else bytes(data[a:b]) for a, b in spans],
-                               self.plane.read_shm_input)
+            try:
+                req = plan.request([data[a:b] if keep_views else bytes(data[a:b])
+                                    for a, b in spans], self.plane.read_shm_input)
+            except TritonpyError:
+                # An input's shm region gone or shrunk: the full decode, in the call's handler,
+                # answers it (this runs as the bytes are read, where an error is the
+                # connection's).
+                req = None
             if req is not None:
                 return req
         return _Keyed(service_pb2.ModelInferRequest.FromString(data), key)

@@ -347,14 +347,17 @@ class SharedMemoryRegistry:
         start = region.offset + offset
         _check_size(region, start, n, write)
         try:
-            return self._copier.copy(region.rid, region.fd, region.offset + region.byte_size,
-                                     start, segment_path(seg.name, seg.directory), seg_off, n,
-                                     write)
+            return self._copier.copy(region.rid, region.fd, start,
+                                     segment_path(seg.name, seg.directory), seg_off, n, write)
         except CopierDied as exc:
-            _check_size(region, start, n, write)
-            log.warning("shm copier %s during a copy %s region '%s'; copying it here", exc.how,
-                        "into" if write else "out of", region.name)
-            return False
+            how = exc.how
+        # (Out of the except clause: an error raised in it would hold the caught one, whose
+        # traceback holds this frame, and so every caller's frame and what they view, until
+        # the cyclic collector runs.)
+        _check_size(region, start, n, write)
+        log.warning("shm copier %s during a copy %s region '%s'; copying it here", how,
+                    "into" if write else "out of", region.name)
+        return False
 
 
 def _window(regions: dict[str, Any], name: str, offset: int, byte_size: int) -> Any:
