@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -18,6 +19,7 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 from tritonclient.utils import shared_memory as shm_utils
 
 from _models import holds, truncate_shm
@@ -223,3 +225,73 @@ def test_a_copy_past_the_objects_end_is_refused_by_the_copier_which_lives_on(
         os.close(fd)
         copier.close()
     assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_clients_racing_truncates_against_large_copies_lose_nothing_else(
+        serve: Callable[..., Serve], tmp_path: Path,
+        regions: Callable[[int], tuple[str, Any]]) -> None:
+    """Clients send large tensors in and out of one region while it is shrunk and grown back
+    again and again (each shrink may land during a copy: a SIGBUS in the copier). Each request
+    is answered, right or with the shrink's error; no connection drops; the log holds nothing
+    but the copier's deaths; the server serves on. (This race found three bugs.)"""
+    (tmp_path / "repo" / "ident" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "ident" / "config.pbtxt").write_text(CONFIG)
+    (tmp_path / "repo" / "ident" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
+    server, http_port, grpc_port = serve_repo(serve, tmp_path / "repo")
+    key, handle = regions(2 * SIZE)
+    shm_utils.set_shared_memory_region(handle, [np.full(SIZE, 7, np.uint8)])
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
+    http.register_system_shared_memory("r", "/" + key, 2 * SIZE)
+    stop = time.monotonic() + 3.0
+    outcomes: list[str] = []
+
+    def client(mod: Any, url: str) -> None:
+        c = mod.InferenceServerClient(url)
+        inp = mod.InferInput("IN", [SIZE], "UINT8")
+        inp.set_shared_memory("r", SIZE)
+        out = mod.InferRequestedOutput("OUT")
+        out.set_shared_memory("r", SIZE, offset=SIZE)
+        try:
+            while time.monotonic() < stop:
+                try:
+                    c.infer("ident", [inp], outputs=[out])
+                    outcomes.append("ok")
+                except InferenceServerException as exc:
+                    shrunk = "no longer holds byte" in (exc.message() or "")
+                    outcomes.append("shrunk" if shrunk else f"{exc.status()}: {exc.message()}")
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client, args=(mod, url)) for mod, url in (
+        (grpcclient, f"127.0.0.1:{grpc_port}"), (grpcclient, f"127.0.0.1:{grpc_port}"),
+        (httpclient, f"127.0.0.1:{http_port}"))]
+    for t in threads:
+        t.start()
+    try:
+        sizes = [4096, SIZE // 2, SIZE + SIZE // 2]
+        k = 0
+        while time.monotonic() < stop:
+            truncate_shm(key, sizes[k % 3])
+            k += 1
+            time.sleep(0.002)
+            truncate_shm(key, 2 * SIZE)
+            time.sleep(0.01)
+    finally:
+        for t in threads:
+            t.join(60)
+        truncate_shm(key, 2 * SIZE)
+    others = [o for o in outcomes if o not in ("ok", "shrunk")]
+    assert outcomes and not others, others[:5]
+    assert "ok" in outcomes and "shrunk" in outcomes, set(outcomes)
+    shm_utils.set_shared_memory_region(handle, [np.arange(SIZE, dtype=np.uint8)])
+    inp = httpclient.InferInput("IN", [SIZE], "UINT8")
+    inp.set_shared_memory("r", SIZE)
+    out = httpclient.InferRequestedOutput("OUT")
+    out.set_shared_memory("r", SIZE, offset=SIZE)
+    http.infer("ident", [inp], outputs=[out])
+    got = shm_utils.get_contents_as_numpy(handle, np.uint8, [2 * SIZE])[SIZE:]
+    assert np.array_equal(got, np.arange(SIZE, dtype=np.uint8)[::-1])
+    http.unregister_system_shared_memory()
+    http.close()
+    log = server.log()
+    assert "Traceback" not in log and "Fatal error" not in log, log[-3000:]
