@@ -64,12 +64,16 @@ def _inputs(mod: Any, region: str | None, offset: int = 0) -> list[Any]:
     return ins
 
 
-def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
-        serve: Callable[..., Serve], tmp_path: Path, region: tuple[str, Any]) -> None:
+def _serve_add_sub(serve: Callable[..., Serve], tmp_path: Path) -> tuple[Serve, int, int]:
     (tmp_path / "repo" / "add_sub" / "1").mkdir(parents=True)
     (tmp_path / "repo" / "add_sub" / "config.pbtxt").write_text(CONFIG)
     (tmp_path / "repo" / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
-    server, http_port, grpc_port = serve_repo(serve, tmp_path / "repo")
+    return serve_repo(serve, tmp_path / "repo")
+
+
+def test_a_shrunk_or_unlinked_region_is_an_error_not_a_crash(
+        serve: Callable[..., Serve], tmp_path: Path, region: tuple[str, Any]) -> None:
+    server, http_port, grpc_port = _serve_add_sub(serve, tmp_path)
     key, handle = region
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
     grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
@@ -115,10 +119,7 @@ def test_a_region_shrunk_under_a_kept_grpc_plan_is_the_requests_error_only(
     """gRPC decodes a request whose header it has seen from a kept plan as its bytes are read;
     an input region shrunk meanwhile is that request's INVALID_ARGUMENT, as in a full decode
     (it was INTERNAL "Failed to parse the request"), and the connection serves on."""
-    (tmp_path / "repo" / "add_sub" / "1").mkdir(parents=True)
-    (tmp_path / "repo" / "add_sub" / "config.pbtxt").write_text(CONFIG)
-    (tmp_path / "repo" / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
-    server, _, grpc_port = serve_repo(serve, tmp_path / "repo")
+    server, _, grpc_port = _serve_add_sub(serve, tmp_path)
     key, handle = region
     grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     try:
