@@ -25,6 +25,7 @@ import sys
 import threading
 from pathlib import Path
 
+from ..shm.segment import SHM_DIR
 from ._shmcopy_child import COPY, FORGET, REGION
 
 log = logging.getLogger(__name__)
@@ -150,4 +151,4 @@ class Copier:
 
 def segment_path(name: str, directory: str | None) -> str:
     """Where the server's segment ``name`` lives (``/dev/shm`` or the fallback directory)."""
-    return os.path.join(directory or "/dev/shm", name)
+    return os.path.join(directory or SHM_DIR, name)

@@ -137,9 +137,9 @@ HEADER_CACHE_SIZE = 256
 #: BYTES, left as :class:`PendingBytes` whatever its size), shape, element count. An input read
 #: from a system shared-memory region has the byte size -1 (see :meth:`RequestPlan.shm_spec`).
 InputSpec = tuple[str, int, "np.dtype | None", tuple[int, ...], int]
-#: How a plan reads an input from shared memory: ``(model, name, datatype, shape, ref, request
-#: id)`` to the input (:meth:`DataPlane.read_shm_input`: the region and window checked each time).
-ShmReader = Callable[[str, str, str, list, "ShmRef", str], Any]
+#: How a plan reads an input from shared memory: :meth:`DataPlane.input_from_shm` (the region
+#: and window checked each time).
+ShmReader = Callable[..., Any]
 
 
 class RequestPlan:
@@ -199,7 +199,8 @@ class RequestPlan:
             if nbytes < 0:
                 assert from_shm is not None
                 datatype, asked, ref = self.shm[name]
-                inputs[name] = from_shm(self.model, name, datatype, asked, ref, rid)
+                inputs[name] = from_shm(name, datatype, asked, ref, model=self.model,
+                                        request_id=rid)
             elif dtype is None:
                 inputs[name] = PendingBytes(name, shape, buf, self.model, rid)
             elif len(buf) != nbytes:
@@ -966,11 +967,6 @@ class DataPlane:
 
         data = self.shm.read(ref.region, ref.offset, ref.byte_size, buffer)
         return input_from_raw(name, datatype, shape, data.data, model=model, request_id=request_id)
-
-    def read_shm_input(self, model: str, name: str, datatype: str, shape: Sequence[int],
-                       ref: ShmRef, request_id: str) -> np.ndarray | PendingBytes:
-        """:meth:`input_from_shm`, as a :class:`RequestPlan` calls it (:data:`ShmReader`)."""
-        return self.input_from_shm(name, datatype, shape, ref, model=model, request_id=request_id)
 
     def _input_from_cuda(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef,
                          model: str, request_id: str) -> DeviceRef:

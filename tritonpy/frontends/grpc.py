@@ -361,7 +361,7 @@ class GRPCService:
             keep_views = type(data) is memoryview and data.readonly
             try:
                 req = plan.request([data[a:b] if keep_views else bytes(data[a:b])
-                                    for a, b in spans], self.plane.read_shm_input)
+                                    for a, b in spans], self.plane.input_from_shm)
             except TritonpyError:
                 # An input's shm region gone or shrunk: the full decode, in the call's handler,
                 # answers it (this runs as the bytes are read, where an error is the

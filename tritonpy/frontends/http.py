@@ -543,7 +543,7 @@ class HTTPFrontend:
         if key is not None:
             plan = self._plans.get(key)
             if plan is not None:
-                return _plan_request(plan, body, hlen, self.plane.read_shm_input)
+                return _plan_request(plan, body, hlen, self.plane.input_from_shm)
         header = parse_json_object(head)
         specs: list[InputSpec] | None = []
         shm_inputs: dict[str, tuple[str, list, ShmRef]] = {}
