@@ -166,6 +166,10 @@ class StubRuntime:
         # Host id -> its open request, held weakly: a request the model lets go of while it is
         # still open (no final flag sent, and none can be any more) is ended by _end_dropped.
         self._active: dict[int, _Open] = {}
+        # Host id -> the earlier runs of a rescheduled request whose response sender the model
+        # took: a thread may still answer through one of them (as Triton's, one request across
+        # its runs), so the request stays open while any of them lives.
+        self._earlier: dict[int, list[_Open]] = {}
         self._dropped_ids: queue.SimpleQueue[_Open] = queue.SimpleQueue()
         self._early_cancel: set[int] = set()  # CANCELs that came before their request
         # Paced requests (back-pressure, a body's ``pace``): what their consumers have not
@@ -412,6 +416,10 @@ class StubRuntime:
                 if type(rid) is not int:
                     continue
                 held = self._active.get(rid)
+                for earlier in self._earlier.get(rid, ()):
+                    req = earlier()
+                    if req is not None:
+                        req._cancelled = True
                 if held is not None:
                     req = held()
                     if req is not None:
@@ -447,7 +455,7 @@ class StubRuntime:
         """A request was freed: the model holds neither it nor its response sender any more.
         Still open, it is ended by _end_dropped. Called wherever the last reference went,
         maybe under a lock of ours: hands over, and does nothing else."""
-        if self._active.get(held.host_id) is held:
+        if self._active.get(held.host_id) is held or held.host_id in self._earlier:
             self._dropped_ids.put(held)
 
     def _end_dropped(self) -> None:
@@ -456,7 +464,7 @@ class StubRuntime:
         its exit timeout."""
         while True:
             gone = self._dropped_ids.get()
-            if self._active.get(gone.host_id) is not gone:
+            if not self._still_dropped(gone):
                 continue
             self._active.pop(gone.host_id, None)
             if self._pace:
@@ -473,6 +481,40 @@ class StubRuntime:
             except Exception:  # this request's end could not go: the others' still must
                 sys.stderr.write(f"tritonpy stub {self.name}: ending a request let go of: "
                                  f"{traceback.format_exc(limit=2)}\n")
+
+    def _still_dropped(self, gone: _Open) -> bool:
+        """Whether the request of ``gone`` (freed) is open with nothing left to answer it. An
+        earlier run of it that still lives (its sender held by a thread) takes its place."""
+        rid = gone.host_id
+        earlier = self._earlier.get(rid)
+        if self._active.get(rid) is not gone:
+            if earlier is not None:  # an earlier run went: forget it
+                self._forget_earlier(rid, earlier)
+            return False
+        while earlier:
+            held = earlier.pop()
+            if held() is None:
+                continue
+            self._active[rid] = held
+            if held() is not None:  # else it went before it took the place: its end is ours
+                if not earlier:
+                    self._earlier.pop(rid, None)
+                return False
+        self._earlier.pop(rid, None)
+        return True
+
+    def _forget_earlier(self, rid: int, earlier: list[_Open]) -> None:
+        alive = [h for h in earlier if h() is not None]
+        if alive:
+            earlier[:] = alive
+        elif self._earlier.get(rid) is earlier:
+            del self._earlier[rid]
+
+    def _close(self, rid: int) -> None:
+        """The request is over (answered, failed, or its final flag sent): not open any more."""
+        self._active.pop(rid, None)
+        if self._earlier:
+            self._earlier.pop(rid, None)
 
     def _unpace(self, rid: Any) -> None:
         """No more pacing for this request (cancelled, or its final response went)."""
@@ -864,12 +906,18 @@ class StubRuntime:
             # A request answered through its sender stays cancellable (is_cancelled() sees
             # CANCEL) until the sender sends the final flag, which may happen in a thread after
             # execute returned (a decoupled request always may).
-            if keep and r._host_id not in reschedule and (
+            rid = r._host_id
+            if keep and rid not in reschedule and (
                     (r._taken or decoupled) and not r._answered):
                 continue
-            self._active.pop(r._host_id, None)
+            if rid in reschedule:
+                held = self._active.pop(rid, None)
+                if held is not None and r._taken and not r._answered:
+                    self._earlier.setdefault(rid, []).append(held)
+            else:
+                self._close(rid)
             if self._pace:
-                self._unpace(r._host_id)
+                self._unpace(rid)
         if self._metric_deletes:
             self.flush_metric_deletes()
         self._exec_over(self._exec_token)  # a sync execute's: the one this thread runs
@@ -878,7 +926,7 @@ class StubRuntime:
             # Every request of the batch gets the reason instead of waiting for ever.
             sys.stderr.write(f"tritonpy stub {self.name}: {unsendable(unsent)}\n")
             for r in requests:
-                self._active.pop(r._host_id, None)
+                self._close(r._host_id)
                 if self._pace:
                     self._unpace(r._host_id)
             self.channel.send(Cmd.EXECUTE_DONE, call_id, self._failed(unsendable(unsent)))
@@ -924,10 +972,11 @@ class StubRuntime:
             if req._release_flags == resched:
                 if resp is not None:
                     # As Triton: a rescheduled request gets no response now (answering it and
-                    # running it again would loop for ever).
+                    # running it again would loop for ever). Triton's words, its spelling
+                    # included: clients' tests look for them.
                     return self._failed(
                         "Expected a None object in the execute function return list for "
-                        f"rescheduled request, found type '{type(resp)}'.")
+                        f"reschduled request, found type '{type(resp)}'.")
             elif resp is None and not req._taken:
                 missing += 1
         responses = []
@@ -1037,7 +1086,7 @@ class StubRuntime:
                 self._reopen(req)
             raise TritonModelException(f"Unable to send response. {unsendable(exc)}") from None
         if final:
-            self._active.pop(req._host_id, None)
+            self._close(req._host_id)
             self._unpace(req._host_id)
 
     def _reopen(self, req: pb_utils.InferenceRequest) -> None:

@@ -102,14 +102,15 @@ def test_default_mode_rescheduled_request_answers_once(server, n):
 
 
 def test_response_returned_for_a_rescheduled_request_is_an_error_not_a_loop(server):
-    # Triton fails such an execute; answering and running it again would loop for ever.
+    # Triton fails such an execute; answering and running it again would loop for ever. Its
+    # words, "reschduled" included (Triton's QA test_wrong_return_type looks for them).
     responses = collect(infer(server, "iterative_default", -1, "wrong-return"), WAIT_S)
     assert len(responses) == 1 and responses[0].final
     err = responses[0].error
     assert err is not None and "Expected a None object" in err.message
     assert err.message == (
         "Failed to process the request(s) for model 'iterative_default_0_0', message: Expected "
-        "a None object in the execute function return list for rescheduled request, found "
+        "a None object in the execute function return list for reschduled request, found "
         "type '<class 'tritonpy.stub.pb_utils.InferenceResponse'>'.")
     again = collect(infer(server, "iterative_default", 2, "after-wrong"), WAIT_S)
     assert counts(again) == [2]
@@ -147,6 +148,46 @@ def test_cancelled_between_executes_is_not_rescheduled_again(server):
     # And the host holds nothing for it any more (an unload would otherwise wait for it).
     (inst,) = server.runtime("iterative").instances
     deadline = time.monotonic() + WAIT_S
+    while inst.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not inst.active, inst.active
+
+
+@pytest.fixture(scope="module")
+def threaded() -> Iterator[tritonpy.Server]:
+    with serve(DECOUPLED_REPO, new_prefix(), model_control_mode="explicit",
+               load_models=["iterative_thread"]) as srv:
+        yield srv
+
+
+def test_sender_of_a_run_before_a_reschedule_answers_from_a_thread(threaded):
+    # As Triton's (its QA test_process_request_in_different_thread): the first execute hands
+    # its sender to a thread and reschedules; the second lets go of the request. The request
+    # stays open for the thread's responses, not ended as let go of.
+    responses = collect(threaded.model("iterative_thread").infer(
+        {"N": np.array([2], np.int32)}, request_id="thread-2"), WAIT_S)
+    assert counts(responses) == [1, 2]
+    assert [r.final for r in responses] == [False, False, True]
+    # The next request is served the same way.
+    assert counts(collect(threaded.model("iterative_thread").infer(
+        {"N": np.array([1], np.int32)}, request_id="thread-1"), WAIT_S)) == [1]
+
+
+def test_cancel_reaches_the_sender_of_a_run_before_a_reschedule(threaded):
+    # The thread waits for is_cancelled() on the first run's sender, then sends its final
+    # flag: the host holds the request until then.
+    stream = threaded.model("iterative_thread").infer(
+        {"N": np.array([0], np.int32)}, request_id="thread-cancel")
+    (inst,) = threaded.runtime("iterative_thread").instances
+    deadline = time.monotonic() + WAIT_S
+    while not inst.active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # the second execute is over and the thread waits for the cancel
+    assert inst.active
+    stream.cancel()
+    last = collect(stream, WAIT_S)[-1]
+    assert last.error is not None and last.error.code.value == "CANCELLED"
+    deadline = time.monotonic() + 5.0
     while inst.active and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not inst.active, inst.active
