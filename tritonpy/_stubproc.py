@@ -381,7 +381,7 @@ class StubProcess:
         if not ev.wait(timeout):
             with self._calls_lock:
                 self._calls.pop(call_id, None)
-            raise UnavailableError(
+            raise NoAnswerError(
                 f"stub '{self.name}' did not answer {Cmd(cmd).name} within {timeout} s")
         reply = slot[1]
         if not isinstance(reply, dict) or not reply.get("ok", False):
@@ -464,9 +464,11 @@ class StubProcess:
                 self.call(Cmd.FINALIZE, None, timeout)
             except TritonpyError as exc:
                 log.warning("[%s] finalize failed: %s", self.name, exc.message)
-                grace = 0.5  # stuck in finalize (or dead): no second full wait
-                # Still running it when the time was up: cut off (a stop then exits 1).
-                self.finalize_cut_off = self.alive
+                if isinstance(exc, NoAnswerError):
+                    grace = 0.5  # stuck in finalize: no second full wait
+                    # Still running it when the time was up: cut off (a stop then exits 1).
+                    # A finalize that raised was answered: the stub ends on its own now.
+                    self.finalize_cut_off = self.alive
         try:
             self.proc.wait(timeout=grace)
         except subprocess.TimeoutExpired:
@@ -474,6 +476,10 @@ class StubProcess:
         if not self._ended.wait(timeout):  # the socket never closed: force the death path
             self.proc.kill()
             self._ended.wait(5)
+
+
+class NoAnswerError(UnavailableError):
+    """A call the stub did not answer in its time (not an error it answered with)."""
 
 
 def internal(msg: str) -> InternalError:
