@@ -613,7 +613,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     if args.model_load_retry_count < 0:
         raise SystemExit(f"error: --model-load-retry-count must be >= 0, got "
                          f"{args.model_load_retry_count}")
-    log_settings = LogSettings([handler], verbose=args.log_verbose)
+    log_settings = LogSettings([handler], verbose=args.log_verbose, log_file=args.log_file or "")
     log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
                          "log_error": args.log_error, "log_format": args.log_format})
     for line in no_effect_warnings(args):

@@ -458,6 +458,30 @@ def test_a_model_failing_to_load_ends_the_server_by_default(
     assert segments(shm_prefix) == []
 
 
+def test_log_settings_report_the_log_file(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # As Triton 2.51 (measured): the log settings name --log-file's path; they said "".
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    log_file = tmp_path / "server.log"
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = serve("--model-repository", str(repo), "--http-port", str(http_port),
+                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port),
+                   "--log-file", str(log_file))
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        def listening() -> bool:
+            assert server.proc.poll() is None, server.log()
+            return log_file.exists() and "listening: metrics" in log_file.read_text()
+        wait_until(listening, START_TIMEOUT, "tritonpy serve to listen")
+        assert http.get_log_settings()["log_file"] == str(log_file)
+        got = grpcc.get_log_settings(as_json=True)["settings"]["log_file"]
+        assert got == {"string_param": str(log_file)}
+    finally:
+        http.close()
+        grpcc.close()
+
+
 def test_disabled_auto_complete_needs_a_config_and_skips_auto_complete_config(
         serve: Callable[..., Serve], tmp_path: Path) -> None:
     repo = tmp_path / "repo"

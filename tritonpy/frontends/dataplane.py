@@ -740,12 +740,14 @@ class LogSettings:
     _FORMATS = {"default": None, "ISO8601": "%Y-%m-%dT%H:%M:%S"}
     _EXPECTED = {bool: "boolean", int: "unsigned integer", str: "string"}
 
-    def __init__(self, handlers: Sequence[logging.Handler] | None = None, verbose: int = 0) -> None:
+    def __init__(self, handlers: Sequence[logging.Handler] | None = None, verbose: int = 0,
+                 log_file: str = "") -> None:
+        """``log_file``: where ``handlers`` write already (``--log-file``), as reported."""
         self._lock = threading.Lock()
         self._handlers = list(handlers) if handlers is not None else None
         self._file_handler: logging.FileHandler | None = None
         self.values: dict[str, Any] = {
-            "log_file": "", "log_info": True, "log_warning": True, "log_error": True,
+            "log_file": log_file, "log_info": True, "log_warning": True, "log_error": True,
             "log_verbose_level": int(verbose), "log_format": "default",
         }
         self._filter = logging.Filter()
