@@ -517,7 +517,7 @@ class ModelRuntime(RuntimeBase):
                 stub.stop(finalize=True, timeout=5)
                 raise
 
-    def _python(self) -> str | None:
+    def _python(self) -> list[str] | None:
         return self.server.execution_env(self)
 
     # -- instance update -------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ._errors import (
 )
 from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
 from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, config_needs_reload
+from ._stubproc import env_launcher
 
 log = logging.getLogger("tritonpy.repository")
 
@@ -756,8 +757,9 @@ class RepositoryManager:
                             else (UNLOADING, ""))
 
     # -- execution environments ----------------------------------------------------------------
-    def execution_env(self, rt: ModelRuntime) -> str | None:
-        """The interpreter of the model's EXECUTION_ENV_PATH (unpacked and cached by hash)."""
+    def execution_env(self, rt: ModelRuntime) -> list[str] | None:
+        """The command that starts the Python of the model's EXECUTION_ENV_PATH (an archive is
+        unpacked and cached by its hash); see :func:`env_launcher`."""
         p = rt.config.parameters.get("EXECUTION_ENV_PATH")
         if p is None or not p.string_value:
             return None
@@ -765,19 +767,28 @@ class RepositoryManager:
         if os.path.isdir(path):
             env_dir = path
         elif os.path.isfile(path):
-            with open(path, "rb") as fh:
-                digest = hashlib.sha256(fh.read()).hexdigest()[:16]
+            digest = _file_digest(path)
             with self._env_lock:  # models loading in parallel may share one archive
                 env_dir = self._env_cache.get(digest, "")
                 if not env_dir:
                     env_dir = self._env_cache[digest] = _unpack_env(path, digest)
         else:
             raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' does not exist")
-        for cand in ("bin/python3", "bin/python"):
-            exe = os.path.join(env_dir, cand)
-            if os.path.exists(exe):
-                return exe
-        raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has no bin/python3")
+        launcher = env_launcher(env_dir)
+        if launcher is None:
+            raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' has neither bin/activate "
+                                       "nor bin/python3")
+        return launcher
+
+
+def _file_digest(path: str) -> str:
+    """The start of the SHA-256 of a file, read a MiB at a time (an environment archive may be
+    gigabytes)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()[:16]
 
 
 def _unpack_env(archive: str, digest: str) -> str:
@@ -789,6 +800,7 @@ def _unpack_env(archive: str, digest: str) -> str:
     cache = os.path.join(os.path.expanduser("~"), ".cache", "tritonpy", "envs", digest)
     if os.path.isdir(cache):
         return cache
+    log.info("Extracting Python execution env %s", archive)  # Triton's words
     os.makedirs(os.path.dirname(cache), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f"{digest}.partial-", dir=os.path.dirname(cache))
     try:

@@ -127,17 +127,31 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] == b"T"
 
 
-def stub_python(options: BackendOptions) -> str:
-    """The interpreter that runs stubs (EXECUTION_ENV_PATH's, or the host's own)."""
+#: Runs a stub in an environment as Triton's launcher does: its ``bin/activate`` sourced (a
+#: conda-pack environment's activation scripts set its variables), its ``lib`` first on
+#: LD_LIBRARY_PATH. Arguments: the activate script, the lib directory, the command.
+_ACTIVATE = ('source "$1" && LD_LIBRARY_PATH="$2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" '
+             '&& export LD_LIBRARY_PATH && shift 2 && exec "$@"')
+
+
+def env_launcher(env_dir: str) -> list[str] | None:
+    """The command that starts a Python in environment ``env_dir``, or None when it has
+    neither ``bin/activate`` nor a Python. With ``bin/activate`` (what Triton needs) it is
+    sourced first; the Python is the environment's own, else this server's."""
+    python = next((p for p in (os.path.join(env_dir, "bin", name) for name in ("python3", "python"))
+                   if os.path.exists(p)), None)
+    activate = os.path.join(env_dir, "bin", "activate")
+    if os.path.isfile(activate):
+        return ["/bin/bash", "-c", _ACTIVATE, "bash", activate, os.path.join(env_dir, "lib"),
+                python or sys.executable]
+    return [python] if python else None
+
+
+def stub_python(options: BackendOptions) -> list[str]:
+    """The command of the Python that runs stubs (``execution-env-path``'s, or this one)."""
     env_path = options.execution_env_path
-    if env_path:
-        cand = os.path.join(env_path, "bin", "python3")
-        if os.path.exists(cand):
-            return cand
-        cand = os.path.join(env_path, "bin", "python")
-        if os.path.exists(cand):
-            return cand
-    return sys.executable
+    launcher = env_launcher(env_path) if env_path else None
+    return launcher or [sys.executable]
 
 
 class StubProcess:
@@ -147,7 +161,7 @@ class StubProcess:
                  options: BackendOptions, frames: FrameLoop,
                  on_frame: Callable[[StubProcess, list], None],
                  on_death: Callable[[StubProcess, str], None], extra_env: dict[str, str] | None = None,
-                 python: str | None = None, instance: Any = None) -> None:
+                 python: list[str] | None = None, instance: Any = None) -> None:
         self.name = name
         # Whose stub this is (the host's Instance), set before it is spawned: a stub that dies
         # at once may reach on_death before this constructor returns.
@@ -188,9 +202,9 @@ class StubProcess:
         env = dict(os.environ)
         env.update(extra_env or {})
         env["PYTHONUNBUFFERED"] = "1"
-        cmd = [python or stub_python(options), "-m", "tritonpy.stub", str(child_sock.fileno()),
-               json.dumps(stub_opts)]
-        self.python = cmd[0]
+        launcher = python or stub_python(options)
+        cmd = [*launcher, "-m", "tritonpy.stub", str(child_sock.fileno()), json.dumps(stub_opts)]
+        self.python = launcher[-1]
         try:
             self.proc = _spawn(cmd, child_sock.fileno(), env)
         except OSError as exc:  # out of descriptors or processes, or no such interpreter

@@ -600,7 +600,7 @@ class Server:
         out.extend({"pool": inst, **usage} for inst, usage in sorted(pools.items()))
         return out
 
-    def execution_env(self, rt: ModelRuntime) -> str | None:
+    def execution_env(self, rt: ModelRuntime) -> list[str] | None:
         return self.repo.execution_env(rt)
 
     # -- requests --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ the environment (an environment variable the model reports) and runs this test's
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import tarfile
@@ -83,7 +84,8 @@ def test_a_model_runs_under_its_environment_directory(tmp_path: Path, shm_prefix
 
 
 def test_an_environment_archive_is_unpacked_once_and_cached_by_hash(
-        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     env = make_env(tmp_path / "build", "from_archive")
     repo = tmp_path / "repo"
@@ -91,11 +93,52 @@ def test_an_environment_archive_is_unpacked_once_and_cached_by_hash(
         mdir = write(repo, name, "env.tar.gz")
         with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
             tar.add(env / "bin", arcname="bin")
+    caplog.set_level(logging.INFO, logger="tritonpy.repository")
     with serving(repo, shm_prefix) as srv:
         assert env_of(srv, "first") == "from_archive" and env_of(srv, "second") == "from_archive"
+    # Triton's log line, once: the second model found it unpacked.
+    lines = [r.getMessage() for r in caplog.records if "execution env" in r.getMessage()]
+    assert len(lines) == 1, lines
+    assert lines[0] in {f"Extracting Python execution env {repo / name / 'env.tar.gz'}"
+                        for name in ("first", "second")}
     cached = list((tmp_path / "home" / ".cache" / "tritonpy" / "envs").iterdir())
     assert len(cached) == 1 and len(cached[0].name) == 16  # one unpacked copy, by content hash
     assert os.access(cached[0] / "bin" / "python3", os.X_OK)
+
+
+ENV_AND_LIBS_PY = MODEL_PY.replace(
+    'mark = os.environ.get("TRITONPY_TEST_ENV", "").encode()',
+    'mark = (os.environ.get("TRITONPY_TEST_ENV", "") + "|" '
+    '+ os.environ.get("LD_LIBRARY_PATH", "")).encode()')
+
+
+def test_an_environment_is_activated_as_triton_does(tmp_path: Path, shm_prefix: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # As Triton's launcher: bin/activate is sourced (a conda-pack environment's activation
+    # scripts set its variables) and the environment's lib comes first on LD_LIBRARY_PATH. An
+    # environment with bin/activate and no Python of its own runs on the server's (Triton ran
+    # such an archive, tritonpy refused it: "has no bin/python3").
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/before")
+    repo = tmp_path / "repo"
+    only = tmp_path / "only_activate"
+    (only / "bin").mkdir(parents=True)
+    (only / "lib").mkdir()
+    (only / "bin" / "activate").write_text("export TRITONPY_TEST_ENV=activated\n")
+    mdir = write(repo, "archived", "env.tar.gz")
+    (mdir / "1" / "model.py").write_text(ENV_AND_LIBS_PY)
+    with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
+        tar.add(only / "bin", arcname="bin")
+        tar.add(only / "lib", arcname="lib")
+    # With a Python of its own too: activated first, then its Python runs the stub.
+    both = make_env(write(repo, "both", "env") / "env", "from_dir$TRITONPY_TEST_ACTIVATED")
+    (both / "bin" / "activate").write_text("export TRITONPY_TEST_ACTIVATED=+activated\n")
+    with serving(repo, shm_prefix) as srv:
+        mark, libs = env_of(srv, "archived").split("|")
+        (cached,) = (tmp_path / "home" / ".cache" / "tritonpy" / "envs").iterdir()
+        assert mark == "activated"
+        assert libs == f"{cached / 'lib'}:/opt/before"
+        assert env_of(srv, "both") == "from_dir+activated"
 
 
 def test_an_environment_with_another_protocol_is_refused(tmp_path: Path, shm_prefix: str) -> None:
