@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 import weakref
 from typing import Any, Callable
 
@@ -102,6 +103,29 @@ def dropped_unanswered(instance: str, request_id: str) -> str:
     return (f"model instance '{instance}' let go of {which} and its response sender without "
             "sending the final flag (pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL): no "
             "response can follow, so the request ends here")
+
+
+class _SharedMemory:
+    """``c_python_backend_utils.shared_memory``: this stub's shared memory."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def free_memory(self) -> int:
+        """Bytes free in the segments this stub has mapped (as Triton's, in its region)."""
+        usage = self._pool.usage()
+        return usage["mapped_bytes"] - usage["used_bytes"]
+
+
+def _c_utils(pool: Pool) -> types.ModuleType:
+    """Triton's C++ module ``c_python_backend_utils``, which some models import beside
+    pb_utils (Triton's QA restart model: ``c_utils.shared_memory.free_memory()``): pb_utils'
+    names, and ``shared_memory``."""
+    module = types.ModuleType("c_python_backend_utils")
+    for name in pb_utils.__all__:
+        setattr(module, name, getattr(pb_utils, name))
+    module.shared_memory = _SharedMemory(pool)  # type: ignore[attr-defined]
+    return module
 
 
 async def _awaited(awaitable: Any) -> Any:
@@ -665,6 +689,7 @@ class StubRuntime:
         """Import the model of an INITIALIZE or AUTO_COMPLETE frame (see
         ``tritonpy.repository.model_source``)."""
         sys.modules["triton_python_backend_utils"] = pb_utils
+        sys.modules.setdefault("c_python_backend_utils", _c_utils(self.pool))
         model_file, version_dir = body["model_file"], body["version_dir"]
         self.version_dir = version_dir
         backend = body.get("backend_dir")

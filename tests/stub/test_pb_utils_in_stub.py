@@ -191,9 +191,18 @@ class TritonPythonModel:
 
     def op_module(self, request, params):
         import tritonpy.stub.pb_utils as real
+        import c_python_backend_utils as c_utils  # Triton's C++ module, which models import
+        first = pb_utils.empty_shm_tensor("X", [1 << 18], np.float32)  # a segment mapped
+        free = c_utils.shared_memory.free_memory()
+        second = pb_utils.empty_shm_tensor("Y", [1 << 18], np.float32)  # 1 MiB more taken
+        free_holding = c_utils.shared_memory.free_memory()
+        del first, second
         return pb_utils.InferenceResponse([], parameters={
             "same": sys.modules["triton_python_backend_utils"] is real and pb_utils is real,
-            "all": json.dumps(sorted(pb_utils.__all__))})
+            "all": json.dumps(sorted(pb_utils.__all__)),
+            "c_tensor": c_utils.Tensor is pb_utils.Tensor,
+            "c_error": c_utils.TritonError is pb_utils.TritonError,
+            "c_free": free, "c_free_holding": free_holding})
 
     def op_helper(self, request, params):
         return pb_utils.InferenceResponse([], parameters={"helper": probe_helper.value()})
@@ -449,6 +458,9 @@ def test_stub_installs_pb_utils_under_triton_name(probe):
     p = call(probe, "module").parameters
     assert p["same"] is True
     assert json.loads(p["all"]) == EXPECTED
+    # Triton's C++ module too (Triton's QA restart model reads its shared_memory.free_memory()).
+    assert p["c_tensor"] is True and p["c_error"] is True
+    assert p["c_free"] - p["c_free_holding"] >= 1 << 20, p
 
 
 def test_other_files_in_version_dir_are_importable(probe):
