@@ -20,6 +20,18 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+_STUB_PID = os.getpid()
+
+
+def _dropped_signal(signum: int, frame: object) -> None:
+    """A SIGINT or SIGTERM to the stub: for the host (see main). A SIGTERM that reaches a
+    process the model forked before it got the default back (see
+    StubRuntime._after_fork_in_child) ends it, as it would have."""
+    if signum == signal.SIGTERM and os.getpid() != _STUB_PID:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
 def main() -> int:
     fd = int(sys.argv[1])
     options = json.loads(sys.argv[2])
@@ -29,9 +41,12 @@ def main() -> int:
     _die_with_parent(int(options.get("host_pid", os.getppid())))
     # As Triton's stub: a Ctrl-C (SIGINT to the whole process group) or a group SIGTERM is for
     # the host, which drains in-flight requests and then finalizes and stops every stub; a stub
-    # that died of it would fail the very requests the host is draining.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # that died of it would fail the very requests the host is draining. Caught and dropped,
+    # not ignored: a program the model runs gets them back at its exec (an ignored one keeps
+    # them ignored, and the model's Popen.terminate() would not end it), and a process the
+    # model forks gets SIGTERM back (see StubRuntime._after_fork_in_child).
+    signal.signal(signal.SIGINT, _dropped_signal)
+    signal.signal(signal.SIGTERM, _dropped_signal)
     # A crash in native code (a segfault in a library the model calls) prints the Python stack
     # of the thread that crashed to stderr, whose last lines the host puts in the error of
     # every request the stub had: it says which line of model.py it was. (Triton's stub dies

@@ -51,6 +51,7 @@ from ._pberrors import (
 )
 from ._loader import import_model, model_search_path
 from ._bls import AsyncResponseIterator, ResponseIterator, on_held, place
+from ._forked import ForkLink
 from ._pbtensor import Tensor
 from ._waiters import Pace, Waiter, first_item
 
@@ -165,7 +166,9 @@ class StubRuntime:
                                maintenance=self._maintain)
         self.pool.on_exhausted = self._reclaim
         self._reclaim_sent = 0.0
-        os.register_at_fork(after_in_child=self._after_fork_in_child)
+        self._fork_link = ForkLink(self)
+        os.register_at_fork(before=self._before_fork, after_in_parent=self._after_fork_in_parent,
+                            after_in_child=self._after_fork_in_child)
         self.peer = self.channel.peer
         # A plain lock (not the default RLock), taken a few times per request: ``with
         # self._mu`` (C level) where nobody is woken, the condition only to wait or notify.
@@ -225,12 +228,34 @@ class StubRuntime:
         # The idle worker polls for the next frame too (see _read_idle).
         self._idle_spin = SpinPolicy(float(options.get("idle_spin_us", 0.0)) / 1e6)
 
+    def _before_fork(self) -> None:
+        # SIGTERM is held back across the fork (see _after_fork_in_child).
+        signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGTERM,))
+        self._fork_link.before()
+
+    def _after_fork_in_parent(self) -> None:
+        self._fork_link.in_parent()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM,))
+
     def _after_fork_in_child(self) -> None:
         """A process the model forked (e.g. a multiprocessing pool) shares this stub's socket
-        but has none of its threads: a BLS call or a response from it would wait for ever or
-        garble the channel. Such calls fail at once there; and the child dies with this stub,
-        as the stub dies with the host."""
+        but has none of its threads: a call or a response from it on that socket would wait
+        for ever or garble the channel. Its BLS calls go through its own link to this stub
+        (ForkLink); the other calls that need the server fail at once there. The child dies
+        with this stub, as the stub dies with the host."""
         self._forked = True
+        self._fork_link.in_child()
+        # SIGTERM ends it again, as any process: a multiprocessing pool's terminate() (its
+        # ``with`` block's end) ends its workers so. Inherited, the stub's handler dropped it,
+        # and the pool waited for ever for a worker blocked on its queue. One sent since the
+        # fork was held back (blocked in _before_fork), and now ends it: caught by the stub's
+        # handler, or arriving before Python's own after-fork step (which forgets signals
+        # caught so far), it would be lost.
+        try:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except ValueError:  # not the main thread (a fork from another interpreter)
+            pass
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGTERM,))
 
         def refuse(*_: Any, **__: Any) -> None:
             self._refuse_forked()
@@ -246,9 +271,9 @@ class StubRuntime:
         # Also before any shm allocation: the child's copy of the pool would hand out blocks
         # the stub itself hands out too.
         raise TritonModelException(
-            "pb_utils calls that talk to the server (BLS, the response sender, shm tensors, "
-            "logging to the server, metrics, model loading) are not supported in a process "
-            "forked by the model; make them in the stub process")
+            "pb_utils calls that talk to the server other than BLS (the response sender, shm "
+            "tensors, logging to the server, metrics, model loading) are not supported in a "
+            "process forked by the model; make them in the stub process")
 
     # -- process main: the read role ------------------------------------------------------------
     # No thread owns the socket. A thread that needs a frame (an idle worker, or a model thread
@@ -1253,6 +1278,8 @@ class StubRuntime:
         return call_id
 
     def bls_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        if self._forked:  # made by the stub for this child (see ForkLink)
+            return self._fork_link.exec(req, decoupled)
         body = self._bls_body(req, decoupled)
         if decoupled:
             waiter = Waiter()
@@ -1265,6 +1292,8 @@ class StubRuntime:
 
     async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
         loop = asyncio.get_running_loop()
+        if self._forked:
+            return await loop.run_in_executor(None, self._fork_link.exec, req, decoupled)
         body = self._bls_body(req, decoupled)
         waiter = Waiter(stream=decoupled, loop=loop)
         if not decoupled:

@@ -155,3 +155,42 @@ def test_a_sigkilled_server_leaves_no_process_its_models_started(repo, tmp_path,
         wait_for(lambda: False, timeout=0.5)  # let the janitor finish its sweep first
         sweep_orphans(shm_prefix)
     assert_clean(shm_prefix)
+
+
+# A model that ends what it started with SIGTERM: a program (Popen.terminate()) and a fork
+# pool's workers (the end of its ``with`` block terminates them).
+TERMINATOR_PY = """
+import multiprocessing
+import subprocess
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        proc = subprocess.Popen(["sleep", "600"])
+        proc.terminate()
+        try:
+            program = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            program = "still running after terminate()"
+        for _ in range(20):  # a worker blocked on the pool's queue at its end took SIGTERM
+            with multiprocessing.get_context("fork").Pool(2) as pool:
+                pool.map(abs, range(8))
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())],
+            parameters={"program": program}) for r in requests]
+"""
+
+
+def test_the_model_ends_what_it_started_with_sigterm(tmp_path, shm_prefix):
+    # The stub drops SIGINT and SIGTERM (they are for the host). It ignored them, and an
+    # ignored signal stays ignored across exec: the model's Popen.terminate() did nothing.
+    # And a forked pool worker kept the stub's disposition: the pool's terminate() at the end
+    # of its ``with`` block waited for ever for a worker blocked on its queue.
+    write_model(tmp_path, "terminator", TERMINATOR_PY, io_config())
+    with serving(tmp_path, shm_prefix) as srv:
+        r = infer(srv.model("terminator"), {"IN": np.array([1.0], np.float32)}, wait=40)
+        assert r.error is None, r.error
+        assert r.parameters["program"] == -signal.SIGTERM
