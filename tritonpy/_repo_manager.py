@@ -713,6 +713,8 @@ class RepositoryManager:
             e = self.entries.get(name)
             if e is not None and e.unlisted and not e.runtimes:
                 continue  # as Triton: a folder with no version to load is not listed
+            if e is not None and e.tmpdir and name not in self._scanned:
+                continue  # as Triton: loaded from files, and no repository's model
             if e is None:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,
                             "reason": self.scan_errors[name]})

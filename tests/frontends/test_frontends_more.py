@@ -447,6 +447,8 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
         assert http.is_model_ready("from_files")
         got = http.infer("from_files", [fp32_input(httpclient, [1.0])]).as_numpy("WHO")[0]
         assert got == b"files:http"
+        # As Triton 2.51 (measured): the index lists the repositories' models only.
+        assert "from_files" not in {m["name"] for m in http.get_model_repository_index()}
         grpcc.load_model("from_files", config=lazy_config("grpc"),
                          files={"file:1/model.py": code.encode()})
         got = grpcc.infer("from_files", [fp32_input(grpcclient, [1.0])]).as_numpy("WHO")[0]
