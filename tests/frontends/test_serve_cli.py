@@ -764,7 +764,14 @@ def test_frontend_security_flags(serve: Callable[..., Serve], tmp_path: Path) ->
     assert server.wait(30) == 0
 
     for flags, message in (
-            (["--http-restricted-api", "nope:k=v"], "--http-restricted-api: unknown API 'nope'"),
+            # Triton's words (its QA L0_http and L0_grpc look for them).
+            (["--http-restricted-api", "nope:k=v"],
+             "--http-restricted-api: unknown restricted api 'nope'"),
+            (["--http-restricted-api", "model-repository,health:k1=v1",
+              "--http-restricted-api", "metadata,health:k2=v2"],
+             "restricted api 'health' can not be specified in multiple config groups"),
+            (["--grpc-restricted-protocol", "health,health:k=v"],
+             "restricted protocol 'health' can not be specified in multiple config groups"),
             (["--grpc-restricted-protocol", "health"], "--grpc-restricted-protocol expects "
                                                         "<API>[,<API>...]:<key>=<value>"),
             (["--grpc-use-ssl", "true"], "--grpc-use-ssl needs --grpc-server-cert"),

@@ -407,13 +407,16 @@ def parse_restrictions(specs: Sequence[str], flag: str) -> dict[str, tuple[str, 
         if not sep or not eq or not key or not apis:
             raise InvalidArgumentError(
                 f"{flag} expects <API>[,<API>...]:<key>=<value>, got '{spec}'")
+        # Triton's words (its tests look for them): an "api" of HTTP, a "protocol" of gRPC.
+        kind = "protocol" if "grpc" in flag else "api"
         for api in apis.split(","):
             api = api.strip()
             if api not in RESTRICTED_CATEGORIES:
-                raise InvalidArgumentError(f"{flag}: unknown API '{api}' (one of "
+                raise InvalidArgumentError(f"{flag}: unknown restricted {kind} '{api}' (one of "
                                            f"{', '.join(RESTRICTED_CATEGORIES)})")
             if api in out:
-                raise InvalidArgumentError(f"{flag}: API '{api}' is restricted more than once")
+                raise InvalidArgumentError(f"{flag}: restricted {kind} '{api}' can not be "
+                                           "specified in multiple config groups")
             out[api] = (key.strip(), value)
     return out
 
