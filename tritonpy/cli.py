@@ -702,6 +702,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                 log.info("listening: %s", line)
             await waiter
             log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
+            log.info("Waiting for in-flight requests to complete.")  # Triton's words
     finally:
         waiter.cancel()
         began = loop.time()

@@ -174,6 +174,9 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
         e.value.close()
         wait_until(lambda: "HTTP error: GET /v2/nothing/here - 404" in server.log(), 10,
                  "the debug record of the 404")
+        # And each HTTP request, in Triton's words (its QA L0_logging counts them).
+        assert "HTTP request: 0 /v2/nothing/here" in server.log()
+        assert "HTTP request: 0 /v2/logging" in server.log()
 
         # SIGTERM with a request in flight: it completes, then the server stops cleanly.
         stubs = server.stubs()
@@ -190,6 +193,7 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
         grpcc.close()
     log = server.log()
     assert "signal received: stopping" in log and "tritonpy stopped" in log
+    assert log.count("Waiting for in-flight requests to complete.") == 1  # Triton's words
     assert (marks / "finalized").read_text().count("\n") == 1  # the slow model's one instance
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []

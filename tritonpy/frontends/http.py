@@ -128,6 +128,10 @@ def error_response(err: BaseException) -> Response:
 # body, sent as text/plain for the former and the health, model ready and infer paths, as
 # application/json for the others (status line "405 Not Allowed", see _http1).
 _NOT_FOUND = b'{"error":"Not Found"}'
+#: The method numbers Triton's verbose log gives ("HTTP request: 2 /v2/models/m/infer"): its
+#: HTTP library's (libevhtp's htp_method); 16 for any other.
+_EVHTP_METHODS = {"GET": 0, "HEAD": 1, "POST": 2, "PUT": 3, "DELETE": 4, "OPTIONS": 8,
+                  "TRACE": 13, "CONNECT": 14, "PATCH": 15}
 _NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
 
 
@@ -241,6 +245,8 @@ class HTTPFrontend:
 
     async def _dispatch(self, request: Request) -> Response:
         path = request.path
+        if log.isEnabledFor(logging.DEBUG):  # --log-verbose: each request, as Triton's line
+            log.debug("HTTP request: %d %s", _EVHTP_METHODS.get(request.method, 16), path)
         if self.restricted:
             need = self.restricted.get(_category(path))
             if need is not None and request.headers.get(need[0]) != need[1]:
