@@ -547,6 +547,25 @@ def test_a_call_that_ends_while_its_client_still_sends_is_reset_after_its_traile
         raw.close()
 
 
+def test_a_deadline_on_a_stream_the_client_still_sends_on_resets_it_with_no_error(
+        running: Running) -> None:
+    # As gRPC's own servers: DEADLINE_EXCEEDED in the trailers, then RST_STREAM(NO_ERROR). It
+    # was CANCEL, and the client's gRPC library then reported the reset in most calls
+    # ("Stream removed", some CANCELLED) instead of "Deadline Exceeded" (Triton's QA
+    # test_grpc_stream_infer and test_decoupled_timeout look for it).
+    raw = Raw(running.port)
+    try:
+        raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers(
+            "/t.T/Stream", ("grpc-timeout", "200m"))))  # and nothing more: still sending
+        frames = [(t, f, p) for t, f, sid, p in raw.frames_until_quiet(1.0) if sid == 1]
+        assert [t for t, _, _ in frames] == [HEADERS, RST_STREAM], frames
+        trailers = dict(raw.decoder.decode(frames[0][2]))
+        assert (trailers["grpc-status"], trailers["grpc-message"]) == ("4", "Deadline Exceeded")
+        assert struct.unpack(">I", frames[1][2])[0] == 0  # NO_ERROR
+    finally:
+        raw.close()
+
+
 # -- keepalive, ping policy and connection age (KeepAlive: Triton's --grpc-keepalive-* flags) -----
 def keepalive(**settings: Any) -> Iterator[Running]:
     return _running(keepalive=KeepAlive(**settings))
