@@ -147,13 +147,18 @@ def test_too_much_metadata_refuses_its_call_only(running: Running) -> None:
         assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
 
 
-def test_a_client_cancel_cancels_the_handler(running: Running) -> None:
+def test_a_client_cancel_cancels_the_handler(running: Running,
+                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="tritonpy.frontends._http2")
     with grpc.insecure_channel(running.address) as channel:
         future = unary(channel, "Slow").future(BytesValue(value=b"30"))
         assert running.toy.slow_started.wait(5)
         future.cancel()
         assert running.toy.cancelled.wait(5), "the handler went on after the client's cancel"
         assert unary(channel, "Echo")(BytesValue(value=b"after")).value == b"after"
+    # Verbose, in Triton's words (its QA L0_request_cancellation looks for them).
+    assert any(r.getMessage().startswith("Cancellation notification received for slowHandler")
+               for r in caplog.records), caplog.text
 
 
 def test_a_message_over_the_limit_is_resource_exhausted(running: Running,

@@ -983,6 +983,10 @@ class _Connection(asyncio.Protocol):
                 raise _ConnectionError(_PROTOCOL_ERROR, "RST_STREAM on stream 0")
             reset = self.calls.get(sid)
             if reset is not None:
+                if (reset.method is not None and not reset.closed
+                        and log.isEnabledFor(logging.DEBUG)):  # Triton's verbose line
+                    log.debug("Cancellation notification received for %sHandler, stream %d",
+                              getattr(reset.method.handler, "__name__", "?"), sid)
                 reset.abandon()
         elif ftype == _GOAWAY:
             if not self.calls and self.transport is not None:
