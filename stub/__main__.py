@@ -20,16 +20,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-_STUB_PID = os.getpid()
-
-
 def _dropped_signal(signum: int, frame: object) -> None:
-    """A SIGINT or SIGTERM to the stub: for the host (see main). A SIGTERM that reaches a
-    process the model forked before it got the default back (see
-    StubRuntime._after_fork_in_child) ends it, as it would have."""
-    if signum == signal.SIGTERM and os.getpid() != _STUB_PID:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+    """A SIGINT or SIGTERM to the stub: for the host (see main)."""
 
 
 def main() -> int:

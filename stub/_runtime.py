@@ -195,7 +195,8 @@ class StubRuntime:
         self._active: dict[int, _Open] = {}
         # Host id -> the earlier runs of a rescheduled request whose response sender the model
         # took: a thread may still answer through one of them (as Triton's, one request across
-        # its runs), so the request stays open while any of them lives.
+        # its runs), so the request stays open while any of them lives. (One that went stays
+        # listed until the request ends: it is passed over then.)
         self._earlier: dict[int, list[_Open]] = {}
         self._dropped_ids: queue.SimpleQueue[_Open] = queue.SimpleQueue()
         self._early_cancel: set[int] = set()  # CANCELs that came before their request
@@ -504,7 +505,7 @@ class StubRuntime:
         """A request was freed: the model holds neither it nor its response sender any more.
         Still open, it is ended by _end_dropped. Called wherever the last reference went,
         maybe under a lock of ours: hands over, and does nothing else."""
-        if self._active.get(held.host_id) is held or held.host_id in self._earlier:
+        if self._active.get(held.host_id) is held:
             self._dropped_ids.put(held)
 
     def _end_dropped(self) -> None:
@@ -535,29 +536,16 @@ class StubRuntime:
         """Whether the request of ``gone`` (freed) is open with nothing left to answer it. An
         earlier run of it that still lives (its sender held by a thread) takes its place."""
         rid = gone.host_id
-        earlier = self._earlier.get(rid)
         if self._active.get(rid) is not gone:
-            if earlier is not None:  # an earlier run went: forget it
-                self._forget_earlier(rid, earlier)
             return False
+        earlier = self._earlier.get(rid)
         while earlier:
             held = earlier.pop()
-            if held() is None:
-                continue
-            self._active[rid] = held
-            if held() is not None:  # else it went before it took the place: its end is ours
-                if not earlier:
-                    self._earlier.pop(rid, None)
+            self._active[rid] = held  # then alive: its own end comes here; else the next one
+            if held() is not None:
                 return False
         self._earlier.pop(rid, None)
         return True
-
-    def _forget_earlier(self, rid: int, earlier: list[_Open]) -> None:
-        alive = [h for h in earlier if h() is not None]
-        if alive:
-            earlier[:] = alive
-        elif self._earlier.get(rid) is earlier:
-            del self._earlier[rid]
 
     def _close(self, rid: int) -> None:
         """The request is over (answered, failed, or its final flag sent): not open any more."""

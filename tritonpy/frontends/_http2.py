@@ -47,8 +47,8 @@ _DATA, _HEADERS, _PRIORITY, _RST_STREAM, _SETTINGS, _PUSH_PROMISE, _PING, _GOAWA
 _END_STREAM, _ACK, _END_HEADERS, _PADDED, _PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
 # Error codes and settings.
 _NO_ERROR, _PROTOCOL_ERROR, _FLOW_CONTROL_ERROR, _STREAM_CLOSED, _FRAME_SIZE_ERROR, \
-    _REFUSED_STREAM, _CANCEL, _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = \
-    0x0, 0x1, 0x3, 0x5, 0x6, 0x7, 0x8, 0x9, 0xB
+    _REFUSED_STREAM, _COMPRESSION_ERROR, _ENHANCE_YOUR_CALM = \
+    0x0, 0x1, 0x3, 0x5, 0x6, 0x7, 0x9, 0xB
 _INITIAL_WINDOW_SIZE, _MAX_FRAME_SIZE, _MAX_CONCURRENT_STREAMS = 0x4, 0x5, 0x3
 _DEFAULT_WINDOW = 65535
 #: Our receive windows: large, so a client sending big tensors rarely waits for an update.
@@ -456,9 +456,9 @@ class _Call:
         if self.window is not None and not self.window.done():
             self.window.set_exception(_Closed("the call is over"))
 
-    def finish(self, code: int, details: str = "", reset: int = _NO_ERROR) -> None:
+    def finish(self, code: int, details: str = "") -> None:
         """Send the trailers (or a trailers-only response) and end the stream; a client still
-        sending gets RST_STREAM with ``reset`` after them."""
+        sending gets RST_STREAM(NO_ERROR) after them."""
         if self.closed:
             return
         self.closed = True
@@ -479,7 +479,7 @@ class _Call:
         if not self.ended:
             # The client is still sending (a stream): tell it to stop, as gRPC's own servers
             # do, so that its call ends on these trailers whatever happens to the connection.
-            conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(reset)))
+            conn.out.append(_frame(_RST_STREAM, 0, self.sid, _U32.pack(_NO_ERROR)))
         conn.forget(self.sid)
         if conn.calls:
             conn.flush_soon()  # the answers of calls ending in this turn of the loop: one write
@@ -514,9 +514,9 @@ class _Call:
         if self.task is not None:
             self.task.cancel()
         self._fail_window()
-        # RST_STREAM NO_ERROR after the trailers, as gRPC's own servers end a call early: with
-        # CANCEL the client's gRPC library reported the reset ("Stream removed", CANCELLED in
-        # some) in most calls, not the trailers' status.
+        # Then RST_STREAM NO_ERROR, as for any call (see finish): with CANCEL, the client's gRPC
+        # library reported the reset ("Stream removed", CANCELLED in some) in most calls, not
+        # the trailers' status.
         self.finish(_DEADLINE, "Deadline Exceeded")
         self.conn.flush()
 

@@ -128,11 +128,11 @@ def error_response(err: BaseException) -> Response:
 # body, sent as text/plain for the former and the health, model ready and infer paths, as
 # application/json for the others (status line "405 Not Allowed", see _http1).
 _NOT_FOUND = b'{"error":"Not Found"}'
+_NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
 #: The method numbers Triton's verbose log gives ("HTTP request: 2 /v2/models/m/infer"): its
 #: HTTP library's (libevhtp's htp_method); 16 for any other.
 _EVHTP_METHODS = {"GET": 0, "HEAD": 1, "POST": 2, "PUT": 3, "DELETE": 4, "OPTIONS": 8,
                   "TRACE": 13, "CONNECT": 14, "PATCH": 15}
-_NOT_ALLOWED = b'{"error":"Method Not Allowed"}'
 
 
 def _method_not_allowed(content_type: str = "application/json") -> Response:
