@@ -82,7 +82,12 @@ def _let_go(err: BaseException | None) -> None:
     requests' input tensors (shared memory of the host). The exception's traceback keeps those
     frames and their locals, and the frame that caught it refers back to it: a cycle that only
     the cyclic garbage collector would break, whenever it next runs. The caller then drops its
-    own reference (``del``), which ends the cycle."""
+    own reference (``del``), which ends the cycle.
+
+    Called before the error is sent: the instance's next request may run on the stub's other
+    thread as soon as this one has said the execute is over, and on a loaded machine this
+    thread can lag; the next request would then find the memory still taken (seen on a GPU:
+    all of it). The error's text needs only the frames' code and line numbers, which stay."""
     if err is not None:
         traceback.clear_frames(err.__traceback__)
 
@@ -868,10 +873,10 @@ class StubRuntime:
             result, err = None, exc
         finally:
             _EXECUTE.reset(token)
+        _let_go(err)  # before _complete frees the instance for the next request (_exec_over)
         try:
             self._complete(call_id, requests, result, err)
         finally:
-            _let_go(err)
             del err  # the last reference: it goes now, not at the next cyclic collection
 
     def _run_returned(self, awaitable: Any) -> Any:
@@ -918,10 +923,10 @@ class StubRuntime:
                 err = None
             except BaseException as exc:  # also SystemExit, which would stop the stub's loop
                 result, err = None, exc
+        _let_go(err)
         try:
             self._complete(call_id, requests, result, err)
         finally:
-            _let_go(err)
             del err  # the last reference: it goes now, not at the next cyclic collection
 
     def _complete(self, call_id: int, requests: list, result: Any,

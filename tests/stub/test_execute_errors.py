@@ -304,3 +304,37 @@ def test_a_failed_execute_lets_go_of_its_locals_and_inputs_at_once(tmp_path, kin
         assert freed() == 3
         assert wait_for(lambda: host_used() == idle, timeout=5), \
             f"the failed requests' inputs still hold {host_used() - idle} bytes of the host pool"
+
+
+# The same model, whose stub thread that sends a failed execute's error then lags 0.3 s (as a
+# thread of a loaded machine can): the instance's next request runs on the stub's other thread
+# meanwhile. (Reaching into the stub's runtime is this test's stand-in for the lag.)
+LAGGING_PY = HOLDING_PY.replace('''        gc.disable()
+''', '''        gc.disable()
+        import time
+        rt = pb_utils._runtime
+        send = rt._send_responses
+
+        def send_then_lag(cmd, call_id, body):
+            sent = send(cmd, call_id, body)
+            if "error" in body:
+                time.sleep(0.3)
+            return sent
+
+        rt._send_responses = send_then_lag
+''')
+
+
+def test_the_next_request_finds_a_failed_executes_locals_gone_even_if_its_thread_lags(
+        tmp_path) -> None:
+    # The stub let go of them after sending the error: a next request that came in that gap
+    # ran with them still held (seen on a real GPU under load: all of its memory).
+    assert LAGGING_PY != HOLDING_PY
+    with serving_models(tmp_path, {"holding": (LAGGING_PY.format(prefix=""), io_config())}) as srv:
+        model = srv.model("holding")
+        for n in range(1, 4):
+            err = model.infer({"IN": np.ones(4, np.float32)}).get(timeout=20).error
+            assert err is not None and "boom with 4 values" in err.message
+            resp = model.infer({"IN": np.zeros(1, np.float32)}).get(timeout=20)
+            assert resp.error is None, resp.error
+            assert resp.outputs["OUT"].to_numpy().tolist() == [n]
