@@ -8,6 +8,10 @@
   processes that do, pass this prefix to every ``Pool`` so that parallel workers (xdist) and
   concurrent sessions on the same machine never see each other's segments.
 * Tests marked ``gpu`` are skipped, with the reason, where cupy or a CUDA device is missing.
+* Every other test runs its servers as on a machine without GPUs (``TRITONPY_GPU_COUNT=0``),
+  whatever this one has: what they expect (auto-completed instance groups, the extensions
+  listed, CUDA shared memory refused) was measured on a Triton without one. A ``gpu`` test sees
+  the machine's GPUs.
 """
 from __future__ import annotations
 
@@ -20,6 +24,12 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+
+# The GPU count servers see (see the module doc). The machine's own setting, if any, is kept
+# aside by the session's first process: its xdist workers inherit the environment it changed.
+_KEPT = "TRITONPY_TESTS_MACHINE_GPU_COUNT"
+os.environ.setdefault(_KEPT, os.environ.get("TRITONPY_GPU_COUNT", "unset"))
+os.environ["TRITONPY_GPU_COUNT"] = "0"
 
 SHM_DIR = "/dev/shm"
 GUARDED_PREFIXES = ("tritonpy_", "tpyt")
@@ -163,6 +173,17 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         reason = _gpu_unavailable()
         if reason is not None:
             pytest.skip(f"gpu test: {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _machine_gpus_for_gpu_tests(request: pytest.FixtureRequest,
+                                monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.node.get_closest_marker("gpu") is None:
+        return
+    if os.environ[_KEPT] == "unset":
+        monkeypatch.delenv("TRITONPY_GPU_COUNT")
+    else:
+        monkeypatch.setenv("TRITONPY_GPU_COUNT", os.environ[_KEPT])
 
 
 @pytest.fixture

@@ -224,8 +224,10 @@ def gpu_memory_full(ctx: Context) -> list[Row]:
     """A model that allocates until CUDA refuses: that request fails, the memory comes back."""
     name = "GPU memory full"
     if visible_gpu_count() == 0:
-        return [Row(name, "CuPy allocations until CUDA runs out",
-                    "no GPU: nvidia-smi -L lists none (TRITONPY_GPU_COUNT unset)", None, SKIPPED)]
+        forced = os.environ.get("TRITONPY_GPU_COUNT")
+        why = (f"TRITONPY_GPU_COUNT={forced}" if forced is not None
+               else "nvidia-smi -L lists none (TRITONPY_GPU_COUNT unset)")
+        return [Row(name, "CuPy allocations until CUDA runs out", f"no GPU: {why}", None, SKIPPED)]
     if find_spec("cupy") is None:
         return [Row(name, "CuPy allocations until CUDA runs out",
                     "CuPy is not installed (pip install 'tritonpy[gpu]')", None, SKIPPED)]

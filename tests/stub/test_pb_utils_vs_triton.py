@@ -218,7 +218,7 @@ AS_TRITON = {
     "request_id": "rid-1",
     "correlation_id": 42,
     "flags": 0,
-    "timeout": 123456,
+    "timeout": 60_123_456,
     # as Triton's core writes it: compact, text other than ASCII as it is
     "parameters": '{"p":"v","n":3,"b":true,"u":"é"}',
     "is_cancelled": False,
@@ -404,7 +404,7 @@ def report(server):
                  {"IN": np.array([1, 2, 3], np.float32),
                   "TEXT": np.array([b"a", "é".encode()], dtype=object)},
                  requested_output_names=["REPORT"], request_id="rid-1", correlation_id=42,
-                 timeout=123456, parameters={"p": "v", "n": 3, "b": True, "u": "é"})
+                 timeout=60_123_456, parameters={"p": "v", "n": 3, "b": True, "u": "é"})
     assert resp.error is None, resp.error
     return json.loads(resp.outputs["REPORT"].to_numpy()[0])
 
