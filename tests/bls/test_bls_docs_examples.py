@@ -176,6 +176,9 @@ def test_stateful_target_through_correlation_id_and_flags(server, corr_a, corr_b
     # START|END in one request: a sequence of one
     single = _seq_call(server, corr_a, 9, START | END)
     assert single["acc"] == 9 and single["flags"] == START | END
+    # Past INT32 the sum wraps, as a C++ accumulator's would (NumPy 2 refused to make ACC).
+    assert _seq_call(server, corr_a, 2**31 - 1, START)["acc"] == 2**31 - 1
+    assert _seq_call(server, corr_a, 1, END)["acc"] == -2**31
 
 
 def test_stateful_target_rejects_a_sequence_without_start(server) -> None:

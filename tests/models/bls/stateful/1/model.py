@@ -29,6 +29,7 @@ class TritonPythonModel:
             seen = {"correlation_id": corr, "correlation_id_type": type(corr).__name__,
                     "flags": flags, "open_sequences": len(self.sums)}
             responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("ACC", np.array([acc], dtype=np.int32)),
+                # Wrapped to INT32 as a C++ accumulator would (NumPy 2 refuses an int past it).
+                pb_utils.Tensor("ACC", np.array([acc], dtype=np.int64).astype(np.int32)),
                 pb_utils.Tensor("SEEN", np.array([json.dumps(seen)], dtype=np.object_))]))
         return responses
