@@ -10,8 +10,10 @@ each segment of a call: the four hops (a frame in flight, mostly waking the rece
 work in each process between them. Beside it, this machine's cost of a wake-up: two processes
 ping-ponging a datagram with blocking receives, and with receivers that spin.
 
-Usage: ``python benchmarks/bls_trace.py [--calls N] [--size BYTES]``. The trace itself adds a
-few µs per frame; compare segments with each other, not with bls_bench's figures.
+Usage: ``python benchmarks/bls_trace.py [--calls N] [--size BYTES] [--gpu]``. ``--gpu``: the
+tensor is a CuPy array on GPU 0, passed by CUDA IPC handle (``benchmarks/gpu_models``, as
+``bls_bench.py --gpu``). The trace itself adds a few µs per frame; compare segments with each
+other, not with bls_bench's figures.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ SEGMENTS = [
 ]
 
 
-def serve(trace_dir: str, size: int, calls: int) -> None:
+def serve(trace_dir: str, size: int, calls: int, repo: str) -> None:
     """Child: run bls_loop with the trace on (set before tritonpy is imported)."""
     os.environ["TRITONPY_FRAME_TRACE"] = trace_dir
     import numpy as np
@@ -57,7 +59,7 @@ def serve(trace_dir: str, size: int, calls: int) -> None:
 
     inputs = {"SIZE": np.array([size], np.int64), "ITERS": np.array([calls], np.int64),
               "MODE": np.array([0], np.int64)}
-    with tritonpy.Server(str(HERE / "bench_models"), model_control_mode="explicit",
+    with tritonpy.Server(str(HERE / repo), model_control_mode="explicit",
                          load_models=["bls_loop", "identity"],
                          backend_config={"shm-region-prefix-name": f"tptrace{os.getpid()}_"}) as srv:
         for _ in range(2):  # the first pass warms up; both are traced, the pattern is the same
@@ -129,14 +131,23 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=3000, help="BLS calls per pass (two passes)")
     ap.add_argument("--size", type=int, default=16, help="tensor bytes (inline up to 48 KiB)")
+    ap.add_argument("--gpu", action="store_true", help="GPU tensors (CuPy), by CUDA IPC")
     ap.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    repo = "gpu_models" if args.gpu else "bench_models"
     if args.serve:
-        serve(args.serve, args.size, args.calls)
+        serve(args.serve, args.size, args.calls, repo)
         return
+    if args.gpu:
+        from bls_bench import gpu_missing
+
+        missing = gpu_missing()
+        if missing:
+            raise SystemExit(f"--gpu: {missing}")
     with tempfile.TemporaryDirectory(prefix="tritonpy-trace-") as trace_dir:
         subprocess.run([sys.executable, __file__, "--serve", trace_dir, "--size", str(args.size),
-                        "--calls", str(args.calls)], check=True)
+                        "--calls", str(args.calls)] + (["--gpu"] if args.gpu else []),
+                       check=True)
         found = segments(trace_dir)
     if not found[0]:
         raise SystemExit("no complete call found in the trace")
@@ -144,8 +155,8 @@ def main() -> None:
     total = sum(medians)
     rows = [(name, f"{m:.1f}", f"{m / total * 100:.0f} %") for name, m in zip(SEGMENTS, medians)]
     rows.append(("one call (sum of medians)", f"{total:.1f}", "100 %"))
-    print_table(f"One {args.size} B BLS call, {len(found[0])} calls traced (median µs per "
-                "segment)", ["segment", "µs", "share"], rows)
+    print_table(f"One {args.size} B {'GPU ' if args.gpu else ''}BLS call, {len(found[0])} calls "
+                "traced (median µs per segment)", ["segment", "µs", "share"], rows)
     hops = sum(m for name, m in zip(SEGMENTS, medians) if name.startswith("hop"))
     print(f"the four hops: {hops:.1f} µs; the work in the three processes: {total - hops:.1f} µs")
     print_table("This machine's wake-up cost: a 200-byte datagram round trip between two "
