@@ -859,11 +859,15 @@ class ModelRuntime(RuntimeBase):
                 pass
 
     def _timed_out(self, req: HostRequest) -> None:
+        """``req``'s ``timeout`` passed. A client's request times out only while it is queued,
+        as in Triton: once an instance runs it, it runs to its end. A BLS call's timeout bounds
+        the whole call (see the README's BLS differences)."""
         why = REQUEST_TIMEOUT
-        if self.sched_is_sequence:
-            with self.lock:  # Triton's words for a sequence that waited for a slot too long
-                if self.sched.waits_for_slot(req):
-                    why = SEQUENCE_TIMEOUT
+        with self.lock:
+            if req.instance is not None and req.caller is None:
+                return
+            if self.sched_is_sequence and self.sched.waits_for_slot(req):
+                why = SEQUENCE_TIMEOUT  # Triton's words for a sequence that waited too long
         req.abort(UnavailableError(why))
 
     # -- frames from the stubs -------------------------------------------------------------------

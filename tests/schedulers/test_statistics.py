@@ -371,3 +371,34 @@ def test_failures_count_by_triton_reason(tmp_path, shm_prefix):
         # The statistics' failure counts are the same requests.
         assert {m: _counts(server, m)[1] for m in ("boom", "ens", "gated", "capped", "seq")} == {
             "boom": 2, "ens": 1, "gated": 2, "capped": 1, "seq": 0}
+
+
+def test_a_timeout_that_passes_while_the_request_runs_does_not_end_it(tmp_path, shm_prefix):
+    # As in Triton 2.51 (measured, QA L0_sequence_batcher's request timeout test): a request's
+    # timeout is a time in the queue. Once an instance runs it, it runs to its end and is
+    # answered and counted as a success; a request queued behind it still times out. tritonpy
+    # answered the running one "Request timeout expired" at the deadline (counted a success).
+    import time
+
+    write_model(tmp_path, "gated", GATED_PY)
+    write_model(tmp_path, "seq", GATED_PY, io_config(max_batch_size=1,
+                                                     extra="sequence_batching { }\n"))
+    with serving(tmp_path, shm_prefix) as server:
+        for name, x, kw, why in (
+                ("gated", fp32(1), {}, "Request timeout expired"),
+                ("seq", np.ones((1, 1), np.float32), {"correlation_id": 9, "flags": 3},  # START|END
+                 "timeout of the corresponding sequence has been expired")):  # (no free slot)
+            model, gate = server.model(name), tmp_path / f"gate_{name}"
+            running = model.infer({"IN": x}, parameters={"gate": str(gate)}, timeout=100_000,
+                                  **kw)
+            wait_until(lambda: (tmp_path / f"gate_{name}.in").exists(), 15,
+                       "the gated execute started")
+            queued = model.infer({"IN": x}, timeout=100_000,
+                                 **({"correlation_id": 10, "flags": 3} if kw else {}))
+            time.sleep(0.4)  # both deadlines passed
+            gate.touch()
+            answer = running.get(timeout=20)
+            assert answer.error is None, answer.error
+            assert answer.outputs["OUT"].to_numpy().tolist() == x.tolist()
+            assert queued.get(timeout=20).error.message == why
+            assert _counts(server, name) == (1, 1), name  # (success, failure)
