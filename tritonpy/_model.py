@@ -1254,8 +1254,11 @@ class ModelRuntime(RuntimeBase):
 
     def _busy(self) -> bool:
         # Queued requests count only while a live instance can still take them: a stub that
-        # died during the drain is not restarted, so they would wait it out.
-        return bool(self.queue and any(i.state == "READY" for i in self.instances)) or any(
+        # died during the drain is not restarted, so they would wait it out. One answered
+        # already (cancelled) stays in a batcher's queue until a batch forms, maybe only once
+        # its max_queue_delay has passed: it is not waited for.
+        queued = any(not r.done for r in self.queue)
+        return (queued and any(i.state == "READY" for i in self.instances)) or any(
             i.running or i.active for i in self.instances
             if i.state in ("READY", "RESTARTING", "RETIRING"))
 

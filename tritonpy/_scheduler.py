@@ -293,7 +293,9 @@ class DynamicBatcher(Unbound):
             setattr(lv, attr, live)
 
     def _expired(self, req: HostRequest) -> None:
-        """The request's queue timeout passed: reject it, or move it behind its level."""
+        """The request's queue timeout passed: reject it, or move it behind its level. Then
+        the requests it leaves may make a batch that goes at once (without it, a preferred
+        size), as Triton forms one again (measured with 2.51)."""
         with self.rt.lock:
             if req.done:
                 return
@@ -303,6 +305,7 @@ class DynamicBatcher(Unbound):
                 return  # dispatched already, or delayed already
         if rejected:
             self._reject([req])
+        self.rt.kick()
 
     def _apply_policy(self, req: HostRequest) -> bool:
         """Take ``req``, whose queue timeout passed, off its level's queue (ValueError if it is

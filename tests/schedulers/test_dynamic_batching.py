@@ -50,6 +50,12 @@ MODELS = {
                        "allow_timeout_override: true }"),
     "db_delay_order": _cfg(8, "default_queue_policy { timeout_action: DELAY "
                               "allow_timeout_override: true }"),
+    "db_reform": _cfg(8, "preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 30000000 "
+                         "default_queue_policy { timeout_action: REJECT "
+                         "allow_timeout_override: true }"),
+    "db_reform_delay": _cfg(8, "preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: "
+                               "30000000 default_queue_policy { timeout_action: DELAY "
+                               "allow_timeout_override: true }"),
     "db_full": _cfg(8, "default_queue_policy { max_queue_size: 2 }"),
     # A model that does not batch: batches of one, but its queue policy applies (Triton 2.51).
     "db_full_nobatch": _cfg(0, "default_queue_policy { max_queue_size: 1 }"),
@@ -310,6 +316,28 @@ def test_delayed_requests_run_in_arrival_order_whichever_timed_out_first(server,
     assert {_value(r): params(r)["pos"] for r in resps} == {3: 0, 1: 1, 2: 2}
 
 
+@pytest.mark.parametrize("name", ["db_reform", "db_reform_delay"])
+def test_a_timeout_in_the_queue_lets_the_rest_form_a_batch_at_once(server, name):
+    # As Triton 2.51 (measured, QA L0_model_queue's test_timeout_override): rows 1 + 2 + 2 make
+    # no preferred batch (4 or 8), so they wait for the 30 s delay. When the first one times out
+    # (200 ms) it is rejected, or moved behind the others, and the two that are left make 4
+    # rows: they go at once. tritonpy did not look at the queue again until the delay ran out.
+    model = server.model(name)
+    t0 = time.monotonic()
+    first = model.infer({"IN": _row(1)}, timeout=200_000)
+    pair = [model.infer({"IN": np.full((2, 1), v, np.float32)}) for v in (2, 3)]
+    resps = _all(pair, timeout=10)
+    assert [_value(r) for r in resps] == [2, 3]
+    assert time.monotonic() - t0 < 10
+    assert {params(r)["exec"] for r in resps} == {params(resps[0])["exec"]}  # one batch
+    if name == "db_reform":
+        late = first.get(timeout=10)
+        assert late.error is not None and late.error.message == "Request timeout expired"
+    else:  # delayed: still queued (alone, it would wait out the 30 s delay)
+        first.cancel()
+        assert first.get(timeout=10).error.code.name == "CANCELLED"
+
+
 def test_a_full_queue_rejects_cleanly_and_loses_nothing_queued(server, gate):
     model = server.model("db_full")
     held = _hold(model, gate)
@@ -443,3 +471,17 @@ def test_requests_with_different_optional_inputs_are_not_batched_together(server
     assert [_value(r) for r in resps] == [0, 1, 2, 3, 4]
     assert [(params(r)["exec"], params(r)["batch"]) for r in resps] == [
         (2, 2), (2, 2), (3, 2), (3, 2), (4, 1)]
+
+
+def test_stop_does_not_wait_for_a_cancelled_request_still_in_the_queue(tmp_path):
+    # A cancelled request is answered at once but stays in the batcher's queue until a batch
+    # forms: here only when the 30 s delay has passed. Stopping the server waited for it.
+    write_model(tmp_path, "db_slow", BATCH_PY,
+                _cfg(8, "max_queue_delay_microseconds: 30000000"))
+    with serving(tmp_path, new_prefix()) as srv:
+        queued = srv.model("db_slow").infer({"IN": _row(1)})
+        time.sleep(0.2)
+        queued.cancel()
+        assert queued.get(timeout=10).error.code.name == "CANCELLED"
+        t0 = time.monotonic()
+    assert time.monotonic() - t0 < 10
