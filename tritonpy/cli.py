@@ -353,6 +353,9 @@ def metrics_config(args: argparse.Namespace) -> MetricsConfig:
 def cache_size(args: argparse.Namespace) -> int:
     """Bytes of the local response cache that ``--cache-config`` (or the older
     ``--response-cache-byte-size``) asks for; 0: none."""
+    if args.response_cache_byte_size is not None and args.cache_config:
+        raise SystemExit("error: Incompatible flags --response-cache-byte-size and "
+                         "--cache-config both provided. Please provide one or the other.")
     size = args.response_cache_byte_size or 0
     for spec in args.cache_config:
         cache, _, setting = spec.partition(",")

@@ -62,6 +62,10 @@ def _stop(server: Serve) -> int:
      "--cache-config local,size=0: the local cache needs a size of 1 byte or more"),
     (["--cache-config", "local,size=100000,foo=bar"],
      "one setting per --cache-config, as in Triton"),
+    # Triton 2.51's words (measured); tritonpy started, --cache-config winning.
+    (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
+     "Please provide one or the other."),
 ])
 def test_a_bad_value_stops_the_start_with_code_1_naming_it(
         serve: Callable[..., Serve], tmp_path: Path, flags: list[str], words: str) -> None:
