@@ -9,9 +9,11 @@ lookup and insertion time), and only executions count in ``inference_count`` and
 times. Unlike Triton, a hit answers only the outputs its request asks for, and an entry that
 lacks one of them is a miss (Triton answers whatever the entry holds).
 
-Entries are kept least recently used first and evicted to stay within the size, counted as
-their output bytes (BYTES elements by length); an answer bigger than the whole cache is not
-kept. Cached arrays are read-only: a caller that writes to an output gets its own copy.
+Entries are kept least recently used first and evicted to stay within the size, each counted
+as Triton's cache entry packs its response (:func:`packed_size`; Triton's local cache adds its
+allocator's few bytes per entry on top); an answer bigger than the whole cache is not kept, and
+the log says so in Triton's words. Cached arrays are read-only: a caller that writes to an
+output gets its own copy.
 """
 from __future__ import annotations
 
@@ -24,16 +26,32 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from .shm.dtypes import triton_dtype_of
+
 log = logging.getLogger(__name__)
 
-def _nbytes(arr: np.ndarray) -> int:
+def _data_bytes(arr: np.ndarray) -> int:
+    """An output's data as it travels: BYTES elements each with a 4-byte length."""
     if arr.dtype == np.object_:
-        return sum(len(x) if isinstance(x, (bytes, str)) else 8 for x in arr.flat) + arr.size * 8
+        return sum(4 + (len(x.encode()) if isinstance(x, str) else len(x))
+                   if isinstance(x, (bytes, str)) else 12 for x in arr.flat)
     return int(arr.nbytes)
 
 
+def packed_size(outputs: Iterable[tuple[str, np.ndarray]]) -> int:
+    """An answer's size as Triton's cache entry packs it (its documented layout, and what
+    Triton 2.51 reports in "Requested byte_size"): the number of outputs (4 bytes), then for
+    each its packed size (8), its name, data type and shape (int64s), each after a 4-byte
+    length, and its data after an 8-byte length."""
+    size = 4
+    for name, arr in outputs:
+        size += (8 + 4 + len(name.encode()) + 4 + len(triton_dtype_of(arr)) + 4 + 8 * arr.ndim
+                 + 8 + _data_bytes(arr))
+    return size
+
+
 class ResponseCache:
-    """An LRU of successful answers, at most ``size`` bytes of outputs."""
+    """An LRU of successful answers, at most ``size`` bytes of them as Triton packs them."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -90,16 +108,16 @@ class ResponseCache:
         writes one) when it is larger than the cache."""
         t0 = time.monotonic_ns()
         kept: dict[str, np.ndarray] = {}
-        size = 0
         for name, arr in outputs:
             copy = np.array(arr, copy=True)
             copy.flags.writeable = False
             kept[name] = copy
-            size += _nbytes(copy)
+        size = packed_size(kept.items())
         if size > self.size:
-            log.error("Failed to insert a response of model '%s' into response cache: "
-                      "Requested byte_size: %d is greater than total cache size: %d",
-                      model, size, self.size)
+            # Triton's words, its key a number (ours, the key's first 8 bytes), and the model.
+            log.error("Failed to insert key [%d] into response cache: Requested byte_size: %d "
+                      "is greater than total cache size: %d (model '%s')",
+                      int.from_bytes(key[:8], "little"), size, self.size, model)
             return False
         with self._lock:
             old = self._entries.pop(key, None)

@@ -337,10 +337,10 @@ def test_metrics_keep_a_models_own_names_and_tritons_cache_families() -> None:
     custom.op("audit_items_created", {}, "set", 7, None)
     registry = CollectorRegistry()
     registry.register(custom)
-    cache = ResponseCache(1000)
+    cache = ResponseCache(1470)
     key = cache.key("c", 1, [("IN", np.ones(2, np.float32))])
     assert cache.lookup(key, ["OUT"]) is None
-    cache.insert(key, [("OUT", np.ones(25, np.float32))], None)  # 100 bytes
+    cache.insert(key, [("OUT", np.ones(25, np.float32))], None)  # 100 bytes: 147 packed
     assert cache.lookup(key, ["OUT"]) is not None
     stats = [{"name": n, "version": "1"} for n in ("c", "plain")]
 

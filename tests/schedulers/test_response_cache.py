@@ -5,11 +5,13 @@ requests it has executed), the statistics and metrics Triton 2.51 gives for hits
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
 from _models import COUNTING_PY, infer, io_config, serving, write_model
 
+from tritonpy._cache import packed_size
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(60)
@@ -76,8 +78,9 @@ def test_what_a_hit_answers_and_what_is_not_kept(repo, shm_prefix):
 
 
 def test_the_least_recently_used_answers_go_first(repo, shm_prefix):
-    # Each answer is 12 bytes of OUT and 8 of N: a 64-byte cache keeps three.
-    with serving(repo, shm_prefix, response_cache_size=64) as server:
+    # Each answer packs into 109 bytes as Triton's cache entry packs it (12 bytes of OUT and
+    # 8 of N, and their names, types and shapes): a 330-byte cache keeps three.
+    with serving(repo, shm_prefix, response_cache_size=330) as server:
         model = server.model("cached")
         rows = [[float(i)] * 3 for i in range(4)]
         assert [_n(model, r) for r in rows[:3]] == [1, 2, 3]
@@ -163,8 +166,22 @@ def test_an_answer_larger_than_the_cache_is_not_kept_and_says_so(repo, shm_prefi
         with caplog.at_level(logging.ERROR, logger="tritonpy._cache"):
             assert _n(model, np.zeros(32)) == 1
             assert _n(model, np.zeros(32)) == 2  # not kept: run again
-        assert "Requested byte_size: 136 is greater than total cache size: 64" in caplog.text
+        # Triton's words (Triton 2.51 sized an answer of two 16-float outputs 242 bytes, as
+        # packed_size does); our key is a number too, and the model is named.
+        assert re.search(r"Failed to insert key \[\d+\] into response cache: Requested "
+                         r"byte_size: 225 is greater than total cache size: 64 \(model "
+                         r"'cached'\)", caplog.text), caplog.text
         # Triton's server-wide durations are whole microseconds.
         text = metrics_text(server)
         line = next(x for x in text.splitlines() if x.startswith("nv_cache_lookup_duration "))
         assert line.split(" ")[1].isdigit(), line
+
+
+def test_an_entry_is_sized_as_triton_packs_a_response() -> None:
+    # Triton 2.51 reported 242 bytes for an answer of two [1, 16] FP32 outputs, OUTPUT0 and
+    # OUTPUT1 (measured: "Requested byte_size: 242"): 4 + 2 x (8 + 4+7 + 4+4 + 4+16 + 8+64).
+    two = [(f"OUTPUT{i}", np.zeros((1, 16), np.float32)) for i in range(2)]
+    assert packed_size(two) == 242
+    # BYTES data as it travels: each element after a 4-byte length.
+    assert packed_size([("T", np.array([b"ab", "é"], dtype=np.object_))]) == \
+        4 + 8 + 4 + 1 + 4 + 5 + 4 + 8 + 8 + (4 + 2) + (4 + 2)
