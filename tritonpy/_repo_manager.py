@@ -390,13 +390,18 @@ class RepositoryManager:
             if not old:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
-                entry.unreadable = isinstance(exc, (ConfigError, UnsupportedError))
+                config_error = isinstance(exc, (ConfigError, UnsupportedError))
+                entry.unreadable = config_error and read is None
                 entry.failed = {int(failed.group(1)): failed.group(2)} if failed else {}
                 entry.unlisted = False
-                if entry.unreadable and not failed and read is not None:
+                if config_error and not failed and read is not None:
                     tried = self._failed_after_poll(entry, *read)
                     entry.unlisted = tried is None
                     entry.failed = dict.fromkeys(tried or (), exc.message)
+                    # Only a configuration that Triton's poll refuses makes no model of the
+                    # server; past the poll (no version to load, a missing model file, a
+                    # version that fails) the model counts against readiness, as in Triton.
+                    entry.unreadable = tried == []
                 # As Triton: the versions that loaded beside the one that failed were unloaded
                 # again, and its index lists each of them so ("unloaded").
                 entry.rolled_back = rolled_back if failed else []

@@ -176,3 +176,25 @@ def test_explicit_mode_readiness_follows_loads_and_unloads(repo):
         assert not srv.ready()
         srv.unload("syntax")  # a failed model unloaded on purpose no longer counts
         assert srv.ready()
+
+
+@pytest.mark.parametrize("layout", ["no version directory", "no model.py", "broken config"])
+def test_strict_readiness_counts_a_model_past_its_configuration(tmp_path, layout):
+    # As Triton 2.51 (measured for the first; QA L0_lifecycle's test_parse_error_modelfail and
+    # test_parse_error_model_no_version): a model whose configuration reads fine but that has
+    # no version to load, or a version without its model.py, failed to load, and the server is
+    # not ready. tritonpy took both for unreadable folders, which do not count. A configuration
+    # that cannot be read still does not count: Triton's poll does not make it a model.
+    write_model(tmp_path, "good", DOUBLE_PY)
+    bad = tmp_path / "bad"
+    write_model(tmp_path, "bad", DOUBLE_PY)
+    if layout == "no version directory":
+        (bad / "1" / "model.py").unlink()
+        (bad / "1").rmdir()
+    elif layout == "no model.py":
+        (bad / "1" / "model.py").unlink()
+    else:
+        (bad / "config.pbtxt").write_text("this is { not a config")
+    with serving(tmp_path, new_prefix()) as srv:
+        assert srv.model("good").ready()
+        assert srv.ready() is (layout == "broken config")
