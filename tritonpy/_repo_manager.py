@@ -659,6 +659,15 @@ class RepositoryManager:
             # "no available versions" is for one whose load failed or that was unloaded.
             if not entry.tried:
                 raise NotFoundError(f"Request for unknown model: '{name}' is not found")
+            if version is not None and version >= 0:
+                # As Triton 2.51 (measured): a version asked for by number is looked up
+                # first; one the model had (unloaded, or failed to load) is not ready.
+                if any(version in known for known in (entry.unloaded, entry.dropped,
+                                                      entry.failed, entry.rolled_back)):
+                    raise UnavailableError(f"Request for unknown model: '{name}' version "
+                                           f"{version} is not at ready state")
+                raise NotFoundError(
+                    f"Request for unknown model: '{name}' version {version} is not found")
             raise NotFoundError(
                 f"Request for unknown model: '{name}' has no available versions"
                 + (f" ({entry.reason})" if entry.reason and entry.reason != "unloaded" else ""))

@@ -198,3 +198,24 @@ def test_strict_readiness_counts_a_model_past_its_configuration(tmp_path, layout
     with serving(tmp_path, new_prefix()) as srv:
         assert srv.model("good").ready()
         assert srv.ready() is (layout == "broken config")
+
+
+def test_a_version_asked_for_after_an_unload_is_not_ready(repo):
+    # As Triton 2.51 (measured, QA L0_lifecycle): a version the model had is looked up first,
+    # UNAVAILABLE "not at ready state"; tritonpy answered "has no available versions" (which
+    # stays the answer without a version). A version it never had is not found.
+    with serving(repo, new_prefix(), model_control_mode="explicit",
+                 load_models=["good"]) as srv:
+        srv.unload("good")
+        with pytest.raises(tritonpy.UnavailableError,
+                           match="'good' version 1 is not at ready state"):
+            srv.model("good", 1).infer({"IN": fp32(1)})
+        with pytest.raises(tritonpy.NotFoundError, match="'good' version 7 is not found"):
+            srv.model("good", 7).infer({"IN": fp32(1)})
+        with pytest.raises(tritonpy.NotFoundError, match="'good' has no available versions"):
+            srv.model("good").infer({"IN": fp32(1)})
+        with pytest.raises(tritonpy.TritonpyError):
+            srv.load("syntax")
+        with pytest.raises(tritonpy.UnavailableError,
+                           match="'syntax' version 1 is not at ready state"):
+            srv.model("syntax", 1).infer({"IN": fp32(1)})
