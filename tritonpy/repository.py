@@ -125,7 +125,12 @@ def available_versions(model_dir: str) -> list[int]:
     versions = []
     for entry in entries:
         name = entry.name
-        if name in _NOT_VERSIONS or not name.isascii() or not name.isdigit():
+        if name in _NOT_VERSIONS:
+            continue
+        if not name.isascii() or not name.isdigit():
+            if not name.startswith(".") and _is_dir(entry):  # Triton's words
+                logger.warning("ignore version directory '%s' which fails to convert to "
+                               "integral number (model directory '%s')", name, model_dir)
             continue
         if len(name) > 1 and name.startswith("0"):
             logger.warning(

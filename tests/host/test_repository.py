@@ -84,6 +84,13 @@ def test_available_versions(tmp_path: Path, caplog: pytest.LogCaptureFixture) ->
     with caplog.at_level(logging.WARNING, logger="tritonpy.repository"):
         assert available_versions(str(model)) == [0, 1, 2, 10]
     assert "ignore version directory '01' which contains leading zeros" in caplog.text
+    # Triton's words for a folder that is no number (QA L0_lifecycle looks for them); not for
+    # the folders Triton knows, nor for hidden ones or files.
+    for name in ("latest", "1abc", "-3", "٣"):
+        assert (f"ignore version directory '{name}' which fails to convert to integral number"
+                in caplog.text), name
+    for name in ("warmup", "configs", "initial_state", "7"):
+        assert f"directory '{name}'" not in caplog.text, name
 
 
 def test_available_versions_missing_dir(tmp_path: Path) -> None:
