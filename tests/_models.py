@@ -219,12 +219,15 @@ def run_driver(driver: str, *args: str, timeout: float = 50) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def serving(repo: str | os.PathLike[str], prefix: str, **kwargs: Any) -> Iterator[tritonpy.Server]:
-    """A started server on ``repo`` with shm prefix ``prefix``; checked for leftovers after."""
+def serving(repo: str | os.PathLike[str] | list[Any], prefix: str,
+            **kwargs: Any) -> Iterator[tritonpy.Server]:
+    """A started server on ``repo`` (or a list of repositories) with shm prefix ``prefix``;
+    checked for leftovers after."""
     backend = dict(kwargs.pop("backend_config", None) or {})
     backend["shm-region-prefix-name"] = prefix
     before = {p.pid for p in stub_processes()}
-    server = tritonpy.Server(os.fspath(repo), backend_config=backend, **kwargs)
+    repos = [os.fspath(r) for r in repo] if isinstance(repo, list) else os.fspath(repo)
+    server = tritonpy.Server(repos, backend_config=backend, **kwargs)
     try:
         server.start()
         yield server

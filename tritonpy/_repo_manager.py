@@ -228,10 +228,12 @@ class RepositoryManager:
         if api:
             _check_model_name(name)
             self.scan()
+        refused = f"failed to load '{name}', failed to poll from model repository"  # Triton's
         tmp = mdir = None
         if files:
             if not config:
-                raise InvalidArgumentError("load with files needs a config override as well")
+                raise InvalidArgumentError(
+                    f"{refused}: load with files needs a config override as well")
             tmp = tempfile.mkdtemp(prefix=f"tritonpy-{name}-")
             mdir = os.path.join(tmp, name)
             try:
@@ -241,6 +243,8 @@ class RepositoryManager:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
         else:
+            if name in self.scan_errors:  # in two repositories: what is loaded stays
+                raise InvalidArgumentError(f"{refused}: {self.scan_errors[name]}")
             self.require_known(name)
         override = None
         if config:
@@ -251,8 +255,7 @@ class RepositoryManager:
             except TritonpyError as exc:
                 if tmp:
                     shutil.rmtree(tmp, ignore_errors=True)
-                raise InvalidArgumentError(f"failed to load '{name}', failed to poll from model "
-                                           f"repository: {exc.message}") from exc
+                raise InvalidArgumentError(f"{refused}: {exc.message}") from exc
         if mdir:
             # Known from now on (a refused load of a new name leaves no entry in the index).
             with self._lock:
@@ -640,7 +643,10 @@ class RepositoryManager:
                 log.error("repository scan failed: %s", exc.message)
                 continue
             for name, entry in list(self.entries.items()):
-                if not os.path.isdir(entry.directory):
+                # Gone, or now in a second repository too: as Triton, it is unloaded (the
+                # index then shows the duplicate UNAVAILABLE, with Triton's reason).
+                if not os.path.isdir(entry.directory) or (
+                        name in self.scan_errors and entry.tmpdir is None):
                     self._unload_with_dependents(entry, None, wait=False)
                     self.entries.pop(name, None)
                     continue

@@ -95,8 +95,17 @@ def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]
         if len(dirs) == 1:
             models[name] = dirs[0]
         else:
-            errors[name] = f"{DUPLICATE_REASON}: " + ", ".join(dirs)
+            # Triton's reason, word for word (its index shows it); the folders go to the log,
+            # once per set of them (poll mode scans again and again).
+            errors[name] = DUPLICATE_REASON
+            if (name, tuple(dirs)) not in _told_duplicates:
+                _told_duplicates.add((name, tuple(dirs)))
+                logger.error("model '%s' is not served: it appears in two or more repositories "
+                             "(%s)", name, ", ".join(dirs))
     return models, errors
+
+
+_told_duplicates: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

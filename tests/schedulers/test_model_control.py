@@ -294,6 +294,44 @@ def test_poll_mode_loads_reloads_and_unloads(tmp_path, shm_prefix):
             server.model("b")
 
 
+def test_poll_mode_unloads_a_model_that_appears_in_a_second_repository(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured, QA L0_lifecycle's test_multiple_model_repository_polling):
+    # the model is unloaded and the index shows it UNAVAILABLE with Triton's reason; once the
+    # copy goes, it loads again. tritonpy kept serving it.
+    r1, r2 = tmp_path / "r1", tmp_path / "r2"
+    write_model(r1, "saved", tagged("s1"))
+    r2.mkdir()
+    with serving([r1, r2], shm_prefix, model_control_mode="poll", poll_interval=0.1) as server:
+        assert _states(server) == {"saved": "READY"}
+        shutil.copytree(r1 / "saved", r2 / "saved")
+        assert wait_for(lambda: _states(server)["saved"] == "UNAVAILABLE", timeout=30)
+        (row,) = server.models()
+        assert row["reason"] == "model appears in two or more repositories"
+        with pytest.raises(TritonpyError, match="two or more repositories"):
+            infer(server.model("saved"), {"IN": fp32(1)})
+        shutil.rmtree(r2 / "saved")
+        assert wait_for(lambda: _states(server).get("saved") == "READY", timeout=30)
+        assert _tag(server.model("saved")) == "s1"
+
+
+def test_explicit_load_of_a_model_now_in_two_repositories_fails(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured, QA L0_lifecycle's test_multiple_model_repository_control):
+    # the load fails in Triton's words; tritonpy reported success and kept the old version.
+    r1, r2 = tmp_path / "r1", tmp_path / "r2"
+    write_model(r1, "saved", tagged("s1"))
+    r2.mkdir()
+    with serving([r1, r2], shm_prefix, model_control_mode="explicit") as server:
+        server.load("saved")
+        shutil.copytree(r1 / "saved", r2 / "saved")
+        with pytest.raises(TritonpyError) as info:
+            server.load("saved")
+        assert info.value.message == ("failed to load 'saved', failed to poll from model "
+                                      "repository: model appears in two or more repositories")
+        assert _tag(server.model("saved")) == "s1"  # what was loaded serves on
+        with pytest.raises(TritonpyError, match="load with files needs a config override"):
+            server.load("other", files={"file:1/model.py": b""})
+
+
 def test_poll_reload_while_requests_flow_loses_no_request(tmp_path, shm_prefix):
     mdir = write_model(tmp_path, "m", tagged("old"), io_config(
         extra="instance_group [ { count: 2, kind: KIND_CPU } ]\n"))
