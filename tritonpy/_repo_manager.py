@@ -163,6 +163,9 @@ class RepositoryManager:
         if mode == "explicit":
             names = list(self.entries) if "*" in self.server.load_models else [
                 n for n in self.server.load_models]
+            # A name two repositories hold is not loaded (the index shows why); as Triton,
+            # the start goes on with the others (tritonpy serve's --exit-on-error decides).
+            names = [n for n in names if n not in self.scan_errors]
             for n in names:
                 self.require_known(n)
         else:

@@ -667,6 +667,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                if e.unreadable and e.tried and e.state != READY}
     if args.model_control_mode != "explicit" or "*" in args.load_model:
         failed |= set(server.repo.scan_errors)
+    else:  # the names --load-model asked for that two repositories hold
+        failed |= set(server.repo.scan_errors) & set(args.load_model)
     if failed and args.exit_on_error and not stop.is_set():
         # As Triton: with --exit-on-error (its default) a model that failed to load at start
         # ends the server; --exit-on-error false serves the others (not ready while strict).

@@ -462,6 +462,35 @@ def test_a_model_failing_to_load_ends_the_server_by_default(
     assert segments(shm_prefix) == []
 
 
+def test_load_model_naming_a_model_two_repositories_hold(
+        serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # As Triton 2.51 (measured, QA L0_lifecycle's control_startup_models): with
+    # --exit-on-error false the others load and serve and the duplicate is UNAVAILABLE;
+    # tritonpy ended the start whatever the flag. By default the start ends, naming it.
+    r1, r2 = tmp_path / "r1", tmp_path / "r2"
+    write_model(r1, "ident", IDENT_CONFIG, IDENT_MODEL)
+    for r in (r1, r2):
+        write_model(r, "dup", IDENT_CONFIG.replace('"ident"', '"dup"'), IDENT_MODEL)
+    flags = ["--model-repository", str(r2), "--model-control-mode=explicit",
+             "--load-model=dup", "--load-model=ident"]
+    server, http_port, _ = serve_repo(serve, r1, "--exit-on-error=false", *flags)
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    try:
+        assert http.is_model_ready("ident")
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert (index["dup"]["state"], index["dup"]["reason"]) == (
+            "UNAVAILABLE", "model appears in two or more repositories")
+    finally:
+        http.close()
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    ended = serve("--model-repository", str(r1), *flags, "--http-port", "0", "--grpc-port",
+                  "0", "--metrics-port", "0")
+    assert ended.wait(START_TIMEOUT) == 1
+    assert "model 'dup' failed to load: model appears in two or more repositories" in \
+        ended.log(), ended.log()
+
+
 def test_log_settings_report_the_log_file(serve: Callable[..., Serve], tmp_path: Path) -> None:
     # As Triton 2.51 (measured): the log settings name --log-file's path; they said "".
     repo = tmp_path / "repo"
