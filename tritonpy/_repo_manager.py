@@ -86,6 +86,11 @@ class ModelEntry:
         self.unlisted = False
 
 
+# Triton's words for a load or unload asked for outside explicit mode (any other mode; scripts
+# and tools look for them).
+NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
+
+
 def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
     """Write a load request's files (``file:<path>`` -> bytes) under the model directory
     ``mdir``; InvalidArgumentError naming the first path that cannot be one of its files."""
@@ -225,9 +230,7 @@ class RepositoryManager:
              files: Mapping[str, bytes] | None = None, api: bool = False) -> None:
         """Load (or reload) ``name``; raises with the reason when it fails."""
         if api and self.server.model_control_mode != "explicit":
-            raise UnavailableError(
-                "explicit model load / unload is not allowed unless the model control mode is "
-                "explicit")
+            raise UnavailableError(NOT_EXPLICIT)
         if api:
             _check_model_name(name)
             self.scan()
@@ -558,9 +561,7 @@ class RepositoryManager:
         HTTP, gRPC and pb_utils unload) this returns at once and the model shows UNLOADING
         meanwhile."""
         if api and self.server.model_control_mode != "explicit":
-            raise UnavailableError(
-                "explicit model load / unload is not allowed unless the model control mode is "
-                "explicit")
+            raise UnavailableError(NOT_EXPLICIT)
         entry = self.entries.get(name)
         if entry is None and name not in self.scan_errors:
             # As Triton: unloading a model that is not loaded succeeds, a name the repository

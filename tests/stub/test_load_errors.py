@@ -219,3 +219,15 @@ def test_a_version_asked_for_after_an_unload_is_not_ready(repo):
         with pytest.raises(tritonpy.UnavailableError,
                            match="'syntax' version 1 is not at ready state"):
             srv.model("syntax", 1).infer({"IN": fp32(1)})
+
+
+@pytest.mark.parametrize("mode", ["none", "poll"])
+def test_load_and_unload_outside_explicit_mode_say_tritons_words(repo, mode):
+    # Triton 2.51's text in both modes (UNAVAILABLE, 503), which tools look for.
+    with serving(repo, new_prefix(), model_control_mode=mode) as srv:
+        for call in (lambda: srv.load("good"), lambda: srv.unload("good")):
+            with pytest.raises(tritonpy.UnavailableError) as info:
+                call()
+            assert info.value.message == ("explicit model load / unload is not allowed if "
+                                          "polling is enabled")
+        assert srv.model("good").ready()
