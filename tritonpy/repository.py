@@ -44,6 +44,8 @@ DEFAULT_BACKEND_DIRECTORY = "/opt/tritonserver/backends"
 
 # Triton's reason for a name found in two repositories (MODEL_READY_REASON_DUPLICATE).
 DUPLICATE_REASON = "model appears in two or more repositories"
+# The duplicates logged already, with their folders (each is said once).
+_told_duplicates: set[tuple[str, tuple[str, ...]]] = set()
 
 # Subdirectories of a model directory that Triton never takes for versions.
 _NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs"})
@@ -103,9 +105,6 @@ def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]
                 logger.error("model '%s' is not served: it appears in two or more repositories "
                              "(%s)", name, ", ".join(dirs))
     return models, errors
-
-
-_told_duplicates: set[tuple[str, tuple[str, ...]]] = set()
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
