@@ -253,6 +253,12 @@ class RuntimeBase:
         """Whether requests are queued or in flight (called with ``lock`` held)."""
         raise NotImplementedError
 
+    def in_flight(self) -> int:
+        """Requests not answered yet: queued, or given to an instance and not finished."""
+        with self.lock:
+            queued: int = sum(1 for r in self.queue if not r.done)
+            return queued + sum(len(i.active) for i in self.instances)
+
     def pending(self) -> int:
         """Requests awaiting execution: queued (not cancelled meanwhile), or prefetched behind
         an instance's running execute."""

@@ -34,6 +34,7 @@ from ._trace import Tracing
 if TYPE_CHECKING:
     from ._stats import MetricsConfig
     from .frontends._http2 import KeepAlive
+    from .server import Server
 
 log = logging.getLogger("tritonpy.cli")
 
@@ -696,6 +697,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
         grpc_keepalive=grpc_keepalive,
     )
+    began: float | None = None  # when the stop began
     try:
         if not stop.is_set():
             await frontends.start()
@@ -708,11 +710,16 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             await waiter
             log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
             log.info("Waiting for in-flight requests to complete.")  # Triton's words
+            began = loop.time()
+            server.cancel_loads()  # a load request in flight is not drained: it fails at once
+            await _drain(server, args.exit_timeout_secs)
     finally:
         waiter.cancel()
-        began = loop.time()
+        if began is None:
+            began = loop.time()
         # A load request in flight (model control API) is not drained: it fails at once.
         server.cancel_loads()
+        frontends.exit_timeout = max(1.0, args.exit_timeout_secs - (loop.time() - began))
         await frontends.stop()
         # --exit-timeout-secs bounds the whole drain, as in Triton: what the frontends spent
         # waiting for their in-flight requests is not granted a second time to the models.
@@ -725,6 +732,25 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         return 1
     log.info("tritonpy stopped")
     return 0
+
+
+async def _drain(server: Server, timeout: float) -> None:
+    """The first part of a stop, as Triton's: the ports stay open, clients' new inference
+    requests are refused and the server is neither live nor ready, until the requests in
+    flight are answered (or ``timeout`` passes). Each second the log says what is left, in
+    Triton's words."""
+    server.refuse_new_requests()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    told = -1.0
+    while (busy := server.in_flight()) and loop.time() < deadline:
+        if loop.time() - told >= 1.0:
+            told = loop.time()
+            log.info("Timeout %d: Found %d model versions that have in-flight inferences",
+                     max(0, int(deadline - told)), len(busy))
+            for name, version, n in busy:
+                log.info("Model '%s' (version %d) has %d in-flight inferences", name, version, n)
+        await asyncio.sleep(0.02)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

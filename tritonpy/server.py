@@ -205,6 +205,7 @@ class Server:
         self.repo = _repo_manager.RepositoryManager(self)
         self._started = False
         self._stopping = False
+        self.refusing = False  # see refuse_new_requests()
         self._maint: threading.Thread | None = None
         # The stubs of instances being started (spawned, initializing or warming up), which a
         # stop does not wait for: cancel_loads() kills them and refuses to start more.
@@ -444,7 +445,24 @@ class Server:
 
     # -- health and metadata ---------------------------------------------------------------------
     def live(self) -> bool:
-        return self._started and not self._stopping
+        return self._started and not self._stopping and not self.refusing
+
+    def refuse_new_requests(self) -> None:
+        """The start of ``tritonpy serve``'s stop, as Triton's: the server is neither live nor
+        ready from now on, and its frontends refuse clients' new inference requests (Triton's
+        UNAVAILABLE "Server is stopping, ..."), while the requests in flight finish and the
+        BLS calls they make go on."""
+        self.refusing = True
+
+    def in_flight(self) -> list[tuple[str, int, int]]:
+        """``(model, version, requests)`` for each model version with requests not answered
+        yet (queued or running); ensembles count in the models they run."""
+        out = []
+        for rt in self.repo.runtimes():
+            n = rt.in_flight() if isinstance(rt, ModelRuntime) else 0
+            if n:
+                out.append((rt.name, rt.version, n))
+        return out
 
     def ready(self) -> bool:
         """Live, every loaded model ready and, with ``strict_readiness`` (Triton's default), no

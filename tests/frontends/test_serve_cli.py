@@ -291,6 +291,51 @@ class TritonPythonModel:
 """
 
 
+def test_serve_drains_with_its_ports_open_refusing_new_requests(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """As Triton 2.51 (measured, QA L0_lifecycle's shutdown test): after SIGINT the request in
+    flight finishes while the ports stay open; a new inference request is refused with
+    Triton's UNAVAILABLE "Server is stopping, ...", health says neither live nor ready,
+    other calls (metadata) are answered, and the log counts what is in flight in Triton's
+    words. tritonpy closed both ports at once (connection refused)."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    server, http_port, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "30")
+    url = f"127.0.0.1:{http_port}"
+    t, box = in_background(lambda: slow_infer(url, 3.0, "inflight"))
+    wait_until(lambda: (marks / "started-inflight").exists(), 20, "the slow request to start")
+    server.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "in-flight inferences" in server.log(), 10, "the drain to begin")
+    http = httpclient.InferenceServerClient(url, network_timeout=30)
+    grpcc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        words = "Server is stopping, scheduler for model has stopped accepting new inference"
+        with pytest.raises(InferenceServerException, match=words):
+            slow_infer(url, 0.0, "late")
+        inp = grpcclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([0.0], np.float32))
+        with pytest.raises(InferenceServerException, match=words) as info:
+            grpcc.infer("slow", [inp])
+        assert info.value.status() == "StatusCode.UNAVAILABLE"
+        assert not http.is_server_live() and not http.is_server_ready()
+        assert not grpcc.is_server_live()
+        assert http.get_model_metadata("slow")["name"] == "slow"
+    finally:
+        http.close()
+        grpcc.close()
+    t.join(30)
+    assert box and not isinstance(box[0], BaseException), box
+    assert box[0].as_numpy("OUT").tolist() == [6.0]
+    assert server.wait(30) == 0
+    log = server.log()
+    assert "Found 1 model versions that have in-flight inferences" in log, log
+    assert "Model 'slow' (version 1) has 1 in-flight inferences" in log, log
+    assert not (marks / "started-late").exists()
+    assert segments(shm_prefix) == []
+
+
 def test_serve_ctrl_c_while_a_model_initializes_stops_at_once(
         serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
     """A Ctrl-C while a model's initialize is still running stops the server at once: it does
@@ -619,8 +664,9 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
         t0 = time.monotonic()
         os.killpg(server.proc.pid, signal.SIGTERM)
         wait_until(lambda: "signal received" in server.log(), 10, "the server to begin stopping")
-        # A request sent on the busy stream after the stop began is refused (in its turn),
-        # not run: the drain waits for what was running, not for what comes after.
+        # A request sent on the busy stream after the stop began is refused (in its turn,
+        # with Triton's words while the server drains), not run: the drain waits for what
+        # was running, not for what comes after.
         inp.set_data_from_numpy(np.array([5.0], np.float32))
         busy.async_stream_infer("slow", [inp], request_id="late")
         assert server.wait(30) == 0, server.log()
@@ -633,7 +679,8 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
     assert [r.as_numpy("OUT").tolist() for r in got["busy"] if not isinstance(r, Exception)] \
         == [[8.0]], got["busy"]
     refused = [str(r) for r in got["busy"] if isinstance(r, Exception)]
-    assert any("this stream takes no new requests" in r for r in refused), refused
+    assert any("Server is stopping, scheduler for model has stopped accepting new inference "
+               "requests" in r for r in refused), refused
     for stream in got.values():  # the stream's end, after its answers
         assert isinstance(stream[-1], InferenceServerException), stream
         assert (stream[-1].status(), stream[-1].message()) == \

@@ -50,6 +50,10 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: Request parameters that start with ``triton_`` and that a client may still send.
 RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
 #: Request parameters that :func:`apply_parameters` reads itself, each with its own value rules.
+# Triton's words for a client's request that comes while the server drains (see
+# Server.refuse_new_requests).
+STOPPING = ("Server is stopping, scheduler for model has stopped accepting new inference "
+            "requests")
 SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: BYTES inputs of at least this many wire bytes in one request are decoded in a worker thread:
@@ -1087,6 +1091,8 @@ class DataPlane:
         put in ``req.trace`` (finished here if the request fails to start and ``own_trace``).
         The output regions it holds (:meth:`check_outputs`) are released here if it fails to
         start, else by the caller when it ends."""
+        if self.server.refusing:
+            raise UnavailableError(STOPPING)
         self.check_outputs(req)
         try:
             names = [o.name for o in req.outputs] if req.outputs is not None else None
