@@ -26,27 +26,20 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from .shm.dtypes import triton_dtype_of
+from .shm.dtypes import serialize_bytes, triton_dtype_of
 
 log = logging.getLogger(__name__)
-
-def _data_bytes(arr: np.ndarray) -> int:
-    """An output's data as it travels: BYTES elements each with a 4-byte length."""
-    if arr.dtype == np.object_:
-        return sum(4 + (len(x.encode()) if isinstance(x, str) else len(x))
-                   if isinstance(x, (bytes, str)) else 12 for x in arr.flat)
-    return int(arr.nbytes)
-
 
 def packed_size(outputs: Iterable[tuple[str, np.ndarray]]) -> int:
     """An answer's size as Triton's cache entry packs it (its documented layout, and what
     Triton 2.51 reports in "Requested byte_size"): the number of outputs (4 bytes), then for
     each its packed size (8), its name, data type and shape (int64s), each after a 4-byte
-    length, and its data after an 8-byte length."""
+    length, and its data after an 8-byte length (BYTES data as it travels: serialize_bytes)."""
     size = 4
     for name, arr in outputs:
-        size += (8 + 4 + len(name.encode()) + 4 + len(triton_dtype_of(arr)) + 4 + 8 * arr.ndim
-                 + 8 + _data_bytes(arr))
+        dtype = triton_dtype_of(arr)
+        data = len(serialize_bytes(arr)) if dtype == "BYTES" else int(arr.nbytes)
+        size += 8 + 4 + len(name.encode()) + 4 + len(dtype) + 4 + 8 * arr.ndim + 8 + data
     return size
 
 

@@ -253,17 +253,21 @@ class RuntimeBase:
         """Whether requests are queued or in flight (called with ``lock`` held)."""
         raise NotImplementedError
 
+    def _queued_locked(self) -> int:
+        """Queued requests not answered yet (one cancelled stays queued until a batch forms);
+        caller holds ``lock``."""
+        return sum(1 for r in self.queue if not r.done)
+
     def in_flight(self) -> int:
         """Requests not answered yet: queued, or given to an instance and not finished."""
         with self.lock:
-            queued: int = sum(1 for r in self.queue if not r.done)
-            return queued + sum(len(i.active) for i in self.instances)
+            return self._queued_locked() + sum(len(i.active) for i in self.instances)
 
     def pending(self) -> int:
         """Requests awaiting execution: queued (not cancelled meanwhile), or prefetched behind
         an instance's running execute."""
         with self.lock:
-            queued: int = sum(1 for r in self.queue if not r.done)
+            queued = self._queued_locked()
             sent_behind: int = sum(max(0, len(i.inflight) - i.capacity) for i in self.instances)
             return queued + sent_behind
 

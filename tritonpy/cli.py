@@ -711,7 +711,6 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
             log.info("Waiting for in-flight requests to complete.")  # Triton's words
             began = loop.time()
-            server.cancel_loads()  # a load request in flight is not drained: it fails at once
             await _drain(server, args.exit_timeout_secs)
     finally:
         waiter.cancel()

@@ -92,6 +92,15 @@ def write_model(repo: Path, name: str, config: str, code: str) -> None:
     (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
 
 
+def _slow_repo(tmp_path: Path, instances: int) -> tuple[Path, Path]:
+    """A repository holding ``slow`` with ``instances`` instances, and its marks folder."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    repo = tmp_path / "repo"
+    write_model(repo, "slow", SLOW_CONFIG % (instances, marks), SLOW_MODEL)
+    return marks, repo
+
+
 def slow_infer(url: str, seconds: float, request_id: str) -> Any:
     """One request to ``slow`` on a client of its own (the sync HTTP client is per thread)."""
     inp = httpclient.InferInput("SECONDS", [1], "FP32")
@@ -203,10 +212,7 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
         serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
     """Ctrl-C reaches the whole process group (stubs too), as from a terminal: the short
     request still completes; the one that would outlast --exit-timeout-secs is cut off."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    repo = tmp_path / "repo"
-    write_model(repo, "slow", SLOW_CONFIG % (2, marks), SLOW_MODEL)
+    marks, repo = _slow_repo(tmp_path, 2)
     server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
                    "--metrics-port", "0", "--exit-timeout-secs", "4")
     url = server.endpoints()["HTTP"]
@@ -298,10 +304,7 @@ def test_serve_drains_with_its_ports_open_refusing_new_requests(
     Triton's UNAVAILABLE "Server is stopping, ...", health says neither live nor ready,
     other calls (metadata) are answered, and the log counts what is in flight in Triton's
     words. tritonpy closed both ports at once (connection refused)."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    repo = tmp_path / "repo"
-    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    marks, repo = _slow_repo(tmp_path, 1)
     server, http_port, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "30")
     url = f"127.0.0.1:{http_port}"
     t, box = in_background(lambda: slow_infer(url, 3.0, "inflight"))
@@ -640,10 +643,7 @@ def test_sigterm_ends_idle_grpc_streams_and_drains_busy_ones(
     in flight. A stream with a request in flight still gets that request's answer first. Each
     ends with UNAVAILABLE "the server is stopping": a client still sending on it learns that
     nothing more is read (perf_analyzer waited for ever on a stream that had ended OK)."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    repo = tmp_path / "repo"
-    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    marks, repo = _slow_repo(tmp_path, 1)
     server, _, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "60")
     url = f"127.0.0.1:{grpc_port}"
     idle = grpcclient.InferenceServerClient(url)
@@ -696,10 +696,7 @@ def test_a_client_still_sending_on_a_grpc_stream_at_stop_gets_an_answer_for_each
     began; the next one sent right after a refusal too), and the stream ends with UNAVAILABLE
     once the client stops sending. The stream used to end OK at the first refusal, and
     perf_analyzer waited for ever for answers to the requests it had sent after it."""
-    marks = tmp_path / "marks"
-    marks.mkdir()
-    repo = tmp_path / "repo"
-    write_model(repo, "slow", SLOW_CONFIG % (1, marks), SLOW_MODEL)
+    marks, repo = _slow_repo(tmp_path, 1)
     server, _, grpc_port = serve_repo(serve, repo, "--exit-timeout-secs", "60")
     client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     answers: list[Any] = []

@@ -50,11 +50,11 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024
 #: Request parameters that start with ``triton_`` and that a client may still send.
 RESERVED_PARAMETERS = ("triton_enable_empty_final_response",)
 #: Request parameters that :func:`apply_parameters` reads itself, each with its own value rules.
-# Triton's words for a client's request that comes while the server drains (see
-# Server.refuse_new_requests).
+SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
+#: Triton's words for a client's request that comes while the server drains (see
+#: Server.refuse_new_requests).
 STOPPING = ("Server is stopping, scheduler for model has stopped accepting new inference "
             "requests")
-SPECIAL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout")
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: BYTES inputs of at least this many wire bytes in one request are decoded in a worker thread:
 #: millions of elements take a second, which the event loop must not spend.
