@@ -657,6 +657,15 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         server.cancel_loads()
     try:
         await start
+    except TritonpyError as exc:
+        if args.exit_on_error or stop.is_set():
+            waiter.cancel()
+            await loop.run_in_executor(None, server.stop)
+            raise
+        # As Triton: --exit-on-error false serves on after a failed start (a model repository
+        # that is not there, say), neither live nor ready, every model call "Server not ready".
+        log.error("error: %s", exc.message)
+        log.error("the server failed to start; serving on, not live (--exit-on-error false)")
     except BaseException:
         waiter.cancel()
         await loop.run_in_executor(None, server.stop)
@@ -701,7 +710,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     try:
         if not stop.is_set():
             await frontends.start()
-            for model in server.models():
+            for model in server.models() if server.start_error is None else ():
                 if model.get("state"):  # not a model the repository holds but never loaded
                     log.info("model %s version %s: %s %s", model.get("name"),
                              model.get("version"), model.get("state"), model.get("reason") or "")

@@ -205,6 +205,9 @@ class Server:
         self.repo = _repo_manager.RepositoryManager(self)
         self._started = False
         self._stopping = False
+        # Why start() failed, if it did: ``tritonpy serve --exit-on-error=false`` goes on serving
+        # such a server, as Triton does, neither live nor ready and "Server not ready" to calls.
+        self.start_error: str | None = None
         self.refusing = False  # see refuse_new_requests()
         self._maint: threading.Thread | None = None
         # The stubs of instances being started (spawned, initializing or warming up), which a
@@ -271,7 +274,8 @@ class Server:
         _LIVE.add(self)
         try:
             self.repo.start_up(wait_until_ready)
-        except BaseException:
+        except BaseException as exc:
+            self.start_error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
             self.stop()  # nothing half-started stays behind (with: __exit__ is not called)
             raise
         return self
@@ -362,6 +366,8 @@ class Server:
     def _require_started(self) -> None:
         """UnavailableError, naming why, unless the server is started (maybe stopping)."""
         if not self._started:
+            if self.start_error is not None:  # Triton's words for a server whose start failed
+                raise UnavailableError("Server not ready")
             raise UnavailableError(
                 "the server was stopped: create a new Server" if self._stopping else
                 "the server is not started: call start() first (or use 'with Server(...)')")
@@ -482,6 +488,7 @@ class Server:
         """Repository index: ``{"name", "version", "state", "reason"}`` for every model, as
         Triton's: a model never loaded has only its name (the rest ""), an unloaded one its
         last versions, each ``UNAVAILABLE`` with reason ``"unloaded"``."""
+        self._require_started()
         return self.repo.index()
 
     def model(self, name: str, version: int = -1) -> Model:
@@ -496,6 +503,7 @@ class Server:
              files: Mapping[str, bytes] | None = None) -> None:
         """Load or reload a model (explicit mode): raises with the reason on failure."""
         self._not_on_frame_loop("load()")
+        self._require_started()
         try:
             self.repo.load(name, config=config, files=files, api=True)
         except TritonpyError as exc:  # as Triton's, the server's log says so too
@@ -517,6 +525,7 @@ class Server:
         from ._ensemble import step_models_to_unload
 
         self._not_on_frame_loop("unload()")
+        self._require_started()
         steps = step_models_to_unload(self.repo, name) if unload_dependents else []
         self.repo.unload(name, api=True, wait=wait)
         for step in steps:
@@ -529,6 +538,7 @@ class Server:
     def statistics(self, name: str = "", version: str = "") -> dict:
         """Triton's ModelStatisticsResponse as JSON, for the versions loaded now: as in
         Triton, an unloaded version's statistics go with it (its next load starts at 0)."""
+        self._require_started()
         runtimes = [rt for rt in self.repo.runtimes() if not name or rt.name == name]
         # Triton's words and code (INVALID_ARG: HTTP 400), for the model, then the version.
         if name and not runtimes:

@@ -271,6 +271,51 @@ def test_a_folder_that_is_no_model_fails_the_start_as_triton(
     assert _stop(server) == 0
 
 
+def test_a_missing_repository_with_exit_on_error_false_serves_on_not_live(
+        serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # Triton 2.51 (measured): the start fails ("failed to stat file"), and with
+    # --exit-on-error false its frontends serve on: neither live nor ready, every call about
+    # models UNAVAILABLE "Server not ready" (HTTP 503), the rest answered. tritonpy exited 1.
+    import grpc
+    import tritonclient.grpc as grpcclient
+
+    write_model(tmp_path / "repo", "ident")
+    missing = tmp_path / "not-there"
+    server = serve("--model-repository", str(missing), "--model-repository",
+                   str(tmp_path / "repo"))
+    assert server.wait(START_TIMEOUT) == 1, server.log()
+    assert f"model repository '{missing}' does not exist" in server.log()
+
+    server, http_port, grpc_port = serve_repo(serve, missing, "--model-repository",
+                                              str(tmp_path / "repo"), "--exit-on-error=false")
+    base = f"http://127.0.0.1:{http_port}/v2"
+    assert _status(f"{base}/health/live") == 400
+    assert _status(f"{base}/health/ready") == 400
+    assert _status(base) == 200 and _status(f"{base}/logging") == 200
+    for path, body in (("/models/ident", None), ("/models/ident/ready", None),
+                       ("/models/stats", None), ("/repository/index", b"{}"),
+                       ("/repository/models/ident/load", b"{}"),
+                       ("/models/ident/infer", b'{"inputs": []}')):
+        req = urllib.request.Request(base + path, data=body)
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(req, timeout=10)
+        assert err.value.code == 503, path
+        assert json.loads(err.value.read()) == {"error": "Server not ready"}, path
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        assert not client.is_server_live() and not client.is_server_ready()
+        for call in (lambda: client.is_model_ready("ident"),
+                     lambda: client.get_model_repository_index()):
+            with pytest.raises(Exception) as gerr:
+                call()
+            assert gerr.value.status() == "StatusCode." + grpc.StatusCode.UNAVAILABLE.name
+            assert gerr.value.message() == "Server not ready"
+    finally:
+        client.close()
+    assert f"model repository '{missing}' does not exist" in server.log()
+    assert _stop(server) == 0
+
+
 def test_the_in_process_api_takes_a_poll_interval_of_0_as_the_command_line_does(
         tmp_path: Path) -> None:
     # Server(poll_interval=0) used to scan the repository without a pause, and a negative

@@ -914,6 +914,8 @@ class DataPlane:
         thread, as :meth:`ready`."""
         try:
             model = self.model(name, version)
+        except UnavailableError:  # a server whose start failed: Triton's "Server not ready"
+            raise
         except TritonpyError:
             return False
         return bool(await asyncio.to_thread(model.ready))
