@@ -42,6 +42,53 @@ log = logging.getLogger("tritonpy.repository")
 _VERSION_FAILED = re.compile(r"version (\d+) is at UNAVAILABLE state: (.*)", re.DOTALL)
 
 
+def _failed_versions(exc: TritonpyError) -> dict[int, str]:
+    """Version → why, for each version a failed load names (none: the model failed)."""
+    each = getattr(exc, "versions_failed", None) or [exc.message]
+    found = [_VERSION_FAILED.match(message) for message in each]
+    return {int(m.group(1)): m.group(2) for m in found if m}
+
+
+def _load_versions(runtimes: list[ModelRuntime]) -> None:
+    """Load the versions of one model in parallel, as Triton does. When any fails, the
+    error names each one that failed, in order of version (Triton's words, joined by ';'),
+    and those that loaded stay loaded: the caller unloads them again."""
+    if len(runtimes) < 2:
+        for rt in runtimes:
+            rt.load()
+        return
+    errors: dict[int, BaseException] = {}
+
+    def load(rt: ModelRuntime) -> None:
+        try:
+            rt.load()
+        except BaseException as exc:  # noqa: BLE001 (raised below, on the caller's thread)
+            errors[rt.version] = exc
+
+    threads = []
+    for rt in runtimes:
+        thread = threading.Thread(target=load, args=(rt,), daemon=True,
+                                  name=f"{rt.name}-{rt.version}-load")
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had: this one loads it
+            load(rt)
+        else:
+            threads.append(thread)
+    for thread in threads:
+        thread.join()
+    if not errors:
+        return
+    failures = [errors[v] for v in sorted(errors)]
+    first = failures[0]
+    if not isinstance(first, TritonpyError) or len(failures) == 1:
+        raise first
+    messages = [e.message if isinstance(e, TritonpyError) else str(e) for e in failures]
+    err = type(first)(";".join(messages))
+    err.versions_failed = messages  # type: ignore[attr-defined]
+    raise err
+
+
 def _check_model_name(name: str) -> None:
     """Refuses a name no model directory can have: a load must not reach outside the
     repository (or the temp folder, with files), whatever its name holds."""
@@ -379,6 +426,7 @@ class RepositoryManager:
             kept = {v: rt for v, rt in old.items() if v in versions and not rt.is_ensemble
                     and files.get(v) == entry.version_files.get(v)
                     and not config_needs_reload(rt.config, cfg)}
+            fresh = []
             for v in versions:
                 if v not in kept:
                     path = model_file(cfg, entry.directory, v, srv.backend_directory)
@@ -386,7 +434,8 @@ class RepositoryManager:
                                       model_source(cfg, entry.directory, v, path,
                                                    srv.backend_directory))
                     new[v] = rt
-                    rt.load()
+                    fresh.append(rt)
+            _load_versions(fresh)
             for rt in kept.values():
                 rt.update_instances(cfg, cfg_json)
         except TritonpyError as exc:
@@ -395,13 +444,13 @@ class RepositoryManager:
                 if rt.state == READY:
                     rt.unload(timeout=5)
                     rolled_back.append(rt.version)
-            failed = _VERSION_FAILED.match(exc.message)
+            failed = _failed_versions(exc)
             if not old:
                 entry.state = UNAVAILABLE
                 entry.reason = exc.message
                 config_error = isinstance(exc, (ConfigError, UnsupportedError))
                 entry.unreadable = config_error and read is None
-                entry.failed = {int(failed.group(1)): failed.group(2)} if failed else {}
+                entry.failed = failed
                 entry.unlisted = False
                 if config_error and not failed and read is not None:
                     tried = self._failed_after_poll(entry, *read)
@@ -414,10 +463,10 @@ class RepositoryManager:
                 # As Triton: the versions that loaded beside the one that failed were unloaded
                 # again, and its index lists each of them so ("unloaded").
                 entry.rolled_back = rolled_back if failed else []
-            elif failed and int(failed.group(1)) not in old:
-                # A reload whose new version failed beside the ones serving on: as Triton,
-                # the index lists it and the server is not ready until a load succeeds.
-                entry.failed = {int(failed.group(1)): failed.group(2)}
+            elif any(v not in old for v in failed):
+                # A reload whose new versions failed beside the ones serving on: as Triton,
+                # the index lists them and the server is not ready until a load succeeds.
+                entry.failed = {v: why for v, why in failed.items() if v not in old}
             raise
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files

@@ -462,6 +462,34 @@ def test_a_reload_whose_new_version_fails_keeps_the_others_and_says_so(tmp_path,
         assert server.ready()
 
 
+def test_every_version_that_fails_to_load_is_named(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured): the versions load side by side, so the load's error names
+    # each one that failed (joined by ';'), the index lists each with its own reason and the
+    # one that loaded as unloaded again. tritonpy stopped at the first failure: version 2
+    # was neither named nor listed, and version 3 was never tried.
+    mdir = write_model(tmp_path, "m", BROKEN_INIT_PY.replace("v2", "v1"),
+                       io_config(extra="version_policy: { all: {} }\n"))
+    (mdir / "2").mkdir()
+    (mdir / "2" / "model.py").write_text(BROKEN_INIT_PY)
+    (mdir / "3").mkdir()
+    (mdir / "3" / "model.py").write_text(tagged("v3"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as server:
+        with pytest.raises(TritonpyError) as err:
+            server.load("m")
+        assert err.value.message.startswith(
+            "load failed for model 'm': version 1 is at UNAVAILABLE state: Internal: ")
+        assert ";version 2 is at UNAVAILABLE state: Internal: " in err.value.message
+        assert "RuntimeError: v1 broken" in err.value.message
+        assert "RuntimeError: v2 broken" in err.value.message
+        rows = server.models()
+        assert [(m["version"], m["state"]) for m in rows] == \
+            [("1", "UNAVAILABLE"), ("2", "UNAVAILABLE"), ("3", "UNAVAILABLE")]
+        assert rows[0]["reason"].startswith("Internal: RuntimeError: v1 broken")
+        assert rows[1]["reason"].startswith("Internal: RuntimeError: v2 broken")
+        assert rows[2]["reason"] == "unloaded"
+        assert not server.model("m").ready()
+
+
 def test_the_index_goes_on_listing_the_versions_a_reload_took_out(tmp_path, shm_prefix):
     # As Triton 2.51 (measured): a version that a reload's version policy leaves out is
     # listed UNAVAILABLE "unloaded" (UNLOADING while it drains) beside those serving, until it
