@@ -100,13 +100,15 @@ class UnsupportedError(TritonpyError):
     code = ErrorCode.UNSUPPORTED
 
 
-def listen_error(address: str, exc: OSError) -> UnavailableError:
-    """A frontend that cannot listen on ``address`` (``host:port``): Triton's "already in use"
-    when the port is taken, else what the system said (an address of no interface, a port
-    below 1024 without the right, ...)."""
+def listen_error(service: str, address: str, exc: OSError) -> UnavailableError:
+    """The ``service`` (HTTP, GRPC, Metrics) cannot listen on ``address`` (``host:port``):
+    Triton's words when the port is taken, else what the system said (an address of no
+    interface, a port below 1024 without the right, ...)."""
     if exc.errno == errno.EADDRINUSE:
-        return UnavailableError(f"Socket '{address}' already in use: {exc}")
-    return UnavailableError(f"cannot listen on '{address}': {exc.strerror or exc}")
+        return UnavailableError(f"failed to start {service} service: Unavailable - Socket "
+                                f"'{address}' already in use")
+    return UnavailableError(f"failed to start {service} service: cannot listen on "
+                            f"'{address}': {exc.strerror or exc}")
 
 
 class AlreadyExistsError(TritonpyError):

@@ -385,7 +385,7 @@ class MetricsFrontend:
         except OSError as exc:
             sock.close()
             await self._runner.cleanup()
-            raise listen_error(f"{self.host}:{self.port}", exc) from None
+            raise listen_error("Metrics", f"{self.host}:{self.port}", exc) from None
         self.port = sock.getsockname()[1]
         await web.SockSite(self._runner, sock).start()
         log.info("Started Metrics Service at %s:%d", self.host, self.port)

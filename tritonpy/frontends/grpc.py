@@ -921,7 +921,7 @@ class GRPCFrontend:
             self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:
             address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
-            raise listen_error(address, exc) from None
+            raise listen_error("GRPC", address, exc) from None
         self._service = service
         self._server = server
         log.info("Started GRPCInferenceService at %s:%d", self.host, self.port)

@@ -222,7 +222,7 @@ class HTTPFrontend:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise listen_error(f"{self.host}:{self.port}", exc) from None
+            raise listen_error("HTTP", f"{self.host}:{self.port}", exc) from None
         self.port = sock.getsockname()[1]
         await server.start(sock)
         self._server = server
