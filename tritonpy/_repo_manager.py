@@ -734,10 +734,10 @@ class RepositoryManager:
             return rts[max(rts)]
         rt = rts.get(version)
         if rt is None:
-            dropped = entry.dropped.get(version)
-            if dropped is not None and dropped.state != UNAVAILABLE:
-                # As Triton: a version still unloading is there, just not ready (503, which
-                # a client may retry), not unknown (404).
+            if version in entry.dropped:
+                # As Triton 2.51 (measured): a version a reload or the poll took out, still
+                # unloading or unloaded, is there, just not ready (503, which a client may
+                # retry), not unknown (404).
                 raise UnavailableError(
                     f"Request for unknown model: '{name}' version {version} is not at ready "
                     "state")

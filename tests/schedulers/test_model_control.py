@@ -294,6 +294,22 @@ def test_poll_mode_loads_reloads_and_unloads(tmp_path, shm_prefix):
             server.model("b")
 
 
+def test_a_version_the_poll_takes_out_is_not_ready_not_unknown(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured): once a version folder is removed and the poll has unloaded
+    # it, the index lists it UNAVAILABLE "unloaded" and a request for it is UNAVAILABLE (503)
+    # "version 2 is not at ready state". tritonpy said NOT_FOUND "is not found".
+    mdir = write_model(tmp_path, "m", tagged("v"), io_config(extra="version_policy: { all: {} }\n"),
+                       versions=(1, 2))
+    with serving(tmp_path, shm_prefix, model_control_mode="poll", poll_interval=0.1) as server:
+        shutil.rmtree(mdir / "2")
+        wait_until(lambda: [(m["version"], m["state"], m["reason"]) for m in server.models()]
+                   == [("1", "READY", ""), ("2", "UNAVAILABLE", "unloaded")], 30,
+                   "the poll to unload version 2")
+        with pytest.raises(UnavailableError, match="'m' version 2 is not at ready state"):
+            infer(server.model("m", 2), {"IN": fp32(0)})
+        assert _tag(server.model("m", 1)) == "v"
+
+
 def test_poll_mode_unloads_a_model_that_appears_in_a_second_repository(tmp_path, shm_prefix):
     # As Triton 2.51 (measured, QA L0_lifecycle's test_multiple_model_repository_polling):
     # the model is unloaded and the index shows it UNAVAILABLE with Triton's reason; once the
@@ -516,9 +532,9 @@ def test_the_index_goes_on_listing_the_versions_a_reload_took_out(tmp_path, shm_
 
 
 def test_a_version_still_unloading_is_unavailable_not_unknown(tmp_path, shm_prefix):
-    # As Triton 2.51 (measured): while a version a reload took out still drains, a request
-    # for it is UNAVAILABLE (503, which clients retry), "not at ready state"; once it is gone,
-    # NOT_FOUND (404). It was NOT_FOUND all along.
+    # As Triton 2.51 (measured): while a version a reload took out still drains, and once it
+    # is unloaded, a request for it is UNAVAILABLE (503, which clients retry), "not at ready
+    # state". It was NOT_FOUND all along, then once it was unloaded.
     from _models import SLEEPER_PY
 
     write_model(tmp_path, "two", SLEEPER_PY, io_config(extra="version_policy: { all: {} }\n"),
@@ -535,9 +551,11 @@ def test_a_version_still_unloading_is_unavailable_not_unknown(tmp_path, shm_pref
         slow.join(10)
         wait_until(lambda: [m["state"] for m in server.models()][0] == "UNAVAILABLE", 10,
                    "version 1 to finish unloading")
-        with pytest.raises(NotFoundError, match="'two' version 1 is not found"):
+        with pytest.raises(UnavailableError, match="'two' version 1 is not at ready state"):
             infer(server.model("two", 1), {"IN": fp32(0)})
         assert infer(server.model("two", 2), {"IN": fp32(0)}).error is None
+        with pytest.raises(NotFoundError, match="'two' version 3 is not found"):
+            infer(server.model("two", 3), {"IN": fp32(0)})  # never there
 
 
 def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
