@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from tritonpy._loop import SpinPolicy, StallWatch, cpus_busy
+from tritonpy.shm.waiting import SpinPolicy, StallWatch, cpus_busy
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
 from tritonpy.shm._errors import FdLimitError, ProtocolError, ShmError

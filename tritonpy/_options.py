@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from . import _loop
+from .shm import waiting
 from ._errors import InvalidArgumentError
 from ._loop import STALL_S
 
@@ -62,7 +62,7 @@ class BackendOptions:
         the caller's polls spare it the CPU wake-up of each reply, and pay on two CPUs too."""
         if self.bls_spin_microseconds is not None:
             return self.bls_spin_microseconds
-        if _loop._CPUS >= 3 or self.idle_spin_microseconds == 0:
+        if waiting._CPUS >= 3 or self.idle_spin_microseconds == 0:
             return BLS_SPIN_US
         return 0.0
 

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import tritonpy
-from tritonpy import _loop
+from tritonpy.shm import waiting
 from tritonpy._options import BackendOptions
 from _bls_models import BLS_REPO, drive, new_prefix, serve
 from _models import pinned_beside_busy
@@ -122,7 +122,7 @@ def started_with(server: tritonpy.Server) -> float:
 ])
 def test_auto_polls_where_each_process_of_a_call_has_a_cpu(monkeypatch, cpus: int,
                                                            config: dict, expected: float) -> None:
-    monkeypatch.setattr(_loop, "_CPUS", cpus)
+    monkeypatch.setattr(waiting, "_CPUS", cpus)
     assert BackendOptions.from_mapping(config).bls_spin_us() == expected
     with serve(BLS_REPO, new_prefix(), model_control_mode="explicit", load_models=["bls_driver"],
                backend_config=config) as srv:

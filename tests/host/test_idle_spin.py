@@ -1,6 +1,6 @@
 """idle-spin-microseconds: a stub with nothing to run polls its socket for its next request
 before it sleeps, while its recent requests came within that time and no thread waits for a
-CPU (``tritonpy._loop.cpus_busy``). What a user sees of it is the stub's CPU time, measured
+CPU (``tritonpy.shm.waiting.cpus_busy``). What a user sees of it is the stub's CPU time, measured
 here with psutil on a real stub fed one request at a time, a few milliseconds apart."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""How many CPUs polling counts on (``tritonpy._loop.usable_cpus``): the process's affinity,
+"""How many CPUs polling counts on (``tritonpy.shm.waiting.usable_cpus``): the process's affinity,
 capped by a cgroup CPU quota (``docker --cpus``, a Kubernetes CPU limit), which the affinity
 does not show. Under a 1-CPU quota on a many-CPU machine nothing polls: a poll would spend the
 quota the work needs. The quota is read from a cgroup tree written in a temporary directory
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tritonpy import _loop
-from tritonpy._loop import cgroup_cpu_quota, usable_cpus
+from tritonpy.shm import waiting
+from tritonpy.shm.waiting import cgroup_cpu_quota, usable_cpus
 
 V2 = "30 23 0:26 {root} {point} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 V1 = "32 31 0:29 {root} {point} rw,relatime - cgroup cgroup rw,cpu,cpuacct\n"
@@ -74,14 +74,14 @@ def test_a_quota_counts_rounded_down_and_never_beyond_the_affinity(
     # Two CPUs in the affinity; past its quota a cgroup is stopped until the next period, so
     # two processes busy under a 1.5-CPU quota would be.
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(_loop, "cgroup_cpu_quota", lambda: quota)
+    monkeypatch.setattr(waiting, "cgroup_cpu_quota", lambda: quota)
     assert usable_cpus() == expected
 
 
 PROBE = """
-from tritonpy import _loop
+from tritonpy.shm import waiting
 from tritonpy._options import BackendOptions
-print(_loop._CPUS, _loop.SpinPolicy(0.001).window, BackendOptions().bls_spin_us())
+print(waiting._CPUS, waiting.SpinPolicy(0.001).window, BackendOptions().bls_spin_us())
 """
 
 
