@@ -22,11 +22,36 @@ from ._errors import (
     UnknownError,
     UnsupportedError,
 )
-from ._otel import OtelSettings
-from ._request import AsyncResponseStream, InferenceResponse, ResponseStream, Tensor
-from ._stats import MetricsConfig
-from ._trace import Tracing
-from .server import Model, Server, __version__
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._otel import OtelSettings
+    from ._request import AsyncResponseStream, InferenceResponse, ResponseStream, Tensor
+    from ._stats import MetricsConfig
+    from ._trace import Tracing
+    from .server import Model, Server, __version__
+
+# The server and what goes with it are imported on first use (PEP 562): a stub process, which
+# imports ``tritonpy.stub`` and ``tritonpy.shm`` and so runs this file, then loads none of the
+# host side (about 150 ms and the memory of it, in every stub). The errors are light, and here.
+_LAZY = {
+    "OtelSettings": "._otel", "AsyncResponseStream": "._request",
+    "InferenceResponse": "._request", "ResponseStream": "._request", "Tensor": "._request",
+    "MetricsConfig": "._stats", "Tracing": "._trace", "Model": ".server", "Server": ".server",
+    "__version__": ".server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'tritonpy' has no attribute '{name}'")
+    import importlib
+
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "AlreadyExistsError",
