@@ -12,6 +12,7 @@ Warmup requests count in the model's statistics, as in Triton.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,8 @@ from tritonpy.shm.dtypes import deserialize_bytes, numpy_dtype
 from ._errors import InvalidArgumentError, TritonpyError
 from ._request import HostRequest
 from .validation import triton_type_name
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
@@ -102,7 +105,10 @@ def run(rt: ModelRuntime, inst: Instance) -> None:
         batch_size = int(sample.batch_size)
         if batch_size == 0:
             continue
-        for _ in range(max(1, int(sample.count))):
+        for iteration in range(1, max(1, int(sample.count)) + 1):
+            # Triton's verbose line, word for word (QA L0_warmup looks for it).
+            log.debug("model '%s' instance %s is running warmup sample '%s' for iteration %d",
+                      rt.name, inst.name, sample.name, iteration)
             if batch_size != 1 and batch_size > rt.max_batch_size:
                 errors = [f"batch size {batch_size} for '{inst.name}', max allowed is "
                           f"{rt.max_batch_size}"] * batch_size

@@ -72,11 +72,22 @@ def calls(log_dir: Path, instance: str) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_each_instance_runs_every_sample_before_the_model_is_ready(tmp_path: Path) -> None:
+def test_each_instance_runs_every_sample_before_the_model_is_ready(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     log_dir = tmp_path / "log"
     log_dir.mkdir()
     write_warmup_model(tmp_path / "repo", log_dir)
+    caplog.set_level(logging.DEBUG, logger="tritonpy")
     with serving(tmp_path / "repo", new_prefix()) as server:
+        # Triton's verbose line for each iteration of each sample on each instance, word for
+        # word (QA L0_warmup looks for it; tritonpy logged nothing).
+        said = [r.getMessage() for r in caplog.records if "warmup sample" in r.getMessage()]
+        for instance in ("wm_0_0", "wm_0_1"):
+            mine = [m for m in said if f" instance {instance} " in m]
+            assert mine == [f"model 'wm' instance {instance} is running warmup sample '{name}' "
+                            f"for iteration {i}"
+                            for name, i in (("zeros", 1), ("zeros", 2), ("zeros", 3),
+                                            ("files", 1), ("random", 1))]
         zeros = {"batch": 2, "A": [[0.0] * 4], "A_dtype": "float32", "S": [""], "S_shape": [1, 1]}
         from_file = {"batch": 1, "A": [[0.0, 1.0, 2.0, 3.0]], "A_dtype": "float32", "S": ["from file"],
                      "S_shape": [1, 1]}
