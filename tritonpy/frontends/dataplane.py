@@ -449,9 +449,10 @@ def traceparent(headers: Any) -> str:
 
 def forward_headers(req: InferRequest, headers: Any, pattern: re.Pattern[str]) -> None:
     """Add the ``(name, value)`` pairs of ``headers`` whose name matches ``pattern`` to the
-    request's parameters, as strings (parameters the request names itself are kept)."""
+    request's parameters, as strings. As Triton 2.51's (measured, HTTP and gRPC), a header
+    wins over a parameter of the same name that the request names itself."""
     for name, value in headers:
-        if pattern.search(name) and name not in req.parameters:
+        if pattern.search(name):
             req.parameters[name] = value
 
 

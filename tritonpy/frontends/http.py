@@ -251,7 +251,7 @@ class HTTPFrontend:
             need = self.restricted.get(_category(path))
             if need is not None and request.headers.get(need[0]) != need[1]:
                 # Triton's answer, content type included.
-                return Response(403, json.dumps(
+                return Response(403, _ENCODER.encode(
                     {"error": f"This API is restricted, expecting header '{need[0]}'"}).encode(),
                     "text/plain")
         try:
