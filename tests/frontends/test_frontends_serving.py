@@ -866,10 +866,11 @@ def test_http_raw_binary_requests(served: Served, http: httpclient.InferenceServ
     # A BYTES input of shape [1] takes the whole body as its one element.
     status, header, data = raw_binary(served, "one_string", b"427")
     assert (status, header["outputs"][0]["shape"], data) == (200, [1, 1], b"\x03\x00\x00\x00427")
-    for model, message in [
-        ("identity_bytes", "For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"),
-        ("add_sub", "Raw request must only have 1 input (found 1) to be deduced but got 2 inputs "
-                    "in 'add_sub' model configuration"),
+    for model, message in [  # Triton 2.51's words, its "[request id: ...] " prefix included
+        ("identity_bytes", "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the "
+                           "model must have input shape [1]"),
+        ("add_sub", "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to "
+                    "be deduced but got 2 inputs in 'add_sub' model configuration"),
     ]:
         status, header, _ = raw_binary(served, model, b"\0" * 64)
         assert (status, header["error"]) == (400, message)

@@ -645,25 +645,25 @@ class HTTPFrontend:
         handle = self.plane.model(model, version)
         inputs = handle.metadata().get("inputs", [])
         if len(inputs) != 1:
-            raise InvalidArgumentError(
-                f"Raw request must only have 1 input (found 1) to be deduced but got {len(inputs)} "
-                f"inputs in '{model}' model configuration")
+            raise InvalidArgumentError(  # Triton's core words, with its request id prefix
+                f"{request_prefix('')}Raw request must only have 1 input (found 1) to be deduced "
+                f"but got {len(inputs)} inputs in '{model}' model configuration")
         spec = inputs[0]
         name, datatype = spec["name"], spec["datatype"]
         batching = handle.max_batch_size > 0
         dims = [int(d) for d in spec["shape"]][1 if batching else 0:]
         if datatype == "BYTES":
             if dims != [1]:
-                raise InvalidArgumentError(
-                    f"For BYTE datatype raw input '{name}', the model must have input shape [1]")
+                raise InvalidArgumentError(f"{request_prefix('')}For BYTE datatype raw input "
+                                           f"'{name}', the model must have input shape [1]")
             arr = np.empty(1, dtype=object)
             arr[0] = bytes(body)  # the body is the one element, without a length prefix
         else:
             variable = [i for i, d in enumerate(dims) if d < 0]
             if len(variable) > 1:
                 raise InvalidArgumentError(
-                    f"The shape of the raw input '{name}' can not be deduced because there are "
-                    "more than one variable-sized dimension")
+                    f"{request_prefix('')}The shape of the raw input '{name}' can not be deduced "
+                    "because there are more than one variable-sized dimension")
             if variable:
                 fixed = math.prod(d for d in dims if d >= 0) * ITEMSIZE.get(datatype, 1)
                 dims[variable[0]] = len(body) // fixed if fixed else 0
