@@ -21,6 +21,15 @@ from tritonpy.shm import janitor
 
 START_TIMEOUT = 60.0
 
+#: ``python -m tritonpy`` that dies with the test process (PR_SET_PDEATHSIG), even when that is
+#: killed and no fixture's clean-up runs: its janitor then removes its segments, its stubs die
+#: with it. A server started by a test run killed from outside used to serve on for ever.
+_DIE_WITH_TEST = (
+    "import ctypes, os, runpy, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    f"if os.getppid() != {os.getpid()}: sys.exit('the test process is gone')\n"
+    "runpy.run_module('tritonpy', run_name='__main__', alter_sys=True)\n")
+
 
 def free_ports(n: int) -> list[int]:
     """``n`` distinct ports the OS just handed out (held together so they differ)."""
@@ -44,7 +53,7 @@ class Serve:
         self.prefix = prefix
         self.log_path = workdir / f"serve-{prefix}.log"
         self._log = open(self.log_path, "wb")
-        cmd = [sys.executable, "-m", "tritonpy", "serve", "--http-address", "127.0.0.1",
+        cmd = [sys.executable, "-c", _DIE_WITH_TEST, "serve", "--http-address", "127.0.0.1",
                "--grpc-address", "127.0.0.1",
                f"--backend-config=python,shm-region-prefix-name={prefix}", *args]
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT,

@@ -489,6 +489,56 @@ def test_a_server_killed_with_sigkill_leaves_no_segment(serve: Callable[..., Ser
     wait_until(lambda: not janitors(), 10, "the janitor to exit")
 
 
+def test_a_test_process_killed_from_outside_leaves_no_server(tmp_path: Path) -> None:
+    # The suite's own guarantee: a run killed with SIGKILL (no fixture clean-up) used to leave
+    # its tritonpy serve processes serving, their stubs and segments with them.
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL)
+    here = Path(__file__).resolve().parent
+    prefix = f"tpykill{os.getpid()}_"
+    driver = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        sys.path[:0] = [{str(here)!r}, {str(here.parent)!r}]
+        from _serve import Serve
+        s = Serve(["--model-repository", {str(repo)!r}, "--http-port", "0", "--grpc-port",
+                   "0", "--metrics-port", "0"], {prefix!r}, Path({str(tmp_path)!r}))
+        s.endpoints()
+        print(s.proc.pid, flush=True)
+        time.sleep(120)
+        """)
+    test = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, text=True)
+    left: list[psutil.Process] = []  # what to kill should the test fail
+    try:
+        assert test.stdout is not None
+        pid = int(test.stdout.readline())
+        server = psutil.Process(pid)
+        stubs = [p for p in server.children(recursive=True) if "tritonpy.stub" in
+                 " ".join(p.cmdline())]
+        left = [server, *stubs]
+        assert stubs and segments(prefix)
+        test.kill()
+        test.wait(10)
+        wait_until(lambda: not server.is_running() or server.status() == psutil.STATUS_ZOMBIE,
+                   10, "the server to die with the test process")
+        wait_until(lambda: not segments(prefix), 20, "its segments to go")
+        assert not [p for p in stubs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if test.poll() is None:
+            test.kill()
+            test.wait(10)
+        assert test.stdout is not None
+        test.stdout.close()
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+
+
 def test_a_model_failing_to_load_ends_the_server_by_default(
         serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
     # Triton's --exit-on-error (default true): "failed to load all models", exit code 1, and
