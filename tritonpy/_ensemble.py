@@ -731,6 +731,17 @@ class _Context:
             return
         self.ens._finished(self, True)
 
+    def _late_compute(self, compute: tuple[int, int, int]) -> None:
+        """The compute times of a step whose execute ended after its final response: in the
+        ensemble's sums (as Triton's, measured with a decoupled step), or in its statistics
+        when the ensemble had answered meanwhile."""
+        with self.lock:
+            if not self.finished:
+                self.compute_ns = [a + b for a, b in zip(self.compute_ns, compute)]
+                return
+        if self.error is None:
+            self.ens.stats.add_compute(self.request.batch_size, *compute)
+
     def _parameters(self, outs: list) -> dict | None:
         """What Triton's ensemble puts in each of its responses (measured with 2.51): the
         request's sequence ID and flags, whether or not it is part of a sequence; none in a
@@ -749,8 +760,10 @@ class _Context:
             if final:
                 self.inflight -= 1
                 self.pending.discard(sreq)
-                if sreq.compute is not None:  # a decoupled step may end before its execute
+                if sreq.compute is not None:
                     self.compute_ns = [a + b for a, b in zip(self.compute_ns, sreq.compute)]
+                else:  # a decoupled step may end before its execute: it counts when that does
+                    sreq.on_compute = self._late_compute
             if error is not None:
                 if self.error is None:
                     self.error = _in_ensemble(self.ens.name, error)

@@ -976,8 +976,10 @@ class ModelRuntime(RuntimeBase):
             self._returned(inst, batch)
             return
         t_done = time.monotonic_ns()
-        # A prefetched execute started when the one before it was done, not when it was sent.
-        t_run = max(t_sent, inst.last_done_ns)
+        # A prefetched execute started when the one before it was done, not when it was sent;
+        # an instance of an async execute runs its executes side by side (capacity > 1): each
+        # started as it was sent.
+        t_run = max(t_sent, inst.last_done_ns) if inst.capacity == 1 else t_sent
         inst.last_done_ns = t_done
         inst.exec_mean_ns += (t_done - t_run - inst.exec_mean_ns) / 8
         inst.held_back = False
@@ -1037,9 +1039,12 @@ class ModelRuntime(RuntimeBase):
         ran = [r for r in batch if r.id not in resched] if resched else batch
         waited = t_run - t_sent  # in the stub, behind the execute before it: queued time
         if err:
+            compute = (input_ns, t_done - t_run, t_out - t_done)
+            for r in ran:
+                if r.on_compute is not None:  # the ensemble it is a step of answered already
+                    r.on_compute(compute)
             self.stats.execution(sum(r.batch_size for r in batch), (),
-                                 [t_out - r.t_enqueue for r in ran], input_ns, t_done - t_run,
-                                 t_out - t_done)
+                                 [t_out - r.t_enqueue for r in ran], *compute)
         else:
             self._count_success(sum(r.batch_size for r in batch), ran, t_out, waited,
                                 (input_ns, t_done - t_run, t_out - t_done))
@@ -1085,6 +1090,8 @@ class ModelRuntime(RuntimeBase):
         ``waited`` how long it waited in the stub behind the one before (queue time)."""
         for r in ran:
             r.compute = compute
+            if r.on_compute is not None:  # a decoupled step of an ensemble that answered first
+                r.on_compute(compute)
         self.stats.execution(rows, [(r.batch_size, t_out - r.t_enqueue,
                                      r.t_start - r.t_enqueue + waited) for r in ran], (),
                              *compute)

@@ -97,7 +97,7 @@ class HostRequest:
         "timeout_us", "priority", "parameters", "sink", "cancelled", "done", "t_enqueue",
         "t_start", "instance", "caller", "caller_exec", "batch_size", "on_cancel", "_final",
         "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "compute",
-        "__weakref__",
+        "on_compute", "__weakref__",
     )
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
@@ -143,6 +143,9 @@ class HostRequest:
         # (input, infer, output) ns of the execute that ran it, once it succeeded: an
         # ensemble's statistics are the sums of its steps'.
         self.compute: tuple[int, int, int] | None = None
+        # Called with them as they are known, when that is after its final response (a
+        # decoupled step of an ensemble: its execute may go on after it).
+        self.on_compute: Callable[[tuple[int, int, int]], None] | None = None
 
     def respond(self, outputs: list | None, error: TritonpyError | None, parameters: dict | None,
                 final: bool) -> None:

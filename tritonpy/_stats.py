@@ -285,6 +285,17 @@ class ModelStats:
                 this_batch[0] += 1
                 this_batch[1] += ns
 
+    def add_compute(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """Compute times that came after the request they belong to was counted (by
+        :meth:`execution`, with ``batch_size`` rows): added to the totals, with no count."""
+        with self._lock:
+            b = self.batch.get(batch_size)
+            for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns),
+                            ("compute_output", output_ns)):
+                self.stats[key][1] += ns
+                if b is not None:
+                    b[key][1] += ns
+
     def summary_values(self, quantiles: Sequence[float]) -> dict[str, tuple[int, int, list[float]]]:
         """Per summary key: its count, its sum (µs) and the ``quantiles`` now ({} without
         summaries)."""

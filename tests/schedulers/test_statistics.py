@@ -402,3 +402,85 @@ def test_a_timeout_that_passes_while_the_request_runs_does_not_end_it(tmp_path, 
             assert answer.outputs["OUT"].to_numpy().tolist() == x.tolist()
             assert queued.get(timeout=20).error.message == why
             assert _counts(server, name) == (1, 1), name  # (success, failure)
+
+
+# Awaits 0.4 s per request: an instance runs its executes side by side.
+ASYNC_SLEEP_PY = """
+import asyncio
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        await asyncio.sleep(0.4)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+
+
+def test_side_by_side_async_executes_are_timed_as_they_ran(tmp_path, shm_prefix):
+    # Four requests on one instance of an async execute run at once (0.4 s together). Each
+    # was counted as queued behind the one before (queue 1.2 s of the 1.6 s), its compute
+    # time the rest, against tritonpy's own pending count of 0 (QA L0_metrics, measured).
+    import threading
+
+    write_model(tmp_path, "aw", ASYNC_SLEEP_PY)
+    with serving(tmp_path, shm_prefix) as server:
+        model = server.model("aw")
+        answers: list = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(infer(model, {"IN": fp32(i)})))
+                   for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(answers) == 4 and all(a.error is None for a in answers)
+        s = server.statistics("aw")["model_stats"][0]["inference_stats"]
+    assert s["success"]["count"] == 4
+    assert s["queue"]["ns"] < 4 * 0.1e9, s["queue"]  # dispatched at once, each
+    assert s["compute_infer"]["ns"] >= 4 * 0.38e9, s["compute_infer"]  # 0.4 s each
+
+
+# Sends its one response, final, then goes on for 0.4 s before its execute returns.
+ANSWER_FIRST_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            r.get_response_sender().send(
+                pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        time.sleep(0.4)
+        return None
+"""
+
+ENS_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+model_transaction_policy { decoupled: true }
+ensemble_scheduling { step [ { model_name: "first" model_version: -1
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def test_an_ensemble_counts_a_decoupled_step_whose_execute_outlasts_its_answer(
+        tmp_path, shm_prefix):
+    # As Triton 2.51 (measured, QA L0_metrics): an ensemble's compute times are the sums of
+    # its steps', a decoupled step's whole execute included. tritonpy counted 0 for a step
+    # that answered before its execute returned.
+    write_model(tmp_path, "first", ANSWER_FIRST_PY,
+                io_config(extra="model_transaction_policy { decoupled: true }\n"))
+    write_model(tmp_path, "ens", "", ENS_CONFIG)
+    with serving(tmp_path, shm_prefix) as server:
+        got = collect(server.model("ens").infer({"IN": fp32(3)}))
+        assert [r.outputs["OUT"].to_numpy().tolist() for r in got if r.outputs] == [[3.0]]
+        wait_until(lambda: server.statistics("first")["model_stats"][0]["execution_count"]
+                   == 1, 10, "the step's execute to end")
+        ens = server.statistics("ens")["model_stats"][0]
+    assert ens["inference_stats"]["success"]["count"] == 1
+    assert ens["inference_stats"]["compute_infer"]["ns"] >= 0.38e9, ens["inference_stats"]
+    assert ens["batch_stats"][0]["compute_infer"]["ns"] >= 0.38e9
