@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import math
 import random
+import re
 import threading
 import time
 from typing import Any, Iterable, Mapping, Sequence
@@ -55,14 +56,16 @@ class MetricsConfig:
 
     @classmethod
     def parse(cls, settings: Iterable[str]) -> MetricsConfig:
-        """Read ``setting=value`` items as Triton does: an item without ``=`` raises
-        ValueError; unknown settings are ignored; only the exact values ``false`` and
-        ``true`` turn the counters off and the summaries on; a malformed quantile is logged
-        and skipped (none left: the defaults)."""
+        """Read ``setting=value`` items as Triton 2.51 does (measured): an item without ``=``
+        or without a value raises ValueError; unknown settings are ignored; only the exact
+        values ``false`` and ``true`` turn the counters off and the summaries on, and once
+        turned they stay so; a quantile's numbers are read as C++'s ``stod`` reads them (the
+        number at the start: ``0.0.1`` is 0.0), one with none is logged and skipped (none
+        left: the defaults)."""
         values: dict[str, Any] = {}
         for item in settings:
             key, eq, value = item.partition("=")
-            if not eq:
+            if not eq or not value:
                 raise ValueError(f"--metrics-config option format is <setting>=<value>. "
                                  f"Got {item}")
             group, comma, name = key.rpartition(",")
@@ -71,9 +74,11 @@ class MetricsConfig:
                     continue
                 key = name
             if key == "counter_latencies":
-                values["counter_latencies"] = value != "false"
+                if value == "false":
+                    values["counter_latencies"] = False
             elif key == "summary_latencies":
-                values["summary_latencies"] = value == "true"
+                if value == "true":
+                    values["summary_latencies"] = True
             elif key == "summary_quantiles":
                 quantiles = _quantiles(value)
                 if quantiles:
@@ -90,10 +95,23 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
                       "<quantile>:<error>", item)
             continue
         try:
-            pairs.append((float(q), float(e)))
+            pairs.append((_stod(q), _stod(e)))
         except ValueError as exc:
             log.error("Invalid option: [%s]. Error: %s", item, exc)
     return tuple(pairs)
+
+
+_NUMBER_AT_START = re.compile(
+    r"\s*[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.IGNORECASE)
+
+
+def _stod(text: str) -> float:
+    """The number at the start of ``text``, the rest ignored, as C++'s ``std::stod`` reads it;
+    ValueError("stod"), its words, when there is none."""
+    m = _NUMBER_AT_START.match(text)
+    if m is None:
+        raise ValueError("stod")
+    return float(m.group(0))
 
 
 class LatencySummary:

@@ -41,6 +41,28 @@ def test_parse_reads_settings_as_triton() -> None:
     assert MetricsConfig.parse([",summary_latencies=true"]).summary_latencies
     with pytest.raises(ValueError, match="format is <setting>=<value>. Got nokeyvalue"):
         MetricsConfig.parse(["nokeyvalue"])
+    # As Triton 2.51 (measured; QA L0_metrics): an empty value is no setting either, and a
+    # setting turned on or off stays so however often it is repeated (tritonpy started with
+    # the empty value, and took the last of the repeats).
+    with pytest.raises(ValueError, match="Got summary_quantiles=$"):
+        MetricsConfig.parse(["summary_quantiles="])
+    assert MetricsConfig.parse(["summary_latencies=true", "summary_latencies=false"]) == \
+        MetricsConfig(summary_latencies=True)
+    assert MetricsConfig.parse(["counter_latencies=false", "counter_latencies=true"]) == \
+        MetricsConfig(counter_latencies=False)
+
+
+def test_quantile_numbers_are_read_as_cpp_stod_reads_them(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # Triton 2.51 (measured; QA L0_metrics' test_summaries_custom_quantiles, which failed
+    # on tritonpy): the number at the start counts, the rest is ignored; no number at all is
+    # logged with stod's word.
+    parsed = MetricsConfig.parse(["summary_quantiles=0.1:0.0.1,0.7:0.01,0.3x:0.01y"])
+    assert parsed.summary_quantiles == ((0.1, 0.0), (0.7, 0.01), (0.3, 0.01))
+    with caplog.at_level(logging.ERROR, logger="tritonpy._stats"):
+        assert MetricsConfig.parse(["summary_quantiles=abc:0.1,0.5:.05"]).summary_quantiles == \
+            ((0.5, 0.05),)
+    assert "Invalid option: [abc:0.1]. Error: stod" in caplog.text
 
 
 def test_malformed_quantiles_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
