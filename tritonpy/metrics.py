@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; charset=utf-8"  # Triton 2.51's (measured; Prometheus takes it)
 
 # (family, help, statistics path): counts are plain, "ns" durations are exported in whole µs.
 # Triton's names and help texts, in its exporter's order; the failures (by reason) come after
@@ -399,7 +399,9 @@ class MetricsFrontend:
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.method != "GET":
-            return web.json_response({"error": "Method Not Allowed"}, status=405)
+            # Triton 2.51's answer, to the byte (measured).
+            return web.Response(status=405, body=b'{"error":"Method Not Allowed"}',
+                                headers={"Content-Type": "text/plain"})
         if request.path not in ("/metrics", "/metrics/"):
             # As Triton 2.51 (measured): any other path is 200 with an empty body, which is
             # what an HTTP probe of the metrics port (Kubernetes' httpGet on "/") expects.

@@ -1069,9 +1069,16 @@ def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceS
     base = served.metrics.rsplit("/metrics", 1)[0]
     with urllib.request.urlopen(base + "/metrics/") as resp:
         assert "# TYPE nv_inference_count " in resp.read().decode()
+        # Triton 2.51's content type and 405, to the byte (QA L0_metrics, measured).
+        assert resp.headers["Content-Type"] == "text/plain; charset=utf-8"
     for path in ("/", "/healthz", "/metricsX"):
         with urllib.request.urlopen(base + path) as resp:
             assert (resp.status, resp.read()) == (200, b"")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(served.metrics, data=b"x"))
+    with refused.value as err:
+        assert (err.code, err.headers["Content-Type"], err.read()) == (
+            405, "text/plain", b'{"error":"Method Not Allowed"}')
 
 
 def test_http_logging_settings(http: httpclient.InferenceServerClient) -> None:
