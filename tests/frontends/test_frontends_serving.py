@@ -1161,6 +1161,12 @@ def test_grpc_health_metadata_config(grpcc: grpcclient.InferenceServerClient) ->
     assert config.name == "repeat" and config.model_transaction_policy.decoupled
     names = {m.name for m in grpcc.get_model_repository_index().models}
     assert set(MODELS) <= names
+    # A version that is no number, in Triton 2.51's words (measured; QA L0_grpc).
+    with pytest.raises(InferenceServerException) as err:
+        grpcc.get_model_metadata("add_sub", "x")
+    assert (err.value.status(), err.value.message()) == (
+        "StatusCode.INVALID_ARGUMENT", "failed to get model version from specified version "
+        "string 'x' (details: stol), version should be an integral value > 0")
 
 
 def test_grpc_infer_raw_and_typed(served: Served, grpcc: grpcclient.InferenceServerClient) -> None:

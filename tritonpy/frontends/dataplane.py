@@ -280,8 +280,8 @@ def parse_version(text: str) -> int:
         return -1
     if text.isdigit():
         return int(text)
-    raise InvalidArgumentError(
-        f"failed to get model version from specified version string '{text}', "
+    raise InvalidArgumentError(  # Triton 2.51's words, its stol's among them (measured)
+        f"failed to get model version from specified version string '{text}' (details: stol), "
         "version should be an integral value > 0"
     )
 
