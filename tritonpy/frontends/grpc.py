@@ -9,8 +9,9 @@ bidirectional stream each request runs concurrently, a failed request becomes an
 order, decoupled models answer as their responses arrive, and every response carries
 ``triton_final_response`` (the flags-only final response only when the request asked for it
 with ``triton_enable_empty_final_response``). A stream opened with the header
-``triton_grpc_error: true`` ends instead at its first error, with that error's gRPC status, and
-what else runs on it is cancelled (as Triton 2.49+). On stop, a request that comes on a stream is refused
+``triton_grpc_error: true`` ends instead at its first error from a model, with that error's
+gRPC status, and what else runs on it is cancelled (as Triton 2.49+; a request refused before
+it reaches a model is still answered in ``error_message``, as in Triton 2.51). On stop, a request that comes on a stream is refused
 with an ``error_message``, and a stream ends, with UNAVAILABLE "the server is stopping", once
 nothing has been in flight on it and no request has come for :data:`STOP_QUIET_S`: an idle client
 does not hold the shutdown, and one still sending gets an answer for each request (perf_analyzer
@@ -72,8 +73,9 @@ STOP_QUIET_S = 1.0
 
 
 class _Fail:
-    """A stream opened with ``triton_grpc_error: true`` ends at its first error, with that
-    error's gRPC status (Triton 2.49+), instead of answering it in ``error_message``."""
+    """A stream opened with ``triton_grpc_error: true`` ends at its first error from a model,
+    with that error's gRPC status (Triton 2.49+), instead of answering it in
+    ``error_message``."""
 
     __slots__ = ("error",)
 
@@ -807,9 +809,9 @@ class GRPCService:
                 await wait_for
             err = to_error(exc)
             log.debug("stream request %r failed: %s", request.id, err.message)
-            if fail_fast:
-                queue.put_nowait(_Fail(err))
-                return
+            # Refused before it reached the model (unknown model, bad inputs): answered in
+            # error_message even with triton_grpc_error, and the stream goes on, as in Triton
+            # 2.51 (measured), where only a model's error ends such a stream.
             msg = service_pb2.ModelStreamInferResponse(
                 error_message=err.message,
                 infer_response=service_pb2.ModelInferResponse(id=request.id))
