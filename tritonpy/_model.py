@@ -362,7 +362,10 @@ class ModelRuntime(RuntimeBase):
                           for n, kind, dev, sig in plan_instances(config, name)]
         # Batch formation (FIFO, dynamic batcher or sequence batcher); ``queue`` is its view
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
-        self.sched = make_scheduler(self)
+        try:
+            self.sched = make_scheduler(self)
+        except TritonpyError as err:  # as Triton: its scheduler is made as the version loads
+            raise type(err)(version_failed(version, err)) from None
         self.sched_is_sequence = config.HasField("sequence_batching")
         # Implicit state: the state outputs the model is always asked for (see _sequence).
         self.state_outputs: list[str] = (

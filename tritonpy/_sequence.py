@@ -49,14 +49,13 @@ from tritonclient.grpc.model_config_pb2 import DataType
 
 from ._errors import (
     CancelledError,
-    ConfigError,
     InternalError,
     InvalidArgumentError,
     TritonpyError,
     UnavailableError,
 )
 from ._scheduler import Waker, batch_key, fail_queued, remove_queued
-from .shm.dtypes import numpy_dtype, triton_dtype_of
+from .shm.dtypes import deserialize_bytes, numpy_dtype, triton_dtype_of
 from .validation import triton_type_name
 
 if TYPE_CHECKING:
@@ -107,7 +106,9 @@ class _Controls:
     def __init__(self, cfg: Any, model_dir: str = "") -> None:
         shape = (1, 1) if int(cfg.max_batch_size) > 0 else (1,)
         self.shape = shape
-        self.states = [(st.input_name, _initial_state(st, int(cfg.max_batch_size) > 0, model_dir))
+        initialized: set[str] = set()  # the states given an initial_state so far
+        self.states = [(st.input_name, _initial_state(st, int(cfg.max_batch_size) > 0, model_dir,
+                                                      initialized, cfg.name))
                        for st in cfg.sequence_batching.state]
         # State output name -> (its input's name, its data type: config name, wire name).
         self.state_outputs = {st.output_name: (st.input_name, DataType.Name(int(st.data_type)),
@@ -163,32 +164,77 @@ class _Controls:
         return out
 
 
-def _initial_state(st: Any, batched: bool, model_dir: str) -> np.ndarray:
+def _initial_state(st: Any, batched: bool, model_dir: str, initialized: set[str],
+                   model: str) -> np.ndarray:
     """A state input's value at a sequence's START: its ``initial_state`` (zeros, or the raw
-    bytes of ``<model dir>/initial_state/<data_file>``), else zeros."""
+    bytes of ``<model dir>/initial_state/<data_file>``), else zeros.
+
+    The ``initial_state`` is checked as Triton 2.51 checks it when the model loads, in its
+    order and words (measured; QA L0_implicit_state): its data type, its name, a state input
+    given one twice (``initialized``: those given one so far), its number of dimensions,
+    each dimension (none variable, each the state's unless that one is), then its data (zero
+    or a file at least as long as the state, or the whole file for BYTES). A state with no
+    ``input_name`` is refused too (Triton 2.51 aborts at its first request)."""
+    if not st.input_name:
+        raise InvalidArgumentError(f"a 'state' of the sequence batching of model '{model}' "
+                                   "has no 'input_name'")
     init = st.initial_state[0] if len(st.initial_state) else None
-    type_code = int(init.data_type if init is not None and init.data_type else st.data_type)
-    dtype = numpy_dtype(DataType.Name(type_code))
-    dims = [max(0, int(d)) for d in (init.dims if init is not None else st.dims)]
-    if init is not None and init.data_file:
+    if init is None:
+        dtype = numpy_dtype(DataType.Name(int(st.data_type)))
+        dims = [max(0, int(d)) for d in st.dims]
+        arr = np.full(dims, b"", dtype=object) if dtype == np.object_ else np.zeros(dims, dtype)
+        return arr.reshape((1, *arr.shape)) if batched else arr
+    name = st.input_name
+    if int(init.data_type) != int(st.data_type):
+        raise InvalidArgumentError(f"The data type used for 'initial_state' field of state "
+                                   f"'{name}' does not match the state data type.")
+    if not init.name:
+        raise InvalidArgumentError(f"Field 'name' must be set when using initial_state for "
+                                   f"state input '{name}'.")
+    if name in initialized:
+        raise InvalidArgumentError(f"State input name '{name}' specified more than once.")
+    if len(init.dims) != len(st.dims):
+        raise InvalidArgumentError(
+            f"Number of dimensions in 'initial_state' doesn't match the size of 'state' "
+            f"dimensions for state input '{name}'. {len(init.dims)} != {len(st.dims)}")
+    for want, have in zip(init.dims, st.dims):
+        if want == -1:
+            raise InvalidArgumentError(f"'initial_state' field for state input name '{name}' "
+                                       "contains variable dimensions.")
+        if have != -1 and want != have:
+            raise InvalidArgumentError(f"'initial_state' dim for input name '{name}' doesn't "
+                                       f"match 'state' dim description. {want} != {have}")
+    initialized.add(name)
+    dtype = numpy_dtype(DataType.Name(int(init.data_type)))
+    dims = [int(d) for d in init.dims]
+    count = int(np.prod(dims)) if dims else 1
+    which = init.WhichOneof("state_data")
+    if which == "zero_data":
+        arr = np.full(dims, b"", dtype=object) if dtype == np.object_ else np.zeros(dims, dtype)
+    elif which == "data_file":
         path = os.path.join(model_dir, "initial_state", init.data_file)
         try:
             with open(path, "rb") as fh:
                 raw = fh.read()
         except OSError as exc:
-            raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': "
-                              f"cannot read {path}: {exc.strerror}") from None
-        count = int(np.prod(dims)) if dims else 1
-        need = count * dtype.itemsize if dtype != np.object_ else -1  # BYTES: no fixed size
-        if len(raw) != need:
-            raise ConfigError(f"initial state '{init.name}' of state '{st.input_name}': {path} "
-                              f"holds {len(raw)} bytes, {count} {DataType.Name(type_code)} "
-                              f"values need {need if need >= 0 else 'a fixed size'}")
-        arr = np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
-    elif dtype == np.object_:
-        arr = np.full(dims, b"", dtype=object)
+            raise InternalError(f"failed to open text file for read {path}: "
+                                f"{exc.strerror}") from None
+        if dtype == np.object_:  # BYTES: the whole file, as serialized elements
+            try:
+                arr = deserialize_bytes(raw).reshape(dims)
+            except (ValueError, TypeError) as exc:
+                raise InvalidArgumentError(f"initial_state data file '{init.data_file}' of "
+                                           f"state '{name}': {exc}") from None
+        else:
+            need = count * dtype.itemsize
+            if need > len(raw):  # Triton's words, its missing space included
+                raise InvalidArgumentError(
+                    f"initial_state setting expects {need} bytes, but the data provided from "
+                    f"{init.data_file}only has {len(raw)} bytes.")
+            arr = np.frombuffer(raw[:need], dtype=dtype).reshape(dims).copy()
     else:
-        arr = np.zeros(dims, dtype=dtype)
+        raise InvalidArgumentError(f"initial_state setting expects state'{name}' to have "
+                                   "state_data set")
     return arr.reshape((1, *arr.shape)) if batched else arr
 
 
