@@ -252,3 +252,21 @@ def test_a_bad_initial_state_fails_the_load_as_in_triton(tmp_path, state: str,
             server.load("bad")
         assert err.value.message == ("load failed for model 'bad': version 1 is at "
                                      f"UNAVAILABLE state: Invalid argument: {words}")
+
+
+def test_a_bytes_initial_state_is_its_whole_file(tmp_path) -> None:
+    # As Triton 2.51 reads a TYPE_STRING initial state: the file whole, as serialized elements
+    # (tritonpy refused every BYTES data file: "need a fixed size").
+    from tritonclient.grpc.model_config_pb2 import ModelSequenceBatching
+
+    from tritonpy._sequence import _initial_state
+    from tritonpy.shm.dtypes import serialize_bytes
+
+    (tmp_path / "initial_state").mkdir()
+    (tmp_path / "initial_state" / "words").write_bytes(
+        serialize_bytes(np.array([b"ab", b""], dtype=object)))
+    st = ModelSequenceBatching.State(input_name="S", output_name="S_OUT", data_type=13,
+                                     dims=[2])  # TYPE_STRING
+    st.initial_state.add(data_type=13, dims=[2], data_file="words", name="w")
+    arr = _initial_state(st, True, str(tmp_path), set(), "m")
+    assert arr.shape == (1, 2) and arr.tolist() == [[b"ab", b""]]
