@@ -162,15 +162,16 @@ def test_matching_headers_reach_the_model_as_parameters(running: Running) -> Non
                                  parameters={"my_header_1": "from the body"}))
     finally:
         http.close()
-    # HTTP header names arrive lower-case; as in Triton 2.51 (measured), a header wins over a
-    # parameter of the same name that the request names itself (tritonpy kept the parameter).
-    assert got == {"my_header_1": "one", "my_header_2": 'a "quoted" value\\'}
+    # As in Triton 2.51 (measured; QA L0_http): HTTP header names arrive as the client sent
+    # them (tritonpy made them lower-case), and a header wins over a parameter of the same
+    # name that the request names itself (tritonpy kept the parameter).
+    assert got == {"my_header_1": "one", "My_Header_2": 'a "quoted" value\\'}
     # The next request of that shape gets its own headers only, none of the last one's.
     http = httpclient.InferenceServerClient(running.http)
     try:
-        for value in ("two", "three"):
-            got = _params(http.infer("params", [_input(httpclient)], headers={"my_header_3": value}))
-            assert got == {"my_header_3": value}
+        for value in ("two", "three", "three"):  # the last head is one seen before
+            got = _params(http.infer("params", [_input(httpclient)], headers={"My_header_3": value}))
+            assert got == {"My_header_3": value}
         assert _params(http.infer("params", [_input(httpclient)])) == {}
     finally:
         http.close()

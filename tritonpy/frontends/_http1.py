@@ -105,18 +105,22 @@ def _request_start(data: Buffer, done: int) -> int:
 
 
 class Request:
-    """One parsed request: method, path as sent, headers (lower-case names), whole body."""
+    """One parsed request: method, path as sent, headers (lower-case names), whole body;
+    ``names``: each header's name as sent, by its lower-case one, where the server keeps them
+    (:attr:`HTTPServer.keep_case`), else None."""
 
-    __slots__ = ("method", "path", "headers", "body", "http10", "received")
+    __slots__ = ("method", "path", "headers", "body", "http10", "received", "names")
 
     def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes | bytearray,
-                 http10: bool = False, received: tuple[int, int] = (0, 0)) -> None:
+                 http10: bool = False, received: tuple[int, int] = (0, 0),
+                 names: dict[str, str] | None = None) -> None:
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
         self.http10 = http10
         self.received = received  # time.monotonic_ns() when it began and finished arriving
+        self.names = names
 
 
 class Response:
@@ -155,12 +159,13 @@ class _KnownHead:
     parsed again. Only plain heads are kept: a whole body of at most ``LARGE_BODY`` bytes by
     Content-Length (or none), not compressed, no Expect, no Upgrade, no Transfer-Encoding."""
 
-    __slots__ = ("method", "path", "headers", "length", "keep_alive", "http10")
+    __slots__ = ("method", "path", "headers", "length", "keep_alive", "http10", "names")
 
     def __init__(self, method: str, path: str, headers: dict[str, str], length: int,
-                 keep_alive: bool, http10: bool) -> None:
+                 keep_alive: bool, http10: bool, names: dict[str, str] | None) -> None:
         self.method, self.path, self.headers = method, path, headers
         self.length, self.keep_alive, self.http10 = length, keep_alive, http10
+        self.names = names
 
 
 class BodyTooLarge(Exception):
@@ -314,6 +319,7 @@ class _Connection(asyncio.BufferedProtocol):
         # The request being parsed.
         self.url = b""
         self.headers: dict[str, str] = {}
+        self.names: dict[str, str] | None = None  # see Request.names
         self.head_size = 0
         self.head_error = ""
         self.chunks: list[bytes] = []
@@ -430,7 +436,8 @@ class _Connection(asyncio.BufferedProtocol):
             self.active = True
             keep_alive = head.keep_alive and not self.server.stopping
             self._enqueue(Request(head.method, head.path, dict(head.headers),
-                                  bytes(view[end:stop]), head.http10, (now, now)), keep_alive)
+                                  bytes(view[end:stop]), head.http10, (now, now), head.names),
+                          keep_alive)
             pos = stop
             if not keep_alive or pos == nbytes:
                 return pos
@@ -524,6 +531,7 @@ class _Connection(asyncio.BufferedProtocol):
         self.t_begin = time.monotonic_ns()
         self.url = b""
         self.headers = {}
+        self.names = {} if self.server.keep_case else None
         self.head_size = 0
         self.chunks = []
         self.buffer = None
@@ -547,6 +555,8 @@ class _Connection(asyncio.BufferedProtocol):
         if self.head_size > MAX_HEAD:
             self._grow_head(0)
         key = name.decode("latin-1").lower()
+        if self.names is not None:
+            self.names[key] = name.decode("latin-1")
         text = value.decode("latin-1")
         old = self.headers.get(key)
         self.headers[key] = text if old is None else f"{old}, {text}"
@@ -598,7 +608,7 @@ class _Connection(asyncio.BufferedProtocol):
             if len(known) >= KNOWN_HEADS:
                 known.clear()
             known[key] = _KnownHead(self.method, self._path(), dict(self.headers), length,
-                                    self.keep_alive, self.http10)
+                                    self.keep_alive, self.http10, self.names)
 
     def _refuse_head(self, reason: str) -> None:
         """Stop the parser at this head: ``reason`` is answered with 400, then the connection
@@ -703,7 +713,7 @@ class _Connection(asyncio.BufferedProtocol):
             self.chunks = []
         coding = self.headers.get("content-encoding", "").lower()
         request = Request(self.method, self._path(), self.headers, body, self.http10,
-                          (self.t_begin, time.monotonic_ns()))
+                          (self.t_begin, time.monotonic_ns()), self.names)
         if coding not in _CODINGS:
             # Triton's answer (measured with 2.51), and the codings it would take.
             self._enqueue(Response(501, b'{"error":"Unsupported compression type"}',
@@ -958,6 +968,9 @@ class HTTPServer:
         self.stall_timeout = stall_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
+        # Whether requests keep their headers' names as sent (Request.names): for headers
+        # forwarded to models, which Triton forwards under the client's own names.
+        self.keep_case = False
         # Request heads parsed before, by their bytes (see _KnownHead); shared by connections.
         self.known_heads: dict[bytes, _KnownHead] = {}
         # Response heads written before, by what they say (see head()).

@@ -113,6 +113,15 @@ def _dumps(obj: Any) -> bytes:
     return _ENCODER.encode(obj).encode()
 
 
+def _as_sent(request: Request) -> Any:
+    """The request's ``(name, value)`` headers, each name as the client sent it (as Triton
+    forwards them to models) where the server kept them."""
+    names = request.names
+    if names is None:
+        return request.headers.items()
+    return ((names.get(k, k), v) for k, v in request.headers.items())
+
+
 def json_response(obj: Any, status: int = 200) -> Response:
     """A JSON response."""
     return Response(status, _dumps(obj), "application/json")
@@ -214,6 +223,7 @@ class HTTPFrontend:
         """Bind and start serving."""
         # Bodies past the limit are read and dropped, then answered with Triton's message.
         server = HTTPServer(self._dispatch, self._refused, self.max_input_size)
+        server.keep_case = self.header_forward is not None
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if self.reuse_port:
@@ -499,7 +509,7 @@ class HTTPFrontend:
     async def _infer(self, request: Request, model: str, version: int) -> Response:
         req = self._parse_infer(model, version, request.body, request.headers.get(_HEADER_LENGTH_KEY))
         if self.header_forward is not None:
-            forward_headers(req, request.headers.items(), self.header_forward)
+            forward_headers(req, _as_sent(request), self.header_forward)
         if self.plane.server.tracing.active:  # nothing built per request while tracing is off
             req.received = (("HTTP_RECV_START", request.received[0]),
                             ("HTTP_RECV_END", request.received[1]))
@@ -678,7 +688,7 @@ class HTTPFrontend:
         """``/generate`` (exactly one response, as JSON) and ``/generate_stream`` (SSE)."""
         req = decode_generate(model, version, request.body, self.plane.model_metadata(model, version))
         if self.header_forward is not None:
-            forward_headers(req, request.headers.items(), self.header_forward)
+            forward_headers(req, _as_sent(request), self.header_forward)
         decoupled = self.plane.model(model, version).decoupled()
         responses = self.plane.stream(req)
         if not stream:
