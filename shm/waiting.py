@@ -5,7 +5,6 @@
 they wait on."""
 from __future__ import annotations
 
-import asyncio
 import functools
 import math
 import os
@@ -13,7 +12,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    import asyncio
 
 class StallWatch:
     """Watches an event loop from another thread for a stall: nothing it runs may block.

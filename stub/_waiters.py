@@ -5,11 +5,13 @@ stream, or a paced sender's go-ahead) lands, whichever thread reads it off the s
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class Waiter:
@@ -36,8 +38,10 @@ class Waiter:
         self.wake: asyncio.Event | None = None
         self.drop: Callable[[Any], None] | None = None
         self.pace: StreamPace | None = None
-        if loop is not None:
+        if loop is not None:  # an async caller: asyncio is imported already
             if stream:
+                import asyncio
+
                 self.wake = asyncio.Event()
             else:
                 self.future = loop.create_future()
