@@ -858,6 +858,29 @@ def raw_binary(served: Served, model: str, body: bytes) -> tuple[int, dict[str, 
     return resp.status, json.loads(data[:hlen]), data[hlen:]
 
 
+@pytest.mark.parametrize("body, words", [
+    # Triton 2.51's words for each, measured side by side (its JSON parser's; QA L0_http's
+    # http_request_many_chunks.py looks for "Invalid value. at 0"). tritonpy said Python's
+    # ("Expecting value: line 1 column 1 (char 0)"). Triton answers 500, tritonpy 400.
+    (b"  ", "The document is empty. at 2"),
+    (b"AAAA", "Invalid value. at 0"),
+    (b'{"a" 1}', "Missing a colon after a name of object member. at 5"),
+    (b'{"a": 1 "b": 2}', "Missing a comma or '}' after an object member. at 8"),
+    (b"[1 2]", "Missing a comma or ']' after an array element. at 3"),
+    (b'{"a": [1, 2 3]}', "Missing a comma or ']' after an array element. at 12"),
+    (b'{"a": "x', "Missing a closing quotation mark in string. at 8"),
+    (b'{"a": "\\q"}', "Invalid escape character in string. at 7"),
+    (b"{} x", "The document root must not be followed by other values. at 3"),
+    (b"{x: 1}", "Missing a name for object member. at 1"),
+    (b'{"a": "\x01"}', "Invalid escape character in string. at 7"),
+    (b'{"a": "\\u12G4"}', "Incorrect hex digit after \\u escape in string. at 7"),
+])
+def test_a_body_that_is_no_json_is_refused_in_tritons_words(served: Served, body: bytes,
+                                                            words: str) -> None:
+    assert raw_post(served, "/v2/repository/index", body) == (
+        400, {"error": f"failed to parse the request JSON buffer: {words}"})
+
+
 def test_http_raw_binary_requests(served: Served, http: httpclient.InferenceServerClient) -> None:
     # As Triton 2.51: a batching model gets a batch of 1, its variable dimension deduced.
     raw = np.arange(8, dtype=np.float32).tobytes()
