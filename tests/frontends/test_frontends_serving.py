@@ -881,6 +881,15 @@ def test_a_body_that_is_no_json_is_refused_in_tritons_words(served: Served, body
         400, {"error": f"failed to parse the request JSON buffer: {words}"})
 
 
+def test_an_unload_outside_explicit_mode_is_refused_before_its_body_is_read(
+        served: Served) -> None:
+    # As Triton 2.51 (measured; QA L0_http): the mode first (a load's body is read first).
+    assert raw_post(served, "/v2/repository/models/add_sub/unload", b"AAAA") == (
+        503, {"error": "explicit model load / unload is not allowed if polling is enabled"})
+    assert raw_post(served, "/v2/repository/models/add_sub/load", b"AAAA") == (
+        400, {"error": "failed to parse the request JSON buffer: Invalid value. at 0"})
+
+
 def test_http_raw_binary_requests(served: Served, http: httpclient.InferenceServerClient) -> None:
     # As Triton 2.51: a batching model gets a batch of 1, its variable dimension deduced.
     raw = np.arange(8, dtype=np.float32).tobytes()
