@@ -161,7 +161,9 @@ class HostRequest:
         trace = self.trace
         if trace is not None:
             trace.outputs(outputs or ())
-            if not trace.parent_id:  # as Triton: an ensemble step's trace has none
+            # As Triton: an ensemble step's trace has none; a response that preserve_ordering
+            # holds back is complete when it is released (its sink stamps it then).
+            if not trace.parent_id and not getattr(self.sink, "completes_later", False):
                 trace.at("INFER_RESPONSE_COMPLETE")
             if final:
                 trace.at("REQUEST_END")

@@ -458,13 +458,18 @@ class DynamicBatcher(Unbound):
                 while order and order[0][2]:
                     head = order[0]
                     items, head[2] = head[2], []
+                    trace = head[0].trace
                     for item in items:
+                        if trace is not None and not trace.parent_id:
+                            # As Triton 2.51 (measured): complete when released to the caller.
+                            trace.at("INFER_RESPONSE_COMPLETE")
                         head[1](head[0], *item)
                     if items[-1][3]:
                         order.popleft()
                     else:
                         break
 
+        sink.completes_later = True  # type: ignore[attr-defined]  # (see HostRequest.respond)
         req.sink = sink
 
 

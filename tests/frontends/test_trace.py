@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import grpc
 import numpy as np
@@ -365,3 +365,55 @@ def test_a_grpc_stream_request_is_traced_with_its_reads_and_sends(traced) -> Non
     assert only["names"] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *CORE,
                              "GRPC_SEND_START", "GRPC_SEND_END"]
     assert only["ns"] == sorted(only["ns"])
+
+
+ORDERED_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            if x[0, 0] == 1:
+                time.sleep(0.6)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return out
+"""
+
+
+def test_a_response_preserve_ordering_holds_is_complete_when_released(tmp_path: Path) -> None:
+    # As Triton 2.51 (measured; QA L0_batcher's verify_timestamps.py -p): a response held
+    # back behind an earlier request's is stamped INFER_RESPONSE_COMPLETE when it is released
+    # to the caller, after its REQUEST_END. tritonpy stamped it when the model made it.
+    import threading
+
+    from _models import io_config
+
+    write_model(tmp_path / "repo", "ordered", ORDERED_PY, io_config(
+        8, dims="[ 1 ]", extra="dynamic_batching { preserve_ordering: true }\n"
+                               "instance_group [ { kind: KIND_CPU, count: 2 } ]\n"))
+    trace_file = tmp_path / "trace.json"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(trace_file))
+    with serving_frontends(tmp_path / "repo", tracing=tracing) as (server, fe):
+        http = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}", concurrency=2)
+        try:
+            def call(v: float) -> Any:
+                inp = httpclient.InferInput("IN", [1, 1], "FP32")
+                inp.set_data_from_numpy(np.full((1, 1), v, np.float32))
+                return http.async_infer("ordered", [inp])
+            slow = call(1)
+            threading.Event().wait(0.1)  # on the first instance
+            fast = call(2)  # on the other, done at once
+            slow.get_result(timeout=30), fast.get_result(timeout=30)
+        finally:
+            http.close()
+        fe.stop_in_thread()
+        server.stop()  # closes the file
+    traces = _traces(_load(trace_file))
+    first, second = (dict(zip(traces[i]["names"], traces[i]["ns"])) for i in (1, 2))
+    assert second["REQUEST_END"] < first["INFER_RESPONSE_COMPLETE"] - 0.3e9  # made at once
+    assert second["INFER_RESPONSE_COMPLETE"] >= first["INFER_RESPONSE_COMPLETE"]  # released
+    assert traces[2]["names"].index("REQUEST_END") < \
+        traces[2]["names"].index("INFER_RESPONSE_COMPLETE")
