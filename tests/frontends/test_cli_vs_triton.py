@@ -361,6 +361,11 @@ def test_a_frontend_that_cannot_listen_says_why(tmp_path: Path) -> None:
                       "grpc_port": port},
                      f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{port}' "
                      "already in use"),
+                    # Both taken: as Triton, gRPC starts first, so it is the one named.
+                    ({"allow_grpc": True, "http_address": "127.0.0.1", "http_port": port,
+                      "grpc_address": "127.0.0.1", "grpc_port": port},
+                     f"failed to start GRPC service: Unavailable - Socket '127.0.0.1:{port}' "
+                     "already in use"),
                     ({"allow_http": False, "allow_metrics": True, "metrics_address": "127.0.0.1",
                       "metrics_port": port},
                      f"failed to start Metrics service: Unavailable - Socket "

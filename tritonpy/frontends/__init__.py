@@ -144,7 +144,9 @@ class Frontends:
     async def start(self) -> None:
         """Start every enabled endpoint; on failure, stop the ones already started."""
         try:
-            for fe in (self.http, self.grpc, self.metrics):
+            # In Triton's order (its log and which busy port it names first): gRPC, HTTP,
+            # metrics.
+            for fe in (self.grpc, self.http, self.metrics):
                 if fe is not None:
                     await fe.start()
                     self._started.append(fe)
