@@ -33,7 +33,8 @@ try:
 
     BFLOAT16: Any = np.dtype(ml_dtypes.bfloat16)
     TRITON_TO_NUMPY["BF16"] = ml_dtypes.bfloat16
-except ImportError:  # pragma: no cover - a stub's own interpreter without it: no BF16 there
+except Exception:  # pragma: no cover - a stub's own environment without it, or with a numpy
+    # it was not built for (EXECUTION_ENV_PATH): no BF16 there
     BFLOAT16 = None
 _NUMPY_TO_TRITON = {np.dtype(v): k for k, v in TRITON_TO_NUMPY.items() if k != "BYTES"}
 ITEMSIZE = {k: (np.dtype(v).itemsize if k != "BYTES" else 0) for k, v in TRITON_TO_NUMPY.items()}

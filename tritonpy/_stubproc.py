@@ -147,6 +147,47 @@ def env_launcher(env_dir: str) -> list[str] | None:
     return [python] if python else None
 
 
+#: How a stub starts on a Python of a model's own environment (``EXECUTION_ENV_PATH``), which
+#: need not have tritonpy installed (Triton's needs only numpy there): the packages the
+#: environment lacks (tritonpy, msgpack, posix_ipc, psutil) come from this server's
+#: site-packages, added after the environment's own, so that its numpy and the rest stay its
+#: own. A Python of another version cannot use them: it says so, naming both versions.
+_FOREIGN_STUB = """\
+import site, sys
+for d in {dirs!r}:
+    site.addsitedir(d)
+try:
+    import tritonpy.stub._runtime, tritonpy.stub.pb_utils
+except ImportError as exc:
+    last = ([line for line in str(exc).splitlines() if line.strip()] or [repr(exc)])[-1]
+    sys.exit("the Python of EXECUTION_ENV_PATH (%s, %d.%d) cannot import what the stub needs "
+             "from this server's packages (Python {version}): %s. Install tritonpy into that "
+             "environment." % (sys.executable, *sys.version_info[:2], last))
+import runpy
+runpy.run_module("tritonpy.stub", run_name="__main__", alter_sys=True)
+"""
+
+
+def _server_site_dirs() -> list[str]:
+    """This server's site-packages folders (its own first), whose .pth files are read too."""
+    import site
+
+    dirs = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def stub_command(launcher: list[str]) -> list[str]:
+    """The command that starts a stub on ``launcher`` (its arguments follow): ``-m
+    tritonpy.stub`` on this server's Python, the bootstrap of :data:`_FOREIGN_STUB` on any
+    other."""
+    if launcher[-1] == sys.executable:
+        return [*launcher, "-m", "tritonpy.stub"]
+    version = "%d.%d" % sys.version_info[:2]
+    return [*launcher, "-c", _FOREIGN_STUB.format(dirs=_server_site_dirs(), version=version)]
+
+
 def stub_python(options: BackendOptions) -> list[str]:
     """The command of the Python that runs stubs (``execution-env-path``'s, or this one)."""
     env_path = options.execution_env_path
@@ -203,7 +244,7 @@ class StubProcess:
         env.update(extra_env or {})
         env["PYTHONUNBUFFERED"] = "1"
         launcher = python or stub_python(options)
-        cmd = [*launcher, "-m", "tritonpy.stub", str(child_sock.fileno()), json.dumps(stub_opts)]
+        cmd = [*stub_command(launcher), str(child_sock.fileno()), json.dumps(stub_opts)]
         self.python = launcher[-1]
         try:
             self.proc = _spawn(cmd, child_sock.fileno(), env)

@@ -42,7 +42,7 @@ class TritonPythonModel:
 """
 
 # What an environment with an older tritonpy does: say HELLO with its own protocol version,
-# then wait. (argv: -c, -m, tritonpy.stub, <socket fd>, <options>)
+# then wait. (argv: -c, -c, <the stub's bootstrap>, <socket fd>, <options>)
 OLD_STUB = ("import msgpack, socket, sys, time; "
             "s = socket.socket(fileno=int(sys.argv[3])); "
             "s.send(msgpack.packb([1, 0, {'version': 1, 'pid': 0}])); time.sleep(60)")
@@ -151,3 +151,46 @@ def test_an_environment_with_another_protocol_is_refused(tmp_path: Path, shm_pre
         assert "protocol 1" in message and "another version of tritonpy" in message, message
         assert not srv.model("old_env").ready()
         assert {p.pid for p in stub_processes()} == before  # the old stub was stopped
+
+
+def _venv(path: Path, broken_msgpack: bool = False) -> Path:
+    """A real virtualenv of this Python with nothing installed (no tritonpy, numpy or
+    msgpack); ``broken_msgpack``: with a msgpack of its own that cannot be imported."""
+    import venv
+
+    venv.EnvBuilder(with_pip=False).create(path)
+    if broken_msgpack:
+        site = next(path.glob("lib/python3*/site-packages"))
+        (site / "msgpack").mkdir()
+        (site / "msgpack" / "__init__.py").write_text("raise ImportError('this msgpack is broken')\n")
+    return path
+
+
+def test_a_plain_virtualenv_runs_a_stub_with_the_servers_packages(tmp_path: Path,
+                                                                  shm_prefix: str) -> None:
+    # As Triton's, whose stub needs only numpy in the environment: a virtualenv without
+    # tritonpy (or msgpack, posix_ipc, psutil) runs the model; what it lacks comes from the
+    # server's site-packages, after its own (measured with Triton 2.51 on a venv holding only
+    # numpy 1.26; tritonpy's stub died of "No module named 'msgpack'").
+    mdir = write(tmp_path / "repo", "venv_model", "env")
+    _venv(mdir / "env")
+    (mdir / "1" / "model.py").write_text(MODEL_PY.replace(
+        'os.environ.get("TRITONPY_TEST_ENV", "")', "sys.prefix").replace("import os", "import sys"))
+    with serving(tmp_path / "repo", shm_prefix) as srv:
+        assert env_of(srv, "venv_model") == str(mdir / "env")  # the stub ran in the venv
+
+
+def test_an_environment_that_cannot_run_the_stub_says_why(tmp_path: Path,
+                                                          shm_prefix: str) -> None:
+    # A Python of another version cannot use the server's compiled packages: the load fails
+    # naming the environment's Python and what to do. (Made here with a msgpack of the
+    # environment's own that cannot be imported: the environment's packages come first.)
+    mdir = write(tmp_path / "repo", "broken_env", "env")
+    _venv(mdir / "env", broken_msgpack=True)
+    with serving(tmp_path / "repo", shm_prefix, model_control_mode="explicit") as srv:
+        with pytest.raises(tritonpy.TritonpyError) as err:
+            srv.load("broken_env")
+    assert (f"the Python of EXECUTION_ENV_PATH ({mdir / 'env' / 'bin' / 'python3'}, "
+            f"{sys.version_info[0]}.{sys.version_info[1]}) cannot import what the stub needs "
+            "from this server's packages") in err.value.message
+    assert "this msgpack is broken. Install tritonpy into that environment." in err.value.message
