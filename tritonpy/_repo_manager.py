@@ -866,6 +866,19 @@ def _file_digest(path: str) -> str:
     return h.hexdigest()[:16]
 
 
+def _env_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's ``data`` filter (nothing lands outside ``dest``, nothing is written through a
+    link that leads out), but for a symbolic link to an absolute path, which is kept: every
+    virtualenv's ``bin/python`` is one (as Triton 2.51 does, measured; a later entry under it
+    is still refused, its real path being outside)."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.AbsoluteLinkError:
+        if not member.issym():
+            raise
+        return tarfile.tar_filter(member, dest)
+
+
 def _unpack_env(archive: str, digest: str) -> str:
     """The directory of an unpacked EXECUTION_ENV_PATH archive, unpacking it the first time.
 
@@ -880,7 +893,7 @@ def _unpack_env(archive: str, digest: str) -> str:
     tmp = tempfile.mkdtemp(prefix=f"{digest}.partial-", dir=os.path.dirname(cache))
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+            tar.extractall(tmp, filter=_env_member)
         os.replace(tmp, cache)
     except OSError:
         if not os.path.isdir(cache):  # not another process that got there first

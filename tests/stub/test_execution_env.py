@@ -158,7 +158,7 @@ def _venv(path: Path, broken_msgpack: bool = False) -> Path:
     msgpack); ``broken_msgpack``: with a msgpack of its own that cannot be imported."""
     import venv
 
-    venv.EnvBuilder(with_pip=False).create(path)
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(path)  # as `python -m venv`
     if broken_msgpack:
         site = next(path.glob("lib/python3*/site-packages"))
         (site / "msgpack").mkdir()
@@ -194,3 +194,45 @@ def test_an_environment_that_cannot_run_the_stub_says_why(tmp_path: Path,
             f"{sys.version_info[0]}.{sys.version_info[1]}) cannot import what the stub needs "
             "from this server's packages") in err.value.message
     assert "this msgpack is broken. Install tritonpy into that environment." in err.value.message
+
+
+def test_a_virtualenv_archive_loads_and_nothing_lands_outside(
+        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every virtualenv's bin/python is a link to an absolute path, which Triton 2.51 unpacks
+    # (measured); tritonpy refused the archive ("is a link to an absolute path"). An entry
+    # written through such a link, or a link that climbs out, is still refused, and nothing
+    # is written outside the cache.
+    import io
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    repo = tmp_path / "repo"
+    mdir = write(repo, "venv_tar", "env.tar.gz")
+    (mdir / "1" / "model.py").write_text(MODEL_PY.replace(
+        'os.environ.get("TRITONPY_TEST_ENV", "")', "sys.prefix").replace("import os", "import sys"))
+    venv_dir = _venv(tmp_path / "build" / "venv")
+    assert any(os.path.isabs(os.readlink(p)) for p in (venv_dir / "bin").glob("python*")
+               if p.is_symlink())
+    with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
+        tar.add(venv_dir, arcname=".")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name, members in (("through_link", [("bin/out", str(outside)), ("bin/out/evil", None)]),
+                          ("climbs_out", [("lib/up", "../../../../outside")])):
+        bad = write(repo, name, "env.tar.gz")
+        with tarfile.open(bad / "env.tar.gz", "w:gz") as tar:
+            for member, target in members:
+                info = tarfile.TarInfo(member)
+                if target is not None:
+                    info.type, info.linkname = tarfile.SYMTYPE, target
+                    tar.addfile(info)
+                else:
+                    info.size = 4
+                    tar.addfile(info, io.BytesIO(b"evil"))
+    with serving(repo, shm_prefix, model_control_mode="explicit") as srv:
+        srv.load("venv_tar")
+        prefix = env_of(srv, "venv_tar")
+        assert prefix.startswith(str(tmp_path / "home" / ".cache" / "tritonpy" / "envs"))
+        for name in ("through_link", "climbs_out"):
+            with pytest.raises(tritonpy.TritonpyError, match="outside the destination"):
+                srv.load(name)
+    assert list(outside.iterdir()) == []
