@@ -33,6 +33,11 @@ class _ErrorCode(enum.IntEnum):
 _ErrorCode.__name__ = _ErrorCode.__qualname__ = "__ErrorCode"  # Triton's repr
 
 
+# Code names by value (not a class attribute: dir(TritonError) lists its codes alone, as
+# Triton's).
+_CODE_NAMES = tuple(c.name for c in _ErrorCode)
+
+
 class TritonError:
     """An error carried by an InferenceResponse: ``TritonError(message, code=INTERNAL)``."""
 
@@ -44,8 +49,6 @@ class TritonError:
     UNSUPPORTED = _ErrorCode.UNSUPPORTED
     ALREADY_EXISTS = _ErrorCode.ALREADY_EXISTS
     CANCELLED = _ErrorCode.CANCELLED
-
-    _NAMES = tuple(c.name for c in _ErrorCode)
 
     def __init__(self, message: str, code: _ErrorCode = _ErrorCode.INTERNAL) -> None:
         # As Triton's (pybind11, measured): a str or bytes message and one of the codes
@@ -72,16 +75,16 @@ class TritonError:
         return self._msg
 
     def __repr__(self) -> str:
-        return f"TritonError({self._msg!r}, {self._NAMES[self._code]})"
+        return f"TritonError({self._msg!r}, {_CODE_NAMES[self._code]})"
 
     # wire form: {"code": "INVALID_ARG", "message": ...}
     def _to_wire(self) -> dict[str, str]:
-        return {"code": self._NAMES[self._code], "message": self._msg}
+        return {"code": _CODE_NAMES[self._code], "message": self._msg}
 
     @classmethod
     def _from_wire(cls, body: dict) -> TritonError:
         name = str(body.get("code", "UNKNOWN"))
-        code = _ErrorCode[name] if name in cls._NAMES else _ErrorCode.UNKNOWN
+        code = _ErrorCode[name] if name in _CODE_NAMES else _ErrorCode.UNKNOWN
         return cls(str(body.get("message", "")), code)
 
 

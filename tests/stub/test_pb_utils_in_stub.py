@@ -398,7 +398,7 @@ def test_dlpack_cpu_round_trips_without_copies(probe):
     assert json.loads(p["device"]) == [1, 0]  # kDLCPU, device 0
     assert p["capsule_shares"] and p["protocol_shares"] and p["numpy_shares"]
     assert p["dtype"] == 11
-    assert "DLPack" in p["bytes_refused"] and "BYTES" in p["bytes_refused"]
+    assert p["bytes_refused"] == "DLPack does not have support for string tensors."  # Triton's
     np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), x)
 
 
