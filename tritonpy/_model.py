@@ -364,8 +364,13 @@ class ModelRuntime(RuntimeBase):
         # of what waits, deque-like, for drain / unload / the BLS deadlock detector.
         try:
             self.sched = make_scheduler(self)
-        except TritonpyError as err:  # as Triton: its scheduler is made as the version loads
-            raise type(err)(version_failed(version, err)) from None
+        except Exception as exc:  # as Triton: its scheduler is made as the version loads
+            err = exc if isinstance(exc, TritonpyError) else InternalError(
+                f"{type(exc).__name__}: {exc}")
+            if err is not exc:  # a bug of ours: where it is goes to the log
+                log.exception("model '%s' version %d: making its scheduler failed", name,
+                              version)
+            raise type(err)(version_failed(version, err)) from exc
         self.sched_is_sequence = config.HasField("sequence_batching")
         # Implicit state: the state outputs the model is always asked for (see _sequence).
         self.state_outputs: list[str] = (

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 from ._errors import (
     ConfigError,
+    InternalError,
     InvalidArgumentError,
     NotFoundError,
     TritonpyError,
@@ -438,7 +439,13 @@ class RepositoryManager:
             _load_versions(fresh)
             for rt in kept.values():
                 rt.update_instances(cfg, cfg_json)
-        except TritonpyError as exc:
+        except Exception as caught:
+            # Anything else is a bug of ours, but the model must still end UNAVAILABLE with a
+            # reason (it stayed LOADING for ever, and the server not ready).
+            exc = caught if isinstance(caught, TritonpyError) else InternalError(
+                f"{type(caught).__name__}: {caught}")
+            if exc is not caught:
+                log.exception("loading model '%s' failed", entry.name)
             rolled_back: list[int] = []
             for rt in new.values():
                 if rt.state == READY:
@@ -467,7 +474,9 @@ class RepositoryManager:
                 # A reload whose new versions failed beside the ones serving on: as Triton,
                 # the index lists them and the server is not ready until a load succeeds.
                 entry.failed = {v: why for v, why in failed.items() if v not in old}
-            raise
+            if exc is caught:
+                raise
+            raise exc from caught
         entry.fingerprint = fingerprint(entry.directory) if entry.directory else ""
         entry.version_files = files
         serving = {**kept, **new}

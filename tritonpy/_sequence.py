@@ -178,6 +178,9 @@ def _initial_state(st: Any, batched: bool, model_dir: str, initialized: set[str]
     if not st.input_name:
         raise InvalidArgumentError(f"a 'state' of the sequence batching of model '{model}' "
                                    "has no 'input_name'")
+    if not st.data_type:  # (TYPE_INVALID) Triton 2.51 loads it; what it holds is anyone's guess
+        raise InvalidArgumentError(f"the 'state' '{st.input_name}' of the sequence batching of "
+                                   f"model '{model}' has no 'data_type'")
     init = st.initial_state[0] if len(st.initial_state) else None
     if init is None:
         dtype = numpy_dtype(DataType.Name(int(st.data_type)))

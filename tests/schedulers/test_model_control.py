@@ -574,3 +574,28 @@ def test_an_unloaded_models_series_leave_the_metrics_page(tmp_path, shm_prefix):
         assert all(line.startswith("nv_inference_request_failure{") for line in lines)
         with pytest.raises(TritonpyError, match="requested model 'm' is not available"):
             server.statistics("m")  # as Triton's (measured): they go with the model
+
+
+def test_a_load_that_fails_on_a_bug_of_ours_leaves_the_model_unavailable(
+        tmp_path, shm_prefix, monkeypatch):
+    # A model whose load raised something other than tritonpy's errors (QA L0_model_config
+    # found one: a sequence state with no data_type) stayed LOADING for ever, the server not
+    # ready, and at start it ended tritonpy serve. Here a bug is stood in for by a scheduler
+    # that raises RuntimeError: the model ends UNAVAILABLE with the reason, and loads once
+    # the cause is gone.
+    import tritonpy._model as model_module
+
+    write_model(tmp_path, "m", tagged("v1"))
+    real = model_module.make_scheduler
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as server:
+        def broken(rt):
+            raise RuntimeError("a bug of ours")
+        monkeypatch.setattr(model_module, "make_scheduler", broken)
+        with pytest.raises(TritonpyError, match="RuntimeError: a bug of ours"):
+            server.load("m")
+        (row,) = server.models()
+        assert (row["state"], row["version"]) == ("UNAVAILABLE", "1")
+        assert "RuntimeError: a bug of ours" in row["reason"]
+        monkeypatch.setattr(model_module, "make_scheduler", real)
+        server.load("m")
+        assert server.ready() and _tag(server.model("m")) == "v1"
