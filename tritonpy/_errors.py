@@ -162,9 +162,10 @@ _STATUS_WORDS = {
 }
 
 
-def version_failed(version: int, err: TritonpyError) -> str:
-    """Why one version failed to load, as Triton says it."""
-    return f"version {version} is at UNAVAILABLE state: {_STATUS_WORDS[err.code]}: {err.message}"
+def version_failed(version: int, err: TritonpyError, state: str = "UNAVAILABLE") -> str:
+    """Why one version failed to load, as Triton says it (``state``: the version's state
+    after it; READY when an update of a version serving on failed)."""
+    return f"version {version} is at {state} state: {_STATUS_WORDS[err.code]}: {err.message}"
 
 
 def input_twice(name: str, prefix: str = "") -> InvalidArgumentError:

@@ -225,6 +225,9 @@ class RuntimeBase:
         self.model_dir = model_dir
         self.output_labels: dict[str, list[str]] = {}  # read at load: config.read_labels
         self.state = LOADING
+        # Why the last update of this version (serving on) failed, for the index, as Triton's
+        # (a READY version with a reason); "" once an update or load succeeds.
+        self.failed_update = ""
         self.decoupled = bool(config.model_transaction_policy.decoupled)
         self.max_batch_size = int(config.max_batch_size)
         metrics_config = getattr(server, "metrics_config", None)
@@ -404,6 +407,11 @@ class ModelRuntime(RuntimeBase):
             raise
         self.state = READY
 
+    def _state_after_failure(self) -> str:
+        """This version's state in Triton's words once a start of instances failed: READY for
+        an update of a version that serves on (its instances are kept), else UNAVAILABLE."""
+        return READY if self.state == READY else UNAVAILABLE
+
     def _limit(self, insts: list[Instance]) -> None:
         """Give ``insts`` their rate limiter resources (with ``--rate-limit execution_count``);
         raises this version's failure where one needs more than the server gives."""
@@ -413,7 +421,7 @@ class ModelRuntime(RuntimeBase):
         try:
             limiter.register(insts)
         except TritonpyError as err:
-            raise type(err)(version_failed(self.version, err)) from None
+            raise type(err)(version_failed(self.version, err, self._state_after_failure())) from None
         self.rate_limited = self.rate_limited or any(i.limits for i in insts)
 
     def _start_all(self, insts: list[Instance], config_json: str | None = None,
@@ -456,7 +464,7 @@ class ModelRuntime(RuntimeBase):
         err = failed[0]
         if not isinstance(err, TritonpyError):
             err = InternalError(str(err))
-        raise type(err)(version_failed(self.version, err))
+        raise type(err)(version_failed(self.version, err, self._state_after_failure()))
 
     def _initialize_args(self, inst: Instance, config_json: str = "") -> dict[str, str]:
         return initialize_args(config_json or self.config_json, inst.kind, inst.name,

@@ -40,7 +40,7 @@ log = logging.getLogger("tritonpy.repository")
 
 
 # "version N is at UNAVAILABLE state: <why>" (errors.version_failed)
-_VERSION_FAILED = re.compile(r"version (\d+) is at UNAVAILABLE state: (.*)", re.DOTALL)
+_VERSION_FAILED = re.compile(r"version (\d+) is at (?:UNAVAILABLE|READY) state: (.*)", re.DOTALL)
 
 
 def _failed_versions(exc: TritonpyError) -> dict[int, str]:
@@ -470,7 +470,11 @@ class RepositoryManager:
                 # As Triton: the versions that loaded beside the one that failed were unloaded
                 # again, and its index lists each of them so ("unloaded").
                 entry.rolled_back = rolled_back if failed else []
-            elif any(v not in old for v in failed):
+            else:
+                for v, why in failed.items():
+                    if v in old:  # an update of a version that serves on: READY, with a reason
+                        old[v].failed_update = why
+            if old and any(v not in old for v in failed):
                 # A reload whose new versions failed beside the ones serving on: as Triton,
                 # the index lists them and the server is not ready until a load succeeds.
                 entry.failed = {v: why for v, why in failed.items() if v not in old}
@@ -482,6 +486,7 @@ class RepositoryManager:
         serving = {**kept, **new}
         for rt in serving.values():
             rt.output_labels = labels
+            rt.failed_update = ""
         gone = [rt for v, rt in old.items() if v not in kept]
         for rt in gone:  # what still reaches an old version goes to its replacement
             rt.successor = serving.get(rt.version) or (
@@ -801,7 +806,7 @@ class RepositoryManager:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,
                             "reason": self.scan_errors[name]})
             elif e.runtimes:
-                rows = {v: (rt.state, "") for v, rt in e.runtimes.items()}
+                rows = {v: (rt.state, rt.failed_update) for v, rt in e.runtimes.items()}
                 for v, why in e.failed.items():  # a new version a reload could not load
                     rows.setdefault(v, (UNAVAILABLE, why))
                 self._dropped_rows(e, rows)

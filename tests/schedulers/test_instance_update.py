@@ -215,12 +215,18 @@ def test_a_failed_update_leaves_the_model_as_it_was(tmp_path, shm_prefix):
         (only,) = counts.lines("init")
         counts.fail.touch()
         (mdir / "config.pbtxt").write_text(_config(3))
-        with pytest.raises(InvalidArgumentError, match="told to fail"):
+        with pytest.raises(InvalidArgumentError, match="told to fail") as err:
             server.load("m")
+        # As Triton 2.51 words it (measured; QA L0_model_update): the version serves on, so
+        # it "is at READY state", and the index keeps it READY with the failure as its reason
+        # (tritonpy said UNAVAILABLE state, and gave no reason).
+        assert err.value.message.startswith(
+            "load failed for model 'm': version 1 is at READY state: ")
         assert counts() == (1, 0) and len(counts.lines("failed")) >= 1
         assert model.config()["instance_group"][0]["count"] == 1
         assert _served_by(model) == {only}
-        assert server.models()[0]["state"] == "READY"
+        (row,) = server.models()
+        assert row["state"] == "READY" and "told to fail" in row["reason"]
 
         (mdir / "config.pbtxt").write_text("--- not a config ---")
         with pytest.raises(InvalidArgumentError):
@@ -231,6 +237,7 @@ def test_a_failed_update_leaves_the_model_as_it_was(tmp_path, shm_prefix):
         (mdir / "config.pbtxt").write_text(_config(3))
         server.load("m")
         assert counts() == (3, 0)
+        assert server.models()[0]["reason"] == ""  # the update that succeeds clears it
 
 
 def test_a_removed_instance_keeps_its_sequences_until_they_end(tmp_path, shm_prefix):
