@@ -406,6 +406,8 @@ class ModelRuntime(RuntimeBase):
             self.state = UNAVAILABLE
             raise
         self.state = READY
+        if self.rate_limited:
+            self.server.limiter.log_resources()
 
     def _state_after_failure(self) -> str:
         """This version's state in Triton's words once a start of instances failed: READY for
@@ -596,6 +598,8 @@ class ModelRuntime(RuntimeBase):
                 self.sched.add_instance(inst)
             plans = self._take_locked()
         self._send_plans(plans)
+        if self.rate_limited:  # (what the retiring ones held no longer counts)
+            self.server.limiter.log_resources()
         if gone:
             self._retire(gone, None)
         log.info("model '%s' version %d: instances %s", self.name, self.version,

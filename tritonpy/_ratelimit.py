@@ -23,6 +23,7 @@ and the limiter never calls a model while it holds its lock.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import threading
 import weakref
@@ -32,6 +33,8 @@ from typing import Any, Iterable, Iterator, Sequence
 from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 
 from ._errors import InvalidArgumentError
+
+log = logging.getLogger(__name__)
 
 #: The device of a global resource's pool.
 GLOBAL = -1
@@ -111,6 +114,27 @@ class RateLimiter:
                 if needs:
                     inst.limits, inst.priority, inst.pass_ = needs, priority, self._vtime
                     self._instances.add(inst)
+
+    def log_resources(self) -> None:
+        """With --log-verbose: the most of each resource on each device the instances that
+        serve now may take, in Triton 2.51's words (QA L0_model_update looks for them)."""
+        if not log.isEnabledFor(logging.DEBUG):
+            return
+        with self._lock:
+            keys = sorted({k for i in self._instances if i.state not in ("STOPPED", "RETIRING")
+                           for k, _ in i.limits}, key=lambda k: (k[1], k[0]))
+            table: dict[int, list[str]] = {}
+            for name, device in keys:
+                count = max((n for i in self._instances
+                             if i.state not in ("STOPPED", "RETIRING")
+                             for k, n in i.limits if k == (name, device)), default=0)
+                if name in self._explicit:
+                    count = self._explicit_count(name, device)
+                table.setdefault(device, []).append(f"\t\tResource: {name}\t Count: {count}\n")
+        text = "\nMax Resource Map===>\n" + "".join(
+            f"\tDevice: {'GLOBAL' if device == GLOBAL else device}\n" + "".join(rows)
+            for device, rows in table.items())
+        log.debug("%s", text)
 
     def _explicit_count(self, name: str, device: int) -> int:
         given = self._explicit[name]

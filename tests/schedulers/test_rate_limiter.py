@@ -275,3 +275,21 @@ def test_rate_limit_resource_flag_is_checked(tmp_path: Path):
         "print('RESULT', p.returncode, p.stderr.strip().splitlines()[-1])\n")
     assert out.startswith("1 "), (out, err)  # a usage error, as Triton's
     assert "--rate-limit-resource 'R': expected <name>:<count> or <name>:<count>:<device>" in out
+
+
+def test_the_resource_map_is_logged_as_tritons(tmp_path: Path, shm_prefix: str,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    # Triton 2.51's verbose words for the most of each resource the instances may take, as
+    # instances come and go (QA L0_model_update's test_instance_resource_decrease looks for
+    # "Resource: R1\t Count: 3" after a decrease); tritonpy logged nothing of the kind.
+    import logging
+
+    repo = _repo(tmp_path, {"m": _config('{ name: "R1" count: 5 }')})
+    caplog.set_level(logging.DEBUG, logger="tritonpy")
+    with serving(repo, shm_prefix, model_control_mode="explicit", load_models=["m"],
+                 rate_limit="execution_count") as srv:
+        (repo / "m" / "config.pbtxt").write_text(_config('{ name: "R1" count: 3 }'))
+        srv.load("m")
+    maps = [r.getMessage() for r in caplog.records if "Max Resource Map" in r.getMessage()]
+    assert maps[0] == "\nMax Resource Map===>\n\tDevice: 0\n\t\tResource: R1\t Count: 5\n"
+    assert maps[-1] == "\nMax Resource Map===>\n\tDevice: 0\n\t\tResource: R1\t Count: 3\n"
