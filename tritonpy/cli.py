@@ -265,6 +265,19 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
     return out
 
 
+def deprecation_warnings(args: argparse.Namespace) -> list[str]:
+    """Triton 2.51's words for the deprecated ``--strict-model-config`` (measured; QA
+    L0_model_config's cli_messages looks for them)."""
+    if args.strict_model_config is None:
+        return []
+    out = ["Warning: '--strict-model-config' has been deprecated! Please use "
+           "'--disable-auto-complete-config' instead."]
+    if args.disable_auto_complete_config and not args.strict_model_config:
+        out.append("Warning: Overriding deprecated '--strict-model-config' from False to True "
+                   "in favor of '--disable-auto-complete-config'!")
+    return out
+
+
 def check_address(flag: str, host: str) -> None:
     """Stop the start, naming the flag, when ``host`` is no address of this machine (Triton
     2.51 starts anyway, without that endpoint: it logs "Started HTTPService" all the same)."""
@@ -622,6 +635,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                          "log_error": args.log_error, "log_format": args.log_format})
     for line in no_effect_warnings(args):
         log.warning("%s", line)
+    for line in deprecation_warnings(args):  # Triton's, word for word, to stderr as its
+        print(line, file=sys.stderr, flush=True)
     repos = args.model_repository or [str(default_repository())]
     backend_config = python_backend_config(args)
     if args.model_control_mode == "poll" and not args.repository_poll_secs:

@@ -623,8 +623,17 @@ def test_disabled_auto_complete_needs_a_config_and_skips_auto_complete_config(
         "        return config\n"))
     (repo / "bare" / "1").mkdir(parents=True)
     (repo / "bare" / "1" / "model.py").write_text(IDENT_MODEL)
-    for flags in (["--disable-auto-complete-config"], ["--strict-model-config", "true"]):
+    deprecated = ("Warning: '--strict-model-config' has been deprecated! Please use "
+                  "'--disable-auto-complete-config' instead.")
+    overridden = ("Warning: Overriding deprecated '--strict-model-config' from False to True in "
+                  "favor of '--disable-auto-complete-config'!")
+    for flags, warned in ((["--disable-auto-complete-config"], []),
+                          (["--strict-model-config", "true"], [deprecated]),
+                          (["--strict-model-config=false", "--disable-auto-complete-config"],
+                           [deprecated, overridden])):
         server, http_port, _ = serve_repo(serve, repo, "--exit-on-error", "false", *flags)
+        # Triton 2.51's warnings, word for word (measured; QA L0_model_config's cli_messages).
+        assert [w for w in (deprecated, overridden) if w in server.log()] == warned
         http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
         try:
             assert http.is_model_ready("ident")
