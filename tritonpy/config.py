@@ -149,12 +149,17 @@ def load_model_config(model_dir: str, config_name: str = "") -> tuple[ModelConfi
 
 
 class _Invalid(Exception):
-    """A check failed; normalize_config adds the path."""
+    """A check failed; normalize_config adds the path. ``detail`` (ours) goes after Triton's
+    whole sentence, model name included, so that a search for Triton's words finds them."""
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
 
 
-def _require(ok: Any, message: str) -> None:
+def _require(ok: Any, message: str, detail: str = "") -> None:
     if not ok:
-        raise _Invalid(message)
+        raise _Invalid(message, detail)
 
 
 def read_labels(cfg: ModelConfig, model_dir: str, path: str) -> dict[str, list[str]]:
@@ -212,7 +217,7 @@ def normalize_config(
             _fill_instance_groups(c, gpu_count)
             _check_instance_groups(c, gpu_count)
     except _Invalid as exc:
-        raise ConfigError(f"{path}: {exc}") from None
+        raise ConfigError(f"{path}: {exc}{exc.detail}") from None
     return c
 
 
@@ -459,7 +464,7 @@ def _check_io_shape(io: ModelInput | ModelOutput, kind: str, max_batch_size: int
              "reshape for non-batching model as scalar tensors are not supported")
     for d in io.dims:
         _require(d >= 1 or d == WILDCARD_DIM, pre + f"dimension must be integer >= 1, or "
-                 f"{WILDCARD_DIM} to indicate a variable-size dimension ('dims' has {d})")
+                 f"{WILDCARD_DIM} to indicate a variable-size dimension", f" ('dims' has {d})")
     if not has_reshape:
         return
     for d in io.reshape.shape:
@@ -489,12 +494,13 @@ def _check_io(c: ModelConfig) -> None:
                 if kind == "input" and io.format in _IMAGE_FORMATS:
                     _require(len(io.dims) == 3, f"model input '{io.name}' NHWC/NCHW require 3 dims")
                 _require(not io.is_shape_tensor, "shape tensors are only supported for TensorRT "
-                         f"platform ('is_shape_tensor' on '{io.name}')")
+                         "platform", f" ('is_shape_tensor' on '{io.name}')")
                 _require(not io.is_non_linear_format_io, "Non-linear IO format is only supported "
-                         f"for the TensorRT platform ('is_non_linear_format_io' on '{io.name}')")
+                         "for the TensorRT platform", f" ('is_non_linear_format_io' on "
+                         f"'{io.name}')")
         _check_batch_io(c)
     except _Invalid as exc:
-        raise _Invalid(f"{exc} for {c.name}") from None
+        raise _Invalid(f"{exc} for {c.name}{exc.detail}") from None
 
 
 _IMAGE_FORMATS = (ModelInput.FORMAT_NHWC, ModelInput.FORMAT_NCHW)

@@ -316,8 +316,8 @@ def test_index_rows_as_tritons(serve: Callable[..., Serve], tmp_path: Path) -> N
         badcfg,
         {"name": "badio", "version": "1", "state": "UNAVAILABLE",
          "reason": f"{repo / 'badio' / 'config.pbtxt'}: model input 'IN' dimension must be "
-                   "integer >= 1, or -1 to indicate a variable-size dimension ('dims' has 0) "
-                   "for badio"},
+                   "integer >= 1, or -1 to indicate a variable-size dimension for badio "
+                   "('dims' has 0)"},
         {"name": "ident", "version": "1", "state": "READY"},
         {"name": "initfail", "version": "1", "state": "UNAVAILABLE",
          "reason": _reason(repo / "initfail" / "1" / "model.py")},
