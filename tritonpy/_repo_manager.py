@@ -409,8 +409,10 @@ class RepositoryManager:
             ensemble = is_ensemble(cfg)
             files = version_fingerprints(entry.directory) if entry.directory else {}
             if not exists and not srv.auto_complete:
-                raise ConfigError(f"{cfg_path}: no model configuration, and auto-complete is "
-                                  "disabled (it would complete a missing one)")
+                # Triton 2.51's words (QA L0_model_config), then ours.
+                raise ConfigError(f"failed to open text file for read {cfg_path}: No such file "
+                                  "or directory (auto-complete is disabled: it would complete "
+                                  "a missing configuration)")
             if not ensemble and srv.auto_complete:
                 cfg = self._auto_complete(entry, cfg, cfg_path)
             cfg = normalize_config(cfg, entry.name, cfg_path, gpu_count=self.gpu_count())
