@@ -884,14 +884,21 @@ def _file_digest(path: str) -> str:
 
 def _env_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
     """tarfile's ``data`` filter (nothing lands outside ``dest``, nothing is written through a
-    link that leads out), but for a symbolic link to an absolute path, which is kept: every
-    virtualenv's ``bin/python`` is one (as Triton 2.51 does, measured; a later entry under it
-    is still refused, its real path being outside)."""
+    link that leads out), but for symbolic links to an absolute path, and relative ones that
+    stay inside (even where they lead on to such a link), which are kept: every virtualenv's
+    ``bin/python3.X`` is one, and ``bin/python3`` a link to it (as Triton 2.51 does, measured;
+    an entry written under such a link is still refused, its real path being outside)."""
     try:
         return tarfile.data_filter(member, dest)
-    except tarfile.AbsoluteLinkError:
+    except (tarfile.AbsoluteLinkError, tarfile.LinkOutsideDestinationError):
         if not member.issym():
             raise
+        if not os.path.isabs(member.linkname):  # read as written, links not followed
+            root = os.path.abspath(dest)
+            target = os.path.normpath(os.path.join(root, os.path.dirname(member.name),
+                                                   member.linkname))
+            if os.path.commonpath([root, target]) != root:
+                raise
         return tarfile.tar_filter(member, dest)
 
 

@@ -214,6 +214,12 @@ def test_a_virtualenv_archive_loads_and_nothing_lands_outside(
                if p.is_symlink())
     with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
         tar.add(venv_dir, arcname=".")
+        # And, whatever order the folder listed the venv's links in: an absolute link, then a
+        # relative one to it (refused on Python 3.10 when python3 came after python3.10).
+        for name, target in (("bin/py_abs", sys.executable), ("bin/py_rel", "py_abs")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
     outside = tmp_path / "outside"
     outside.mkdir()
     for name, members in (("through_link", [("bin/out", str(outside)), ("bin/out/evil", None)]),
