@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     import asyncio
 
+
 class StallWatch:
     """Watches an event loop from another thread for a stall: nothing it runs may block.
 

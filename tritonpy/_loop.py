@@ -11,9 +11,6 @@ from typing import Any, Callable
 from .shm.channel import POLL_CHECK_EVERY
 from .shm.waiting import SpinPolicy, StallWatch, cpus_busy
 
-__all__ = ["STALL_S", "FrameLoop", "LoopSpinner", "SpinPolicy", "StallWatch", "cpus_busy",
-           "log_stalls", "new_event_loop", "run_loop"]
-
 log = logging.getLogger(__name__)
 
 #: Default of the ``loop-stall-seconds`` backend option: an event loop of the host or of a

@@ -7,6 +7,7 @@ instance; with ``dynamic_batching`` several queued requests go to one ``execute`
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -188,6 +189,36 @@ def _take_back(active: dict[int, HostRequest], batch: list[HostRequest]) -> list
         active.pop(req.id, None)
         req.instance = None
     return [req for req in batch if not req.done]
+
+
+def side_by_side(calls: Sequence[tuple[str, Callable[[], None]]]) -> list[BaseException | None]:
+    """Run each ``(thread name, call)`` on a thread of its own and wait for them all; what
+    each raised (None: nothing).
+
+    Threads of our own, not an executor's: when no thread can be had (RLIMIT_NPROC, the
+    cgroup's pids.max), an executor's submit raised out of its caller with the calls submitted
+    before still running (a version stayed LOADING for ever). Such a call runs on this thread
+    instead."""
+    errors: list[BaseException | None] = [None] * len(calls)
+
+    def run(i: int, call: Callable[[], None]) -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the caller, on its thread
+            errors[i] = exc
+
+    threads = []
+    for i, (name, call) in enumerate(calls):
+        thread = threading.Thread(target=run, args=(i, call), daemon=True, name=name)
+        try:
+            thread.start()
+        except RuntimeError:
+            run(i, call)
+        else:
+            threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return errors
 
 
 def reshape_arrays(pairs: Iterable[tuple[str, Any]],
@@ -430,32 +461,16 @@ class ModelRuntime(RuntimeBase):
                    finalize: bool = False) -> None:
         """Start and initialize ``insts`` in parallel; on any failure stop them all (with
         ``finalize``) and raise the first error as this version's failure to load."""
-        errors: list[BaseException | None] = [None] * len(insts)
         at_once = threading.BoundedSemaphore(8)
 
-        def start(i: int) -> None:
+        def start(inst: Instance) -> None:
             with at_once:
-                try:
-                    self._start_instance(insts[i], config_json)
-                except BaseException as exc:
-                    errors[i] = exc
+                self._start_instance(inst, config_json)
 
-        # Threads of our own, not an executor's: when no thread can be had (RLIMIT_NPROC, the
-        # cgroup's pids.max), an executor's submit raised out of here with the instances
-        # submitted before still starting, and the version stayed LOADING for ever. Such an
-        # instance starts on this thread instead (its stub will then say what is missing).
-        threads = []
-        for i, inst in enumerate(insts):
-            thread = threading.Thread(target=start, args=(i,), daemon=True,
-                                      name=f"{inst.name}-start")
-            try:
-                thread.start()
-            except RuntimeError:
-                start(i)
-            else:
-                threads.append(thread)
-        for thread in threads:
-            thread.join()
+        # (An instance that gets no thread starts on this one: its stub will then say what
+        # is missing.)
+        errors = side_by_side([(f"{inst.name}-start", functools.partial(start, inst))
+                               for inst in insts])
         failed = [e for e in errors if e is not None]
         if not failed:
             return
@@ -1331,16 +1346,11 @@ class ModelRuntime(RuntimeBase):
             restarters = [i.restarter for i in self.instances if i.restarter is not None]
             self._halt.set()
         # Together, so that instances stuck in finalize cost one grace, not one each.
-        stoppers = [threading.Thread(target=stub.stop, args=(finalize, grace), daemon=True,
-                                     name=f"{stub.name}-stop") for stub, finalize in stubs]
-        for thread, (stub, finalize) in zip(stoppers, stubs):
-            try:
-                thread.start()
-            except RuntimeError:  # no thread to be had (RLIMIT_NPROC, pids.max): one by one
-                stub.stop(finalize, grace)
-        for thread in stoppers:
-            if thread.ident is not None:
-                thread.join()
+        for exc in side_by_side([(f"{stub.name}-stop", functools.partial(stub.stop, finalize,
+                                                                         grace))
+                                 for stub, finalize in stubs]):
+            if exc is not None:
+                log.error("stopping a stub of model '%s' failed: %r", self.name, exc)
         self.finalize_cut_off = any(stub.finalize_cut_off for stub, _ in stubs)
         for thread in restarters:  # so that no stub outlives the unload
             if thread.ident is not None:  # (one not started yet sees STOPPED when it starts)

@@ -120,16 +120,13 @@ class RateLimiter:
         serve now may take, in Triton 2.51's words (QA L0_model_update looks for them)."""
         if not log.isEnabledFor(logging.DEBUG):
             return
+        gone = ("STOPPED", "RETIRING")  # (a retiring one's executes still count elsewhere)
         with self._lock:
-            keys = sorted({k for i in self._instances if i.state not in ("STOPPED", "RETIRING")
+            keys = sorted({k for i in self._instances if i.state not in gone
                            for k, _ in i.limits}, key=lambda k: (k[1], k[0]))
             table: dict[int, list[str]] = {}
             for name, device in keys:
-                count = max((n for i in self._instances
-                             if i.state not in ("STOPPED", "RETIRING")
-                             for k, n in i.limits if k == (name, device)), default=0)
-                if name in self._explicit:
-                    count = self._explicit_count(name, device)
+                count = self._capacity((name, device), gone)
                 table.setdefault(device, []).append(f"\t\tResource: {name}\t Count: {count}\n")
         text = "\nMax Resource Map===>\n" + "".join(
             f"\tDevice: {'GLOBAL' if device == GLOBAL else device}\n" + "".join(rows)
@@ -142,11 +139,13 @@ class RateLimiter:
             return given[device]
         return given.get(None, 0)
 
-    def _capacity(self, key: Key) -> int:
+    def _capacity(self, key: Key, gone: tuple[str, ...] = ("STOPPED",)) -> int:
+        """The copies of ``key``: those given, else the most that one instance not in a state
+        of ``gone`` needs."""
         name, device = key
         if name in self._explicit:
             return self._explicit_count(name, device)
-        return max((n for i in self._instances if i.state != "STOPPED"
+        return max((n for i in self._instances if i.state not in gone
                     for k, n in i.limits if k == key), default=0)
 
     def _fits(self, inst: Any) -> bool:

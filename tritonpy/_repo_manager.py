@@ -33,7 +33,8 @@ from ._errors import (
     version_failed,
 )
 from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
-from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime, config_needs_reload
+from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
+                     config_needs_reload, side_by_side)
 from ._stubproc import env_launcher
 
 log = logging.getLogger("tritonpy.repository")
@@ -54,30 +55,8 @@ def _load_versions(runtimes: list[ModelRuntime]) -> None:
     """Load the versions of one model in parallel, as Triton does. When any fails, the
     error names each one that failed, in order of version (Triton's words, joined by ';'),
     and those that loaded stay loaded: the caller unloads them again."""
-    if len(runtimes) < 2:
-        for rt in runtimes:
-            rt.load()
-        return
-    errors: dict[int, BaseException] = {}
-
-    def load(rt: ModelRuntime) -> None:
-        try:
-            rt.load()
-        except BaseException as exc:  # noqa: BLE001 (raised below, on the caller's thread)
-            errors[rt.version] = exc
-
-    threads = []
-    for rt in runtimes:
-        thread = threading.Thread(target=load, args=(rt,), daemon=True,
-                                  name=f"{rt.name}-{rt.version}-load")
-        try:
-            thread.start()
-        except RuntimeError:  # no thread to be had: this one loads it
-            load(rt)
-        else:
-            threads.append(thread)
-    for thread in threads:
-        thread.join()
+    errors = {rt.version: exc for rt, exc in zip(runtimes, side_by_side(
+        [(f"{rt.name}-{rt.version}-load", rt.load) for rt in runtimes])) if exc is not None}
     if not errors:
         return
     failures = [errors[v] for v in sorted(errors)]

@@ -164,6 +164,11 @@ class _Controls:
         return out
 
 
+def _zeros(dims: list[int], dtype: np.dtype) -> np.ndarray:
+    """A state's zero value: zeros, or empty elements for BYTES."""
+    return np.full(dims, b"", dtype=object) if dtype == np.object_ else np.zeros(dims, dtype)
+
+
 def _initial_state(st: Any, batched: bool, model_dir: str, initialized: set[str],
                    model: str) -> np.ndarray:
     """A state input's value at a sequence's START: its ``initial_state`` (zeros, or the raw
@@ -185,7 +190,7 @@ def _initial_state(st: Any, batched: bool, model_dir: str, initialized: set[str]
     if init is None:
         dtype = numpy_dtype(DataType.Name(int(st.data_type)))
         dims = [max(0, int(d)) for d in st.dims]
-        arr = np.full(dims, b"", dtype=object) if dtype == np.object_ else np.zeros(dims, dtype)
+        arr = _zeros(dims, dtype)
         return arr.reshape((1, *arr.shape)) if batched else arr
     name = st.input_name
     if int(init.data_type) != int(st.data_type):
@@ -213,7 +218,7 @@ def _initial_state(st: Any, batched: bool, model_dir: str, initialized: set[str]
     count = int(np.prod(dims)) if dims else 1
     which = init.WhichOneof("state_data")
     if which == "zero_data":
-        arr = np.full(dims, b"", dtype=object) if dtype == np.object_ else np.zeros(dims, dtype)
+        arr = _zeros(dims, dtype)
     elif which == "data_file":
         path = os.path.join(model_dir, "initial_state", init.data_file)
         try:

@@ -24,6 +24,7 @@ from tritonpy.shm import cuda
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.dtypes import TRITON_TO_NUMPY, triton_dtype_of
 from tritonpy.shm.pool import RECLAIM_EVERY_S
+from tritonpy.shm.waiting import StallWatch
 
 from . import _repo_manager
 from ._bls import BlsRouter
@@ -36,7 +37,7 @@ from ._errors import (
     input_twice,
     load_cancelled,
 )
-from ._loop import FrameLoop, StallWatch
+from ._loop import FrameLoop
 from ._model import READY, ModelRuntime
 from ._options import BackendOptions
 from ._ratelimit import RateLimiter, parse_resource

@@ -12,7 +12,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-from .._loop import StallWatch, log_stalls, new_event_loop, run_loop
+from .._loop import log_stalls, new_event_loop, run_loop
+from ..shm.waiting import StallWatch
 from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
 from ._http2 import KeepAlive
 from .grpc import GRPCFrontend

@@ -337,7 +337,7 @@ _JSON_WORDS = (
 )
 
 
-def json_error_words(exc: BaseException, raw: bytes | bytearray) -> str:
+def json_error_words(exc: BaseException) -> str:
     """What Triton 2.51 says of a body its JSON parser refuses, ``<what>. at <offset>``
     (measured: "Invalid value. at 0"; QA L0_http looks for those words), for the error
     Python's parser raised."""
@@ -394,7 +394,7 @@ def parse_json_object(raw: bytes | bytearray, **options: Any) -> dict[str, Any]:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgumentError(
-            f"failed to parse the request JSON buffer: {json_error_words(exc, raw)}") from None
+            f"failed to parse the request JSON buffer: {json_error_words(exc)}") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
     return doc
