@@ -346,3 +346,69 @@ def pinned_beside_busy(pid: int, hogs: int, same_cpu: bool) -> Iterator[list[psu
                 os.sched_setaffinity(tid, set(everywhere))
             except OSError:  # a thread that has ended since
                 pass
+
+
+# -- Triton's L0_model_namespacing scenarios ---------------------------------------------
+ADDSUB_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+SIGN = {sign}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+            first, second = (a + b, a - b) if SIGN > 0 else (a - b, a + b)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", first.astype(np.int32)),
+                pb_utils.Tensor("OUTPUT1", second.astype(np.int32))]))
+        return out
+"""
+
+NS_IO = """
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+        { name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+         { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] } ]
+"""
+
+AMBIGUOUS = ("There are 2 identifiers of model '{}' in global map, model namespace must be "
+             "provided to resolve ambiguity.")
+DATA = np.arange(16, dtype=np.int32)
+ADD, SUB = (DATA + DATA, DATA - DATA), (DATA - DATA, DATA + DATA)
+
+
+def _addsub(repo: Path, name: str, sign: int) -> None:
+    write_model(repo, name, ADDSUB_PY.format(sign=sign), 'backend: "python"\n' + NS_IO)
+
+
+def _one_step_ensemble(repo: Path, name: str, step: str) -> None:
+    maps = "".join(f' input_map {{ key: "INPUT{i}" value: "INPUT{i}" }}' for i in (0, 1)) + \
+        "".join(f' output_map {{ key: "OUTPUT{i}" value: "OUTPUT{i}" }}' for i in (0, 1))
+    write_model(repo, name, "", f'platform: "ensemble"\n{NS_IO}ensemble_scheduling {{ step [ '
+                f'{{ model_name: "{step}" model_version: -1{maps} }} ] }}\n')
+
+
+def namespacing_repos(tmp_path: Path, scenario: str) -> tuple[Path, Path]:
+    """The two repositories of one of upstream's scenarios."""
+    a, s = tmp_path / "addsub_repo", tmp_path / "subadd_repo"
+    if scenario == "no_duplication":
+        _one_step_ensemble(a, "simple_addsub", "composing_addsub")
+        _addsub(a, "composing_addsub", 1)
+        _one_step_ensemble(s, "simple_subadd", "composing_subadd")
+        _addsub(s, "composing_subadd", -1)
+    elif scenario == "duplication":
+        _one_step_ensemble(a, "simple_addsub", "composing_model")
+        _addsub(a, "composing_model", 1)
+        _one_step_ensemble(s, "simple_subadd", "composing_model")
+        _addsub(s, "composing_model", -1)
+    else:  # ensemble_duplication
+        _one_step_ensemble(a, "simple_ensemble", "composing_addsub")
+        _addsub(a, "composing_addsub", 1)
+        _one_step_ensemble(s, "simple_ensemble", "composing_subadd")
+        _addsub(s, "composing_subadd", -1)
+    return a, s

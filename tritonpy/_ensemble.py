@@ -71,7 +71,8 @@ def is_ensemble_dir(model_dir: str, config_name: str = "") -> bool:
 # ---------------------------------------------------------------------------- dependencies
 
 
-def ensure_step_loaded(repo: RepositoryManager, ensemble: str, name: str) -> None:
+def ensure_step_loaded(repo: RepositoryManager, ensemble: str, name: str,
+                       namespace: str = "") -> None:
     """Make sure step model ``name`` of ``ensemble`` is loaded, loading it if that is allowed.
 
     Explicit mode loads a missing step model as a dependency (as Triton does); in the other
@@ -79,12 +80,18 @@ def ensure_step_loaded(repo: RepositoryManager, ensemble: str, name: str) -> Non
     fails the ensemble with that model's reason. An ensemble met again while it is itself being
     loaded is a circular dependency.
     """
-    stack: list[str] = getattr(_loading, "stack", [])
-    if name in stack:
-        cycle = stack[stack.index(name):]
+    try:  # with namespacing: the one of the ensemble's repository, else the only one
+        entry: ModelEntry | None = repo.find(name, namespace) if repo.namespacing \
+            else repo.entries.get(name)
+    except TritonpyError:
+        entry = None
+    stack: list[str] = getattr(_loading, "stack", [])  # the keys of the ensembles loading
+    key = entry.key if entry is not None else name
+    if key in stack:
+        last_entry = repo.entries.get(stack[-1])
+        last = last_entry.name if last_entry is not None else stack[-1]
         raise InvalidArgumentError(
-            f"circular dependency between ensembles: {name} -> ... -> {cycle[-1]} -> {name}")
-    entry: ModelEntry | None = repo.entries.get(name)
+            f"circular dependency between ensembles: {name} -> ... -> {last} -> {name}")
     if entry is None:
         raise InvalidArgumentError(
             f"ensemble {ensemble} contains models that are not available or ambiguous: {name}")
@@ -425,10 +432,12 @@ class EnsembleRuntime(RuntimeBase):
 
     def step_runtime(self, step: _Step) -> Any:
         """The loaded runtime a step runs on now (a reloaded step model is picked up)."""
+        repo = self.server.repo
         try:
-            return self.server.repo.runtime(step.model, step.version)
+            return repo.runtime(step.model, step.version, near=self.namespace)
         except TritonpyError:
-            entry = self.server.repo.entries.get(step.model)
+            key = repo.step_key(step.model, self.namespace)
+            entry = repo.entries.get(key) if key is not None else None
             if entry is not None and entry.runtimes and step.version >= 0:
                 raise UnavailableError(
                     f"ensemble '{self.name}' depends on '{step.model}' whose required version "
@@ -807,10 +816,12 @@ def step_models_to_unload(repo: RepositoryManager, name: str) -> list[str]:
     ensemble still runs and those a load asked for by name (Triton keeps both). Empty for a
     model that is not a loaded ensemble.
     """
-    def steps_of(model: str) -> set[str]:
+    def steps_of(model: str) -> set[str]:  # by key
         entry = repo.entries.get(model)
         rts = list(entry.runtimes.values()) if entry is not None else []
-        return {st.model for rt in rts if isinstance(rt, EnsembleRuntime) for st in rt.steps}
+        keys = {repo.step_key(st.model, rt.namespace) for rt in rts
+                if isinstance(rt, EnsembleRuntime) for st in rt.steps}
+        return {k for k in keys if k is not None}
 
     def requested(model: str) -> bool:
         entry = repo.entries.get(model)
@@ -848,13 +859,13 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
     from .config import config_to_json
 
     name = entry.name
-    with _LoadingGuard(name):
+    with _LoadingGuard(entry.key):
         for step in cfg.ensemble_scheduling.step:
-            ensure_step_loaded(repo, name, step.model_name)
+            ensure_step_loaded(repo, name, step.model_name, entry.namespace)
     configs = []
     for step in cfg.ensemble_scheduling.step:
         try:
-            rt = repo.runtime(step.model_name, int(step.model_version))
+            rt = repo.runtime(step.model_name, int(step.model_version), near=entry.namespace)
         except TritonpyError:
             raise InvalidArgumentError(
                 f"ensemble '{name}' depends on '{step.model_name}' whose required version "
@@ -873,6 +884,7 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
     out: dict[int, EnsembleRuntime] = {}
     for v in versions:
         ens_rt = EnsembleRuntime(repo.server, name, v, cfg, cfg_json, entry.directory)
+        ens_rt.namespace = ens_rt.stats.namespace = entry.namespace
         ens_rt.load()
         out[v] = ens_rt
     log.info("ensemble '%s': %d step(s) over %s%s", name, len(cfg.ensemble_scheduling.step),

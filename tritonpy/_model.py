@@ -251,6 +251,9 @@ class RuntimeBase:
         self.server = server
         self.name = name
         self.version = version
+        # Its repository with --model-namespacing ("" without): the metrics' namespace label,
+        # and where an ensemble looks for its steps first. Set by the repository manager.
+        self.namespace = ""
         self.config = config
         self.config_json = config_json
         self.model_dir = model_dir

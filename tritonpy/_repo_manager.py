@@ -33,6 +33,7 @@ from ._errors import (
     version_failed,
 )
 from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
+from .repository import namespaced_key
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
 from ._stubproc import env_launcher
@@ -79,10 +80,14 @@ def _check_model_name(name: str) -> None:
 
 
 class ModelEntry:
-    """One model name: its directory and its loaded versions."""
+    """One model: its directory and its loaded versions. Its ``key`` in the manager's entries
+    is its name, or with ``--model-namespacing`` ``<repository>::<name>``, its ``namespace``
+    being that repository ("" without)."""
 
-    def __init__(self, name: str, directory: str) -> None:
+    def __init__(self, name: str, directory: str, key: str = "", namespace: str = "") -> None:
         self.name = name
+        self.key = key or name
+        self.namespace = namespace
         self.directory = directory
         self.state = UNAVAILABLE
         self.reason = "unloaded"
@@ -148,7 +153,10 @@ class RepositoryManager:
 
     def __init__(self, server: Any) -> None:
         self.server = server
-        self.entries: dict[str, ModelEntry] = {}
+        # Triton's --model-namespacing: models keyed <repository>::<name>; a name two
+        # repositories hold is two models, and a request names one when the name is unique.
+        self.namespacing = bool(getattr(server, "model_namespacing", False))
+        self.entries: dict[str, ModelEntry] = {}  # by key (see ModelEntry)
         self.scan_errors: dict[str, str] = {}
         self._lock = threading.Lock()
         self._gpu_count: int | None = None
@@ -169,24 +177,69 @@ class RepositoryManager:
     def scan(self) -> None:
         from .repository import scan_repositories
 
-        models, errors = scan_repositories(self.server.repositories)
+        models, errors = scan_repositories(self.server.repositories, self.namespacing)
         with self._lock:
             self._scanned = models
-            for name, directory in models.items():
-                entry = self.entries.get(name)
+            for key, directory in models.items():
+                entry = self.entries.get(key)
                 if entry is None:
-                    self.entries[name] = ModelEntry(name, directory)
+                    name = os.path.basename(directory)
+                    self.entries[key] = ModelEntry(
+                        name, directory, key,
+                        os.path.dirname(directory) if self.namespacing else "")
                 elif entry.tmpdir is None:
                     entry.directory = directory
+            if self.namespacing:
+                # A model whose folder went, never loaded: as Triton, no longer one of the
+                # identifiers a name resolves among (poll mode unloads a loaded one).
+                for key, entry in list(self.entries.items()):
+                    if key not in models and entry.tmpdir is None and not entry.runtimes \
+                            and not entry.lock.locked():
+                        del self.entries[key]
             self.scan_errors = errors
 
-    def require_known(self, name: str) -> ModelEntry:
+    def require_known(self, name: str, near: str | None = None) -> ModelEntry:
+        """The model ``name`` (a key, or with namespacing a name, resolved as :meth:`find`
+        does), else NotFoundError, or InvalidArgumentError for a name that cannot be served."""
         entry = self.entries.get(name)
         if entry is None:
+            if self.namespacing:
+                entry = self.find(name, near)
+                if entry is not None:
+                    return entry
             if name in self.scan_errors:
                 raise InvalidArgumentError(self.scan_errors[name])
             raise NotFoundError(f"Request for unknown model: '{name}' is not found")
         return entry
+
+    def find(self, name: str, near: str | None = None) -> ModelEntry | None:
+        """With namespacing: the model called ``name`` in namespace ``near`` if there is one
+        (an ensemble's step), else the only model of that name anywhere, else None; two or
+        more are refused in Triton's words."""
+        if near is not None:
+            entry = self.entries.get(namespaced_key(near, name))
+            if entry is not None:
+                return entry
+        found = self.named(name)
+        if len(found) > 1:
+            raise InvalidArgumentError(
+                f"There are {len(found)} identifiers of model '{name}' in global map, model "
+                "namespace must be provided to resolve ambiguity.")
+        return found[0] if found else None
+
+    def named(self, name: str) -> list[ModelEntry]:
+        """The models called ``name``: one at most without namespacing."""
+        if not self.namespacing:
+            entry = self.entries.get(name)
+            return [entry] if entry is not None else []
+        return [e for e in list(self.entries.values()) if e.name == name]
+
+    def keys_of(self, name: str) -> list[str]:
+        """The keys of the models ``name`` stands for: itself where it is a key, else (with
+        namespacing) every model of that name, else [name]."""
+        if name in self.entries or not self.namespacing:
+            return [name]
+        return [e.key for e in self.named(name)] or [name]
 
     # -- start / stop --------------------------------------------------------------------------
     def start_up(self, wait: bool) -> None:
@@ -194,12 +247,13 @@ class RepositoryManager:
         mode = self.server.model_control_mode
         if mode == "explicit":
             names = list(self.entries) if "*" in self.server.load_models else [
-                n for n in self.server.load_models]
+                key for n in self.server.load_models for key in self.keys_of(n)]
             # A name two repositories hold is not loaded (the index shows why); as Triton,
             # the start goes on with the others (tritonpy serve's --exit-on-error decides).
             names = [n for n in names if n not in self.scan_errors]
             for n in names:
-                self.require_known(n)
+                if n not in self.entries:
+                    self.require_known(n)  # not found
         else:
             names = list(self.entries)
         for n in names:
@@ -261,14 +315,34 @@ class RepositoryManager:
         if api:
             _check_model_name(name)
             self.scan()
-        refused = f"failed to load '{name}', failed to poll from model repository"  # Triton's
+        keys = self.keys_of(name)
+        if len(keys) > 1:  # namespacing: as Triton, a name two repositories hold loads both
+            if config or files:
+                raise InvalidArgumentError(
+                    f"failed to load '{name}': {len(keys)} repositories hold a model of that "
+                    "name, and a load with a config override or files is for one model")
+            first: TritonpyError | None = None
+            for key in keys:
+                try:
+                    self._load_key(key, name, None, None, api)
+                except TritonpyError as exc:
+                    first = first or exc
+            if first is not None:
+                raise first
+            return
+        self._load_key(keys[0], name, config, files, api)
+
+    def _load_key(self, name: str, shown: str, config: str | None,
+                  files: Mapping[str, bytes] | None, api: bool) -> None:
+        """:meth:`load` of the model keyed ``name``, called ``shown`` in errors."""
+        refused = f"failed to load '{shown}', failed to poll from model repository"  # Triton's
         tmp = mdir = None
         if files:
             if not config:
                 raise InvalidArgumentError(
                     f"{refused}: load with files needs a config override as well")
-            tmp = tempfile.mkdtemp(prefix=f"tritonpy-{name}-")
-            mdir = os.path.join(tmp, name)
+            tmp = tempfile.mkdtemp(prefix=f"tritonpy-{shown}-")
+            mdir = os.path.join(tmp, shown)
             try:
                 os.makedirs(mdir)
                 _write_files(mdir, files)
@@ -292,7 +366,7 @@ class RepositoryManager:
         if mdir:
             # Known from now on (a refused load of a new name leaves no entry in the index).
             with self._lock:
-                entry = self.entries.setdefault(name, ModelEntry(name, ""))
+                entry = self.entries.setdefault(name, ModelEntry(shown, "", name))
         else:
             entry = self.require_known(name)
         # Which directory the model loads from is settled under the entry's lock, by the load
@@ -316,7 +390,7 @@ class RepositoryManager:
                     raise
                 # As Triton's model control API answers a failed load (HTTP 400).
                 raise InvalidArgumentError(
-                    f"load failed for model '{name}': {exc.message}") from exc
+                    f"load failed for model '{shown}': {exc.message}") from exc
             entry.requested = True
         self._orphans.pop(name, None)
         self._revive_orphans()
@@ -327,7 +401,10 @@ class RepositoryManager:
         while progress:
             progress = False
             for ens, steps in list(self._orphans.items()):
-                if all((e := self.entries.get(s)) is not None and e.runtimes for s in steps):
+                ens_entry = self.entries.get(ens)
+                ns = ens_entry.namespace if ens_entry is not None else ""
+                if all((k := self.step_key(s, ns)) is not None
+                       and (e := self.entries.get(k)) is not None and e.runtimes for s in steps):
                     if self._orphans.pop(ens, None) is not None:
                         self._load_quietly(ens)
                         progress = True
@@ -415,6 +492,7 @@ class RepositoryManager:
                     rt = ModelRuntime(srv, entry.name, v, cfg, cfg_json, entry.directory,
                                       model_source(cfg, entry.directory, v, path,
                                                    srv.backend_directory))
+                    rt.namespace = rt.stats.namespace = entry.namespace
                     new[v] = rt
                     fresh.append(rt)
             _load_versions(fresh)
@@ -483,7 +561,7 @@ class RepositoryManager:
                 rt.stats.summaries = prev.stats.summaries  # they go on too, as Triton's
         for rt in gone:
             if rt.version not in serving:
-                srv.counter_carry.unloaded(entry.name, rt.version)
+                srv.counter_carry.unloaded(entry.namespace, entry.name, rt.version)
                 entry.dropped[rt.version] = rt
         for v in serving:
             entry.dropped.pop(v, None)
@@ -606,6 +684,12 @@ class RepositoryManager:
         meanwhile."""
         if api and self.server.model_control_mode != "explicit":
             raise UnavailableError(NOT_EXPLICIT)
+        keys = self.keys_of(name)
+        if len(keys) > 1:  # namespacing: as Triton, a name two repositories hold unloads both
+            for key in keys:
+                self.unload(key, wait=wait)
+            return
+        name = keys[0]
         entry = self.entries.get(name)
         if entry is None and name not in self.scan_errors:
             # As Triton: unloading a model that is not loaded succeeds, a name the repository
@@ -621,30 +705,41 @@ class RepositoryManager:
                                 wait: bool = True) -> None:
         """Unload ``entry`` and, first, as Triton does, the loaded ensembles that run it
         (directly or through other ensembles); they load again when it does."""
-        for ens in reversed(self._dependents(entry.name)):  # the outermost first
+        for ens in reversed(self._dependents(entry.key)):  # the outermost first
             e = self.entries[ens]
             steps = {st.model for rt in e.runtimes.values() if isinstance(rt, EnsembleRuntime)
                      for st in rt.steps}
             self._unload_entry(e, timeout, wait)
             self._orphans[ens] = steps
-            log.info("unloaded ensemble '%s', which runs '%s'", ens, entry.name)
+            log.info("unloaded ensemble '%s', which runs '%s'", e.name, entry.name)
         self._unload_entry(entry, timeout, wait)
 
-    def _dependents(self, name: str) -> list[str]:
-        """The loaded ensembles that run ``name``, directly or through other ensembles; an
-        ensemble comes after those it runs."""
+    def _dependents(self, key: str) -> list[str]:
+        """The keys of the loaded ensembles that run model ``key``, directly or through other
+        ensembles; an ensemble comes after those it runs."""
         found: list[str] = []
-        todo = [name]
+        todo = [key]
         while todo:
             model = todo.pop(0)
             for other, e in list(self.entries.items()):
-                if other != name and other not in found and any(
-                        isinstance(rt, EnsembleRuntime) and any(st.model == model
-                                                                for st in rt.steps)
+                if other != key and other not in found and any(
+                        isinstance(rt, EnsembleRuntime) and any(
+                            self.step_key(st.model, rt.namespace) == model for st in rt.steps)
                         for rt in e.runtimes.values()):
                     found.append(other)
                     todo.append(other)
         return found
+
+    def step_key(self, name: str, namespace: str) -> str | None:
+        """The key of the model an ensemble of ``namespace`` runs as step ``name`` (None: none,
+        or, with namespacing, two of that name elsewhere and none in its own namespace)."""
+        if not self.namespacing:
+            return name
+        try:
+            entry = self.find(name, namespace)
+        except TritonpyError:
+            return None
+        return entry.key if entry is not None else None
 
     def _unload_entry(self, entry: ModelEntry, timeout: float | None, wait: bool = True) -> None:
         """Take ``entry``'s versions out of service now; they finish their requests (bounded by
@@ -660,7 +755,7 @@ class RepositoryManager:
             entry.unloaded = sorted(rts)
             carry = self.server.counter_carry
             for v in rts:
-                carry.unloaded(entry.name, v)
+                carry.unloaded(entry.namespace, entry.name, v)
 
         def finish() -> None:
             for rt in rts.values():
@@ -702,10 +797,13 @@ class RepositoryManager:
                 if name not in before or (fp != entry.fingerprint):
                     entry.fingerprint = fp
                     self._load_quietly(name)
+            # An ensemble that a step's removal took with it runs again once its steps are
+            # there: with namespacing, a model of that name in another repository.
+            self._revive_orphans()
 
     # -- views ---------------------------------------------------------------------------------
-    def runtime(self, name: str, version: int = -1) -> ModelRuntime:
-        entry = self.require_known(name)
+    def runtime(self, name: str, version: int = -1, near: str | None = None) -> ModelRuntime:
+        entry = self.require_known(name, near)
         rts = entry.runtimes
         if not rts:
             # As Triton: a known model with no loaded version is NOT_FOUND (HTTP 404). One
@@ -771,17 +869,18 @@ class RepositoryManager:
         Triton, a directory whose configuration cannot even be read is not a model of the
         server and does not count (a broken folder dropped into a polled repository does not
         take the server out of service)."""
-        return [name for name, e in self.entries.items()
+        return [e.name for e in list(self.entries.values())
                 if (e.state != READY and e.reason != "unloaded" and not e.unreadable)
                 or (e.state == READY and any(v not in e.runtimes for v in e.failed))]
 
     def index(self) -> list[dict]:
         out = []
-        for name in sorted(set(self.entries) | set(self.scan_errors)):
-            e = self.entries.get(name)
+        for key in sorted(set(self.entries) | set(self.scan_errors)):  # Triton's order
+            e = self.entries.get(key)
+            name = e.name if e is not None else key
             if e is not None and e.unlisted and not e.runtimes:
                 continue  # as Triton: a folder with no version to load is not listed
-            if e is not None and e.tmpdir and name not in self._scanned:
+            if e is not None and e.tmpdir and key not in self._scanned:
                 continue  # as Triton: loaded from files, and no repository's model
             if e is None:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,

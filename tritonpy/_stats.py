@@ -189,6 +189,7 @@ class ModelStats:
     def __init__(self, name: str, version: int, summaries: bool = False) -> None:
         self.name = name
         self.version = version
+        self.namespace = ""  # its model's, with --model-namespacing (see RuntimeBase)
         self.summaries = {k: LatencySummary() for k in SUMMARY_KEYS} if summaries else None
         self._lock = threading.Lock()
         self.inference_count = 0
@@ -375,21 +376,22 @@ class CounterCarry:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._versions: dict[tuple[str, int], _Carried] = {}
+        self._versions: dict[tuple[str, str, int], _Carried] = {}  # (namespace, name, version)
 
     def serving(self, stats: ModelStats) -> None:
         """The runtime of ``stats`` serves its version from now on (loaded, or a reload's
         replacement)."""
         with self._lock:
-            c = self._versions.setdefault((stats.name, stats.version), _Carried())
+            c = self._versions.setdefault((stats.namespace, stats.name, stats.version),
+                                          _Carried())
             c.serving = True
             c.runs.append(stats)
 
-    def unloaded(self, name: str, version: int) -> None:
+    def unloaded(self, namespace: str, name: str, version: int) -> None:
         """The version is out of service: its counters start again at its next load, its
         failures go on."""
         with self._lock:
-            c = self._versions.get((name, version))
+            c = self._versions.get((namespace, name, version))
             if c is None:
                 return
             c.serving = False
@@ -401,7 +403,7 @@ class CounterCarry:
     def finished(self, stats: ModelStats) -> None:
         """The runtime of ``stats`` is unloaded: it counts no more, and is folded."""
         with self._lock:
-            c = self._versions.get((stats.name, stats.version))
+            c = self._versions.get((stats.namespace, stats.name, stats.version))
             if c is None:
                 return
             if any(s is stats for s in c.runs):
@@ -411,11 +413,11 @@ class CounterCarry:
                 c.gone = [s for s in c.gone if s is not stats]
                 _add(c.failures, stats.counters()["failures"])
 
-    def counters(self, name: str, version: int) -> dict[str, Any] | None:
+    def counters(self, namespace: str, name: str, version: int) -> dict[str, Any] | None:
         """The version's counters, in the shape of :meth:`ModelStats.counters` less its
         failures (see :meth:`failures`); None while it is not serving."""
         with self._lock:
-            c = self._versions.get((name, version))
+            c = self._versions.get((namespace, name, version))
             if c is None or not c.serving:
                 return None
             out: dict[str, Any] = {}
@@ -426,21 +428,21 @@ class CounterCarry:
         out.pop("failures", None)
         return out
 
-    def failures(self) -> list[tuple[str, int, dict[str, int]]]:
-        """``(name, version, failures by reason)`` of every version that served, unloaded ones
-        too."""
+    def failures(self) -> list[tuple[str, str, int, dict[str, int]]]:
+        """``(namespace, name, version, failures by reason)`` of every version that served,
+        unloaded ones too."""
         with self._lock:
             held = []
-            for (name, version), c in self._versions.items():
+            for (namespace, name, version), c in self._versions.items():
                 failures = dict.fromkeys(FAILURE_REASONS, 0)
                 _add(failures, c.failures)
                 _add(failures, c.totals.get("failures", {}))
-                held.append((name, version, failures, c.runs + c.gone))
+                held.append((namespace, name, version, failures, c.runs + c.gone))
         out = []
-        for name, version, failures, runs in held:
+        for namespace, name, version, failures, runs in held:
             for stats in runs:
                 _add(failures, stats.failures_by_reason())
-            out.append((name, version, failures))
+            out.append((namespace, name, version, failures))
         return out
 
 

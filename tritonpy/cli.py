@@ -243,7 +243,7 @@ _KEEPALIVE_FLAGS = (
      "then close it this much later whatever calls are open (0: when they end)"),
 )
 #: Triton frontends and modes not served: taken when off, refused when turned on.
-_NOT_SERVED = ("--allow-sagemaker", "--allow-vertex-ai", "--model-namespacing")
+_NOT_SERVED = ("--allow-sagemaker", "--allow-vertex-ai")
 _NOT_SERVED_SETTINGS = ("--sagemaker-port", "--sagemaker-safe-port-range",
                         "--sagemaker-thread-count", "--vertex-ai-port",
                         "--vertex-ai-thread-count", "--vertex-ai-default-model")
@@ -542,6 +542,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--model-load-retry-count", type=int, default=0, metavar="N",
                    help="try a model that fails to load N more times (as Triton; an invalid "
                         "config is not retried)")
+    s.add_argument("--model-namespacing", type=_bool, default=False, metavar="BOOL",
+                   help="a model name that two repositories hold is two models: each "
+                        "ensemble runs its own repository's steps first, a request naming "
+                        "it is refused for its ambiguity, and metrics carry a namespace label "
+                        "(as Triton)")
     s.add_argument("--model-config-name", default="", metavar="NAME",
                    help="configure each model by <model>/configs/NAME.pbtxt where it exists "
                         "(else its config.pbtxt)")
@@ -604,9 +609,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
 
     for flag in _NOT_SERVED:
         if getattr(args, _dest(flag)):
-            what = "model namespacing" if flag == "--model-namespacing" else \
-                f"the {flag[len('--allow-'):]} frontend"
-            raise SystemExit(f"error: {flag} true: tritonpy does not serve {what}")
+            raise SystemExit(f"error: {flag} true: tritonpy does not serve the "
+                             f"{flag[len('--allow-'):]} frontend")
     try:
         http_restricted = parse_restrictions(args.http_restricted_api, "--http-restricted-api")
         grpc_restricted = parse_restrictions(args.grpc_restricted_protocol,
@@ -656,7 +660,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     metrics_config=metrics_config(args),
                     backend_directory=args.backend_directory,
                     rate_limit=args.rate_limit or "off",
-                    rate_limit_resources=args.rate_limit_resource)
+                    rate_limit_resources=args.rate_limit_resource,
+                    model_namespacing=args.model_namespacing)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
@@ -688,7 +693,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     failed = set(server.repo.not_available())  # failed to load (not merely left unloaded)
     # As Triton, a folder whose configuration cannot be read and a model name that two
     # repositories hold fail the start too, though neither counts against readiness.
-    failed |= {name for name, e in server.repo.entries.items()
+    failed |= {e.name for e in server.repo.entries.values()
                if e.unreadable and e.tried and e.state != READY}
     if args.model_control_mode != "explicit" or "*" in args.load_model:
         failed |= set(server.repo.scan_errors)

@@ -17,7 +17,7 @@ import math
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping
 
 import psutil
 from aiohttp import web
@@ -154,14 +154,23 @@ class TritonStatsCollector:
         config = getattr(self.server, "metrics_config", None)
         counters = config is None or config.counter_latencies
         runtimes = self._runtimes()
-        cached = {(rt.name, str(rt.version)) for rt in runtimes or ()
-                  if rt.config.response_cache.enable}
+        # With --model-namespacing, as Triton's: a namespace label (the model's repository)
+        # between the model and its version.
+        spaced = bool(getattr(self.server, "model_namespacing", False))
+        names = ["model", "namespace", "version"] if spaced else ["model", "version"]
+
+        def ident(entry: Mapping[str, Any]) -> tuple[str, ...]:
+            return tuple(str(entry.get(k, "")) for k in ("name", "namespace", "version")
+                         if spaced or k != "namespace")
+
+        cached = {ident({"name": rt.name, "namespace": rt.namespace, "version": rt.version})
+                  for rt in runtimes or () if rt.config.response_cache.enable}
 
         def counter_family(name: str, doc: str, path: tuple[str, ...],
-                           only: set[tuple[str, str]] | None = None) -> Metric:
-            family = CounterMetricFamily(name, doc, labels=["model", "version"])
+                           only: set[tuple[str, ...]] | None = None) -> Metric:
+            family = CounterMetricFamily(name, doc, labels=names)
             for entry in stats:
-                model = (str(entry.get("name", "")), str(entry.get("version", "")))
+                model = ident(entry)
                 if only is None or model in only:
                     family.add_metric(list(model), _lookup(entry, path))
             return family
@@ -171,11 +180,12 @@ class TritonStatsCollector:
         # as Triton's, those of unloaded versions too.
         failures = CounterMetricFamily(
             "nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
-            labels=["model", "reason", "version"])
+            labels=names[:-1] + ["reason", "version"])
         try:
             for entry in self.server.failures():
+                model = ident(entry)
                 for reason in reversed(FAILURE_REASONS):  # as Triton's exporter lists them
-                    failures.add_metric([entry["name"], reason, entry["version"]],
+                    failures.add_metric([*model[:-1], reason, model[-1]],
                                         float(entry["reasons"].get(reason, 0)))
         except Exception:
             log.exception("reading failures for metrics failed")
@@ -198,15 +208,15 @@ class TritonStatsCollector:
         pending = GaugeMetricFamily(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",
-            labels=["model", "version"])
+            labels=names)
         try:
             for entry in self.server.pending_requests():
-                pending.add_metric([entry["name"], entry["version"]], float(entry["count"]))
+                pending.add_metric(list(ident(entry)), float(entry["count"]))
         except Exception:
             log.exception("reading pending requests for metrics failed")
         yield pending
         if config is not None and config.summary_latencies:
-            yield from self._summaries(runtimes or [], config.summary_quantiles, cached)
+            yield from self._summaries(runtimes or [], config.summary_quantiles, cached, spaced)
         try:
             pools = self.server.shm_usage()
         except Exception:
@@ -221,22 +231,23 @@ class TritonStatsCollector:
 
     @staticmethod
     def _summaries(runtimes: list[Any], quantiles: tuple[tuple[float, float], ...],
-                   cached: set[tuple[str, str]]) -> Iterator[Metric]:
+                   cached: set[tuple[str, ...]], spaced: bool) -> Iterator[Metric]:
         """Triton's duration summaries: per model version its count, sum and quantiles (of
         about the last minute), in Triton's line order. As Triton's, the request summary
         leaves out the models that enable the response cache, and the cache's hit and miss
         summaries have only those."""
         wanted = [q for q, _ in quantiles]
-        values = [(rt.name, str(rt.version), rt.stats.summary_values(wanted))
+        values = [({"model": rt.name, **({"namespace": rt.namespace} if spaced else {}),
+                    "version": str(rt.version)}, rt.stats.summary_values(wanted))
                   for rt in runtimes]
         for name, doc, key in _SUMMARY_FAMILIES:
             family = Metric(name, doc, "summary")
-            for model, version, by_key in values:
-                if key not in by_key or (key == "request" and (model, version) in cached) or (
-                        key in _CACHE_SUMMARY_KEYS and (model, version) not in cached):
+            for labels, by_key in values:
+                model = tuple(labels.values())
+                if key not in by_key or (key == "request" and model in cached) or (
+                        key in _CACHE_SUMMARY_KEYS and model not in cached):
                     continue
                 count, total, estimates = by_key[key]
-                labels = {"model": model, "version": version}
                 family.add_sample(name + "_count", labels, float(count))
                 family.add_sample(name + "_sum", labels, float(total))
                 for q, value in zip(wanted, estimates):

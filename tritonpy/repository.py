@@ -56,16 +56,21 @@ _IGNORED_DIRS = frozenset({"__pycache__"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
 
 
-def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+def scan_repositories(paths: list[str],
+                      namespaced: bool = False) -> tuple[dict[str, str], dict[str, str]]:
     """Find the models in one or more repositories.
 
     Args:
         paths: Repository roots. The same root given twice counts once.
+        namespaced: Triton's ``--model-namespacing``: each model is keyed by
+            ``<root>::<name>`` (:func:`namespaced_key`), and a name in two repositories is two
+            models.
 
     Returns:
-        ``(models, errors)``: model name → model directory, and model name → error message
-        for names that cannot be served (a name in two repositories, which Triton shows as
-        UNAVAILABLE and never loads). A name is in one of the two dicts, never both.
+        ``(models, errors)``: model key (its name, unless ``namespaced``) → model directory,
+        and model name → error message for names that cannot be served (without
+        ``namespaced``, a name in two repositories, which Triton shows as UNAVAILABLE and
+        never loads). A name is in one of the two dicts, never both.
         Hidden entries (``.name``) and plain files are skipped.
 
     Raises:
@@ -94,7 +99,10 @@ def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]
     models: dict[str, str] = {}
     errors: dict[str, str] = {}
     for name, dirs in found.items():
-        if len(dirs) == 1:
+        if namespaced:
+            for d in dirs:
+                models[namespaced_key(os.path.dirname(d), name)] = d
+        elif len(dirs) == 1:
             models[name] = dirs[0]
         else:
             # Triton's reason, word for word (its index shows it); the folders go to the log,
@@ -105,6 +113,12 @@ def scan_repositories(paths: list[str]) -> tuple[dict[str, str], dict[str, str]]
                 logger.error("model '%s' is not served: it appears in two or more repositories "
                              "(%s)", name, ", ".join(dirs))
     return models, errors
+
+
+def namespaced_key(namespace: str, name: str) -> str:
+    """A model's key with ``--model-namespacing``: its repository and name, as Triton writes
+    them in its log (``/models/a::add``)."""
+    return f"{namespace}::{name}"
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:

@@ -121,6 +121,11 @@ class Server:
             ``"<name>:<count>[:<device>]"``: the copies of a resource (on every device, and for
             a global one, without a device); others have as many as the largest count an
             instance lists.
+        model_namespacing: Triton's ``--model-namespacing``: a model name that two
+            repositories hold is two models, each ensemble running the steps of its own
+            repository first; a request, a load or an unload naming it stands for both (a
+            request is refused for its ambiguity), and the metrics carry a ``namespace`` label
+            (the repository). False: such a name is served by neither (as Triton).
         loop: a running event loop on which to read the stubs' frames, typically the one the
             caller serves its clients on (``tritonpy serve`` passes the HTTP/gRPC loop): a
             response then reaches an ``async_infer`` caller there with no hand-off between
@@ -139,7 +144,8 @@ class Server:
                  metrics_config: MetricsConfig | None = None,
                  backend_directory: str | os.PathLike[str] | None = None,
                  rate_limit: str = "off",
-                 rate_limit_resources: Sequence[str] = ()) -> None:
+                 rate_limit_resources: Sequence[str] = (),
+                 model_namespacing: bool = False) -> None:
         if model_repository is None:
             repos: list[str] = []
         elif isinstance(model_repository, (str, os.PathLike)):
@@ -153,6 +159,8 @@ class Server:
         if problem:
             raise InvalidArgumentError(problem)
         self.repositories = [os.path.abspath(r) for r in repos]
+        # Triton's --model-namespacing: see RepositoryManager.
+        self.model_namespacing = model_namespacing
         self.model_control_mode = model_control_mode
         self.load_models = list(load_models)
         self.options = BackendOptions.from_mapping(backend_config)
@@ -527,7 +535,8 @@ class Server:
 
         self._not_on_frame_loop("unload()")
         self._require_started()
-        steps = step_models_to_unload(self.repo, name) if unload_dependents else []
+        steps = [step for key in self.repo.keys_of(name)
+                 for step in step_models_to_unload(self.repo, key)] if unload_dependents else []
         self.repo.unload(name, api=True, wait=wait)
         for step in steps:
             self.repo.unload(step, api=True, wait=wait)
@@ -541,6 +550,8 @@ class Server:
         Triton, an unloaded version's statistics go with it (its next load starts at 0)."""
         self._require_started()
         runtimes = [rt for rt in self.repo.runtimes() if not name or rt.name == name]
+        if name and self.model_namespacing:
+            self.repo.find(name)  # two or more of that name: refused, in Triton's words
         # Triton's words and code (INVALID_ARG: HTTP 400), for the model, then the version.
         if name and not runtimes:
             raise InvalidArgumentError(f"requested model '{name}' is not available")
@@ -558,25 +569,32 @@ class Server:
         the runtime restarts :meth:`statistics`, not these (see ``CounterCarry``)."""
         out = []
         for rt in self.repo.runtimes():
-            counters = self.counter_carry.counters(rt.name, rt.version)
+            counters = self.counter_carry.counters(rt.namespace, rt.name, rt.version)
             if counters is not None:  # None: unloaded since runtimes() was read
-                out.append({"name": rt.name, "version": str(rt.version), **counters})
+                out.append({"name": rt.name, "version": str(rt.version), **counters,
+                            **self._namespace_of(rt.namespace)})
         return out
+
+    def _namespace_of(self, namespace: str) -> dict[str, str]:
+        """A model's namespace, with --model-namespacing (Triton's metrics then carry one)."""
+        return {"namespace": namespace} if self.model_namespacing else {}
 
     def failures(self) -> list[dict]:
         """Per model version that was ever loaded, its failed requests by Triton's reason
         (``REJECTED``, ``CANCELED``, ``BACKEND``, ``OTHER``), summed over all its runtimes: as
         Triton's ``nv_inference_request_failure``, they outlive an unload and go on from their
         values at the next load."""
-        return [{"name": name, "version": str(version), "reasons": reasons}
-                for name, version, reasons in self.counter_carry.failures()]
+        return [{"name": name, "version": str(version), "reasons": reasons,
+                 **self._namespace_of(namespace)}
+                for namespace, name, version, reasons in self.counter_carry.failures()]
 
     def pending_requests(self) -> list[dict]:
         """Per loaded model version, the requests awaiting execution (Triton's
         ``nv_inference_pending_request_count``): queued, or sent behind a running execute."""
         out = []
         for rt in self.repo.runtimes():
-            out.append({"name": rt.name, "version": str(rt.version), "count": rt.pending()})
+            out.append({"name": rt.name, "version": str(rt.version), "count": rt.pending(),
+                        **self._namespace_of(rt.namespace)})
         return out
 
     def shm_usage(self) -> list[dict]:

@@ -28,7 +28,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from _models import DOUBLE_PY, io_config, segments, wait_until
+from _models import (AMBIGUOUS, DATA, DOUBLE_PY, io_config, namespacing_repos, segments,
+                     wait_until)
 from _models import write_model as write_test_model
 from _serve import START_TIMEOUT, Serve, free_ports, serve_repo
 
@@ -1067,3 +1068,44 @@ def test_serve_raises_the_open_files_limit_to_its_hard_limit(serve: Callable[...
     (stub,) = wait_until(server.stubs, 30, "the stub")
     assert stub.rlimit(psutil.RLIMIT_NOFILE) == (hard, hard)
     assert f"open files limit raised from 256 to {hard}" in server.log()
+
+
+def test_model_namespacing_over_the_wire(serve: Callable[..., Serve], tmp_path: Path) -> None:
+    # --model-namespacing true: a name two repositories hold is two models. A request naming
+    # it is refused in Triton 2.51's words and code (HTTP 400, INVALID_ARGUMENT; measured),
+    # the index lists both, and every per-model metric carries Triton's namespace label.
+    a, s = namespacing_repos(tmp_path, "duplication")
+    http_port, grpc_port, metrics_port = free_ports(3)
+    server = serve("--model-repository", str(a), "--model-repository", str(s),
+                   "--model-namespacing", "true", "--http-port", str(http_port),
+                   "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port))
+    server.endpoints()
+    http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        for client in (httpclient, grpcclient):
+            inputs = [client.InferInput(f"INPUT{i}", [16], "INT32") for i in (0, 1)]
+            for i in inputs:
+                i.set_data_from_numpy(DATA)
+            c: Any = http if client is httpclient else grpc
+            np.testing.assert_array_equal(
+                c.infer("simple_addsub", inputs).as_numpy("OUTPUT0"), DATA + DATA)
+            np.testing.assert_array_equal(
+                c.infer("simple_subadd", inputs).as_numpy("OUTPUT0"), DATA - DATA)
+            with pytest.raises(InferenceServerException) as caught:
+                c.infer("composing_model", inputs)
+            assert caught.value.message() == AMBIGUOUS.format("composing_model")
+            assert caught.value.status() in ("400", "StatusCode.INVALID_ARGUMENT")
+        assert http.is_server_ready() and not http.is_model_ready("composing_model")
+        assert [m["name"] for m in http.get_model_repository_index()].count(
+            "composing_model") == 2
+        page = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics",
+                                      timeout=30).read().decode()
+        for repo in (a, s):  # each ran once for HTTP and once for gRPC
+            assert (f'nv_inference_request_success{{model="composing_model",namespace="{repo}",'
+                    'version="1"} 2') in page, page
+        assert 'nv_inference_request_failure{model="simple_addsub",namespace="%s",' \
+               'reason="REJECTED",version="1"} 0' % a in page
+    finally:
+        http.close()
+        grpc.close()

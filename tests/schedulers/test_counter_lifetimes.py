@@ -200,20 +200,20 @@ def test_a_replaced_runtime_still_draining_counts_until_it_is_folded():
     carry.serving(new)  # the reload's swap
     old.execution(1, [(1, 1000, 10)], [500], 1, 2, 3)  # in flight at the swap
     new.execution(2, [(2, 3000, 20)], [], 1, 2, 3)
-    counters = carry.counters("m", 1)
+    counters = carry.counters("", "m", 1)
     assert counters is not None and "failures" not in counters
     assert (counters["inference_count"], counters["execution_count"]) == (4, 3)
     assert counters["inference_stats"]["success"] == {"count": 3, "ns": 5000}
     carry.finished(old)
-    assert carry.counters("m", 1) == counters
-    assert carry.failures() == [("m", 1, {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1,
-                                           "OTHER": 0})]
-    carry.unloaded("m", 1)
-    assert carry.counters("m", 1) is None
+    assert carry.counters("", "m", 1) == counters
+    assert carry.failures() == [("", "m", 1, {"REJECTED": 0, "CANCELED": 0, "BACKEND": 1,
+                                               "OTHER": 0})]
+    carry.unloaded("", "m", 1)
+    assert carry.counters("", "m", 1) is None
     new.request_failed(100, "REJECTED")  # drained after the unload
     carry.finished(new)
     again = ModelStats("m", 1)
     carry.serving(again)
-    assert carry.counters("m", 1)["execution_count"] == 0  # type: ignore[index]
-    assert carry.failures() == [("m", 1, {"REJECTED": 1, "CANCELED": 0, "BACKEND": 1,
-                                           "OTHER": 0})]
+    assert carry.counters("", "m", 1)["execution_count"] == 0  # type: ignore[index]
+    assert carry.failures() == [("", "m", 1, {"REJECTED": 1, "CANCELED": 0, "BACKEND": 1,
+                                               "OTHER": 0})]

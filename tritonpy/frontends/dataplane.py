@@ -960,8 +960,9 @@ class DataPlane:
         """The trace settings in effect (for ``model``: its own over the server's), after
         applying ``settings`` when given."""
         if model:
-            entry = self.server.repo.entries.get(model)
-            if entry is None or not entry.runtimes:  # as Triton: a model not loaded is unknown
+            # As Triton: a model not loaded is unknown (with --model-namespacing, the
+            # settings are a name's, for each model of that name).
+            if not any(e.runtimes for e in self.server.repo.named(model)):
                 raise InvalidArgumentError(f"Request for unknown model : {model}")
         tracing = self.server.tracing
         return tracing.update(settings, model) if settings is not None else tracing.settings(model)
