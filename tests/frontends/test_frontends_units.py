@@ -345,7 +345,7 @@ def test_metrics_keep_a_models_own_names_and_tritons_cache_families() -> None:
     stats = [{"name": n, "version": "1"} for n in ("c", "plain")]
 
     def rt(name: str, enabled: bool) -> SimpleNamespace:
-        return SimpleNamespace(name=name, version=1, config=SimpleNamespace(
+        return SimpleNamespace(name=name, namespace="", version=1, config=SimpleNamespace(
             response_cache=SimpleNamespace(enable=enabled)))
 
     server = SimpleNamespace(
