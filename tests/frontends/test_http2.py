@@ -669,6 +669,29 @@ def test_pings_too_close_together_end_the_connection_with_too_many_pings(
             assert echo(BytesValue(value=b"y" * (i * 300)), timeout=10).value == b"y" * (i * 300)
 
 
+def test_pings_while_a_long_answer_flows_are_not_strikes(running: Running) -> None:
+    # The client pings (gRPC's BDP probes) as it reads one large answer frame by frame: each
+    # DATA frame sent between two pings clears the strikes, as in gRPC core. Counted per
+    # message, a 512 MiB answer over gRPC ended with GOAWAY too_many_pings (QA L0_large_payload).
+    raw = Raw(running.port, settings=setting(0x4, 1000))  # SETTINGS_INITIAL_WINDOW_SIZE
+    try:
+        raw.send(frame(HEADERS, END_HEADERS, 1, raw.request_headers("/t.T/Big"))
+                 + grpc_data(1, BytesValue(value=b"20000").SerializeToString()))
+        frames = raw.frames_until_quiet(0.3)
+        for i in range(12):  # a ping, then room for one more frame of the answer
+            raw.send(frame(PING, 0, 0, b"%08d" % i))
+            raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 1000)))
+            frames += raw.frames_until_quiet(0.1)
+        assert not any(t == GOAWAY for t, *_ in frames), frames
+        raw.send(frame(WINDOW_UPDATE, 0, 1, struct.pack(">I", 100_000)))
+        frames += raw.frames_until_quiet(0.5)
+        body = b"".join(p for t, _, sid, p in frames if t == DATA and sid == 1)
+        assert BytesValue.FromString(body[5:]).value == b"x" * 20000
+        assert not any(t == GOAWAY for t, *_ in frames)
+    finally:
+        raw.close()
+
+
 def test_max_ping_strikes_zero_allows_any_pings() -> None:
     for running in keepalive(max_ping_strikes=0):
         raw = Raw(running.port)

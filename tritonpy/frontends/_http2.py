@@ -444,6 +444,9 @@ class _Call:
             conn.send_window -= size
             conn.out[header] = _FRAME.pack(size >> 16, size & 0xFFFF, _DATA, 0, self.sid)
             conn.out_bytes += size
+            # Each frame is data sent: as in gRPC core, the client's pings while a long answer
+            # flows (its BDP probes) are no strikes, nor are they pings without data.
+            conn.sends += 1
             if not view and not views:
                 return
 
