@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import secrets
 import threading
 import time
@@ -169,28 +170,55 @@ class _Sink:
         self._file: Any = None  # log_frequency 0: the open file, its "[" written
         self._failed = False
         self._closed = False
+        # Traces sampled for this file and those written; ``last``: a trace count ran out,
+        # so once every sampled trace is in, what the file holds becomes a part of its own.
+        self._sampled = 0
+        self._collected = 0
+        self._last = False
+
+    def sampled(self, last: bool) -> None:
+        """One more trace will come (``last``: its trace count is used up with it)."""
+        with self._lock:
+            self._sampled += 1
+            self._last = self._last or last
 
     def add(self, trace: Trace) -> None:
         with self._lock:
             if self._closed:  # finished after the server stopped: its file is complete
                 return
-            if self.log_frequency > 0:
-                self._pending.append(trace)
-                if len(self._pending) >= self.log_frequency:
+            self._collected += 1
+            self._append(trace)
+            if self._last and self._collected >= self._sampled:
+                # As Triton: the count's last trace is in, the file is written out as the
+                # next part ("file.N") at once, complete.
+                self._last = False
+                if self._pending:
                     self._write_part()
-                return
-            text = ",".join(_dumps(e) for e in trace.entries())
-            try:
-                if self._file is None:
-                    if self._failed:
-                        return
-                    self._file = open(self.path, "w", encoding="utf-8")
-                    self._file.write("[" + text)
-                else:
-                    self._file.write("," + text)
-                self._file.flush()
-            except OSError as exc:
-                self._fail(exc)
+                elif self._file is not None:
+                    self._close_file()
+                    try:
+                        os.replace(self.path, f"{self.path}.{next(self._index)}")
+                    except OSError as exc:
+                        self._fail(exc)
+
+    def _append(self, trace: Trace) -> None:
+        if self.log_frequency > 0:
+            self._pending.append(trace)
+            if len(self._pending) >= self.log_frequency:
+                self._write_part()
+            return
+        text = ",".join(_dumps(e) for e in trace.entries())
+        try:
+            if self._file is None:
+                if self._failed:
+                    return
+                self._file = open(self.path, "w", encoding="utf-8")
+                self._file.write("[" + text)
+            else:
+                self._file.write("," + text)
+            self._file.flush()
+        except OSError as exc:
+            self._fail(exc)
 
     def _write_part(self) -> None:
         traces, self._pending = self._pending, []
@@ -212,13 +240,16 @@ class _Sink:
             self._closed = True
             if self._pending:
                 self._write_part()
-            if self._file is not None:
-                try:
-                    self._file.write("]")
-                    self._file.close()
-                except OSError as exc:
-                    self._fail(exc)
-                self._file = None
+            self._close_file()
+
+    def _close_file(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.write("]")
+                self._file.close()
+            except OSError as exc:
+                self._fail(exc)
+            self._file = None
 
 
 def _dumps(entry: dict) -> str:
@@ -257,6 +288,9 @@ class Tracing:
         self._startup = dict(self._global)  # what clearing a server-wide setting goes back to
         self._models: dict[str, dict[str, Any]] = {}  # a model's own settings (overrides)
         self._seen: dict[str, int] = {}  # requests seen per sampling scope
+        # As Triton: a model with settings of its own counts its traces on its own, from
+        # the server's count (which it does not use up), until either count is set again.
+        self._counts: dict[str, int] = {}
         self._ids = 0
         self._sinks: dict[tuple[str, int], _Sink] = {}
         self._parts: dict[str, Iterator[int]] = {}  # per file, the numbers of its parts
@@ -327,6 +361,10 @@ class Tracing:
                 self._models.pop(model, None)
             if "trace_rate" in checked or cleared:
                 self._seen.pop(model, None)
+            if model:
+                self._counts.pop(model, None)
+            elif "trace_count" in checked or "trace_count" in cleared:
+                self._counts.clear()
             self._refresh()
             return self._effective(model)
 
@@ -339,6 +377,8 @@ class Tracing:
 
     def _effective(self, model: str) -> dict[str, Any]:
         values = dict(self._global, **self._models.get(model, {})) if model else self._global
+        if model in self._counts:
+            values = dict(values, trace_count=self._counts[model])
         if self.otel is not None:  # Triton's OpenTelemetry form: no file, the exporter's settings
             return {"trace_level": list(values["trace_level"]),
                     "trace_rate": str(values["trace_rate"]),
@@ -369,7 +409,8 @@ class Tracing:
                 return Trace(self._next_id_locked(), model, self._exporter, values["trace_level"],
                              context, ids=self._next_id,
                              span_ids=(context[0], _span_id(), _span_id()))
-            rate, count = int(values["trace_rate"]), int(values["trace_count"])
+            rate = int(values["trace_rate"])
+            count = self._counts.get(model, int(values["trace_count"]))
             if rate <= 0 or count == 0:
                 return None
             scope = model if "trace_rate" in own else ""
@@ -377,7 +418,12 @@ class Tracing:
             if seen % rate:
                 return None
             if count > 0:
-                (own if "trace_count" in own else self._global)["trace_count"] = count - 1
+                if "trace_count" in own:
+                    own["trace_count"] = count - 1
+                elif own:
+                    self._counts[model] = count - 1
+                else:
+                    self._global["trace_count"] = count - 1
             trace_id = self._next_id_locked()
             if self._exporter is not None:
                 return Trace(trace_id, model, self._exporter, values["trace_level"],
@@ -388,6 +434,7 @@ class Tracing:
             if sink is None:
                 parts = self._parts.setdefault(key[0], itertools.count())
                 sink = self._sinks[key] = _Sink(key[0], key[1], parts)
+            sink.sampled(last=count == 1)
             return Trace(trace_id, model, sink, values["trace_level"], ids=self._next_id)
 
     def _next_id_locked(self) -> int:

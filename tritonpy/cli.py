@@ -86,14 +86,21 @@ def _bool(text: str) -> bool:
 
 
 def _port(text: str) -> int:
-    """A TCP port, 0-65535 (Triton takes -5 and reports "Started HTTPService at 0.0.0.0:-5")."""
+    """A port number: an integer, checked (0-65535) only where its service is served (see
+    :func:`check_port`), as Triton takes any for a service turned off (QA L0_socket)."""
     try:
-        port = int(text)
+        return int(text)
     except ValueError:
-        port = -1
+        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}") \
+            from None
+
+
+def check_port(flag: str, port: int) -> None:
+    """Stop the start, naming the flag, for a port out of range (Triton 2.51 takes -5 and
+    reports "Started HTTPService at 0.0.0.0:-5")."""
     if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"expected a port number 0-65535, got {text!r}")
-    return port
+        raise SystemExit(f"error: argument {flag}: expected a port number 0-65535, got "
+                         f"'{port}'")
 
 
 def _seconds(text: str) -> float:
@@ -109,7 +116,11 @@ def _seconds(text: str) -> float:
 
 def _backend_config(text: str) -> tuple[str, str, str]:
     """``python,key=value`` (or ``key=value``, a global setting) as (backend, key, value)."""
-    backend, _, setting = text.rpartition(",")
+    backend, comma, setting = text.rpartition(",")
+    if comma and not backend:  # Triton's words (QA L0_backend_config)
+        raise argparse.ArgumentTypeError(
+            "No backend specified. --backend-config option format is <backend name>,<setting>="
+            f"<value> or <setting>=<value>. Got {text}")
     key, sep, value = setting.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(
@@ -188,6 +199,8 @@ def _tracing(args: argparse.Namespace) -> Tracing:
         else:
             raise SystemExit(f"error: --trace-config: unknown setting '{key}' (level, rate, "
                              "count, log-frequency, file, mode)")
+    # Triton's older level names, which its command line still takes (QA L0_cmdline_trace).
+    levels = ["TIMESTAMPS" if v.upper() in ("MIN", "MAX") else v for v in levels]
     try:
         return Tracing(level=levels or "OFF", rate=given.get("rate", 1000),
                        count=given.get("count", -1),
@@ -276,6 +289,14 @@ def deprecation_warnings(args: argparse.Namespace) -> list[str]:
         out.append("Warning: Overriding deprecated '--strict-model-config' from False to True "
                    "in favor of '--disable-auto-complete-config'!")
     return out
+
+
+def unbracketed(host: str | None) -> str | None:
+    """An address as the frontends bind it: an IPv6 one may come bracketed, as gRPC writes it
+    (``[::1]``, the form Triton's ``--grpc-address`` takes)."""
+    if host and host.startswith("[") and host.endswith("]"):
+        return host[1:-1]
+    return host
 
 
 def check_address(flag: str, host: str) -> None:
@@ -619,11 +640,29 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         header_pattern(args.grpc_header_forward_pattern)
     except TritonpyError as exc:
         raise SystemExit(f"error: {exc.message}") from None
+    for flag, port, served in (("--http-port", args.http_port, args.allow_http),
+                               ("--grpc-port", args.grpc_port, args.allow_grpc),
+                               ("--metrics-port", args.metrics_port, args.allow_metrics)):
+        if served:  # as Triton, any port is taken for a service turned off (QA L0_socket)
+            check_port(flag, port)
+    for dest in ("http_address", "grpc_address", "metrics_address"):
+        setattr(args, dest, unbracketed(getattr(args, dest)))
+    metrics_address = args.metrics_address or args.http_address
+    if args.allow_metrics and not args.metrics_address and not args.allow_http \
+            and args.http_address:
+        # Metrics take the HTTP address; with HTTP off, one that cannot serve (Triton's
+        # L0_socket gives "-47") leaves them on every interface, as by default.
+        try:
+            check_address("--http-address", args.http_address)
+        except SystemExit as exc:
+            log.warning("%s (HTTP is off): metrics listen on 0.0.0.0",
+                        str(exc).removeprefix("error: "))
+            metrics_address = "0.0.0.0"
     for flag, host, served in (
             ("--http-address", args.http_address, args.allow_http),
             ("--grpc-address", args.grpc_address, args.allow_grpc),
             ("--metrics-address" if args.metrics_address else "--http-address",
-             args.metrics_address or args.http_address, args.allow_metrics)):
+             metrics_address, args.allow_metrics)):
         if served:
             check_address(flag, host)
     grpc_ssl = grpc_ssl_context(args)
@@ -714,7 +753,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         metrics_port=args.metrics_port, allow_http=args.allow_http, allow_grpc=args.allow_grpc,
         allow_metrics=args.allow_metrics, http_address=args.http_address,
         grpc_address=args.grpc_address,
-        metrics_address=args.metrics_address or args.http_address,
+        metrics_address=metrics_address,
         max_input_size=args.http_max_input_size or DEFAULT_MAX_INPUT_SIZE,
         log_settings=log_settings,
         exit_timeout=args.exit_timeout_secs,

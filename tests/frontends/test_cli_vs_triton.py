@@ -21,7 +21,7 @@ from typing import Callable
 import pytest
 
 from _models import wait_for, write_model
-from _serve import START_TIMEOUT, Serve, serve_repo
+from _serve import START_TIMEOUT, Serve, free_ports, serve_repo
 
 from tritonpy import cli
 
@@ -62,6 +62,10 @@ def _stop(server: Serve) -> int:
      "--cache-config local,size=0: the local cache needs a size of 1 byte or more"),
     (["--cache-config", "local,size=100000,foo=bar"],
      "one setting per --cache-config, as in Triton"),
+    # Triton 2.51's words (QA L0_backend_config); tritonpy took it as a global setting.
+    (["--backend-config=,default-max-batch-size=3"],
+     "No backend specified. --backend-config option format is <backend name>,<setting>=<value>"
+     " or <setting>=<value>. Got ,default-max-batch-size=3"),
     # Triton 2.51's words (measured); tritonpy started, --cache-config winning.
     (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
      "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
@@ -379,3 +383,44 @@ def test_a_frontend_that_cannot_listen_says_why(tmp_path: Path) -> None:
                 assert err.value.message == words
     finally:
         taken.close()
+
+
+def test_a_service_turned_off_takes_any_port_and_address(serve: Callable[..., Serve],
+                                                        tmp_path: Path) -> None:
+    # QA L0_socket: Triton 2.51 starts with a port or address of nonsense for a service that
+    # is off; tritonpy refused the port (a usage error) and the address (metrics took it). The
+    # metrics, which take the HTTP address, listen on every interface then, and say why.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident")
+    ports = free_ports(3)
+    server = serve("--model-repository", str(repo), "--allow-http=0", "--http-port=-47",
+                   "--http-address=-47", "--grpc-port", str(ports[1]),
+                   "--metrics-port", str(ports[2]))
+    assert wait_for(lambda: "listening: metrics" in server.log() or server.proc.poll() is not None,
+                    timeout=START_TIMEOUT)
+    text = server.log()
+    assert f"listening: gRPC 127.0.0.1:{ports[1]}" in text, text
+    assert f"listening: metrics 0.0.0.0:{ports[2]}" in text, text
+    assert "--http-address -47: Name or service not known (HTTP is off): metrics listen on " \
+           "0.0.0.0" in text, text
+    assert _status(f"http://127.0.0.1:{ports[2]}/metrics") == 200
+    assert _stop(server) == 0
+
+
+def test_triton_older_trace_levels_min_and_max_are_timestamps(tmp_path: Path) -> None:
+    # QA L0_cmdline_trace: Triton 2.51 takes --trace-config level=MIN (and MAX) as TIMESTAMPS;
+    # tritonpy stopped the start.
+    args = cli.build_parser().parse_args([
+        "serve", "--trace-config", "level=MIN", "--trace-config", "level=max",
+        "--trace-config", f"triton,file={tmp_path / 'trace.json'}"])
+    assert cli._tracing(args).settings()["trace_level"] == ["TIMESTAMPS"]
+
+
+def test_a_bracketed_ipv6_address_is_taken_as_grpc_writes_it() -> None:
+    # QA L0_socket: Triton's --grpc-address takes "[::1]"; tritonpy stopped the start ("Name or
+    # service not known"). The frontends bind the address inside the brackets.
+    assert cli.unbracketed("[::1]") == "::1"
+    assert cli.unbracketed("::1") == "::1"
+    assert cli.unbracketed("127.0.0.1") == "127.0.0.1"
+    assert cli.unbracketed(None) is None
+

@@ -221,7 +221,7 @@ def test_tensor_values_are_written_as_triton_writes_them() -> None:
 
 def test_rate_count_and_log_frequency(tmp_path: Path) -> None:
     # Every 2nd request, 3 traces in all, written 2 to a file: trace.0 (2), then trace.1 (1)
-    # when the tracing closes, as Triton writes them.
+    # once the count is used up, as Triton 2.51 writes them (measured, QA L0_cmdline_trace).
     base = tmp_path / "trace"
     tracing = Tracing(level=["TIMESTAMPS"], rate=2, count=3, log_frequency=2, file=str(base))
     taken = []
@@ -234,10 +234,48 @@ def test_rate_count_and_log_frequency(tmp_path: Path) -> None:
     assert taken == [1, 3, 5]
     assert tracing.settings()["trace_count"] == "0"
     assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.0"))).values()] == ["r1", "r3"]
-    assert not Path(f"{base}.1").exists()
-    tracing.close()
     assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.1"))).values()] == ["r5"]
+    tracing.close()
+    assert not base.exists() and not Path(f"{base}.2").exists()
+
+
+def test_a_used_up_count_writes_the_file_out_as_a_part_at_once(tmp_path: Path) -> None:
+    # log_frequency 0 and a count: the file is written out as trace.0, complete, with the
+    # count's last trace, as Triton 2.51 writes it (it used to stay an unclosed `trace` until
+    # the server stopped). The count set again starts a new file.
+    base = tmp_path / "trace"
+    tracing = Tracing(level=["TIMESTAMPS"], rate=1, count=2, file=str(base))
+    for i in range(4):
+        trace = tracing.start("m")
+        if trace is not None:
+            trace.queued(1, f"r{i}", 1)
+            trace.finish()
+    assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.0"))).values()] == [
+        "r0", "r1"]
     assert not base.exists()
+    tracing.update({"trace_count": "1"})
+    trace = tracing.start("m")
+    assert trace is not None
+    trace.queued(1, "r9", 1)
+    trace.finish()
+    assert [t["head"]["request_id"] for t in _traces(_load(Path(f"{base}.1"))).values()] == ["r9"]
+    tracing.close()
+    assert not base.exists()
+
+
+def test_a_model_with_settings_of_its_own_counts_its_traces_on_its_own(tmp_path: Path) -> None:
+    # As Triton 2.51 (measured): a model with settings of its own takes the server's count as
+    # its own; its traces do not use up the server's, which the other models go on with.
+    tracing = Tracing(level=["TIMESTAMPS"], rate=1, file=str(tmp_path / "trace"))
+    tracing.update({"log_frequency": "34"}, model="own")
+    tracing.update({"trace_count": "2"})
+    taken = [m for m in ["own"] * 5 + ["other"] * 3 if tracing.start(m) is not None]
+    assert taken == ["own", "own", "other", "other"]
+    assert tracing.settings()["trace_count"] == "0"
+    assert tracing.settings("own")["trace_count"] == "0"
+    tracing.update({"trace_count": "1"})  # set again: both count from it
+    assert tracing.settings("own")["trace_count"] == "1"
+    tracing.close()
 
 
 def test_a_level_needs_a_file_and_bad_settings_change_nothing() -> None:
