@@ -23,7 +23,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from . import stress
 from ._errors import TritonpyError
@@ -350,15 +350,43 @@ def python_backend_config(args: argparse.Namespace) -> dict[str, str]:
                         "Python-based backends too", backend, key)
     merged = {**global_settings, **own}
     try:
-        BackendOptions.from_mapping(merged)
+        options = BackendOptions.from_mapping(merged)
     except TritonpyError as exc:
         raise SystemExit(f"error: {exc.message}") from None
+    _log_backend_config(args, global_settings, merged, options)
     for name, value in merged.items():
         if name in TRITON_NO_EFFECT:
             log.warning("--backend-config=%s%s=%s is accepted for Triton's command lines "
                         "and has no effect: %s", "python," if name in own else "", name, value,
                         TRITON_NO_EFFECT[name][1])
     return merged
+
+
+def _log_backend_config(args: argparse.Namespace, global_settings: Mapping[str, str],
+                        merged: Mapping[str, str], options: Any) -> None:
+    """Triton's verbose lines about the python backend's settings, which scripts grep for
+    (QA L0_backend_config): the global default batch size, the backend's whole command-line
+    configuration, and its shared memory settings (tritonpy's values)."""
+    from .repository import DEFAULT_BACKEND_DIRECTORY
+
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    batch = global_settings.get("default-max-batch-size")
+    if batch is None:
+        log.debug("Adding default backend config setting: default-max-batch-size,4")
+    else:
+        log.debug("Found overwritten default setting: default-max-batch-size,%s", batch)
+    cmdline = {"auto-complete-config": "false" if (args.disable_auto_complete_config
+                                                   or args.strict_model_config) else "true",
+               "backend-directory": os.path.abspath(args.backend_directory
+                                                    or DEFAULT_BACKEND_DIRECTORY),
+               "default-max-batch-size": batch or "4",
+               "min-compute-capability": "6.000000", **merged}
+    log.debug("backend configuration:\n%s",
+              json.dumps({"cmdline": dict(sorted(cmdline.items()))}, separators=(",", ":")))
+    log.debug("Shared memory configuration is shm-default-byte-size=%d,shm-growth-byte-size=%d,"
+              "stub-timeout-seconds=%g", options.shm_default_byte_size,
+              options.shm_growth_byte_size, options.stub_timeout_seconds)
 
 
 def keepalive_options(args: argparse.Namespace) -> KeepAlive:
