@@ -353,20 +353,19 @@ ADDSUB_PY = """
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-SIGN = {sign}
+SIGN = {sign}  # 1: (a + b, a - b); -1: the two swapped
 
 
 class TritonPythonModel:
     def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
-            first, second = (a + b, a - b) if SIGN > 0 else (a - b, a + b)
-            out.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUTPUT0", first.astype(np.int32)),
-                pb_utils.Tensor("OUTPUT1", second.astype(np.int32))]))
-        return out
+        return [self._answer(r) for r in requests]
+
+    def _answer(self, request):
+        a, b = (pb_utils.get_input_tensor_by_name(request, n).as_numpy()
+                for n in ("INPUT0", "INPUT1"))
+        pair = (a + b, a - b)[::SIGN]
+        return pb_utils.InferenceResponse(
+            [pb_utils.Tensor(f"OUTPUT{i}", x.astype(np.int32)) for i, x in enumerate(pair)])
 """
 
 NS_IO = """
@@ -383,7 +382,7 @@ ADD, SUB = (DATA + DATA, DATA - DATA), (DATA - DATA, DATA + DATA)
 
 
 def _addsub(repo: Path, name: str, sign: int) -> None:
-    write_model(repo, name, ADDSUB_PY.format(sign=sign), 'backend: "python"\n' + NS_IO)
+    write_model(repo, name, ADDSUB_PY.replace("{sign}", str(sign)), 'backend: "python"\n' + NS_IO)
 
 
 def _one_step_ensemble(repo: Path, name: str, step: str) -> None:

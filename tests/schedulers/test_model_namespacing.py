@@ -69,13 +69,18 @@ def serve(tmp_path: Path, shm_prefix: str, mode: str, scenario: str) -> Any:
     return serving(list(namespacing_repos(tmp_path, scenario)), shm_prefix, **kwargs)
 
 
+def load_in_explicit_mode(server: Any, mode: str, *names: str) -> None:
+    """In explicit mode, load ``names`` (each, as Triton, with the steps it runs)."""
+    if mode == "explicit":
+        for name in names:
+            server.load(name)
+
+
 @pytest.mark.parametrize("mode", ["poll", "explicit"])
 def test_names_held_once_are_served_as_without_namespacing(tmp_path: Path, shm_prefix: str,
                                                            mode: str) -> None:
     with serve(tmp_path, shm_prefix, mode, "no_duplication") as server:
-        if mode == "explicit":
-            server.load("simple_addsub")
-            server.load("simple_subadd")
+        load_in_explicit_mode(server, mode, "simple_addsub", "simple_subadd")
         for name, expected in (("simple_addsub", ADD), ("composing_addsub", ADD),
                                ("simple_subadd", SUB), ("composing_subadd", SUB)):
             check(server, name, expected)
@@ -85,10 +90,8 @@ def test_names_held_once_are_served_as_without_namespacing(tmp_path: Path, shm_p
 def test_each_ensemble_runs_the_step_of_its_own_repository(tmp_path: Path, shm_prefix: str,
                                                           mode: str) -> None:
     with serve(tmp_path, shm_prefix, mode, "duplication") as server:
-        if mode == "explicit":
-            # As Triton: each load brings the step of the ensemble's own repository.
-            server.load("simple_addsub")
-            server.load("simple_subadd")
+        # As Triton: each load brings the step of the ensemble's own repository.
+        load_in_explicit_mode(server, mode, "simple_addsub", "simple_subadd")
         check(server, "simple_addsub", ADD)
         check(server, "simple_subadd", SUB)
         ambiguous(server, "composing_model")
@@ -106,8 +109,7 @@ def test_each_ensemble_runs_the_step_of_its_own_repository(tmp_path: Path, shm_p
 def test_ensembles_of_one_name_load_and_unload_together(tmp_path: Path, shm_prefix: str,
                                                         mode: str) -> None:
     with serve(tmp_path, shm_prefix, mode, "ensemble_duplication") as server:
-        if mode == "explicit":
-            server.load("simple_ensemble")  # both, and each one's step
+        load_in_explicit_mode(server, mode, "simple_ensemble")  # both, each with its step
         check(server, "composing_addsub", ADD)
         check(server, "composing_subadd", SUB)
         ambiguous(server, "simple_ensemble")
@@ -127,8 +129,7 @@ def test_a_step_resolves_again_when_a_repository_loses_or_regains_it(
         away = tmp_path / "composing_model"
         shutil.move(own, away)
         if mode == "explicit":
-            server.load("simple_addsub")
-            server.load("simple_subadd")
+            load_in_explicit_mode(server, mode, "simple_addsub", "simple_subadd")
         else:
             # The poll unloads addsub_repo's step, and its ensemble with it, then loads the
             # ensemble again on the only composing_model left.
