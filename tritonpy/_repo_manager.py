@@ -33,10 +33,10 @@ from ._errors import (
     version_failed,
 )
 from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
-from .repository import namespaced_key
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
 from ._stubproc import env_launcher
+from .repository import namespaced_key
 
 log = logging.getLogger("tritonpy.repository")
 
@@ -334,7 +334,8 @@ class RepositoryManager:
 
     def _load_key(self, name: str, shown: str, config: str | None,
                   files: Mapping[str, bytes] | None, api: bool) -> None:
-        """:meth:`load` of the model keyed ``name``, called ``shown`` in errors."""
+        """:meth:`load` of one model: ``name`` is its key (its name, without namespacing),
+        ``shown`` the name errors give."""
         refused = f"failed to load '{shown}', failed to poll from model repository"  # Triton's
         tmp = mdir = None
         if files:
