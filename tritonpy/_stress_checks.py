@@ -50,7 +50,7 @@ class Context:
     no_private_shm: str = ""  # why not, when it is not
 
 
-def short(text: str, limit: int = 150) -> str:
+def short(text: str, limit: int = 200) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 1] + "…"
 

@@ -378,7 +378,8 @@ class StubProcess:
         else:
             what = f"exited with code {code}"
         tail = "\n".join(self.stderr_tail)
-        self.dead_reason = f"stub process '{self.name}' (pid {self.pid}) {what}" + (
+        # Triton's sentence first (scripts grep its log for it), then how the process ended.
+        self.dead_reason = f"Stub process '{self.name}' is not healthy: pid {self.pid} {what}" + (
             f"; last stderr lines:\n{tail}" if tail else "")
         self.channel.close()
         # The stub's own segments die with it: nobody else will unlink them. (Where /dev/shm

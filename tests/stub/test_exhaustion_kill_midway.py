@@ -121,7 +121,7 @@ def test_a_bls_callee_killed_mid_call_fails_the_call_naming_its_death(tmp_path: 
         got = pending.get(timeout=10)
         assert time.monotonic() - t0 < 3
         assert got.error is not None
-        assert "callee: stub process 'callee_0'" in str(got.error), got.error
+        assert "callee: Stub process 'callee_0' is not healthy" in str(got.error), got.error
         assert "killed by signal SIGKILL" in str(got.error)
         wait_until(lambda: infer(srv.model("caller"), {"IN": fp32(0)}).error is None, 10,
                    "the callee's restart")

@@ -93,7 +93,8 @@ BAD = {
     "initsysexit": (INIT_SYS_EXIT_PY, None, [
         FAILED + "Internal: SystemExit: 4\n\nAt:\n", "/model.py(6): initialize\n"]),
     "initexit": (INIT_EXITS_PY, None, [
-        "stub process 'initexit_0' (pid ", "exited with code 7", "initexit: giving up"]),
+        "Stub process 'initexit_0' is not healthy: pid ", "exited with code 7",
+        "initexit: giving up"]),
 }
 
 
