@@ -1075,6 +1075,8 @@ class ModelRuntime(RuntimeBase):
         # succeeded unless the execute failed, whatever its responses say (a decoupled one too,
         # whether or not its final flag has come); queue and compute times count successes.
         ran = [r for r in batch if r.id not in resched] if resched else batch
+        if self.sched.sends_nulls:  # a direct sequence batcher's fillers: batch rows only
+            ran = [r for r in ran if not r.null]
         waited = t_run - t_sent  # in the stub, behind the execute before it: queued time
         if err:
             compute = (input_ns, t_done - t_run, t_out - t_done)

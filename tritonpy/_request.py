@@ -99,6 +99,9 @@ class HostRequest:
         "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "compute",
         "on_compute", "__weakref__",
     )
+    #: A direct sequence batcher's filler (``_sequence.NullRequest``): counted in the batch
+    #: size of its execute, not as an inference.
+    null = False
 
     def __init__(self, model: Any, inputs: list[tuple[str, np.ndarray]],
                  requested: Sequence[str] | None, sink: Sink, *, request_id: str = "",

@@ -110,6 +110,8 @@ class Unbound:
     """A scheduler that ties no request to an instance: an instance update adds and removes
     instances without telling it."""
 
+    sends_nulls = False  # see SequenceBatcher
+
     def holds(self, inst: Instance) -> bool:
         """Whether work is bound to ``inst`` (a sequence's slot) even while it is idle."""
         return False

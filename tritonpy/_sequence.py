@@ -24,9 +24,15 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   queued or executing) for ``max_sequence_idle_microseconds``; a later request of a freed
   sequence without START gets Triton's error.
 * The control inputs the configuration names are added to each request as it is sent:
-  START, END, READY (always true: tritonpy sends no null requests) with their configured
-  false/true values and data type, CORRID with the correlation ID in its configured type.
-  Shapes are ``[1]``, or ``[1, 1]`` for a model with max_batch_size > 0.
+  START, END, READY with their configured false/true values and data type, CORRID with the
+  correlation ID in its configured type. Shapes are ``[1]``, or ``[1, 1]`` for a model with
+  max_batch_size > 0.
+* Direct strategy: as in Triton, a sequence's request sits at its slot's place in the batch,
+  so that a model may keep state by batch index. A slot below the highest one in a batch
+  whose sequence sends nothing this time holds a "null" request (:class:`NullRequest`): READY,
+  START and END false, correlation ID 0, zeros in the inputs, no state carried. The model
+  answers it like any other; the answer goes nowhere, and it counts in the batch size of the
+  execute's statistics, not as an inference (Triton counts it in its batch statistics too).
 * Implicit state (``sequence_batching.state``) as Triton documents it, which its 2.51 Python
   backend does not do (it gives the initial value at every step): each state input is added
   to a request, with the state output of the sequence's last request that returned one, or
@@ -54,13 +60,13 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
+from ._request import HostRequest
 from ._scheduler import Waker, batch_key, fail_queued, remove_queued
 from .shm.dtypes import deserialize_bytes, numpy_dtype, triton_dtype_of
 from .validation import triton_type_name
 
 if TYPE_CHECKING:
     from ._model import Instance, ModelRuntime
-    from ._request import HostRequest
 
 log = logging.getLogger("tritonpy.sequence")
 
@@ -139,13 +145,14 @@ class _Controls:
         """The control and state inputs of ``req``; ``carried``: its sequence's state."""
         out: list[tuple[str, Any]] = []
         flags = req.flags
+        null = type(req) is NullRequest
         for name, kind, false, true in self.flags:
             if kind == _START:
                 on = bool(flags & FLAG_START)
             elif kind == _END:
                 on = bool(flags & FLAG_END)
             else:
-                on = True  # READY: every request tritonpy sends is a real one
+                on = not null  # READY: false only for a null request
             out.append((name, true if on else false))
         if self.corrid is not None:
             name, dt, is_str = self.corrid
@@ -162,6 +169,22 @@ class _Controls:
         else:
             out.extend(self.states)
         return out
+
+
+class NullRequest(HostRequest):
+    """A direct-strategy batch's filler for a slot with nothing to send (see the module's
+    notes): zeros of the shapes of ``like``'s inputs, answered to nobody."""
+
+    null = True
+
+    def __init__(self, like: HostRequest) -> None:
+        inputs = [(name, _zeros(list(np.shape(arr)), np.asarray(arr).dtype))
+                  for name, arr in like.inputs]
+        super().__init__(like.model, inputs, None, _nowhere)
+
+
+def _nowhere(req: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
+    """Where a null request's answer goes."""
 
 
 def _zeros(dims: list[int], dtype: np.dtype) -> np.ndarray:
@@ -273,6 +296,8 @@ class SequenceBatcher:
             self.max_preferred = mbs
         self.idle_s = max(int(sb.max_sequence_idle_microseconds), 1) / 1e6
         self.key = batch_key(rt.config)
+        # Direct strategy with batching: null requests fill the slots below a request's.
+        self.sends_nulls = not self.oldest and mbs > 1
         self.iterative = bool(sb.iterative_sequence)
         self.controls = _Controls(rt.config, rt.model_dir)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
@@ -630,9 +655,29 @@ class SequenceBatcher:
             if wait and time.monotonic_ns() - oldest < self.delay_ns:
                 self.waker.arm((oldest + self.delay_ns) / 1e9)
                 return None
-        batch = []
+        batch: list[HostRequest] = []
         names = self.controls.names
-        for s in chosen:
+        slots: list[_Seq | NullRequest] = list(chosen)
+        if not self.oldest and self.max_batch > 1 and chosen[-1].slot >= len(chosen):
+            # As Triton: each request at its slot's place, null requests in the slots below.
+            by_slot = {s.slot: s for s in chosen}
+            like = chosen[0].pending[0]
+            slots = []
+            for i in range(chosen[-1].slot + 1):
+                seq = by_slot.get(i)
+                if seq is None:
+                    null = NullRequest(like)
+                    if names:
+                        null.inputs = [x for x in null.inputs if x[0] not in names] + \
+                            self.controls.tensors(null, {})
+                    slots.append(null)
+                else:
+                    slots.append(seq)
+        for item in slots:
+            if isinstance(item, NullRequest):
+                batch.append(item)
+                continue
+            s = item
             req = s.pending.popleft()
             self.n -= 1
             s.busy += 1

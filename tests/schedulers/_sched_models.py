@@ -70,6 +70,10 @@ class TritonPythonModel:
                 while not os.path.exists(gate) and time.monotonic() < deadline:
                     time.sleep(0.005)
         out = []
+        readies = []  # READY of each request of the batch, in order (None: no READY input)
+        for r in requests:
+            t = pb_utils.get_input_tensor_by_name(r, "READY")
+            readies.append(None if t is None else bool(t.as_numpy().reshape(-1)[0]))
         for pos, r in enumerate(requests):
             cid = r.correlation_id()
             x = float(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().reshape(-1)[0])
@@ -89,7 +93,8 @@ class TritonPythonModel:
                 [pb_utils.Tensor("OUT", np.full(shape, self.state[cid], np.float32))],
                 parameters={"instance": self.instance, "exec": self.execs,
                             "batch": len(requests), "pos": pos, "flags": r.flags(),
-                            "cid": json.dumps(cid), "controls": json.dumps(seen)}))
+                            "cid": json.dumps(cid), "controls": json.dumps(seen),
+                            "readies": json.dumps(readies)}))
         return out
 """
 

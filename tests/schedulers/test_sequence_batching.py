@@ -24,6 +24,8 @@ MODELS = {
     "seq_any": seq_config(),
     "seq_two": seq_config(instances=2),
     "seq_direct": seq_config(max_batch_size=2),
+    "seq_direct_slots": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", "TYPE_UINT64"),
+                                   max_batch_size=4),
     "seq_oldest": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4),
     "seq_oldest_pref": seq_config("oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] "
                                   "max_queue_delay_microseconds: 30000000 }", max_batch_size=4),
@@ -192,6 +194,36 @@ def test_direct_batches_one_request_per_slot_in_slot_order(server, gate):
     assert _sum(_run(server, "seq_direct", 5, 12, END, batched=True)) == 10
 
 
+def test_direct_puts_each_request_at_its_slots_place_behind_null_requests(server):
+    # QA L0_sequence_batcher: as Triton, a sequence's request sits at its slot's index in the
+    # batch, so that a model may keep its state by batch index; the slots below with nothing
+    # to send hold null requests (READY false, correlation ID 0). tritonpy used to send the
+    # request alone, at index 0, where a model keeping state per index mixed sequences up.
+    for cid, flags in ((71, START), (72, START), (73, START)):  # slots 0, 1, 2
+        _run(server, "seq_direct_slots", 1, cid, flags, batched=True)
+    before = server.statistics("seq_direct_slots")["model_stats"][0]
+    got = _run(server, "seq_direct_slots", 5, 73, batched=True)
+    assert _sum(got) == 6
+    p = params(got)
+    assert (p["batch"], p["pos"]) == (3, 2)
+    assert json.loads(p["readies"]) == [False, False, True]
+    assert json.loads(p["controls"])["READY"][0] is True
+    got = _run(server, "seq_direct_slots", 2, 72, END, batched=True)
+    assert (params(got)["batch"], params(got)["pos"], _sum(got)) == (2, 1, 3)
+    # The nulls count in the executes' batch sizes, not as inferences.
+    after = server.statistics("seq_direct_slots")["model_stats"][0]
+    assert int(after["inference_count"]) - int(before["inference_count"]) == 2
+    assert int(after["execution_count"]) - int(before["execution_count"]) == 2
+
+    def sizes(stats):
+        return {b["batch_size"]: int(b["compute_infer"]["count"]) for b in stats["batch_stats"]}
+
+    grown = {k: n - sizes(before).get(k, 0) for k, n in sizes(after).items()}
+    assert {k: n for k, n in grown.items() if n} == {3: 1, 2: 1}
+    for cid in (71, 73):
+        _run(server, "seq_direct_slots", 0, cid, END, batched=True)
+
+
 def test_oldest_batches_the_ready_sequences_together(server, gate):
     held = _send(server, "seq_oldest", 1, 21, START, batched=True,
                  parameters={"gate": gate.path})
@@ -225,8 +257,9 @@ def test_direct_leaves_a_slot_of_another_shape_out_of_the_batch(server, gate):
     r_again, r_other = again.get(timeout=30), other.get(timeout=30)
     assert (_sum(r_again), _sum(r_other)) == (2, 2)
     assert r_other.outputs["OUT"].to_numpy().shape == (1, 2)
-    assert [(params(r)["exec"], params(r)["batch"]) for r in (r_again, r_other)] == [
-        (2, 1), (3, 1)]
+    # Sequence 52 runs next at its slot's place, behind a null request in slot 0 (as Triton).
+    assert [(params(r)["exec"], params(r)["batch"], params(r)["pos"])
+            for r in (r_again, r_other)] == [(2, 1, 0), (3, 2, 1)]
 
 
 def test_oldest_ends_the_batch_at_a_sequence_of_another_shape(server, gate):
