@@ -347,6 +347,9 @@ class RepositoryManager:
             try:
                 os.makedirs(mdir)
                 _write_files(mdir, files)
+            except InvalidArgumentError as exc:  # Triton's sentence first (QA L0_lifecycle)
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise InvalidArgumentError(f"{refused}: {exc.message}") from None
             except BaseException:  # a refused path: what was written so far goes too
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise

@@ -467,10 +467,14 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
             assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and why in e.value.message()
         assert set(Path(tempfile.gettempdir()).glob("tritonpy-from_files-*")) <= temp_dirs
         # A refused load of a name never seen leaves no entry in the repository index (it
-        # left one with no version, state or reason).
-        with pytest.raises(InferenceServerException, match="escapes the model directory"):
+        # left one with no version, state or reason). Triton's sentence comes first (QA
+        # L0_lifecycle's test_file_override_security looks for "failed to load").
+        with pytest.raises(InferenceServerException) as e:
             grpcc.load_model("never_seen", config=lazy_config("grpc"),
                              files={"file:1/model.py": code.encode(), "file:../evil": b"x"})
+        assert e.value.message().startswith(
+            "failed to load 'never_seen', failed to poll from model repository: file path "
+            "'../evil' escapes the model directory"), e.value.message()
         assert "never_seen" not in {m.name for m in grpcc.get_model_repository_index().models}
         # JSON's "\ud800" (which no client library will encode): no text, hence no path.
         body = ('{"parameters": {"config": %s, "file:1/\\ud800.py": "eA=="}}'
