@@ -114,6 +114,10 @@ class ModelEntry:
         self.unreadable = False
         # The versions its last failed first load had loaded and took down again.
         self.rolled_back: list[int] = []
+        # The config override its last load with one gave, and the stamp of its config file
+        # then: as Triton's, a later load without an override keeps it until the file changes
+        # or the model is unloaded.
+        self.override: tuple[Any, tuple[int, int] | None] | None = None
         # Its last failed first load found no version to load: Triton's index leaves it out.
         self.unlisted = False
 
@@ -387,6 +391,21 @@ class RepositoryManager:
                 self._stale_tmpdirs.append(entry.tmpdir)
                 entry.tmpdir = None
                 entry.directory = self._scanned[name]
+            stamp = self._config_stamp(entry) if not mdir else None
+            if override is None and not mdir and entry.override is not None:
+                # As Triton 2.51 (measured, QA L0_lifecycle): the last override holds until
+                # the config file changes.
+                kept, when = entry.override
+                if when == stamp:
+                    override = kept
+                else:
+                    entry.override = None
+            pristine = None  # the override as given (a load completes the one it reads)
+            if override is not None and not mdir:
+                pristine = type(override)()
+                pristine.CopyFrom(override)
+                override = type(override)()
+                override.CopyFrom(pristine)
             try:
                 self._load_retrying(entry, override)
             except TritonpyError as exc:
@@ -396,8 +415,19 @@ class RepositoryManager:
                 raise InvalidArgumentError(
                     f"load failed for model '{shown}': {exc.message}") from exc
             entry.requested = True
+            entry.override = (pristine, stamp) if pristine is not None else None
         self._orphans.pop(name, None)
         self._revive_orphans()
+
+    def _config_stamp(self, entry: ModelEntry) -> tuple[int, int] | None:
+        """When and how big ``entry``'s config file is (None: there is none)."""
+        from .config import config_path
+
+        try:
+            st = os.stat(config_path(entry.directory, self.server.model_config_name))
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
 
     def _revive_orphans(self) -> None:
         """Load again the ensembles a step's unload took with it, once their steps are back."""
@@ -750,6 +780,7 @@ class RepositoryManager:
         ``timeout``, None: see ``ModelRuntime.drain``) and are released before this returns,
         or on a thread of their own without ``wait`` (the model shows UNLOADING meanwhile)."""
         with entry.lock:
+            entry.override = None  # as Triton 2.51 (measured): the next load reads the file
             if not entry.runtimes:
                 if entry.state == UNAVAILABLE:  # e.g. failed to load: unloaded now, on purpose
                     entry.reason = "unloaded"

@@ -379,7 +379,10 @@ def test_repository_load_unload_over_http(served: Served, http: httpclient.Infer
         http.load_model("lazy", config=lazy_config("override"))
         assert who(http, httpclient) == "override"
         assert http.get_model_config("lazy")["parameters"]["WHO"]["string_value"] == "override"
-        # A load without one goes back to the repository's config.
+        # As Triton 2.51 (measured): a load without one keeps it, until an unload.
+        http.load_model("lazy")
+        assert who(http, httpclient) == "override"
+        http.unload_model("lazy")
         http.load_model("lazy")
         assert who(http, httpclient) == "disk"
         http.unload_model("lazy")

@@ -599,3 +599,32 @@ def test_a_load_that_fails_on_a_bug_of_ours_leaves_the_model_unavailable(
         monkeypatch.setattr(model_module, "make_scheduler", real)
         server.load("m")
         assert server.ready() and _tag(server.model("m")) == "v1"
+
+
+def test_a_config_override_holds_for_later_loads_until_the_config_file_changes(
+        tmp_path, shm_prefix):
+    # As Triton 2.51 (measured, QA L0_lifecycle's test_model_config_overwite): a load without
+    # an override keeps the last override; once the config file changes, the file is read
+    # again. tritonpy went back to the file at the next load.
+    mdir = write_model(tmp_path, "m", tagged("v"),
+                       io_config(extra="version_policy: { all: {} }\n"), versions=(1, 2))
+    only = lambda v: io_config(extra=f"version_policy: {{ specific: {{ versions: [{v}] }} }}\n")  # noqa: E731
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as server:
+        def loaded() -> list[str]:
+            return [m["version"] for m in server.models() if m["state"] == "READY"]
+
+        server.load("m", config=json.dumps(config_to_dict(parse_config_text(only(2), "m"))))
+        assert loaded() == ["2"]
+        server.load("m")
+        assert loaded() == ["2"]
+        assert server.model("m").config()["version_policy"] == {"specific": {"versions": [2]}}
+        (mdir / "config.pbtxt").write_text(only(1))  # the file changes: it is read again
+        server.load("m")
+        wait_until(lambda: loaded() == ["1"], 10, "version 2 to finish unloading")
+        server.load("m")
+        assert loaded() == ["1"]
+        # An unload drops an override too (Triton 2.51, measured).
+        server.load("m", config=json.dumps(config_to_dict(parse_config_text(only(2), "m"))))
+        server.unload("m")
+        server.load("m")
+        assert loaded() == ["1"]

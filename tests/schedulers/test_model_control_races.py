@@ -75,11 +75,14 @@ def test_plain_load_waiting_behind_a_files_load_loads_the_repository_model(
             finally:
                 c.close()
 
-        # Its config differs from the repository's: the plain load loads the model anew.
+        # Its config differs from the repository's, and the repository's config file changes
+        # while it loads (as Triton's, an override holds for later loads until then): the
+        # plain load loads the model anew.
         changed = json.dumps({**json.loads(OVERRIDE), "parameters": {"p": {"string_value": "1"}}})
         first = threading.Thread(target=load, args=("first",), kwargs={"config": changed})
         first.start()
         wait_for(log.exists, timeout=20)  # the first load is initializing now
+        (repo / "m" / "config.pbtxt").touch()
         plain = threading.Thread(target=load, args=("plain",))
         plain.start()
         time.sleep(0.2)
