@@ -400,11 +400,9 @@ class RepositoryManager:
                     override = kept
                 else:
                     entry.override = None
-            pristine = None  # the override as given (a load completes the one it reads)
+            pristine = None  # the override as given, kept: a load completes the copy it reads
             if override is not None and not mdir:
-                pristine = type(override)()
-                pristine.CopyFrom(override)
-                override = type(override)()
+                pristine, override = override, type(override)()
                 override.CopyFrom(pristine)
             try:
                 self._load_retrying(entry, override)

@@ -145,7 +145,7 @@ class _Controls:
         """The control and state inputs of ``req``; ``carried``: its sequence's state."""
         out: list[tuple[str, Any]] = []
         flags = req.flags
-        null = type(req) is NullRequest
+        null = req.null
         for name, kind, false, true in self.flags:
             if kind == _START:
                 on = bool(flags & FLAG_START)
@@ -658,7 +658,7 @@ class SequenceBatcher:
         batch: list[HostRequest] = []
         names = self.controls.names
         slots: list[_Seq | NullRequest] = list(chosen)
-        if not self.oldest and self.max_batch > 1 and chosen[-1].slot >= len(chosen):
+        if self.sends_nulls and chosen[-1].slot >= len(chosen):
             # As Triton: each request at its slot's place, null requests in the slots below.
             by_slot = {s.slot: s for s in chosen}
             like = chosen[0].pending[0]
