@@ -655,41 +655,34 @@ class SequenceBatcher:
             if wait and time.monotonic_ns() - oldest < self.delay_ns:
                 self.waker.arm((oldest + self.delay_ns) / 1e9)
                 return None
-        batch: list[HostRequest] = []
-        names = self.controls.names
-        slots: list[_Seq | NullRequest] = list(chosen)
+        slots: Sequence[_Seq | None] = chosen
         if self.sends_nulls and chosen[-1].slot >= len(chosen):
             # As Triton: each request at its slot's place, null requests in the slots below.
             by_slot = {s.slot: s for s in chosen}
-            like = chosen[0].pending[0]
-            slots = []
-            for i in range(chosen[-1].slot + 1):
-                seq = by_slot.get(i)
-                if seq is None:
-                    null = NullRequest(like)
-                    if names:
-                        null.inputs = [x for x in null.inputs if x[0] not in names] + \
-                            self.controls.tensors(null, {})
-                    slots.append(null)
-                else:
-                    slots.append(seq)
-        for item in slots:
-            if isinstance(item, NullRequest):
-                batch.append(item)
+            slots = [by_slot.get(i) for i in range(chosen[-1].slot + 1)]
+        batch: list[HostRequest] = []
+        for seq in slots:
+            if seq is None:
+                batch.append(self._controlled(NullRequest(chosen[0].pending[0]), {}))
                 continue
-            s = item
-            req = s.pending.popleft()
+            req = seq.pending.popleft()
             self.n -= 1
-            s.busy += 1
-            self.inflight[req.id] = s
-            if req.flags & FLAG_START and s.state:
-                s.state = {}  # a new sequence under the same ID: its state starts again
-            if names:
-                inputs = [x for x in req.inputs if x[0] not in names]
-                inputs.extend(self.controls.tensors(req, s.state))
-                req.inputs = inputs
-            batch.append(req)
+            seq.busy += 1
+            self.inflight[req.id] = seq
+            if req.flags & FLAG_START and seq.state:
+                seq.state = {}  # a new sequence under the same ID: its state starts again
+            batch.append(self._controlled(req, seq.state))
         return batch
+
+    def _controlled(self, req: HostRequest, state: dict[str, Any]) -> HostRequest:
+        """``req`` with the control and state inputs the configuration names (in place of any
+        it had: a request sent again)."""
+        names = self.controls.names
+        if names:
+            inputs = [x for x in req.inputs if x[0] not in names]
+            inputs.extend(self.controls.tensors(req, state))
+            req.inputs = inputs
+        return req
 
     # -- idle sequences ----------------------------------------------------------------------
     def _arm_reaper(self, deadline: float) -> None:
