@@ -21,11 +21,18 @@ that is free. A batch holds only requests whose variable-size inputs have the sa
 (apart from the batch dimension) unless the input allows a ragged batch, and, in a model with
 optional inputs, the same inputs: the first request that differs ends the batch, which is then
 sent at once, as Triton does (so a model may concatenate its requests' inputs).
+
+Triton's test hook ``TRITONSERVER_DELAY_SCHEDULER=N`` (an environment variable of the server,
+read when a model loads) holds a batcher's first batch until N requests are queued, so that
+tests can queue requests one by one and see them batched together; after that the batcher
+works as without it (:func:`debug_count`, :class:`DelayGate`).
 """
 from __future__ import annotations
 
 import collections
 import logging
+import os
+import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Hashable, Iterable, Iterator
@@ -41,6 +48,34 @@ log = logging.getLogger("tritonpy.scheduler")
 
 REQUEST_TIMEOUT = "Request timeout expired"
 QUEUE_FULL = "Exceeds maximum queue size"
+
+
+def debug_count(name: str) -> int:
+    """The count Triton's test hook environment variable ``name`` gives, read as C's atoi
+    reads it (leading blanks, a sign, digits; anything else is 0). A negative count, which
+    Triton turns into a wait that never ends, is 0 here: the hook is off."""
+    m = re.match(r"\s*([+-]?\d+)", os.environ.get(name, ""))
+    return max(0, int(m.group(1))) if m else 0
+
+
+class DelayGate:
+    """``TRITONSERVER_DELAY_SCHEDULER``: closed until ``count`` requests are queued, then open
+    for good (as Triton's batcher threads, which stop counting once they have started)."""
+
+    __slots__ = ("count",)
+
+    def __init__(self, rt: ModelRuntime, what: str) -> None:
+        self.count = debug_count("TRITONSERVER_DELAY_SCHEDULER")
+        if self.count:
+            log.info("Delaying %s for %s until %d queued requests...", what, rt.name,
+                     self.count)
+
+    def holds(self, queued: int) -> bool:
+        """Whether the batcher must wait, with ``queued`` requests queued."""
+        if queued < self.count:
+            return True
+        self.count = 0
+        return False
 
 
 def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostRequest) -> None:
@@ -233,6 +268,7 @@ class DynamicBatcher(Unbound):
         self._order: collections.deque[list] = collections.deque()
         self._order_lock = threading.Lock()
         self.queue = self  # the deque-like view is the batcher itself
+        self.gate = DelayGate(rt, "batcher")
 
     # -- the deque-like view -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -349,7 +385,9 @@ class DynamicBatcher(Unbound):
 
     # -- batch formation ---------------------------------------------------------------------
     def take(self, instances: list[Instance]) -> list[tuple[Instance, list[HostRequest]]]:
-        plans = []
+        plans: list[tuple[Instance, list[HostRequest]]] = []
+        if self.gate.count and self.gate.holds(self.n):
+            return plans
         while self.n:
             inst = _free_instance(instances)
             if inst is None:
@@ -487,5 +525,5 @@ def make_scheduler(rt: ModelRuntime) -> Any:
     return FifoScheduler(rt)
 
 
-__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "fail_queued",
-           "make_scheduler"]
+__all__ = ["DelayGate", "DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "debug_count",
+           "fail_queued", "make_scheduler"]

@@ -39,6 +39,11 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   the initial value (zeros, or the initial state's data file) at START. The model is asked
   for its state outputs whatever the client asked for; a client gets one only when the
   config lists it among the outputs and the client asked for it (or for every output).
+* Triton's test hooks, environment variables of the server read when a model loads:
+  ``TRITONSERVER_DELAY_SCHEDULER=N`` holds the first batch until N requests are queued (with
+  ``direct``, in the sequences holding a slot, over all instances, and then, when
+  ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M`` is set too, until M requests wait in the
+  backlog; with ``oldest``, per instance, as Triton's per-instance dynamic batcher counts).
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ from ._errors import (
     UnavailableError,
 )
 from ._request import HostRequest
-from ._scheduler import Waker, batch_key, fail_queued, remove_queued
+from ._scheduler import DelayGate, Waker, batch_key, debug_count, fail_queued, remove_queued
 from .shm.dtypes import deserialize_bytes, numpy_dtype, triton_dtype_of
 from .validation import triton_type_name
 
@@ -315,6 +320,9 @@ class SequenceBatcher:
         # Queued requests answered before they ran (cancel, timeout): id -> the error.
         self._aborted: dict[int, TritonpyError] = {}
         self._iter_ids = itertools.count(1)  # iterative requests without a correlation ID
+        self.gate = DelayGate(rt, "sequence batcher")
+        self.backlog_gate = debug_count("TRITONSERVER_BACKLOG_DELAY_SCHEDULER")
+        self.opened: set[Instance] = set()  # oldest: the instances whose gate has opened
         for inst in rt.instances:
             self.add_instance(inst)
         self.queue = self
@@ -599,8 +607,12 @@ class SequenceBatcher:
         plans: list[tuple[Instance, list[HostRequest]]] = []
         if not self.n:
             return plans
+        if self.gate.count and not self.oldest and self._held():
+            return plans
         # The instances holding sequences, a RETIRING one included: its sequences end there.
         for inst in self.by_inst:
+            if self.gate.count and self.oldest and self._held(inst):
+                continue
             while (inst.running < inst.capacity and inst.state in ("READY", "RETIRING")
                    and inst.admitted()):
                 batch = self._form(inst)
@@ -609,6 +621,22 @@ class SequenceBatcher:
                 inst.running += 1
                 plans.append((inst, batch))
         return plans
+
+    def _held(self, inst: Instance | None = None) -> bool:
+        """Whether ``TRITONSERVER_DELAY_SCHEDULER`` still holds the batches (of ``inst``, with
+        ``oldest``; of every instance with ``direct``, where the backlog may count too)."""
+        if inst is not None:
+            if inst in self.opened:
+                return False
+            if sum(len(s.pending) for s in self.by_inst[inst]) < self.gate.count:
+                return True
+            self.opened.add(inst)
+            return False
+        backlogged = sum(len(s.pending) for s in self.backlog)
+        if self.n - backlogged < self.gate.count or backlogged < self.backlog_gate:
+            return True
+        self.gate.count = self.backlog_gate = 0
+        return False
 
     def _form(self, inst: Instance) -> list[HostRequest] | None:
         seqs = self.by_inst.get(inst)

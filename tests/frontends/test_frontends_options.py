@@ -8,6 +8,7 @@ import json
 import secrets
 import socket
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -252,5 +253,88 @@ def test_reuse_port_lets_another_socket_bind_the_same_port(repo: Path) -> None:
                 other.close()
         assert _get(f"http://127.0.0.1:{fe.http_port}/v2/health/live")[0] == 200
     finally:
+        fe.stop_in_thread()
+        fe.server.stop()
+
+
+def _health_check(channel: grpc.Channel, metadata: Any = ()) -> bytes:
+    """``grpc.health.v1.Health/Check`` with an empty request (any service), as Kubernetes'
+    gRPC probe sends it; the raw HealthCheckResponse (no grpcio-health-checking here)."""
+    check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    return check(b"", timeout=10, metadata=metadata)
+
+
+SERVING, NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 / 2}
+
+
+def test_the_standard_grpc_health_check_is_served(running: Running) -> None:
+    # As Triton 2.51 (measured): Check answers from the server's readiness, is restricted with
+    # the health protocols, and Watch is not served.
+    with grpc.insecure_channel(running.grpc) as channel:
+        with pytest.raises(grpc.RpcError) as err:
+            _health_check(channel)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "expecting header 'triton-grpc-protocol-admin-key'" in err.value.details()
+        assert _health_check(channel, (("triton-grpc-protocol-admin-key", "secret"),)) == SERVING
+        watch = channel.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=lambda b: b)
+        with pytest.raises(grpc.RpcError) as err:
+            list(watch(b"", timeout=10))
+        assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_the_grpc_health_check_says_not_serving_while_the_server_is_not_ready(
+        repo: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "repo"
+    (broken / "bad" / "1").mkdir(parents=True)
+    (broken / "bad" / "config.pbtxt").write_text(
+        PARAMS_CONFIG.replace('name: "params"', 'name: "bad"'))
+    (broken / "bad" / "1" / "model.py").write_text("raise RuntimeError('no load')\n")
+    fe = _serve(broken, f"tpyt{secrets.token_hex(4)}_")
+    try:
+        assert not fe.server.ready()  # a model failed to load (strict readiness)
+        with grpc.insecure_channel(f"127.0.0.1:{fe.grpc_port}") as channel:
+            # Any service name: Triton looks at none (measured).
+            assert _health_check(channel) == NOT_SERVING
+    finally:
+        fe.stop_in_thread()
+        fe.server.stop()
+
+
+def test_the_grpc_response_delay_hook_delays_all_but_inference(
+        repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Triton's test hook (read when the gRPC endpoint starts); upstream's
+    # client_non_infer_timeout_test.py runs with 2 s and expects every non-inference call
+    # with a 0.1 s deadline to fail "Deadline Exceeded", and with 5 s to succeed.
+    monkeypatch.setenv("TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC", "1")
+    fe = _serve(repo, f"tpyt{secrets.token_hex(4)}_")
+    monkeypatch.delenv("TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC")
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
+    try:
+        for call in (lambda t: client.is_server_live(client_timeout=t),
+                     lambda t: client.get_model_config("params", client_timeout=t),
+                     lambda t: client.get_model_repository_index(client_timeout=t)):
+            with pytest.raises(InferenceServerException, match="Deadline Exceeded"):
+                call(0.2)
+            t0 = time.monotonic()
+            assert call(10)
+            assert time.monotonic() - t0 >= 0.9
+        with grpc.insecure_channel(f"127.0.0.1:{fe.grpc_port}") as channel:
+            with pytest.raises(grpc.RpcError) as err:
+                channel.unary_unary("/grpc.health.v1.Health/Check")(b"", timeout=0.2)
+            assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # Inference is not delayed.
+        t0 = time.monotonic()
+        assert _params(client.infer("params", [_input(grpcclient)], client_timeout=0.8)) == {}
+        assert time.monotonic() - t0 < 0.8
+        # Nor is HTTP.
+        t0 = time.monotonic()
+        assert _get(f"http://127.0.0.1:{fe.http_port}/v2/health/live")[0] == 200
+        assert time.monotonic() - t0 < 0.8
+    finally:
+        client.close()
         fe.stop_in_thread()
         fe.server.stop()

@@ -39,6 +39,7 @@ from .._errors import (
     input_twice,
     listen_error,
 )
+from .._scheduler import debug_count
 from ..validation import request_prefix
 from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method, Serialized
 from .dataplane import (
@@ -108,6 +109,10 @@ _FIELD_TYPE = {"bool_contents": "BOOL", "int_contents": "INT32", "int64_contents
 
 F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 
+#: grpc.health.v1.HealthCheckResponse with status SERVING (1) and NOT_SERVING (2), encoded.
+_SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"
+HEALTH_CHECK = "/grpc.health.v1.Health/Check"
+
 
 def _rpc(fn: F) -> F:
     """Turn any error of a unary RPC into the gRPC status its Triton code maps to."""
@@ -125,6 +130,26 @@ def _rpc(fn: F) -> F:
             await context.abort(getattr(grpc.StatusCode, err.grpc_code), err.message)
 
     return wrapper  # type: ignore[return-value]
+
+
+def _delayed(handler: F, seconds: int) -> F:
+    """``handler`` answering ``seconds`` late, as Triton's test hook
+    ``TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC`` delays every gRPC answer but inference
+    ones (upstream's non-inference client timeout tests need it). The work is done first."""
+
+    @functools.wraps(handler)
+    async def late(request: Any, context: Any) -> Any:
+        try:
+            response = await handler(request, context)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            await asyncio.sleep(seconds)
+            raise
+        await asyncio.sleep(seconds)
+        return response
+
+    return late  # type: ignore[return-value]
 
 
 def _param_value(p: Any) -> Any:
@@ -446,6 +471,13 @@ class GRPCService:
     async def ServerReady(self, request: Any, context: Any) -> Any:  # noqa: N802
         """Server readiness."""
         return service_pb2.ServerReadyResponse(ready=await self.plane.ready())
+
+    @_rpc
+    async def HealthCheck(self, request: Any, context: Any) -> Any:  # noqa: N802
+        """``grpc.health.v1.Health/Check``, the standard gRPC health check (Kubernetes' gRPC
+        probes call it): SERVING while the server is ready, else NOT_SERVING. As in Triton
+        2.51 (measured), the service the request names is not looked at."""
+        return Serialized([_SERVING if await self.plane.ready() else _NOT_SERVING], 2)
 
     @_rpc
     async def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
@@ -904,19 +936,28 @@ class GRPCFrontend:
         """Bind and start serving."""
         service = GRPCService(self.plane, self.header_forward)
         described = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+        late = debug_count("TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC")
+        if late:
+            log.info("gRPC answers other than inference ones are delayed %d s "
+                     "(TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC)", late)
         methods = {}
         for m in described.methods:
             need = self.restricted.get(_CATEGORIES.get(m.name, ""))
             infer = m.name in ("ModelInfer", "ModelStreamInfer")
             parse = (service.parse_infer if m.name == "ModelInfer"
                      else getattr(service_pb2, m.input_type.name).FromString)
+            handler = getattr(service, m.name)
             methods[f"/{described.full_name}/{m.name}"] = Method(
-                getattr(service, m.name), parse,
+                _delayed(handler, late) if late and not infer else handler, parse,
                 m.client_streaming, compressible=infer,
                 restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
                 # A stream reads its own (triton_grpc_error), once per stream.
                 metadata=infer and (m.name == "ModelStreamInfer" or self.header_forward is not None
                                     or self.plane.server.tracing.mode == "opentelemetry"))
+        need = self.restricted.get("health")
+        methods[HEALTH_CHECK] = Method(
+            _delayed(service.HealthCheck, late) if late else service.HealthCheck, bytes, False,
+            restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
         try:
