@@ -32,6 +32,7 @@ import time
 from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from ._errors import (
+    InternalError,
     InvalidArgumentError,
     TritonpyError,
     UnavailableError,
@@ -385,11 +386,15 @@ class _Plan:
                     changed = True
         self.steps = chosen
         self.consumers: dict[str, list[_Step]] = {}
+        # Reads of each tensor: one per input it feeds (a step may take one tensor as two of
+        # its inputs, as upstream's ensemble_add_sub_int32_int32_int32 does).
+        self.uses: dict[str, int] = {}
         for st in steps:
             if st.index in chosen:
                 for t in dict.fromkeys(t for _, t in st.inputs):
                     self.consumers.setdefault(t, []).append(st)
-        self.uses = {t: len(c) for t, c in self.consumers.items()}
+                for _, t in st.inputs:
+                    self.uses[t] = self.uses.get(t, 0) + 1
         for t in self.requested:
             self.uses[t] = self.uses.get(t, 0) + 1
 
@@ -648,6 +653,8 @@ class _Context:
                     value = self._use(t, it)
                     if value is not None:
                         out.append((t, value))
+                    else:  # Triton's words (2.51, measured; L0_simple_ensemble greps them)
+                        log.debug("Composing models did not output tensor %s", t)
                 cfg = self.ens.config
                 out = _fit_batch_dim(out, self.batched, cfg, cfg.output, internal=True)
                 reshapes = self.ens.reshapes
@@ -686,18 +693,27 @@ class _Context:
         if self.error is None and updated:
             try:
                 launches = self._next_steps(updated)
-            except TritonpyError as exc:
-                self.error = _in_ensemble(self.ens.name, exc)
+            except Exception as exc:
+                self.error = self._failed(exc)
                 launches = []
             else:
                 self.inflight += len(launches)
                 self.pending.update(launches)
                 try:
                     outs = self._outputs_ready(updated)
-                except TritonpyError as exc:  # an output that does not fit its reshape
-                    self.error = _in_ensemble(self.ens.name, exc)
+                except Exception as exc:  # an output that does not fit its reshape
+                    self.error = self._failed(exc)
         self._emit(outs)
         return launches
+
+    def _failed(self, exc: Exception) -> TritonpyError:
+        """The error that ends the request when moving it on raised ``exc``: a bad input or
+        output (a TritonpyError), or a fault of tritonpy's, which fails this request alone
+        (logged) and never leaves it in flight for ever."""
+        if not isinstance(exc, TritonpyError):
+            log.error("ensemble '%s' failed to move a request on", self.ens.name, exc_info=exc)
+            exc = InternalError(f"{type(exc).__name__}: {exc}")
+        return _in_ensemble(self.ens.name, exc)
 
     def _emit(self, outs: list | None) -> None:
         if self.finished:
