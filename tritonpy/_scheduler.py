@@ -29,6 +29,7 @@ works as without it (:func:`debug_count`, :class:`DelayGate`).
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import logging
 import os
@@ -253,14 +254,14 @@ class DynamicBatcher(Unbound):
         n_levels = int(db.priority_levels)
         self.n_levels = n_levels
         self.default_level = int(db.default_priority_level) if n_levels else 0
-        if n_levels:
-            self.levels = [
-                _Level(db.priority_queue_policy[lv] if lv in db.priority_queue_policy
-                       else db.default_queue_policy)
-                for lv in range(1, n_levels + 1)
-            ]
-        else:
-            self.levels = [_Level(db.default_queue_policy)]
+        self.policies = db.priority_queue_policy
+        self.default_policy = db.default_queue_policy
+        # The levels that hold requests, in priority order (a config may declare 2^64-1
+        # levels, as upstream's L0_config_json does: only those in use exist), and their
+        # priorities; without priority levels, one level that stays.
+        self.levels = [_Level(db.default_queue_policy)]
+        self.priorities = [0]
+        self.by_priority: dict[int, _Level] = {}
         self.n = 0  # entries in every level (done ones included until they are passed)
         self.waker = Waker(rt)
         self.key = batch_key(rt.config)
@@ -299,7 +300,25 @@ class DynamicBatcher(Unbound):
         p = req.priority
         if not 0 < p <= self.n_levels:
             p = self.default_level
-        return self.levels[p - 1]
+        lv = self.by_priority.get(p)
+        if lv is None:
+            if not self.by_priority:  # the first level in use takes the place of none
+                self.levels.clear()
+                self.priorities.clear()
+            lv = self.by_priority[p] = _Level(
+                self.policies[p] if p in self.policies else self.default_policy)
+            i = bisect.bisect(self.priorities, p)
+            self.priorities.insert(i, p)
+            self.levels.insert(i, lv)
+        return lv
+
+    def _drop_empty(self) -> None:
+        """Forget the levels left empty (with priority levels: a level exists while in use)."""
+        for i in range(len(self.levels) - 1, -1, -1):
+            if not self.levels[i] and len(self.levels) > 1:
+                del self.by_priority[self.priorities[i]]
+                del self.levels[i]
+                del self.priorities[i]
 
     def add(self, req: HostRequest) -> TritonpyError | None:
         lv = self._level(req)
@@ -482,7 +501,11 @@ class DynamicBatcher(Unbound):
                     if not req.done:
                         count -= 1
                 if not count:
-                    return
+                    break
+            if not count:
+                break
+        if self.by_priority:
+            self._drop_empty()
 
     # -- preserve_ordering -------------------------------------------------------------------
     def _delegate(self, req: HostRequest) -> None:

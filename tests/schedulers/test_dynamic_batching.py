@@ -62,6 +62,12 @@ MODELS = {
     "db_levelfull": _cfg(8, "priority_levels: 2 default_priority_level: 1 "
                             "priority_queue_policy { key: 2 value: { max_queue_size: 1 } }"),
     "db_cancel": _cfg(8, ""),
+    # Upstream's L0_config_json max_priority_level: 2^64-1 levels, a policy past 2^32.
+    "db_maxprio": _cfg(8, "priority_levels: 18446744073709551615 default_priority_level: "
+                          "4294967295 priority_queue_policy { key: 4294967296 value: { "
+                          "timeout_action: REJECT default_timeout_microseconds: "
+                          "18446744073709551615 allow_timeout_override: true max_queue_size: "
+                          "2 } }"),
     "db_ordered": io_config(8, dims="[ 1 ]", extra="dynamic_batching { preserve_ordering: true }\n"
                             "instance_group [ { count: 2, kind: KIND_CPU } ]\n"),
     "no_db": io_config(8, dims="[ 1 ]", extra=ONE),
@@ -223,6 +229,30 @@ def test_priority_levels_order_the_batch(server, gate):
     held.get(timeout=30)
     pos = {_value(r): params(r)["pos"] for r in _all(low + [explicit_low, high])}
     assert pos == {10: 0, 0: 1, 1: 2, 2: 3}
+
+
+def test_a_huge_number_of_priority_levels_loads_and_orders_by_level(server, gate):
+    # tritonpy made every declared level at load: 2^64-1 of them grew the host by ~200 MiB/s
+    # and the load never ended (QA L0_config_json). Only levels in use exist now.
+    model = server.model("db_maxprio")
+    cfg = model.config()["dynamic_batching"]
+    assert cfg["priority_levels"] == 18446744073709551615  # as Triton 2.51 answers it
+    assert cfg["priority_queue_policy"]["4294967296"]["max_queue_size"] == 2
+    held = _hold(model, gate)
+    default = model.infer({"IN": _row(0)})  # level 4294967295
+    top = model.infer({"IN": _row(1)}, priority=1)
+    policed = [model.infer({"IN": _row(2 + i)}, priority=4294967296) for i in range(3)]
+    beyond = model.infer({"IN": _row(9)}, priority=18446744073709551615)  # the last level
+    # The policy's queue of 2 holds at its level: the third is refused at once.
+    third = policed[2].get(timeout=30)
+    assert third.error is not None and "Exceeds maximum queue size" in third.error.message
+    gate.open()
+    held.get(timeout=30)
+    pos = {_value(r): params(r)["pos"] for r in _all([default, top, *policed[:2], beyond])}
+    assert pos == {1: 0, 0: 1, 2: 2, 3: 3, 9: 4}
+    # The levels used and emptied are forgotten; the batcher keeps one.
+    batcher = server.runtime("db_maxprio").sched
+    assert len(batcher.levels) == 1 and batcher.n == 0
 
 
 def test_default_timeout_rejects_requests_still_queued(server, gate):
