@@ -311,6 +311,7 @@ class SequenceBatcher:
         # instance fills before any slot 1.
         self.free: list[tuple[int, int, Instance]] = []
         self.order: dict[Instance, int] = {}
+        self.fresh: dict[Instance, int] = {}  # per instance: its slots ever put in the heap
         self._orders = itertools.count()  # never reused: two instances never tie in the heap
         self.backlog: collections.deque[_Seq] = collections.deque()
         self.inflight: dict[int, _Seq] = {}  # request id -> its sequence
@@ -338,8 +339,10 @@ class SequenceBatcher:
             return
         self.order[inst] = next(self._orders)
         self.by_inst[inst] = []
-        for slot in range(self.slots):
-            heapq.heappush(self.free, (slot, self.order[inst], inst))
+        # Its slots enter the heap one at a time: slot i+1 when slot i is first taken (a
+        # config may give 2^31-1 candidate sequences an instance, or max_batch_size 2^31-1).
+        heapq.heappush(self.free, (0, self.order[inst], inst))
+        self.fresh[inst] = 1
         waiting = [s for s in self.backlog if s.open or s.pending]
         self.backlog.clear()
         for seq in waiting:
@@ -351,6 +354,7 @@ class SequenceBatcher:
         self.free = [f for f in self.free if f[2] is not inst]
         heapq.heapify(self.free)
         self.order.pop(inst, None)
+        self.fresh.pop(inst, None)
         orphans: list[HostRequest] = []
         for seq in self.by_inst.pop(inst, []):
             if self.active.get(seq.corrid) is seq:
@@ -465,9 +469,13 @@ class SequenceBatcher:
 
     def _assign(self, seq: _Seq) -> None:
         while self.free:
-            slot, _, inst = heapq.heappop(self.free)
+            slot, order, inst = heapq.heappop(self.free)
             if inst.state in ("STOPPED", "RETIRING"):
                 continue
+            fresh = self.fresh[inst]
+            if slot == fresh - 1 and fresh < self.slots:  # the next slot never taken
+                heapq.heappush(self.free, (fresh, order, inst))
+                self.fresh[inst] = fresh + 1
             seq.inst, seq.slot = inst, slot
             self.by_inst[inst].append(seq)
             return

@@ -427,3 +427,20 @@ def test_a_bls_request_the_sequence_batcher_refuses_is_answered_in_tritons_words
     assert resp.error is not None
     assert ("Model seq_int - Error when running inference: inference request to model "
             "'seq_int' must specify a non-zero or non-empty correlation ID") in resp.error.message
+
+
+def test_a_huge_number_of_sequence_slots_loads_and_serves(tmp_path):
+    # 2^31-1 candidate sequences per instance (the field's largest): tritonpy made every slot
+    # at load and would never have finished; now a slot exists once a sequence takes it.
+    cfg = seq_config("oldest { max_candidate_sequences: 2147483647 }", max_batch_size=4,
+                     instances=2)
+    write_model(tmp_path, "huge", SEQ_PY, cfg)
+    with serving(tmp_path, new_prefix()) as srv:
+        firsts = [srv.model("huge").infer({"IN": _x(cid, True)}, correlation_id=cid,
+                                          flags=START) for cid in (1, 2, 3)]
+        got = [r.get(timeout=30) for r in firsts]
+        # Slot 0 of each instance fills before any slot 1, as with a handful of slots.
+        assert [params(r)["instance"] for r in got] == ["huge_0_0", "huge_0_1", "huge_0_0"]
+        ends = [srv.model("huge").infer({"IN": _x(1, True)}, correlation_id=cid, flags=END)
+                for cid in (1, 2, 3)]
+        assert [_sum(r.get(timeout=30)) for r in ends] == [2, 3, 4]
