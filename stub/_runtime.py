@@ -217,6 +217,7 @@ class StubRuntime:
         self.model: Any = None
         self.model_config: dict = {}
         self.decoupled = False
+        self.reschedulable = False
         self.phase = "starting"  # starting | initialize | ready | finalize
         self._finalized = False  # finalize() returned
         # MetricFamily objects the cyclic garbage collector deleted: sent at the next safe
@@ -743,6 +744,9 @@ class StubRuntime:
             args = body["args"]
             self.model_config = json.loads(args["model_config"])
             self.decoupled = bool(body.get("decoupled"))
+            # Only an iterative sequence batcher takes a request back for another execute.
+            self.reschedulable = bool((self.model_config.get("sequence_batching") or {})
+                                      .get("iterative_sequence"))
             force = ((self.model_config.get("parameters") or {})
                      .get("FORCE_CPU_ONLY_INPUT_TENSORS") or {}).get("string_value", "yes")
             self.cpu_inputs = str(force).strip().lower() not in ("no", "false", "off", "0")
@@ -951,6 +955,15 @@ class StubRuntime:
             body = self._failed(exception_text(exc))
         reschedule = [r._host_id for r in requests
                       if r._release_flags == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+        refused: list[int] = []
+        if reschedule and not self.reschedulable:
+            # As Triton refuses the flag, in its words (it then leaves the client waiting for
+            # ever; upstream's L0_iterative_sequence expects the error): the request ends.
+            refused, reschedule = reschedule, []
+            if "error" not in body:
+                refusal = _error_body("INVALID_ARG", RESCHEDULE_REFUSED)
+                body.setdefault("responses", []).extend(
+                    {"id": rid, "final": True, "error": refusal} for rid in refused)
         if reschedule and "error" not in body:
             body["reschedule"] = reschedule
         elif reschedule:
@@ -962,7 +975,9 @@ class StubRuntime:
             # CANCEL) until the sender sends the final flag, which may happen in a thread after
             # execute returned (a decoupled request always may).
             rid = r._host_id
-            if keep and rid not in reschedule and (
+            if refused and rid in refused:
+                r._answered = True  # its sender, if the model kept it, can send no more
+            elif keep and rid not in reschedule and (
                     (r._taken or decoupled) and not r._answered):
                 continue
             if rid in reschedule:
@@ -1444,6 +1459,12 @@ def _own_handles(body: dict, key: str = "outputs") -> list[int]:
             if type(data) is list and len(data) >= 4:
                 ids.append(data[3])
     return ids
+
+
+#: Triton's words for a request released with RESCHEDULE by a model whose scheduler is not an
+#: iterative sequence batcher.
+RESCHEDULE_REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE while "
+                      "the model is not configured to handle such a flag.")
 
 
 def _error_body(code: str, message: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -191,3 +192,56 @@ def test_cancel_reaches_the_sender_of_a_run_before_a_reschedule(threaded):
     while inst.active and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not inst.active, inst.active
+
+
+REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE while the model "
+           "is not configured to handle such a flag.")
+
+
+@pytest.fixture(scope="module")
+def not_iterative(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tritonpy.Server]:
+    """The same models under schedulers that do not take a request back."""
+    repo = tmp_path_factory.mktemp("not_iterative")
+    schedulers = {"plain": "", "dynamic": "dynamic_batching { }",
+                  "direct": "sequence_batching { direct { } iterative_sequence: false }",
+                  "oldest": "sequence_batching { oldest { } }"}
+    for source in ("iterative", "iterative_default"):
+        cfg = Path(DECOUPLED_REPO, source, "config.pbtxt").read_text()
+        code = Path(DECOUPLED_REPO, source, "1", "model.py").read_text()
+        for kind, scheduler in schedulers.items():
+            name = f"{source}_{kind}"
+            (repo / name / "1").mkdir(parents=True)
+            (repo / name / "1" / "model.py").write_text(code)
+            (repo / name / "config.pbtxt").write_text(
+                cfg.replace(f'name: "{source}"', f'name: "{name}"')
+                .replace("sequence_batching { iterative_sequence: true }", scheduler))
+    with serve(str(repo), new_prefix()) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("kind", ["plain", "dynamic", "direct", "oldest"])
+def test_a_reschedule_the_scheduler_cannot_take_ends_the_request_in_tritons_words(
+        not_iterative, kind):
+    # Triton 2.51 logs this and leaves the client waiting for ever (measured; upstream's
+    # test_unsupported_*_scheduler expect the error). The responses sent before it stay.
+    flags = {"direct": START_END, "oldest": START_END}.get(kind, 0)
+    cid = {"direct": 91, "oldest": 92}.get(kind, 0)
+    responses = collect(not_iterative.model(f"iterative_{kind}").infer(
+        {"N": np.array([3], np.int32)}, request_id=f"refused-{kind}", correlation_id=cid,
+        flags=flags), WAIT_S)
+    assert [int(r.outputs["COUNT"].to_numpy()[0]) for r in responses if r.outputs] == [1]
+    last = responses[-1]
+    assert last.final and last.error is not None
+    assert last.error.code.value == "INVALID_ARG" and last.error.message == REFUSED
+    # Default mode: the request that appended None for its reschedule gets the error.
+    (answer,) = collect(not_iterative.model(f"iterative_default_{kind}").infer(
+        {"N": np.array([3], np.int32)}, request_id=f"refused-default-{kind}",
+        correlation_id=cid + 100 if cid else 0, flags=flags), WAIT_S)
+    assert answer.final and answer.error is not None and answer.error.message == REFUSED
+    # Nothing is left in flight; the model serves on.
+    for model in (f"iterative_{kind}", f"iterative_default_{kind}"):
+        (inst,) = not_iterative.runtime(model).instances
+        assert not inst.active
+    assert counts(collect(not_iterative.model(f"iterative_{kind}").infer(
+        {"N": np.array([1], np.int32)}, request_id=f"after-{kind}", correlation_id=cid,
+        flags=flags), WAIT_S)) == [1]
