@@ -128,7 +128,7 @@ def _fix_int64(d: dict[str, Any]) -> None:
             _ints(tensor, "dims")
 
 
-def config_from_dict(d: dict[str, Any] | str, path: str = "<config>") -> ModelConfig:
+def config_from_dict(d: dict[str, Any] | str | bytes, path: str = "<config>") -> ModelConfig:
     """Build a ``ModelConfig`` from its JSON form (the inverse of :func:`config_to_dict`).
 
     Accepts numbers or strings for 64-bit fields, and enum names in any case (Triton parses
@@ -143,18 +143,76 @@ def config_from_dict(d: dict[str, Any] | str, path: str = "<config>") -> ModelCo
         ConfigError: Invalid JSON, an unknown field (named, with where it sits), or a value
             of the wrong type.
     """
+    obj: Any = d
     if isinstance(d, (str, bytes)):
+        text = d.decode(errors="replace") if isinstance(d, bytes) else d
         try:
-            d = json.loads(d)
+            obj = json.loads(text)
         except ValueError as exc:
-            raise ConfigError(f"{path}: invalid JSON model configuration: {exc}") from None
-    prepared = _prepare(ModelConfig.DESCRIPTOR, d, "", path)
+            plain = _plain_json(text)
+            try:
+                obj = json.loads(plain) if plain is not None else None
+            except ValueError:
+                obj = None
+            if obj is None:
+                raise ConfigError(f"{path}: invalid JSON model configuration: {exc}") from None
+    prepared = _prepare(ModelConfig.DESCRIPTOR, obj, "", path)
     cfg = ModelConfig()
     try:
         json_format.ParseDict(prepared, cfg)
     except json_format.ParseError as exc:
         raise ConfigError(f"{path}: {str(exc).splitlines()[0]}") from None
     return cfg
+
+
+_BARE_KEY = re.compile(r"([A-Za-z_$][A-Za-z0-9_$]*)\s*:")
+
+
+def _plain_json(text: str) -> str | None:
+    """``text`` with the liberties protobuf's JSON parser (Triton's) takes made plain JSON:
+    object keys without quotes (upstream's L0_iterative_sequence loads ``direct: {...}``),
+    strings in single quotes and a comma before a closing bracket (Triton 2.51 loads all
+    three, measured). None when it takes none of them."""
+    out: list[str] = []
+    stack: list[str] = []
+    after = ""  # the last significant character outside strings
+    changed = False
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"' or c == "'":
+            j = i + 1
+            while j < n and text[j] != c:
+                j += 2 if text[j] == "\\" else 1
+            body = text[i + 1:j]
+            if c == "'":
+                changed = True
+                body = re.sub(r'(?<!\\)"', '\\"', body).replace("\\'", "'")
+            out.append(f'"{body}"')
+            after = '"'
+            i = j + 1
+            continue
+        if stack and stack[-1] == "{" and after in "{," and (m := _BARE_KEY.match(text, i)):
+            out.append(f'"{m.group(1)}"')
+            changed = True
+            after = '"'
+            i += len(m.group(1))
+            continue
+        if c in "{[":
+            stack.append(c)
+        elif c in "}]" and stack:
+            stack.pop()
+            if after == ",":  # a trailing comma
+                k = len(out) - 1
+                while out[k].isspace():
+                    k -= 1
+                del out[k]
+                changed = True
+        if not c.isspace():
+            after = c
+        out.append(c)
+        i += 1
+    return "".join(out) if changed else None
 
 
 def _json_names(desc: Descriptor) -> dict[str, FieldDescriptor]:

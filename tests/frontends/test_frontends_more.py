@@ -595,6 +595,25 @@ def test_a_config_override_of_the_wrong_type_names_the_field(
     assert not http.is_model_ready("lazy")
 
 
+def test_a_config_override_in_protobufs_looser_json_loads(
+        http: httpclient.InferenceServerClient, grpcc: grpcclient.InferenceServerClient) -> None:
+    # Triton parses an override with protobuf's JSON parser, which takes keys without
+    # quotes, strings in single quotes and a trailing comma (Triton 2.51 loads all three,
+    # measured; upstream's L0_iterative_sequence sends `direct: {...}`). A bare word as a
+    # value is still refused, as on Triton.
+    loose = ("{backend: 'python', input: [{name: 'INPUT0', data_type: 'TYPE_FP32', "
+             "dims: [-1],},], 'output': [{'name': 'WHO', data_type: \"TYPE_STRING\", "
+             "dims: [1]}], parameters: {WHO: {string_value: 'it\\'s \"loose\"'}},}")
+    try:
+        for client, mod in ((http, httpclient), (grpcc, grpcclient)):
+            client.load_model("lazy", config=loose)
+            assert who(client, mod) == 'it\'s "loose"'
+        with pytest.raises(InferenceServerException, match="invalid JSON model configuration"):
+            http.load_model("lazy", config="{backend: python}")
+    finally:
+        http.unload_model("lazy")
+
+
 def test_an_invalid_config_override_is_named_as_the_override(
         http: httpclient.InferenceServerClient) -> None:
     # A value the override gives that the checks refuse: the error names the override, not
