@@ -20,9 +20,10 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   answered CANCELLED (or UNAVAILABLE, Triton's "timeout of the corresponding sequence has been
   expired"), and a later request needs START. The model never sees a sequence go on without
   a step, or without its START.
-* The slot is freed when the END request has executed, or when the sequence was idle (nothing
-  queued or executing) for ``max_sequence_idle_microseconds``; a later request of a freed
-  sequence without START gets Triton's error.
+* The slot is freed when the END request has executed (with ``direct``, as Triton's, once it
+  is in a batch: a backlogged sequence may take the slot in the next one), or when the
+  sequence was idle (nothing queued or executing) for ``max_sequence_idle_microseconds``; a
+  later request of a freed sequence without START gets Triton's error.
 * The control inputs the configuration names are added to each request as it is sent:
   START, END, READY with their configured false/true values and data type, CORRID with the
   correlation ID in its configured type. Shapes are ``[1]``, or ``[1, 1]`` for a model with
@@ -303,6 +304,8 @@ class SequenceBatcher:
         self.key = batch_key(rt.config)
         # Direct strategy with batching: null requests fill the slots below a request's.
         self.sends_nulls = not self.oldest and mbs > 1
+        # Direct strategy: a slot is freed when its sequence's END request is batched.
+        self.early_release = not self.oldest and not sb.iterative_sequence
         self.iterative = bool(sb.iterative_sequence)
         self.controls = _Controls(rt.config, rt.model_dir)
         self.active: dict[int | str, _Seq] = {}  # open sequences by correlation ID
@@ -668,6 +671,9 @@ class SequenceBatcher:
             ready.sort(key=lambda s: s.slot)
         chosen = ready[:self.max_batch]
         n_ready = len(chosen)
+        # direct: the batch spans the slots up to the highest one with a request ready, one
+        # whose request cannot join included (a null takes its place), as Triton's.
+        extent = chosen[-1].slot
         cut = False
         key = self.key
         if key is not None and len(chosen) > 1:
@@ -692,14 +698,16 @@ class SequenceBatcher:
                 self.waker.arm((oldest + self.delay_ns) / 1e9)
                 return None
         slots: Sequence[_Seq | None] = chosen
-        if self.sends_nulls and chosen[-1].slot >= len(chosen):
-            # As Triton: each request at its slot's place, null requests in the slots below.
+        if self.sends_nulls and extent >= len(chosen):
+            # As Triton: each request at its slot's place, null requests in the other slots.
             by_slot = {s.slot: s for s in chosen}
-            slots = [by_slot.get(i) for i in range(chosen[-1].slot + 1)]
+            slots = [by_slot.get(i) for i in range(extent + 1)]
+        like = chosen[0].pending[0]  # what a null request is made like
         batch: list[HostRequest] = []
+        ended: list[_Seq] = []
         for seq in slots:
             if seq is None:
-                batch.append(self._controlled(NullRequest(chosen[0].pending[0]), {}))
+                batch.append(self._controlled(NullRequest(like), {}))
                 continue
             req = seq.pending.popleft()
             self.n -= 1
@@ -708,6 +716,12 @@ class SequenceBatcher:
             if req.flags & FLAG_START and seq.state:
                 seq.state = {}  # a new sequence under the same ID: its state starts again
             batch.append(self._controlled(req, seq.state))
+            if self.early_release and req.flags & FLAG_END and not seq.pending:
+                ended.append(seq)
+        for seq in ended:
+            # As Triton's direct batcher: a sequence's slot is free once its END request is
+            # in a batch, for a backlogged sequence to take in the next one.
+            self._release(seq)
         return batch
 
     def _controlled(self, req: HostRequest, state: dict[str, Any]) -> HostRequest:

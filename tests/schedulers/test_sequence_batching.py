@@ -40,6 +40,8 @@ MODELS = {
     **{f"seq_{t.lower()}": seq_config(controls=ALL_CONTROLS.replace("CORRID_TYPE", f"TYPE_{t}"))
        for t in ("INT32", "UINT32", "INT64")},
     "seq_direct_shapes": seq_config(max_batch_size=2, dims="[ -1 ]"),
+    "seq_direct_ragged": seq_config(max_batch_size=4, dims="[ -1 ]"),
+    "seq_direct_reuse": seq_config(max_batch_size=4),
     "seq_oldest_shapes": seq_config("oldest { max_candidate_sequences: 4 }", max_batch_size=4,
                                     dims="[ -1 ]"),
     "seq_bls": io_config(),
@@ -248,7 +250,9 @@ def _wide(server, model, width, cid, flags=0, **kw):
 
 def test_direct_leaves_a_slot_of_another_shape_out_of_the_batch(server, gate):
     # IN has dims [ -1 ]: a batch holds one shape, as Triton's. Sequence 52 (slot 1) is ready
-    # beside 51's next request but its width differs, so it waits for the next execute.
+    # beside 51's next request but its width differs, so it waits for the next execute; a
+    # null holds its slot in this one (the batch spans the slots with a request ready, as
+    # Triton's: measured, QA L0_sequence_batcher's test_ragged_batch).
     held = _wide(server, "seq_direct_shapes", 1, 51, START, parameters={"gate": gate.path})
     other = _wide(server, "seq_direct_shapes", 2, 52, START | END)
     again = _wide(server, "seq_direct_shapes", 1, 51, END)
@@ -259,7 +263,44 @@ def test_direct_leaves_a_slot_of_another_shape_out_of_the_batch(server, gate):
     assert r_other.outputs["OUT"].to_numpy().shape == (1, 2)
     # Sequence 52 runs next at its slot's place, behind a null request in slot 0 (as Triton).
     assert [(params(r)["exec"], params(r)["batch"], params(r)["pos"])
-            for r in (r_again, r_other)] == [(2, 1, 0), (3, 2, 1)]
+            for r in (r_again, r_other)] == [(2, 2, 0), (3, 2, 1)]
+
+
+def test_direct_fills_a_slot_of_another_shape_between_two_that_run(server, gate):
+    # QA L0_sequence_batcher's test_ragged_batch: slot 0 sends its last request, slot 1's
+    # width differs, slot 2's matches. The null for slot 1 was made from slot 0's request
+    # after it had left its queue: IndexError, and the model's requests stopped running.
+    held = _wide(server, "seq_direct_ragged", 2, 71, START, parameters={"gate": gate.path})
+    last = _wide(server, "seq_direct_ragged", 2, 71, END)
+    other = _wide(server, "seq_direct_ragged", 1, 72, START | END)
+    third = _wide(server, "seq_direct_ragged", 2, 73, START | END)
+    gate.open()
+    assert params(held.get(timeout=30))["exec"] == 1
+    got = {cid: s.get(timeout=30) for cid, s in ((71, last), (72, other), (73, third))}
+    assert {cid: _sum(r) for cid, r in got.items()} == {71: 4, 72: 1, 73: 2}
+    # As Triton: [71, null, 73], then 72 at its slot behind a null (71's slot freed with its
+    # END batched).
+    assert {cid: (params(r)["exec"], params(r)["batch"], params(r)["pos"])
+            for cid, r in got.items()} == {71: (2, 3, 0), 73: (2, 3, 2), 72: (3, 2, 1)}
+
+
+def test_direct_frees_a_slot_once_its_end_is_batched(server, gate):
+    # As Triton 2.51 (measured: batch sizes 1 then 3): the sequences that arrive while the
+    # END of the one in slot 0 runs take slots 0, 1 and 2, and run together with no null.
+    held = _wide(server, "seq_direct_reuse", 1, 2001, START | END,
+                 parameters={"gate": gate.path})
+    wait_for_execute = time.monotonic() + 10
+    while not server.runtime("seq_direct_reuse").instances[0].active:
+        assert time.monotonic() < wait_for_execute
+        time.sleep(0.01)
+    streams = [_wide(server, "seq_direct_reuse", 1, cid, START | END) for cid in (2002, 2003, 2004)]
+    gate.open()
+    assert params(held.get(timeout=30))["batch"] == 1
+    got = [params(s.get(timeout=30)) for s in streams]
+    assert [(p["exec"], p["batch"], p["pos"]) for p in got] == [(2, 3, 0), (2, 3, 1), (2, 3, 2)]
+    stats = server.statistics("seq_direct_reuse")["model_stats"][0]
+    assert [(b["batch_size"], b["compute_infer"]["count"]) for b in stats["batch_stats"]] == [
+        (1, 1), (3, 1)]
 
 
 def test_oldest_ends_the_batch_at_a_sequence_of_another_shape(server, gate):
@@ -379,8 +420,8 @@ def test_a_backlogged_sequence_whose_start_times_out_ends_at_once(server, gate):
     # As Triton 2.51 (measured): the START that timed out waiting for a slot is answered in
     # Triton's words, and the sequence is over at once: what is queued behind it too, and its
     # next request is refused for want of START. Those waited for the slot, then failed.
-    held = _send(server, "seq_cancel_backlog", 1, 83, START | END,
-                 parameters={"gate": gate.path})  # holds the only slot
+    held = _send(server, "seq_cancel_backlog", 1, 83, START,
+                 parameters={"gate": gate.path})  # holds the only slot (no END yet)
     start = _send(server, "seq_cancel_backlog", 10, 84, START, timeout=200_000)
     behind = _send(server, "seq_cancel_backlog", 20, 84)
     for resp in (start.get(timeout=30), behind.get(timeout=10)):  # the slot is still held
@@ -389,6 +430,7 @@ def test_a_backlogged_sequence_whose_start_times_out_ends_at_once(server, gate):
     _needs_start(_run(server, "seq_cancel_backlog", 30, 84), 84, "seq_cancel_backlog")
     gate.open()
     assert _sum(held.get(timeout=30)) == 1
+    assert _sum(_run(server, "seq_cancel_backlog", 2, 83, END)) == 3
     assert _sum(_run(server, "seq_cancel_backlog", 5, 84, START | END)) == 5
 
 

@@ -386,7 +386,8 @@ def test_a_timeout_that_passes_while_the_request_runs_does_not_end_it(tmp_path, 
     with serving(tmp_path, shm_prefix) as server:
         for name, x, kw, why in (
                 ("gated", fp32(1), {}, "Request timeout expired"),
-                ("seq", np.ones((1, 1), np.float32), {"correlation_id": 9, "flags": 3},  # START|END
+                # START only: sequence 9 keeps the one slot (an END frees it once batched)
+                ("seq", np.ones((1, 1), np.float32), {"correlation_id": 9, "flags": 1},
                  "timeout of the corresponding sequence has been expired")):  # (no free slot)
             model, gate = server.model(name), tmp_path / f"gate_{name}"
             running = model.infer({"IN": x}, parameters={"gate": str(gate)}, timeout=100_000,
