@@ -284,6 +284,14 @@ def test_the_standard_grpc_health_check_is_served(running: Running) -> None:
         with pytest.raises(grpc.RpcError) as err:
             list(watch(b"", timeout=10))
         assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+        # A request that is not protobuf: INTERNAL, as Triton's "Unable to parse request".
+        check = channel.unary_unary("/grpc.health.v1.Health/Check")
+        with pytest.raises(grpc.RpcError) as err:
+            check(b"\xff\xff", timeout=10,
+                  metadata=(("triton-grpc-protocol-admin-key", "secret"),))
+        assert err.value.code() == grpc.StatusCode.INTERNAL
+        assert check(b"\x0a\x03abc", timeout=10,  # service "abc": not looked at
+                     metadata=(("triton-grpc-protocol-admin-key", "secret"),)) == SERVING
 
 
 def test_the_grpc_health_check_says_not_serving_while_the_server_is_not_ready(

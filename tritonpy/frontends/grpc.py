@@ -152,6 +152,13 @@ def _delayed(handler: F, seconds: int) -> F:
     return late  # type: ignore[return-value]
 
 
+def _health_request(data: Any) -> None:
+    """A HealthCheckRequest, checked (not kept): a message that is not protobuf is refused
+    INTERNAL, as Triton refuses it (measured). An empty message type reads any well-formed
+    one, its ``service`` field an unknown field."""
+    service_pb2.ServerLiveRequest.FromString(data)
+
+
 def _param_value(p: Any) -> Any:
     """The Python value of an InferParameter / ModelRepositoryParameter / SettingValue."""
     kind = p.WhichOneof("parameter_choice")
@@ -956,7 +963,8 @@ class GRPCFrontend:
                                     or self.plane.server.tracing.mode == "opentelemetry"))
         need = self.restricted.get("health")
         methods[HEALTH_CHECK] = Method(
-            _delayed(service.HealthCheck, late) if late else service.HealthCheck, bytes, False,
+            _delayed(service.HealthCheck, late) if late else service.HealthCheck,
+            _health_request, False,
             restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
