@@ -3,11 +3,12 @@
 free, holding them until the execute ends, across all models.
 
 Resources are counted per device (a CPU instance's is device 0), or in one pool for a
-resource marked ``global``. A resource has the copies ``--rate-limit-resource
-name:count[:device]`` gives it (without a device: on every device, and for a global one);
-one named there for other devices only has none on the rest (as Triton 2.51, measured). Else
-it has as many as the largest count one of the live instances lists. An instance that lists
-more than a given count fails to load, in Triton's words.
+resource marked ``global`` (a name may not be both, in Triton's words). A resource has the
+copies ``--rate-limit-resource name:count[:device]`` gives it (without a device: on every
+device; for a global one the device is ignored); one named there for other devices only has
+none on the rest, and once any is given, one not named has none (as Triton 2.51, measured).
+Without any, it has as many as the largest count one of the live instances lists. An instance
+that lists more than a given count fails to load, in Triton's words.
 
 An instance takes what it needs when it is free; instances that wait for resources get them
 as they are released, lowest ``pass`` first:
@@ -103,8 +104,15 @@ class RateLimiter:
         """
         limits = [instance_limits(inst.signature, inst.device_id) for inst in insts]
         with self._lock:
+            scope = {name: device == GLOBAL for i in self._instances
+                     if i.state not in ("STOPPED", "RETIRING") for (name, device), _ in i.limits}
+            for (name, device), _ in (need for needs, _ in limits for need in needs):
+                if scope.setdefault(name, device == GLOBAL) != (device == GLOBAL):
+                    raise InvalidArgumentError(
+                        f'Resource "{name}" is present as both global and device-specific '
+                        "resource in the model configuration.")
             for (name, device), count in (need for needs, _ in limits for need in needs):
-                have = self._explicit_count(name, device) if name in self._explicit else count
+                have = self._explicit_count(name, device) if self._explicit else count
                 if have < count:
                     raise InvalidArgumentError(
                         f'Resource count for "{name}" is limited to {have} which will prevent '
@@ -134,7 +142,14 @@ class RateLimiter:
         log.debug("%s", text)
 
     def _explicit_count(self, name: str, device: int) -> int:
-        given = self._explicit[name]
+        """The copies ``--rate-limit-resource`` gives ``name`` on ``device``: none for a name
+        it does not give once it gives any (as Triton 2.51, measured), and for a global
+        resource whatever device it names (Triton ignores it there)."""
+        given = self._explicit.get(name)
+        if not given:
+            return 0
+        if device == GLOBAL:
+            return given[None] if None in given else max(given.values())
         if device in given:
             return given[device]
         return given.get(None, 0)
@@ -143,7 +158,7 @@ class RateLimiter:
         """The copies of ``key``: those given, else the most that one instance not in a state
         of ``gone`` needs."""
         name, device = key
-        if name in self._explicit:
+        if self._explicit:
             return self._explicit_count(name, device)
         return max((n for i in self._instances if i.state not in gone
                     for k, n in i.limits if k == key), default=0)

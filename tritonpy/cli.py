@@ -85,6 +85,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
+def _config_name(text: str) -> str:
+    """``--model-config-name``: a name, not an empty one (Triton 2.51's words, measured)."""
+    if not text:
+        raise argparse.ArgumentTypeError("empty argument for --model-config-name")
+    return text
+
+
 def _port(text: str) -> int:
     """A port number: an integer, checked (0-65535) only where its service is served (see
     :func:`check_port`), as Triton takes any for a service turned off (QA L0_socket)."""
@@ -596,7 +603,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "ensemble runs its own repository's steps first, a request naming "
                         "it is refused for its ambiguity, and metrics carry a namespace label "
                         "(as Triton)")
-    s.add_argument("--model-config-name", default="", metavar="NAME",
+    s.add_argument("--model-config-name", type=_config_name, default=None, metavar="NAME",
                    help="configure each model by <model>/configs/NAME.pbtxt where it exists "
                         "(else its config.pbtxt)")
     for level in ("info", "warning", "error"):
@@ -721,7 +728,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     poll_interval=args.repository_poll_secs,
                     strict_readiness=args.strict_readiness, auto_complete=auto_complete,
                     server_id=args.id, tracing=_tracing(args), loop=loop,
-                    model_config_name=args.model_config_name,
+                    model_config_name=args.model_config_name or "",
                     response_cache_size=cache_size(args),
                     model_load_retry_count=args.model_load_retry_count,
                     metrics_config=metrics_config(args),

@@ -67,6 +67,9 @@ def _stop(server: Serve) -> int:
     (["--backend-config=,default-max-batch-size=3"],
      "No backend specified. --backend-config option format is <backend name>,<setting>=<value>"
      " or <setting>=<value>. Got ,default-max-batch-size=3"),
+    # Triton 2.51: "Error: empty argument for --model-config-name" (measured, QA
+    # L0_custom_model_config); tritonpy started with the default config.
+    (["--model-config-name="], "empty argument for --model-config-name"),
     # Triton 2.51's words (measured); tritonpy started, --cache-config winning.
     (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
      "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
