@@ -896,6 +896,11 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
             "transaction policy. Please disable the response cache.")
     cfg.model_transaction_policy.SetInParent()
     cfg.model_transaction_policy.decoupled = decoupled
+    if cfg.ensemble_scheduling.max_inflight_requests:
+        # A newer Triton's back-pressure between steps (Triton 2.51 refuses the field).
+        log.warning("ensemble '%s' sets max_inflight_requests: %d, which tritonpy does not "
+                    "apply: a step's responses are not held back for the steps after it",
+                    name, cfg.ensemble_scheduling.max_inflight_requests)
     cfg_json = config_to_json(cfg)
     out: dict[int, EnsembleRuntime] = {}
     for v in versions:

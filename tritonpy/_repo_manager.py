@@ -473,6 +473,7 @@ class RepositoryManager:
             fingerprint,
             model_file,
             model_source,
+            run_repo_agents,
             select_versions,
             version_fingerprints,
         )
@@ -494,6 +495,8 @@ class RepositoryManager:
             else:
                 cfg, exists = load_model_config(entry.directory, srv.model_config_name)
             read = cfg, exists
+            if entry.directory and cfg.model_repository_agents.agents:
+                run_repo_agents(cfg, entry.directory)
             ensemble = is_ensemble(cfg)
             files = version_fingerprints(entry.directory) if entry.directory else {}
             if not exists and not srv.auto_complete:

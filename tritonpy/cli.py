@@ -233,7 +233,8 @@ _NO_EFFECT: dict[str, tuple[Any, bool, str]] = {
     "--enable-peer-access": (_bool, False, "no GPU memory is used"),
     "--http-thread-count": (int, False, "HTTP is served on one event loop"),
     "--grpc-infer-allocation-pool-size": (int, False, "gRPC responses are not pooled"),
-    "--repoagent-directory": (str, False, "there are no repository agents"),
+    "--repoagent-directory": (str, False, "the checksum agent is built in, and no other "
+                                          "repository agent is loaded"),
     "--cache-directory": (str, False, "the local response cache is built in"),
     "--pinned-memory-pool-byte-size": (int, False, "no CUDA pinned memory is used"),
     "--cuda-memory-pool-byte-size": (str, True, "no CUDA memory pool is used"),

@@ -32,6 +32,7 @@ __all__ = [
     "fingerprint",
     "model_file",
     "model_source",
+    "run_repo_agents",
     "scan_repositories",
     "select_versions",
     "version_fingerprints",
@@ -260,6 +261,45 @@ def model_file(cfg: ModelConfig, model_dir: str, version: int,
             "'default_model_filename' in config.pbtxt to use another file name)"
         )
     return path
+
+
+#: The repository agents tritonpy runs itself (Triton loads ``libtritonrepoagent_<name>.so``).
+REPO_AGENTS = ("checksum",)
+
+
+def run_repo_agents(cfg: ModelConfig, model_dir: str) -> None:
+    """Run the ``model_repository_agents`` a model's configuration names, before its load,
+    as Triton does. The ``checksum`` agent is Triton's: each parameter ``MD5:<file>`` gives
+    the MD5 hex digest a file of the model directory must have, else the load fails in
+    Triton's words ("Mismatched MD5 hash for file 1/model.py"). Triton 2.51's wheel ships no
+    agent (it refuses any: "unable to find 'libtritonrepoagent_checksum.so'"); tritonpy has no
+    other agent and refuses the rest, naming them.
+
+    Raises:
+        InvalidArgumentError: An agent other than checksum, a parameter it does not take, a
+            file missing or outside the model directory, or a mismatched hash.
+    """
+    for agent in cfg.model_repository_agents.agents:
+        if agent.name not in REPO_AGENTS:
+            raise InvalidArgumentError(
+                f"unable to find repository agent '{agent.name}' (Triton's "
+                f"libtritonrepoagent_{agent.name}.so): tritonpy runs the checksum agent only")
+        root = os.path.realpath(model_dir)
+        for key, digest in agent.parameters.items():
+            algorithm, colon, name = key.partition(":")
+            if not colon or algorithm != "MD5" or not name:
+                raise InvalidArgumentError(
+                    f"checksum repository agent: parameter '{key}' is not MD5:<file path>")
+            path = os.path.realpath(os.path.join(root, name))
+            if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
+                raise InvalidArgumentError(
+                    f"checksum repository agent: no file {name} in the model directory")
+            md5 = hashlib.md5(usedforsecurity=False)
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    md5.update(block)
+            if md5.hexdigest() != digest.strip().lower():
+                raise InvalidArgumentError(f"Mismatched MD5 hash for file {name}")
 
 
 def model_source(cfg: ModelConfig, model_dir: str, version: int, path: str,
