@@ -36,7 +36,7 @@ from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensem
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
 from ._stubproc import env_launcher
-from .repository import namespaced_key
+from .repository import file_hexdigest, namespaced_key
 
 log = logging.getLogger("tritonpy.repository")
 
@@ -987,13 +987,8 @@ class RepositoryManager:
 
 
 def _file_digest(path: str) -> str:
-    """The start of the SHA-256 of a file, read a MiB at a time (an environment archive may be
-    gigabytes)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()[:16]
+    """The start of the SHA-256 of a file (an environment archive)."""
+    return file_hexdigest(path, hashlib.sha256())[:16]
 
 
 def _env_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:

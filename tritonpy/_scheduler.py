@@ -25,7 +25,7 @@ sent at once, as Triton does (so a model may concatenate its requests' inputs).
 Triton's test hook ``TRITONSERVER_DELAY_SCHEDULER=N`` (an environment variable of the server,
 read when a model loads) holds a batcher's first batch until N requests are queued, so that
 tests can queue requests one by one and see them batched together; after that the batcher
-works as without it (:func:`debug_count`, :class:`DelayGate`).
+works as without it (:func:`debug_count`, :func:`delay_count`).
 """
 from __future__ import annotations
 
@@ -59,24 +59,14 @@ def debug_count(name: str) -> int:
     return max(0, int(m.group(1))) if m else 0
 
 
-class DelayGate:
-    """``TRITONSERVER_DELAY_SCHEDULER``: closed until ``count`` requests are queued, then open
-    for good (as Triton's batcher threads, which stop counting once they have started)."""
-
-    __slots__ = ("count",)
-
-    def __init__(self, rt: ModelRuntime, what: str) -> None:
-        self.count = debug_count("TRITONSERVER_DELAY_SCHEDULER")
-        if self.count:
-            log.info("Delaying %s for %s until %d queued requests...", what, rt.name,
-                     self.count)
-
-    def holds(self, queued: int) -> bool:
-        """Whether the batcher must wait, with ``queued`` requests queued."""
-        if queued < self.count:
-            return True
-        self.count = 0
-        return False
+def delay_count(rt: ModelRuntime, what: str) -> int:
+    """``TRITONSERVER_DELAY_SCHEDULER`` for a batcher of ``rt`` loading now: how many requests
+    its first batch waits for (0: none), said in the log. A batcher sets its count to 0 once
+    reached, as Triton's batcher threads stop counting once they have started."""
+    count = debug_count("TRITONSERVER_DELAY_SCHEDULER")
+    if count:
+        log.info("Delaying %s for %s until %d queued requests...", what, rt.name, count)
+    return count
 
 
 def remove_queued(queues: Iterable[collections.deque[HostRequest]], req: HostRequest) -> None:
@@ -269,7 +259,7 @@ class DynamicBatcher(Unbound):
         self._order: collections.deque[list] = collections.deque()
         self._order_lock = threading.Lock()
         self.queue = self  # the deque-like view is the batcher itself
-        self.gate = DelayGate(rt, "batcher")
+        self.hold_until = delay_count(rt, "batcher")  # queued requests the first batch waits for
 
     # -- the deque-like view -----------------------------------------------------------------
     def __len__(self) -> int:
@@ -405,8 +395,10 @@ class DynamicBatcher(Unbound):
     # -- batch formation ---------------------------------------------------------------------
     def take(self, instances: list[Instance]) -> list[tuple[Instance, list[HostRequest]]]:
         plans: list[tuple[Instance, list[HostRequest]]] = []
-        if self.gate.count and self.gate.holds(self.n):
-            return plans
+        if self.hold_until:
+            if self.n < self.hold_until:
+                return plans
+            self.hold_until = 0
         while self.n:
             inst = _free_instance(instances)
             if inst is None:
@@ -548,5 +540,5 @@ def make_scheduler(rt: ModelRuntime) -> Any:
     return FifoScheduler(rt)
 
 
-__all__ = ["DelayGate", "DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "debug_count",
+__all__ = ["DynamicBatcher", "FifoScheduler", "Waker", "batch_key", "debug_count", "delay_count",
            "fail_queued", "make_scheduler"]

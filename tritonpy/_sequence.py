@@ -67,7 +67,7 @@ from ._errors import (
     UnavailableError,
 )
 from ._request import HostRequest
-from ._scheduler import DelayGate, Waker, batch_key, debug_count, fail_queued, remove_queued
+from ._scheduler import Waker, batch_key, debug_count, delay_count, fail_queued, remove_queued
 from .shm.dtypes import deserialize_bytes, numpy_dtype, triton_dtype_of
 from .validation import triton_type_name
 
@@ -324,8 +324,8 @@ class SequenceBatcher:
         # Queued requests answered before they ran (cancel, timeout): id -> the error.
         self._aborted: dict[int, TritonpyError] = {}
         self._iter_ids = itertools.count(1)  # iterative requests without a correlation ID
-        self.gate = DelayGate(rt, "sequence batcher")
-        self.backlog_gate = debug_count("TRITONSERVER_BACKLOG_DELAY_SCHEDULER")
+        self.hold_until = delay_count(rt, "sequence batcher")  # queued requests to wait for
+        self.backlog_hold_until = debug_count("TRITONSERVER_BACKLOG_DELAY_SCHEDULER")
         self.opened: set[Instance] = set()  # oldest: the instances whose gate has opened
         for inst in rt.instances:
             self.add_instance(inst)
@@ -618,11 +618,11 @@ class SequenceBatcher:
         plans: list[tuple[Instance, list[HostRequest]]] = []
         if not self.n:
             return plans
-        if self.gate.count and not self.oldest and self._held():
+        if self.hold_until and not self.oldest and self._held():
             return plans
         # The instances holding sequences, a RETIRING one included: its sequences end there.
         for inst in self.by_inst:
-            if self.gate.count and self.oldest and self._held(inst):
+            if self.hold_until and self.oldest and self._held(inst):
                 continue
             while (inst.running < inst.capacity and inst.state in ("READY", "RETIRING")
                    and inst.admitted()):
@@ -639,14 +639,14 @@ class SequenceBatcher:
         if inst is not None:
             if inst in self.opened:
                 return False
-            if sum(len(s.pending) for s in self.by_inst[inst]) < self.gate.count:
+            if sum(len(s.pending) for s in self.by_inst[inst]) < self.hold_until:
                 return True
             self.opened.add(inst)
             return False
         backlogged = sum(len(s.pending) for s in self.backlog)
-        if self.n - backlogged < self.gate.count or backlogged < self.backlog_gate:
+        if self.n - backlogged < self.hold_until or backlogged < self.backlog_hold_until:
             return True
-        self.gate.count = self.backlog_gate = 0
+        self.hold_until = self.backlog_hold_until = 0
         return False
 
     def _form(self, inst: Instance) -> list[HostRequest] | None:

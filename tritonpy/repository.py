@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_BACKEND_DIRECTORY",
     "available_versions",
     "backend_dir",
+    "file_hexdigest",
     "fingerprint",
     "model_file",
     "model_source",
@@ -263,6 +264,15 @@ def model_file(cfg: ModelConfig, model_dir: str, version: int,
     return path
 
 
+def file_hexdigest(path: str, digest: Any) -> str:
+    """``digest`` (a new hashlib object) of a file's content, read a MiB at a time (a file of
+    a model, or an environment archive, may be gigabytes)."""
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return str(digest.hexdigest())
+
+
 #: The repository agents tritonpy runs itself (Triton loads ``libtritonrepoagent_<name>.so``).
 REPO_AGENTS = ("checksum",)
 
@@ -294,11 +304,7 @@ def run_repo_agents(cfg: ModelConfig, model_dir: str) -> None:
             if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
                 raise InvalidArgumentError(
                     f"checksum repository agent: no file {name} in the model directory")
-            md5 = hashlib.md5(usedforsecurity=False)
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    md5.update(block)
-            if md5.hexdigest() != digest.strip().lower():
+            if file_hexdigest(path, hashlib.md5(usedforsecurity=False)) != digest.strip().lower():
                 raise InvalidArgumentError(f"Mismatched MD5 hash for file {name}")
 
 

@@ -949,7 +949,6 @@ class GRPCFrontend:
                      "(TRITONSERVER_SERVER_DELAY_GRPC_RESPONSE_SEC)", late)
         methods = {}
         for m in described.methods:
-            need = self.restricted.get(_CATEGORIES.get(m.name, ""))
             infer = m.name in ("ModelInfer", "ModelStreamInfer")
             parse = (service.parse_infer if m.name == "ModelInfer"
                      else getattr(service_pb2, m.input_type.name).FromString)
@@ -957,15 +956,13 @@ class GRPCFrontend:
             methods[f"/{described.full_name}/{m.name}"] = Method(
                 _delayed(handler, late) if late and not infer else handler, parse,
                 m.client_streaming, compressible=infer,
-                restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]),
+                restricted=self._restriction(_CATEGORIES.get(m.name, "")),
                 # A stream reads its own (triton_grpc_error), once per stream.
                 metadata=infer and (m.name == "ModelStreamInfer" or self.header_forward is not None
                                     or self.plane.server.tracing.mode == "opentelemetry"))
-        need = self.restricted.get("health")
         methods[HEALTH_CHECK] = Method(
             _delayed(service.HealthCheck, late) if late else service.HealthCheck,
-            _health_request, False,
-            restricted=None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1]))
+            _health_request, False, restricted=self._restriction("health"))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
         try:
@@ -976,6 +973,11 @@ class GRPCFrontend:
         self._service = service
         self._server = server
         log.info("Started GRPCInferenceService at %s:%d", self.host, self.port)
+
+    def _restriction(self, category: str) -> tuple[str, str] | None:
+        """The (metadata name, value) a call of the API group ``category`` must carry."""
+        need = self.restricted.get(category)
+        return None if need is None else (f"triton-grpc-protocol-{need[0]}", need[1])
 
     async def stop(self, timeout: float = 30.0) -> None:
         """Stop accepting, give in-flight RPCs up to ``timeout`` seconds, then cancel them."""
