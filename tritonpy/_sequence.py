@@ -44,7 +44,8 @@ Behaviour follows Triton's sequence batcher (``sequence_batch_scheduler.cc``, be
   ``TRITONSERVER_DELAY_SCHEDULER=N`` holds the first batch until N requests are queued (with
   ``direct``, in the sequences holding a slot, over all instances, and then, when
   ``TRITONSERVER_BACKLOG_DELAY_SCHEDULER=M`` is set too, until M requests wait in the
-  backlog; with ``oldest``, per instance, as Triton's per-instance dynamic batcher counts).
+  backlog; with ``oldest``, per instance, the sequences with a request waiting, as Triton's
+  per-instance dynamic batcher, which holds one request of each sequence at a time, counts).
 """
 from __future__ import annotations
 
@@ -639,7 +640,7 @@ class SequenceBatcher:
         if inst is not None:
             if inst in self.opened:
                 return False
-            if sum(len(s.pending) for s in self.by_inst[inst]) < self.hold_until:
+            if sum(1 for s in self.by_inst[inst] if s.pending) < self.hold_until:
                 return True
             self.opened.add(inst)
             return False

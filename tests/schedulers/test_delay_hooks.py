@@ -14,7 +14,7 @@ import queue
 import numpy as np
 import pytest
 from _models import io_config, new_prefix, serving, write_model
-from _sched_models import BATCH_PY, SEQ_PY, params, seq_config
+from _sched_models import BATCH_PY, SEQ_PY, Gate, params, seq_config
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -66,15 +66,18 @@ def test_the_dynamic_batcher_waits_for_the_count_once(tmp_path, monkeypatch):
         assert params(server.model("plain").infer(_row(0)).get(timeout=30))["batch"] == 1
 
 
-def _seq(server, model, v, cid, flags=0):
-    return server.model(model).infer(_row(v), correlation_id=cid, flags=flags)
+def _seq(server, model, v, cid, flags=0, **params):
+    return server.model(model).infer(_row(v), correlation_id=cid, flags=flags,
+                                     parameters=params or None)
+
+
+def _out(stream) -> float:
+    return float(stream.get(timeout=30).outputs["OUT"].to_numpy().reshape(-1)[0])
 
 
 def test_the_direct_sequence_batcher_waits_for_the_count_over_all_sequences(
         tmp_path, monkeypatch):
-    models = {"direct": (SEQ_PY, seq_config(max_batch_size=4)),
-              "oldest": (SEQ_PY, seq_config("oldest { max_candidate_sequences: 4 }",
-                                            max_batch_size=4, instances=2))}
+    models = {"direct": (SEQ_PY, seq_config(max_batch_size=4))}
     with _serve(tmp_path, monkeypatch, models, "4") as server:
         a1 = _seq(server, "direct", 1, 11, START)
         b1 = _seq(server, "direct", 10, 12, START)
@@ -86,23 +89,37 @@ def test_the_direct_sequence_batcher_waits_for_the_count_over_all_sequences(
             (1, 2, 0), (1, 2, 1), (2, 2, 0), (2, 2, 1)]
         assert [float(r.outputs["OUT"].to_numpy().reshape(-1)[0]) for r in got] == [1, 10, 3, 30]
 
-        # oldest: each instance counts its own queue (Triton's per-instance dynamic batcher).
-        # Two sequences land on the two instances, two requests each: neither reaches 4.
-        c1 = _seq(server, "oldest", 1, 21, START)
-        d1 = _seq(server, "oldest", 1, 22, START)
-        c2 = _seq(server, "oldest", 1, 21)
-        d2 = _seq(server, "oldest", 1, 22)
-        assert _held(c1) and _held(d1)
-        c3 = _seq(server, "oldest", 1, 21)
-        c4 = _seq(server, "oldest", 1, 21, END)
-        # c's instance has 4 queued now and runs them; d's still waits for its count.
-        assert [float(s.get(timeout=30).outputs["OUT"].to_numpy().reshape(-1)[0])
-                for s in (c1, c2, c3, c4)] == [1, 2, 3, 4]
+
+def test_the_oldest_batcher_counts_sequences_per_instance(tmp_path, monkeypatch):
+    # As Triton 2.51 (measured): each instance counts its own queue (Triton's per-instance
+    # dynamic batcher), where a sequence has one request at a time; so many requests of one
+    # sequence do not open a count of 2, and a second sequence on that instance does.
+    models = {"one": (SEQ_PY, seq_config("oldest { max_candidate_sequences: 4 }",
+                                         max_batch_size=4, instances=1)),
+              "two": (SEQ_PY, seq_config("oldest { max_candidate_sequences: 4 }",
+                                         max_batch_size=4, instances=2))}
+    with _serve(tmp_path, monkeypatch, models, "2") as server:
+        a = [_seq(server, "one", 1, 41, START), _seq(server, "one", 1, 41),
+             _seq(server, "one", 1, 41)]
+        assert _held(a[0])
+        b = _seq(server, "one", 10, 42, START | END)
+        a.append(_seq(server, "one", 1, 41, END))
+        assert [_out(s) for s in a] == [1, 2, 3, 4]
+        assert _out(b) == 10
+
+        # Sequences take the instances in turn: 51 and 53 on one, 52 and 54 on the other.
+        gate = Gate(tmp_path)  # 51's requests hold their instance, and their slot, until open
+        c = [_seq(server, "two", 1, 51, START, gate=gate.path),
+             _seq(server, "two", 1, 51, END, gate=gate.path)]
+        d1 = _seq(server, "two", 1, 52, START)
+        assert _held(c[0]) and _held(d1)
+        e1 = _seq(server, "two", 5, 53, START | END)  # the first instance opens
         assert _held(d1)
-        d3 = _seq(server, "oldest", 1, 22)
-        d4 = _seq(server, "oldest", 1, 22, END)
-        assert [float(s.get(timeout=30).outputs["OUT"].to_numpy().reshape(-1)[0])
-                for s in (d1, d2, d3, d4)] == [1, 2, 3, 4]
+        f1 = _seq(server, "two", 7, 54, START | END)  # and the second
+        assert (_out(d1), _out(f1)) == (1, 7)
+        gate.open()
+        assert [_out(s) for s in c] + [_out(e1)] == [1, 2, 5]
+        assert _out(_seq(server, "two", 1, 52, END)) == 2
 
 
 def test_the_backlog_count_holds_the_direct_batcher_too(tmp_path, monkeypatch):
