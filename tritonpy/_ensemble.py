@@ -22,14 +22,23 @@ The ensemble's own ``reshape`` applies as in Triton: its inputs flow into the st
 reshape form, and its outputs leave in their dims form. A tensor passing between a batching and
 a non-batching side gains or loses a batch dimension of 1 as it does in Triton
 (:func:`_fit_batch_dim`).
+
+Back-pressure (``ensemble_scheduling.max_inflight_requests``, a newer Triton's; 2.51 refuses
+the field): at most that many requests run at each step at once, across all of the ensemble's
+requests (:class:`_StepGate`); a step request beyond it waits in the host, in order, until one
+of that step's requests ends. A decoupled step that streams faster than the steps after it
+consume is paced as a client's stream is (``_request._Pacing``): its model's
+``response_sender.send`` waits once that many of its responses wait to be let into the next
+steps, as Triton's producer waits, so neither the step requests nor their tensors pile up.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 from ._errors import (
     InternalError,
@@ -38,7 +47,7 @@ from ._errors import (
     UnavailableError,
 )
 from ._model import READY, RuntimeBase, reshape_arrays
-from ._request import HostRequest
+from ._request import HostRequest, _Pacing
 
 if TYPE_CHECKING:
     from ._repo_manager import ModelEntry, RepositoryManager
@@ -399,6 +408,102 @@ class _Plan:
             self.uses[t] = self.uses.get(t, 0) + 1
 
 
+RUN, WAIT, GONE = range(3)
+
+
+class _StepGate:
+    """``max_inflight_requests`` at one step: the step requests running (ids), and those
+    waiting for room, oldest first, each with what to call once it is let in."""
+
+    __slots__ = ("limit", "lock", "running", "waiting")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.running: set[int] = set()
+        self.waiting: collections.deque[tuple[HostRequest, Callable[[], None] | None]] = (
+            collections.deque())
+
+    def enter(self, sreq: HostRequest, then: Callable[[], None] | None) -> int:
+        """RUN: ``sreq`` may run now; WAIT: it waits its turn (see :meth:`leave`); GONE: it
+        ended already (cancelled before it was launched). Under the lock, as :meth:`leave`
+        is: a request that ends meanwhile is either seen here as ended or found running."""
+        with self.lock:
+            if sreq.done:
+                return GONE
+            if len(self.running) < self.limit and not self.waiting:
+                self.running.add(sreq.id)
+                return RUN
+            self.waiting.append((sreq, then))
+            return WAIT
+
+    def leave(self, sreq: HostRequest) -> list[tuple[HostRequest, Callable[[], None] | None]]:
+        """``sreq`` ended (its final response, or it was cancelled while it waited): the
+        waiting requests it makes room for, to be submitted by the caller, outside any lock.
+        A request that ended while it waited is dropped (its tensors with it), its ``then``
+        returned to be called all the same."""
+        with self.lock:
+            if sreq.id not in self.running:
+                for i, (r, then) in enumerate(self.waiting):
+                    if r is sreq:
+                        del self.waiting[i]
+                        return [(r, then)] if then is not None else []
+                return []
+            self.running.discard(sreq.id)
+            let_in = []
+            while self.waiting and len(self.running) < self.limit:
+                r, then = self.waiting.popleft()
+                if not r.done:
+                    self.running.add(r.id)
+                let_in.append((r, then))
+            return let_in
+
+
+class _StepPacing(_Pacing):
+    """Back-pressure on a decoupled step under ``max_inflight_requests``: its stub may have
+    ``limit`` responses that the steps after it have not let in yet; its model's next send
+    waits there. No stall is watched for: the steps after it always move on."""
+
+    def __init__(self, limit: int) -> None:
+        self.request = None
+        self._limit = limit
+        self._batch = max(1, limit // 4)
+
+    def start(self, req: HostRequest) -> None:
+        self.request = req
+        self.pace(req, None)
+
+    def limits(self) -> list[int]:
+        return [1 << 62, self._limit]
+
+    def took(self) -> None:
+        """One more of the step's responses has all its next step requests let in."""
+        with self._pace_lock:
+            self._taken += 1
+            if not self._held and self._taken - self._acked < self._batch:
+                return
+            taken = self._acked = self._taken
+        self._ack(taken)
+
+
+class _Owed:
+    """One response of a paced step, taken once its ``left`` step requests are let in."""
+
+    __slots__ = ("pacer", "left", "lock")
+
+    def __init__(self, pacer: _StepPacing, left: int) -> None:
+        self.pacer = pacer
+        self.left = left
+        self.lock = threading.Lock()
+
+    def one(self) -> None:
+        with self.lock:
+            self.left -= 1
+            if self.left:
+                return
+        self.pacer.took()
+
+
 class EnsembleRuntime(RuntimeBase):
     """One version of an ensemble, loaded: no stubs (``instances`` stays empty) and no queue of
     its own (steps queue at their models)."""
@@ -421,6 +526,8 @@ class EnsembleRuntime(RuntimeBase):
         # As Triton 2.51: an ensemble that enables the response cache is cached as a whole
         # (a hit runs no step); a decoupled one is refused at load.
         self.cache = server.response_cache if config.response_cache.enable else None
+        limit = int(config.ensemble_scheduling.max_inflight_requests)
+        self.gates = [_StepGate(limit) for _ in self.steps] if limit > 0 else None
 
     def _plan(self, requested: Sequence[str]) -> _Plan:
         key = tuple(requested)
@@ -560,7 +667,7 @@ class _Context:
 
     __slots__ = ("ens", "request", "plan", "values", "batched", "iterations", "uses_left",
                  "launched", "pending", "inflight", "error", "held", "finished", "lock",
-                 "compute_ns")
+                 "compute_ns", "gate_of")
 
     def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
         self.ens = ens
@@ -579,6 +686,8 @@ class _Context:
         self.finished = False
         self.lock = threading.Lock()
         self.compute_ns = [0, 0, 0]  # the steps' input, infer and output ns, summed
+        # Under max_inflight_requests: the gate of each step request not yet launched, by id.
+        self.gate_of: dict[int, _StepGate] = {}
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:
@@ -639,6 +748,11 @@ class _Context:
         if parent.trace is not None:  # as Triton: each step traced, under the ensemble's trace
             sreq.trace = parent.trace.child(rt.name)
         ens.server.validate(rt, sreq)
+        gates = ens.gates
+        if gates is not None:
+            gate = self.gate_of[sreq.id] = gates[step.index]
+            if rt.decoupled and not getattr(rt, "is_ensemble", False):
+                _StepPacing(gate.limit).start(sreq)
         return sreq
 
     def _outputs_ready(self, updated: Iterable[tuple[str, int]]) -> list | None:
@@ -781,6 +895,8 @@ class _Context:
                  error: TritonpyError | None, parameters: dict | None, final: bool) -> None:
         cancel: list[HostRequest] = []
         launches: list[HostRequest] = []
+        let_in: list = []
+        pacer = sreq.pacer
         with self.lock:
             if final:
                 self.inflight -= 1
@@ -807,13 +923,41 @@ class _Context:
                 launches = self._advance(updated)
             else:
                 self._emit(None)
+        gates = self.ens.gates
+        if gates is not None:
+            if final:
+                let_in = gates[step.index].leave(sreq)
         for r in cancel:  # the request failed: what else runs for it is wasted work
             r.cancel(f"another step of ensemble '{self.ens.name}' failed")
-        self._launch(launches)
+        if type(pacer) is _StepPacing and not final:
+            # This response is taken once the step requests it made are all let in.
+            if launches:
+                self._launch(launches, _Owed(pacer, len(launches)).one)
+            else:
+                pacer.took()
+        else:
+            self._launch(launches)
+        for r, then in let_in:
+            if not r.done:
+                r.model.submit(r)
+            if then is not None:
+                then()
 
-    def _launch(self, launches: list[HostRequest]) -> None:
+    def _launch(self, launches: list[HostRequest],
+                then: Callable[[], None] | None = None) -> None:
+        """Submit step requests, or, under max_inflight_requests, let them wait their turn at
+        their step's gate (``then`` is called as each is let in)."""
+        if self.ens.gates is None:
+            for sreq in launches:
+                sreq.model.submit(sreq)
+            return
+        gate_of = self.gate_of
         for sreq in launches:
-            sreq.model.submit(sreq)
+            entered = gate_of.pop(sreq.id).enter(sreq, then)
+            if entered == RUN:
+                sreq.model.submit(sreq)
+            if entered != WAIT and then is not None:
+                then()
 
     def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
         with self.lock:
@@ -896,11 +1040,6 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
             "transaction policy. Please disable the response cache.")
     cfg.model_transaction_policy.SetInParent()
     cfg.model_transaction_policy.decoupled = decoupled
-    if cfg.ensemble_scheduling.max_inflight_requests:
-        # A newer Triton's back-pressure between steps (Triton 2.51 refuses the field).
-        log.warning("ensemble '%s' sets max_inflight_requests: %d, which tritonpy does not "
-                    "apply: a step's responses are not held back for the steps after it",
-                    name, cfg.ensemble_scheduling.max_inflight_requests)
     cfg_json = config_to_json(cfg)
     out: dict[int, EnsembleRuntime] = {}
     for v in versions:

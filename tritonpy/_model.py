@@ -38,7 +38,7 @@ from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, make_scheduler
 from ._sequence import SEQUENCE_TIMEOUT
 from ._stats import ModelStats
 from ._stubproc import StubProcess
-from . import _request, _warmup
+from . import _warmup
 
 log = logging.getLogger("tritonpy.model")
 # A request whose inputs find /dev/shm full on the frame loop is queued again this often, for
@@ -798,7 +798,7 @@ class ModelRuntime(RuntimeBase):
             if req.gpu_ok:
                 bodies[-1]["gpu_ok"] = True
             if req.pacer is not None:
-                bodies[-1]["pace"] = [_request.HOLD_BYTES, _request.HOLD_RESPONSES]
+                bodies[-1]["pace"] = req.pacer.limits()
             if req.trace is not None:  # for request.trace(): BLS calls traced under it
                 bodies[-1]["trace"] = req.trace.id
                 context = req.trace.otel_context()

@@ -224,8 +224,9 @@ class _Pacing:
     _timers: Timers | None = None  # the server's, once paced
     _held = False
 
-    def pace(self, req: HostRequest, timers: Timers) -> None:
-        """Pace ``req``'s stub by this stream's consumer (a decoupled model's request)."""
+    def pace(self, req: HostRequest, timers: Timers | None) -> None:
+        """Pace ``req``'s stub by this stream's consumer (a decoupled model's request); without
+        ``timers``, no stall is watched for."""
         self._pace_lock = threading.Lock()
         self._taken = 0
         self._acked = 0
@@ -253,6 +254,10 @@ class _Pacing:
             taken = self._acked = self._taken
             self._bytes_since_ack = 0
         self._ack(taken)
+
+    def limits(self) -> list[int]:
+        """What the stub may hold that the consumer has not taken: [bytes, responses]."""
+        return [HOLD_BYTES, HOLD_RESPONSES]
 
     def held(self) -> None:
         """The stub's model waits to send (HELD)."""

@@ -595,20 +595,3 @@ def test_ensemble_compute_times_are_the_sums_of_its_steps(tmp_path: Path) -> Non
         assert ens["queue"]["ns"] == 0
         assert steps[1]["queue"]["ns"] >= 300_000_000  # waited in the step's batcher
         assert ens["success"]["ns"] >= 300_000_000  # the request's own time includes it
-
-
-def test_max_inflight_requests_is_named_as_not_applied(tmp_path: Path,
-                                                       caplog: pytest.LogCaptureFixture) -> None:
-    # A newer Triton's ensemble back-pressure (Triton 2.51 refuses the field): tritonpy loads
-    # the ensemble and says, at load, that the limit is not applied (it used to say nothing).
-    repo = tmp_path / "repo"
-    write_model(repo, "plus1", PLUS1, FP32_IO)
-    write_ensemble(repo, "limited", CHAIN3.replace(
-        "ensemble_scheduling {", "ensemble_scheduling { max_inflight_requests: 4").replace(
-        'model_name: "scale2"', 'model_name: "plus1"'))
-    with caplog.at_level("WARNING", logger="tritonpy.ensemble"):
-        with serving(repo, new_prefix()) as srv:
-            resp = infer(srv.model("limited"), {"IN": np.array([1], np.float32)})
-            np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), [4])
-    assert ("ensemble 'limited' sets max_inflight_requests: 4, which tritonpy does not apply"
-            in caplog.text)
