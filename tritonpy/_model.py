@@ -149,11 +149,12 @@ class Instance:
         self.restarter: threading.Thread | None = None  # the restart of its dead stub
         self.has_is_ready = False
         # The rate limiter (see _ratelimit): the resources it needs, ((name, device), count)
-        # each (none: it is not limited), its priority and turn; whether it holds them for
-        # its execute, or has them reserved.
+        # each (none: it is not limited), its priority and its executes so far (their product
+        # orders the instances that wait); whether it holds them for its execute, or has them
+        # reserved.
         self.limits: tuple = ()
         self.priority = 1
-        self.pass_ = 0
+        self.executes = 0
         self.holding = False
         self.reserved = False
         # Of a ``passive: true`` group: initialized (and warmed up) but never given a request

@@ -11,11 +11,15 @@ Without any, it has as many as the largest count one of the live instances lists
 that lists more than a given count fails to load, in Triton's words.
 
 An instance takes what it needs when it is free; instances that wait for resources get them
-as they are released, lowest ``pass`` first:
-each turn adds the instance's ``priority`` (1 at least) to its pass (stride scheduling), so
-an instance of priority 2 gets half the turns of one of priority 1, as Triton's documentation
-describes. What is released is reserved for the instances chosen, whose models are told to
-dispatch; a reservation not used by then goes back at once.
+as they are released, lowest ``executes * priority`` first (priority 1 at least), as Triton's
+rate limiter orders them: ``executes`` counts every execute of the instance since it was loaded,
+waiting or not, and starts at 2, for Triton runs each instance's initialize and warm-up through
+its rate limiter too (so a fresh instance of priority 2 starts at 2 x 2, one of priority 1 at 2:
+the latter runs twice first, as Triton 2.51 measured). An instance of priority 2 thus gets half the
+turns of one of priority 1, and one loaded later, or idle a while, goes first until its count
+catches up with the others'. On a tie, the one waiting longer goes first. What is released is
+reserved for the instances chosen, whose models are told to dispatch; a reservation not used by
+then goes back at once.
 
 Locks: the limiter's own lock is taken under a model's lock, never the other way round (a
 model's scheduler forms its batches holding both, and calls nothing outside the model then),
@@ -36,6 +40,9 @@ from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
 from ._errors import InvalidArgumentError
 
 log = logging.getLogger(__name__)
+
+#: An instance's executes once loaded: Triton's rate limiter counts its initialize and warm-up.
+LOADED_EXECUTES = 2
 
 #: The device of a global resource's pool.
 GLOBAL = -1
@@ -92,7 +99,6 @@ class RateLimiter:
         self._in_use: dict[Key, int] = defaultdict(int)
         self._reserved: dict[Key, int] = defaultdict(int)
         self._waiting: dict[Any, None] = {}  # instances waiting, in the order they came
-        self._vtime = 0  # the pass of the last instance served (a newcomer starts there)
 
     # -- instances ------------------------------------------------------------------------------
     def register(self, insts: Sequence[Any]) -> None:
@@ -120,7 +126,8 @@ class RateLimiter:
                         f"count is {count}")
             for inst, (needs, priority) in zip(insts, limits):
                 if needs:
-                    inst.limits, inst.priority, inst.pass_ = needs, priority, self._vtime
+                    inst.limits, inst.priority = needs, priority
+                    inst.executes = LOADED_EXECUTES
                     self._instances.add(inst)
 
     def log_resources(self) -> None:
@@ -215,7 +222,6 @@ class RateLimiter:
 
     def _wait(self, inst: Any) -> None:
         if inst not in self._waiting:
-            inst.pass_ = max(inst.pass_, self._vtime)
             self._waiting[inst] = None
 
     def release(self, inst: Any, again: bool = False) -> list[Any]:
@@ -227,6 +233,7 @@ class RateLimiter:
             if not inst.holding:
                 return []
             inst.holding = False
+            inst.executes += 1
             _count(self._in_use, inst, -1)
             if again:
                 self._wait(inst)
@@ -243,7 +250,8 @@ class RateLimiter:
 
     def _grant(self) -> list[Any]:
         granted = []
-        for inst in sorted(self._waiting, key=lambda i: i.pass_):
+        # (sorted is stable: on a tie, the one waiting longer first)
+        for inst in sorted(self._waiting, key=lambda i: i.executes * i.priority):
             if inst.state != "READY" or inst.holding or inst.reserved:
                 del self._waiting[inst]
                 continue
@@ -252,8 +260,6 @@ class RateLimiter:
             del self._waiting[inst]
             _count(self._reserved, inst, 1)
             inst.reserved = True
-            self._vtime = inst.pass_
-            inst.pass_ += inst.priority
             granted.append(inst)
         return granted
 
