@@ -17,9 +17,13 @@ waiting or not, and starts at 2, for Triton runs each instance's initialize and 
 its rate limiter too (so a fresh instance of priority 2 starts at 2 x 2, one of priority 1 at 2:
 the latter runs twice first, as Triton 2.51 measured). An instance of priority 2 thus gets half the
 turns of one of priority 1, and one loaded later, or idle a while, goes first until its count
-catches up with the others'. On a tie, the one waiting longer goes first. What is released is
-reserved for the instances chosen, whose models are told to dispatch; a reservation not used by
-then goes back at once.
+catches up with the others'. On a tie, the one waiting longer goes first. Nobody jumps the
+queue: while an instance waits for what it lacks, the resources it needs go to no instance
+ranked after it, a newcomer included (as in Triton, whose queue serves only its first; there an
+instance needing 2 copies would otherwise wait for ever behind others taking 1 copy each in
+turn). Instances needing none of them go on meanwhile (Triton's waits for the first whatever
+they need). What is released is reserved for the instances chosen, whose models are told to
+dispatch; a reservation not used by then goes back at once.
 
 Locks: the limiter's own lock is taken under a model's lock, never the other way round (a
 model's scheduler forms its batches holding both, and calls nothing outside the model then),
@@ -174,6 +178,26 @@ class RateLimiter:
         return all(self._capacity(k) - self._in_use[k] - self._reserved[k] >= n
                    for k, n in inst.limits)
 
+    def _blockers(self, inst: Any) -> list[Any]:
+        """The instances waiting ahead of ``inst`` (see :meth:`_grant`'s order; a newcomer
+        comes after those of its rank) for resources that ``inst`` needs too: it may not take
+        those before them. Under the lock."""
+        if not self._waiting:
+            return []
+        keys = {k for k, _ in inst.limits}
+        rank = inst.executes * inst.priority
+        out = []
+        earlier = True  # in the waiting order, before ``inst``
+        for w in self._waiting:
+            if w is inst:
+                earlier = False
+                continue
+            r = w.executes * w.priority
+            if ((r < rank or r == rank and earlier) and w.state == "READY"
+                    and not (w.holding or w.reserved) and any(k in keys for k, _ in w.limits)):
+                out.append(w)
+        return out
+
     # -- scheduling -----------------------------------------------------------------------------
     @contextlib.contextmanager
     def taking(self) -> Iterator[None]:
@@ -194,7 +218,7 @@ class RateLimiter:
         with self._lock:
             if inst.holding:
                 return False
-            if not (inst.reserved or self._fits(inst)):
+            if not (inst.reserved or self._fits(inst) and not self._blockers(inst)):
                 self._wait(inst)
                 return False
             if self._taking is not None:
@@ -250,12 +274,14 @@ class RateLimiter:
 
     def _grant(self) -> list[Any]:
         granted = []
+        blocked: set[Key] = set()  # what an instance ahead waits for
         # (sorted is stable: on a tie, the one waiting longer first)
         for inst in sorted(self._waiting, key=lambda i: i.executes * i.priority):
             if inst.state != "READY" or inst.holding or inst.reserved:
                 del self._waiting[inst]
                 continue
-            if not self._fits(inst):
+            if blocked and any(k in blocked for k, _ in inst.limits) or not self._fits(inst):
+                blocked.update(k for k, _ in inst.limits)
                 continue
             del self._waiting[inst]
             _count(self._reserved, inst, 1)
@@ -266,11 +292,13 @@ class RateLimiter:
     # -- the BLS deadlock detector --------------------------------------------------------------
     def lacking_holders(self, inst: Any) -> list[list[Any]]:
         """For each resource ``inst`` lacks now, the instances that hold some of it (an empty
-        list where only reservations do)."""
+        list where only reservations do); and each instance waiting ahead of it for what it
+        needs too, alone (it goes on only after each of them)."""
         with self._lock:
             out = []
             for k, n in inst.limits:
                 if self._capacity(k) - self._in_use[k] - self._reserved[k] < n:
                     out.append([i for i in self._instances if i.holding
                                 and any(kk == k for kk, _ in i.limits)])
+            out.extend([w] for w in self._blockers(inst))
             return out

@@ -201,6 +201,29 @@ def test_waiting_instances_go_in_tritons_order(tmp_path: Path, shm_prefix: str):
     assert orders == ["xxyxxyxxyyyy", "xxxxxxyyyyyy"]
 
 
+def test_an_instance_needing_more_copies_is_not_starved(tmp_path: Path, shm_prefix: str):
+    # big needs both copies of R, small's two instances one each, and small always has more
+    # queued. Nobody jumps the queue (as in Triton): once big waits, a copy that comes back
+    # waits for the other; tritonpy gave it to small again, and big ran only once small's
+    # queue was empty.
+    repo = _repo(tmp_path, {"big": _config(R2, sleep=0.05),
+                            "small": _config(R1, sleep=0.05, count=2)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        smalls = [srv.model("small").infer({"IN": np.ones(1, np.float32)}) for _ in range(30)]
+        time.sleep(0.15)
+        big = srv.model("big").infer({"IN": np.ones(1, np.float32)}).get(timeout=60)
+        assert big.error is None, big.error
+        big_start, big_end = big.outputs["OUT"].to_numpy()
+        runs = []
+        for stream in smalls:
+            response = stream.get(timeout=60)
+            assert response.error is None, response.error
+            runs.append(response.outputs["OUT"].to_numpy())
+    assert not any(t0 < big_end - 0.01 and t1 > big_start + 0.01 for t0, t1 in runs)
+    after = sum(1 for t0, _ in runs if t0 >= big_end - 0.01)
+    assert after >= 10, (after, sorted(t0 for t0, _ in runs), big_start)
+
+
 def test_equal_priorities_alternate(tmp_path: Path, shm_prefix: str):
     repo = _repo(tmp_path, {"hold": _config(R1, sleep=0.5), "x": _config(R1, sleep=0.02),
                             "y": _config(R1, sleep=0.02)})
