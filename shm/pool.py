@@ -25,6 +25,7 @@ import numpy as np
 from ._errors import NO_SPACE, ShmExhaustedError
 from .segment import (PAGE, Segment, could_fit, free_bytes, process_token, round_up,
                       wait_for_room)
+from .sweep import owner_pid
 
 ALIGN = 64
 MiB = 1 << 20
@@ -133,6 +134,19 @@ class SegmentMap:
             del self._segs[i]
             del self._bases[i]
         seg.close()
+
+    def forget_created_by(self, prefix: str, pid: int) -> list[str]:
+        """Drop every peer segment that process ``pid`` created under ``prefix`` (it ended,
+        and its segments were unlinked): each is unmapped now, or, while views of it live on
+        (an output on its way to a client), when the last one dies. Returns their names.
+        Without it, each stub that ended left its segments mapped here, and their memory used,
+        until the server stopped."""
+        with self._lock:
+            names = [n for n, seg in self._by_name.items()
+                     if not seg.owner and owner_pid(n, prefix) == pid]
+        for name in names:
+            self.forget(name)
+        return names
 
     def locate(self, arr: np.ndarray) -> tuple[Segment, int] | None:
         """(segment, offset) if ``arr`` is C-contiguous and lies wholly inside a mapped segment."""

@@ -1155,6 +1155,8 @@ class ModelRuntime(RuntimeBase):
     def _on_death(self, stub: StubProcess, reason: str) -> None:
         # Every end of a stub comes here, an unload's too: its custom metrics stay.
         self.server.custom_metrics.forget(stub)
+        if stub.segments_gone:  # stubs that mapped them (tensors it passed on) let go too
+            self.server.broadcast(Cmd.DROPPED, stub.segments_gone, exclude=stub)
         inst: Instance = stub.instance
         if inst.stub is not stub:
             return

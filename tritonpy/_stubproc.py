@@ -220,6 +220,7 @@ class StubProcess:
         self.stderr_tail: collections.deque[str] = collections.deque(maxlen=options.stub_stderr_lines)
         self.alive = False
         self.dead_reason = ""
+        self.segments_gone: list[str] = []  # once it ended: its segments, unlinked
         self._closing = False
         self.finalize_cut_off = False  # stop() gave up on a finalize still running
         self._last_seen = time.monotonic()
@@ -385,11 +386,17 @@ class StubProcess:
         # The stub's own segments die with it: nobody else will unlink them. (Where /dev/shm
         # cannot be listed now, e.g. no descriptor left, a later sweep removes them: the
         # next death's, or the server's at stop.)
+        prefix = self.options.shm_region_prefix_name
+        removed: list[str] = []
         try:
-            sweep_orphans(self.options.shm_region_prefix_name,
-                          self.options.shm_fallback_directory or None, dead_pids={self.pid})
+            removed = sweep_orphans(prefix, self.options.shm_fallback_directory or None,
+                                    dead_pids={self.pid})
         except Exception:  # its requests must be failed and it restarted all the same
             log.exception("[%s] could not remove the dead stub's segments", self.name)
+        # ... and the host's mappings of them go too (those still viewed, when the views die);
+        # the other stubs are told of them all (see ModelRuntime._on_death).
+        forgotten = self.transport.segments.forget_created_by(prefix, self.pid)
+        self.segments_gone = sorted(set(removed) | set(forgotten))
         err = UnavailableError(self.dead_reason)
         with self._calls_lock:
             calls, self._calls = self._calls, {}

@@ -2,11 +2,14 @@
 use, so a model holding shared memory shows up in ``shm_usage()`` and on the metrics page."""
 from __future__ import annotations
 
+import gc
+import os
+import signal
 import time
 
 import numpy as np
 import pytest
-from _models import fp32, infer, io_config, serving, wait_until, write_model
+from _models import fp32, infer, io_config, serving, stub_processes, wait_until, write_model
 
 from tritonpy.metrics import metrics_text
 
@@ -76,7 +79,10 @@ def test_a_busy_stub_still_gives_its_idle_segments_back(tmp_path, shm_prefix: st
         model = srv.model("sized")
 
         def stub_pool() -> dict:
-            return {p["pool"]: p for p in srv.shm_usage()}["sized_0"]
+            # The stub's own report (a stub that takes over 0.5 s to answer, on a loaded
+            # machine, is described without used_bytes: asked again).
+            return wait_until(lambda: next((p for p in srv.shm_usage() if p["pool"] == "sized_0"
+                                            and "used_bytes" in p), None), 10, "a report")
 
         # A 4 MiB output gets a segment of its own (bigger than the growth size).
         big = infer(model, {"IN": np.array([4], np.uint8)}).outputs["OUT"].to_numpy()
@@ -92,3 +98,106 @@ def test_a_busy_stub_still_gives_its_idle_segments_back(tmp_path, shm_prefix: st
                 assert infer(model, {"IN": steady}).outputs["OUT"].to_numpy().nbytes == 16
                 calls += 1
         assert stub_pool()["mapped_bytes"] < 4 * MiB, f"still {stub_pool()} after {calls} calls"
+
+
+def _mapped_from(pid: int, prefix: str) -> list[str]:
+    """What this process maps, or holds open, of the segments stub ``pid`` made."""
+    tag = f"{prefix}{pid}x"
+    with open("/proc/self/maps") as f:
+        lines = [line.strip() for line in f if tag in line]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if tag in target:
+            lines.append(target)
+    return lines
+
+
+def test_a_stub_that_ends_leaves_no_mapping_in_the_host(tmp_path, shm_prefix: str) -> None:
+    """The host maps a stub's segments to read its outputs. Once the stub ends (killed,
+    unloaded) they are unlinked, and the host lets go of them too: it used to keep each one
+    mapped, and its memory used, until the server stopped (4 MiB here; 256 MiB for a stub that
+    had sent a 256 MiB output)."""
+    write_model(tmp_path, "sized", SIZED_PY,
+                io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        srv.load("sized")
+        model = srv.model("sized")
+
+        def four_mib() -> np.ndarray:
+            out = infer(model, {"IN": np.array([4], np.uint8)}).outputs["OUT"].to_numpy()
+            assert out.nbytes == 4 * MiB and out[-1] == 1
+            return out
+
+        # Killed, while the host still holds a view of its output (a client not done with it):
+        # the view stays readable, and the mapping goes when the view does.
+        out = four_mib()
+        (stub,) = stub_processes()
+        assert _mapped_from(stub.pid, shm_prefix)  # (what the checks below look for)
+        os.kill(stub.pid, signal.SIGKILL)
+        wait_until(lambda: stub.pid not in {p.pid for p in stub_processes()}
+                   and len(stub_processes()) == 1, 30, "the stub restarted")
+        four_mib()  # served by the new stub
+        assert out.sum() == 4 * MiB
+        del out
+        gc.collect()
+        assert _mapped_from(stub.pid, shm_prefix) == []
+
+        # Unloaded.
+        four_mib()
+        (stub,) = stub_processes()
+        assert _mapped_from(stub.pid, shm_prefix)
+        srv.unload("sized")
+        assert _mapped_from(stub.pid, shm_prefix) == []
+
+
+ECHO_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+
+SIZED_THEN_ECHO = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "sized" model_version: -1
+    input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "big" } },
+  { model_name: "echo" model_version: -1
+    input_map { key: "IN" value: "big" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def test_other_stubs_let_go_of_an_ended_stubs_segments(tmp_path, shm_prefix: str) -> None:
+    """A step's output reaches the next step's stub by handle: that stub maps the first one's
+    segment. When the first stub ends, the others are told (DROPPED) and unmap it too."""
+    uint8 = io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8")
+    write_model(tmp_path, "sized", SIZED_PY, uint8)
+    write_model(tmp_path, "echo", ECHO_PY, uint8)
+    write_model(tmp_path, "pipe", "", SIZED_THEN_ECHO)
+    (tmp_path / "pipe" / "1" / "model.py").unlink()
+    with serving(tmp_path, shm_prefix) as srv:
+        out = infer(srv.model("pipe"), {"IN": np.array([4], np.uint8)}).outputs["OUT"]
+        assert out.to_numpy().nbytes == 4 * MiB
+        del out
+        stubs = {p.pid: p for p in stub_processes()}
+        by_model = {m: [pid for pid, p in stubs.items() if f"{m}_0" in " ".join(p.cmdline())]
+                    for m in ("sized", "echo")}
+        (sized,), (echo,) = by_model["sized"], by_model["echo"]
+
+        def echo_maps_sized() -> bool:
+            with open(f"/proc/{echo}/maps") as f:
+                return f"{shm_prefix}{sized}x" in f.read()
+
+        assert echo_maps_sized()
+        os.kill(sized, signal.SIGKILL)
+        wait_until(lambda: not echo_maps_sized(), 20, "the echo stub unmapped its segment")
+        assert infer(srv.model("pipe"), {"IN": np.array([1], np.uint8)}).outputs[
+            "OUT"].to_numpy().nbytes == MiB
