@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 from tritonclient.grpc.model_config_pb2 import ModelConfig
 
-from tritonpy._errors import ConfigError, InvalidArgumentError, NotFoundError, version_failed
+from tritonpy._errors import (ConfigError, InvalidArgumentError, NotFoundError, UnsupportedError,
+                             version_failed)
 from tritonpy.config import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, PYTHON_BACKEND
 
 __all__ = [
@@ -279,15 +280,18 @@ REPO_AGENTS = ("checksum",)
 
 def run_repo_agents(cfg: ModelConfig, model_dir: str) -> None:
     """Run the ``model_repository_agents`` a model's configuration names, before its load,
-    as Triton does. The ``checksum`` agent is Triton's: each parameter ``MD5:<file>`` gives
-    the MD5 hex digest a file of the model directory must have, else the load fails in
-    Triton's words ("Mismatched MD5 hash for file 1/model.py"). Triton 2.51's wheel ships no
-    agent (it refuses any: "unable to find 'libtritonrepoagent_checksum.so'"); tritonpy has no
-    other agent and refuses the rest, naming them.
+    as Triton does. The ``checksum`` agent is Triton's: each parameter ``MD5:<file>`` (the
+    algorithm in any case) gives the MD5 digest, in lower-case hex, that a file of the model
+    directory must have, else the load fails in Triton's words ("Mismatched MD5 hash for file
+    1/model.py, expect: ..., got: ..."), as do a key without a colon and another algorithm.
+    A path that leaves the model directory is refused (Triton reads it). Triton 2.51's wheel
+    ships no agent (it refuses any: "unable to find 'libtritonrepoagent_checksum.so'");
+    tritonpy has no other agent and refuses the rest, naming them.
 
     Raises:
-        InvalidArgumentError: An agent other than checksum, a parameter it does not take, a
-            file missing or outside the model directory, or a mismatched hash.
+        InvalidArgumentError: An agent other than checksum, a key it does not take, a file
+            missing or outside the model directory, or a mismatched hash.
+        UnsupportedError: An algorithm other than MD5.
     """
     for agent in cfg.model_repository_agents.agents:
         if agent.name not in REPO_AGENTS:
@@ -297,15 +301,21 @@ def run_repo_agents(cfg: ModelConfig, model_dir: str) -> None:
         root = os.path.realpath(model_dir)
         for key, digest in agent.parameters.items():
             algorithm, colon, name = key.partition(":")
-            if not colon or algorithm != "MD5" or not name:
-                raise InvalidArgumentError(
-                    f"checksum repository agent: parameter '{key}' is not MD5:<file path>")
+            if not colon:
+                raise InvalidArgumentError(f"failed to parse key: {key}")
+            if algorithm.lower() != "md5":
+                raise UnsupportedError(f"Unsupported checksum algorithm: {algorithm}")
             path = os.path.realpath(os.path.join(root, name))
-            if os.path.commonpath([root, path]) != root or not os.path.isfile(path):
+            if os.path.commonpath([root, path]) != root:
                 raise InvalidArgumentError(
-                    f"checksum repository agent: no file {name} in the model directory")
-            if file_hexdigest(path, hashlib.md5(usedforsecurity=False)) != digest.strip().lower():
-                raise InvalidArgumentError(f"Mismatched MD5 hash for file {name}")
+                    f"checksum repository agent: {name} is not in the model directory")
+            if not os.path.isfile(path):
+                why = "Is a directory" if os.path.isdir(path) else "No such file or directory"
+                raise InvalidArgumentError(f"failed to open text file for read {name}: {why}")
+            got = file_hexdigest(path, hashlib.md5(usedforsecurity=False))
+            if got != digest:
+                raise InvalidArgumentError(
+                    f"Mismatched MD5 hash for file {name}, expect: {digest}, got: {got}")
 
 
 def model_source(cfg: ModelConfig, model_dir: str, version: int, path: str,

@@ -29,18 +29,26 @@ def test_the_checksum_agent_loads_a_model_whose_files_match_and_refuses_one_that
     repo = tmp_path / "repo"
     write_model(repo, "good", DOUBLE_PY)
     (repo / "good" / "data_file").write_text("some data\n")
-    sums = {"MD5:1/model.py": _md5(repo / "good" / "1" / "model.py"),
-            "MD5:data_file": _md5(repo / "good" / "data_file").upper()}
+    good = _md5(repo / "good" / "1" / "model.py")
+    sums = {"MD5:1/model.py": good,  # the algorithm in any case, as Triton's agent takes it
+            "md5:data_file": _md5(repo / "good" / "data_file")}
     (repo / "good" / "config.pbtxt").write_text(io_config() + _agents("checksum", sums))
+    # Triton's agent's words (its source), but for a path outside the model directory, which
+    # Triton reads.
     cases = {
-        "bad": ({"MD5:1/model.py": "0" * 32}, "Mismatched MD5 hash for file 1/model.py"),
+        "bad": ({"MD5:1/model.py": "0" * 32},
+                f"Mismatched MD5 hash for file 1/model.py, expect: {'0' * 32}, got: {good}"),
+        "upper": ({"MD5:1/model.py": good.upper()},  # Triton compares with lower-case hex
+                  f"Mismatched MD5 hash for file 1/model.py, expect: {good.upper()}, got: "
+                  f"{good}"),
         "missing": ({"MD5:2/model.py": "0" * 32},
-                    "checksum repository agent: no file 2/model.py in the model directory"),
-        "outside": ({"MD5:../good/1/model.py": sums["MD5:1/model.py"]},
-                    "checksum repository agent: no file ../good/1/model.py in the model "
+                    "failed to open text file for read 2/model.py: No such file or directory"),
+        "folder": ({"MD5:1": "0" * 32}, "failed to open text file for read 1: Is a directory"),
+        "outside": ({"MD5:../good/1/model.py": good},
+                    "checksum repository agent: ../good/1/model.py is not in the model "
                     "directory"),
-        "sha": ({"SHA1:1/model.py": "0" * 40},
-                "checksum repository agent: parameter 'SHA1:1/model.py' is not MD5:<file path>"),
+        "sha": ({"SHA1:1/model.py": "0" * 40}, "Unsupported checksum algorithm: SHA1"),
+        "no_colon": ({"MD5": "0" * 32}, "failed to parse key: MD5"),
     }
     for name, (params, _) in cases.items():
         write_model(repo, name, DOUBLE_PY, io_config() + _agents("checksum", params))
