@@ -1341,14 +1341,18 @@ class ModelRuntime(RuntimeBase):
     def _unloaded(self, timeout: float) -> None:
         """Forward or fail what is still queued, then finalize every instance."""
         self._pass_on_queue()
-        # After a drain cut short (its exit timeout spent, as Triton then exits at once), a
-        # finalize gets a moment only.
-        grace = 1.0 if self.cut_short else min(timeout, 10.0)
+        # After a drain cut short (its exit timeout spent, requests still running) a finalize
+        # gets a moment only, and an instance still running a request none: it is ended at
+        # once, as Triton then exits at once (a finalize would wait behind the execute that
+        # outlasted the timeout). Otherwise a finalize gets what is left of the timeout, a
+        # second at least.
+        cut = self.cut_short
+        grace = 1.0 if cut else min(max(timeout, 1.0), 10.0)
         with self.lock:  # a restart under way sees STOPPED and stops what it started
             # A restarting instance's stub is dead or has not finished initialize: nothing to
             # finalize, it is ended at once.
-            stubs = [(i.stub, i.state != "RESTARTING") for i in self.instances
-                     if i.stub is not None]
+            stubs = [(i.stub, i.state != "RESTARTING" and not (cut and (i.running or i.active)))
+                     for i in self.instances if i.stub is not None]
             for inst in self.instances:
                 inst.state = "STOPPED"
             restarters = [i.restarter for i in self.instances if i.restarter is not None]

@@ -822,11 +822,13 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             began = loop.time()
         # A load request in flight (model control API) is not drained: it fails at once.
         server.cancel_loads()
-        frontends.exit_timeout = max(1.0, args.exit_timeout_secs - (loop.time() - began))
+        # (A moment at least, for answers the drain saw done that are still being written;
+        # requests still running when the timeout is spent are cut off, as Triton exits then.)
+        frontends.exit_timeout = max(0.2, args.exit_timeout_secs - (loop.time() - began))
         await frontends.stop()
         # --exit-timeout-secs bounds the whole drain, as in Triton: what the frontends spent
         # waiting for their in-flight requests is not granted a second time to the models.
-        server.exit_timeout = max(1.0, args.exit_timeout_secs - (loop.time() - began))
+        server.exit_timeout = max(0.0, args.exit_timeout_secs - (loop.time() - began))
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
@@ -850,7 +852,7 @@ async def _drain(server: Server, timeout: float) -> None:
         if loop.time() - told >= 1.0:
             told = loop.time()
             log.info("Timeout %d: Found %d model versions that have in-flight inferences",
-                     max(0, int(deadline - told)), len(busy))
+                     max(0, round(deadline - told)), len(busy))
             for name, version, n in busy:
                 log.info("Model '%s' (version %d) has %d in-flight inferences", name, version, n)
         await asyncio.sleep(0.02)

@@ -234,7 +234,11 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     assert short_box[0].as_numpy("OUT").tolist() == [3.0]
     # The long request did not finish: the server gave up on it after the exit timeout.
     assert long_box and isinstance(long_box[0], BaseException), long_box
-    assert elapsed < 10, f"stopping took {elapsed:.1f} s with --exit-timeout-secs 4"
+    # The exit timeout bounds the whole stop, as Triton's: the stuck instance is ended at once
+    # (it took 7.2-7.4 s: the frontends and the models each waited a second more, and the
+    # stuck instance got a finalize it could not answer). Each second is counted down.
+    assert elapsed < 6, f"stopping took {elapsed:.1f} s with --exit-timeout-secs 4"
+    assert all(f"Timeout {n}: Found 1 model versions" in server.log() for n in (4, 3, 2, 1))
     # The instance that finished its request was finalized (the stuck one was killed).
     assert (marks / "finalized").read_text().count("\n") >= 1
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
