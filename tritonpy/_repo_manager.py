@@ -169,6 +169,8 @@ class RepositoryManager:
         self._env_lock = threading.Lock()
         # Threads that retire versions (a reload's old ones, an unload that does not wait).
         self._retiring: set[threading.Thread] = set()
+        # Versions unloaded or replaced that still finish their requests (see _retire).
+        self.retiring_runtimes: set[ModelRuntime] = set()
         # Ensembles unloaded because a model they run was: their step models, to load them
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
@@ -648,10 +650,18 @@ class RepositoryManager:
             return []
         return versions
 
-    def _retire(self, runtimes: list[ModelRuntime]) -> None:
-        for rt in runtimes:
-            rt.unload(timeout=None)  # as Triton: every request finishes (see drain)
-            self.server.counter_carry.finished(rt.stats)
+    def _retire(self, runtimes: list[ModelRuntime], timeout: float | None = None) -> None:
+        """Unload versions taken out of service (None: every request finishes, as Triton's;
+        see drain); meanwhile the stop's drain counts their requests in flight."""
+        with self._lock:
+            self.retiring_runtimes.update(runtimes)
+        try:
+            for rt in runtimes:
+                rt.unload(timeout)
+                self.server.counter_carry.finished(rt.stats)
+        finally:
+            with self._lock:
+                self.retiring_runtimes.difference_update(runtimes)
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
@@ -794,9 +804,7 @@ class RepositoryManager:
                 carry.unloaded(entry.namespace, entry.name, v)
 
         def finish() -> None:
-            for rt in rts.values():
-                rt.unload(timeout)
-                carry.finished(rt.stats)
+            self._retire(list(rts.values()), timeout)
             with entry.lock:
                 if not entry.runtimes and entry.state == UNLOADING:  # not loaded again since
                     entry.state = UNAVAILABLE

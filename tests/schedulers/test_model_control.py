@@ -218,11 +218,16 @@ def test_unload_without_waiting_returns_at_once_and_its_requests_outlive_the_exi
         server.unload("m", wait=False)
         assert time.monotonic() - t0 < 0.5
         assert _states(server)["m"] == "UNLOADING"
+        # A stop's drain counts its request (tritonpy serve's countdown names it), loaded
+        # again or not: it named only the versions loaded.
+        assert server.in_flight() == [("m", 1, 1)]
+        server.load("m")
+        assert server.in_flight() == [("m", 1, 1)]
         time.sleep(1.0)  # twice the exit timeout
         gate.open()
         resp = held.get(timeout=30)
         assert resp.error is None and resp.outputs["OUT"].to_numpy()[0] == 5
-        assert wait_for(lambda: _states(server)["m"] == "UNAVAILABLE", timeout=30)
+        assert wait_for(lambda: server.in_flight() == [], timeout=30)
 
 
 SELF_UNLOAD_PY = """
