@@ -474,6 +474,7 @@ class _StepPacing(_Pacing):
         self.pace(req, None)
 
     def limits(self) -> list[int]:
+        # No bound on bytes: the limit counts requests, as Triton's.
         return [1 << 62, self._limit]
 
     def took(self) -> None:
