@@ -717,12 +717,26 @@ class ModelRuntime(RuntimeBase):
                 # and gave resources back: they may admit an instance for what is left.
                 if not (unused and 0 < len(self.queue) < before):
                     break
+            self._withdraw_if_idle_locked()
         else:
             plans = self.sched.take(self.instances)
         for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)
             for req in batch:
                 req.instance = inst
         return plans
+
+    def _withdraw_if_idle_locked(self) -> None:
+        """A rate-limited model with nothing queued that has not ended (its requests went to
+        one of its instances, or were cancelled or timed out while queued): its instances wait
+        for resources no more, and hold back nobody ranked after them. Caller holds the lock."""
+        if not any(not r.done for r in self.queue):
+            self.server.tell_reserved(self.server.limiter.withdraw(self.instances))
+
+    def withdraw_if_idle(self) -> None:
+        """:meth:`_withdraw_if_idle_locked` for a caller that does not hold the lock."""
+        if self.rate_limited:
+            with self.lock:
+                self._withdraw_if_idle_locked()
 
     def kick(self) -> None:
         """Form and send whatever batches can go now (a scheduler's timer calls this)."""
@@ -900,6 +914,7 @@ class ModelRuntime(RuntimeBase):
             self.stats.request_failed(time.monotonic_ns() - req.t_enqueue,
                                       "CANCELED" if isinstance(error, CancelledError)
                                       else "REJECTED")
+            self.withdraw_if_idle()
             return
         if inst.stub is not None and inst.stub.alive:
             try:

@@ -18,12 +18,16 @@ its rate limiter too (so a fresh instance of priority 2 starts at 2 x 2, one of 
 the latter runs twice first, as Triton 2.51 measured). An instance of priority 2 thus gets half the
 turns of one of priority 1, and one loaded later, or idle a while, goes first until its count
 catches up with the others'. On a tie, the one waiting longer goes first. Nobody jumps the
-queue: while an instance waits for what it lacks, the resources it needs go to no instance
-ranked after it, a newcomer included (as in Triton, whose queue serves only its first; there an
-instance needing 2 copies would otherwise wait for ever behind others taking 1 copy each in
-turn). Instances needing none of them go on meanwhile (Triton's waits for the first whatever
-they need). What is released is reserved for the instances chosen, whose models are told to
-dispatch; a reservation not used by then goes back at once.
+queue: while an instance waits for what it lacks, the copies it needs are claimed for it, and
+an instance ranked after it, a newcomer included, takes only what is free beyond the claims
+(as in Triton, whose queue serves only its first; there an instance needing 2 copies would
+otherwise wait for ever behind others taking 1 copy each in turn). What is free beyond them
+goes on being used meanwhile (Triton's queue waits for its first whatever the others need).
+A model claims for one request (its first instance waiting), and not against its own other
+instances, which would serve that request as well; a model whose queued requests all ended
+before running (cancelled, timed out) or went to another of its instances withdraws from the
+queue (:meth:`RateLimiter.withdraw`). What is released is reserved for the instances chosen,
+whose models are told to dispatch; a reservation not used by then goes back at once.
 
 Locks: the limiter's own lock is taken under a model's lock, never the other way round (a
 model's scheduler forms its batches holding both, and calls nothing outside the model then),
@@ -73,14 +77,14 @@ def parse_resource(text: str) -> tuple[str, int, int | None]:
 def instance_limits(signature: bytes, device: int) -> tuple[tuple[tuple[Key, int], ...], int]:
     """What an instance of the group with ``signature`` (see ``_model.instance_signature``)
     needs on ``device``: ((key, count), ...) and its priority; no needs where its group has
-    no ``rate_limiter`` resources."""
+    no ``rate_limiter`` resources. A resource the group lists twice needs the count listed
+    last, as in Triton 2.51 (measured: ``R:2, R:1`` needs 1, ``R:1, R:2`` needs 2)."""
     if not signature:
         return (), 1
     limiter = ModelInstanceGroup.FromString(signature).rate_limiter
     needs: dict[Key, int] = {}
     for r in limiter.resources:
-        key = (r.name, GLOBAL if getattr(r, "global") else device)
-        needs[key] = needs.get(key, 0) + int(r.count)
+        needs[(r.name, GLOBAL if getattr(r, "global") else device)] = int(r.count)
     return tuple(needs.items()), max(1, int(limiter.priority))
 
 
@@ -174,29 +178,56 @@ class RateLimiter:
         return max((n for i in self._instances if i.state not in gone
                     for k, n in i.limits if k == key), default=0)
 
-    def _fits(self, inst: Any) -> bool:
-        return all(self._capacity(k) - self._in_use[k] - self._reserved[k] >= n
-                   for k, n in inst.limits)
+    def _free(self, key: Key) -> int:
+        return self._capacity(key) - self._in_use[key] - self._reserved[key]
+
+    def _fits(self, inst: Any, claims: dict[Key, dict[Any, int]] | None = None) -> bool:
+        """Whether what ``inst`` needs is free, beyond what ``claims`` (per key, per model)
+        holds for other models."""
+        for k, n in inst.limits:
+            claimed = 0
+            if claims and k in claims:
+                claimed = sum(c for m, c in claims[k].items() if m is not inst.model)
+            if self._free(k) - claimed < n:
+                return False
+        return True
+
+    @staticmethod
+    def _claim(claims: dict[Key, dict[Any, int]], inst: Any) -> None:
+        """``inst`` waits: what it needs is claimed for its model (once per model)."""
+        if any(inst.model in claims.get(k, ()) for k, _ in inst.limits):
+            return
+        for k, n in inst.limits:
+            claims.setdefault(k, {})[inst.model] = n
+
+    def _live(self, inst: Any) -> bool:
+        return inst.state == "READY" and not (inst.holding or inst.reserved)
+
+    def _ranked(self) -> list[Any]:
+        """The waiting instances in turn order (sorted is stable: on a tie, the one waiting
+        longer first)."""
+        return sorted(self._waiting, key=lambda i: i.executes * i.priority)
 
     def _blockers(self, inst: Any) -> list[Any]:
-        """The instances waiting ahead of ``inst`` (see :meth:`_grant`'s order; a newcomer
-        comes after those of its rank) for resources that ``inst`` needs too: it may not take
-        those before them. Under the lock."""
+        """The instances waiting ahead of ``inst`` (in turn order; a newcomer comes after
+        those of its rank) whose claims leave too little of what ``inst`` needs: it may not
+        take it before them. Under the lock."""
         if not self._waiting:
             return []
-        keys = {k for k, _ in inst.limits}
         rank = inst.executes * inst.priority
-        out = []
-        earlier = True  # in the waiting order, before ``inst``
-        for w in self._waiting:
-            if w is inst:
-                earlier = False
-                continue
-            r = w.executes * w.priority
-            if ((r < rank or r == rank and earlier) and w.state == "READY"
-                    and not (w.holding or w.reserved) and any(k in keys for k, _ in w.limits)):
-                out.append(w)
-        return out
+        claims: dict[Key, dict[Any, int]] = {}
+        ahead = []
+        for w in self._ranked():
+            if w is inst or w.executes * w.priority > rank:
+                break
+            if self._live(w) and w.model is not inst.model:
+                self._claim(claims, w)
+                ahead.append(w)
+        if not ahead or self._fits(inst, claims) or not self._fits(inst):
+            return []  # (one that does not fit even unclaimed lacks copies, not its turn)
+        short = {k for k, n in inst.limits
+                 if self._free(k) - sum(claims.get(k, {}).values()) < n}
+        return [w for w in ahead if any(k in short for k, _ in w.limits)]
 
     # -- scheduling -----------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -272,16 +303,25 @@ class RateLimiter:
             _count(self._reserved, inst, -1)
             return self._grant()
 
+    def withdraw(self, insts: Iterable[Any]) -> list[Any]:
+        """``insts``' model has nothing queued for them any more (its requests ended before
+        running, or went to another of its instances): they wait no more, and hold back
+        nobody. Returns the instances what they claimed is now reserved for."""
+        with self._lock:
+            gone = [i for i in insts if i in self._waiting and not i.reserved]
+            for inst in gone:
+                del self._waiting[inst]
+            return self._grant() if gone else []
+
     def _grant(self) -> list[Any]:
         granted = []
-        blocked: set[Key] = set()  # what an instance ahead waits for
-        # (sorted is stable: on a tie, the one waiting longer first)
-        for inst in sorted(self._waiting, key=lambda i: i.executes * i.priority):
-            if inst.state != "READY" or inst.holding or inst.reserved:
+        claims: dict[Key, dict[Any, int]] = {}  # what the instances ahead wait for
+        for inst in self._ranked():
+            if not self._live(inst):
                 del self._waiting[inst]
                 continue
-            if blocked and any(k in blocked for k, _ in inst.limits) or not self._fits(inst):
-                blocked.update(k for k, _ in inst.limits)
+            if not self._fits(inst, claims):
+                self._claim(claims, inst)
                 continue
             del self._waiting[inst]
             _count(self._reserved, inst, 1)

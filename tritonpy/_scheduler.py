@@ -90,6 +90,7 @@ def fail_queued(rt: ModelRuntime, reqs: list[HostRequest], error: TritonpyError,
         if not req.done:
             stats.request_failed(time.monotonic_ns() - req.t_enqueue, reason)
             req.fail(error)
+    rt.withdraw_if_idle()
 
 
 def batch_key(config: Any) -> Callable[[HostRequest], Hashable] | None:

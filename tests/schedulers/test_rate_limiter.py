@@ -122,6 +122,20 @@ def test_an_instance_needing_more_than_given_fails_to_load(tmp_path: Path, shm_p
             srv.load("a")
 
 
+def test_a_resource_listed_twice_needs_the_last_count(tmp_path: Path, shm_prefix: str):
+    # As Triton 2.51 (measured): the entry listed last counts (tritonpy added them up, and
+    # refused both models below, "minimum required count is 2" and "3").
+    twice = '{ name: "R" count: 2 }, { name: "R" count: 1 }'
+    repo = _repo(tmp_path, {"last_1": _config(twice), "last_2": _config(
+        '{ name: "R" count: 1 }, { name: "R" count: 2 }')})
+    with serving(repo, shm_prefix, model_control_mode="explicit",
+                 rate_limit="execution_count", rate_limit_resources=["R:1"]) as srv:
+        srv.load("last_1")
+        _ran(_one(srv, "last_1"))
+        with pytest.raises(InvalidArgumentError, match="the minimum required count is 2$"):
+            srv.load("last_2")
+
+
 def test_global_resources_are_one_pool(tmp_path: Path, shm_prefix: str):
     # Two models marking R global, count 1: one pool, so they take turns. A device number
     # given for a global resource is ignored, as Triton's --help says (measured: tritonpy gave
@@ -222,6 +236,79 @@ def test_an_instance_needing_more_copies_is_not_starved(tmp_path: Path, shm_pref
     assert not any(t0 < big_end - 0.01 and t1 > big_start + 0.01 for t0, t1 in runs)
     after = sum(1 for t0, _ in runs if t0 >= big_end - 0.01)
     assert after >= 10, (after, sorted(t0 for t0, _ in runs), big_start)
+
+
+RS = '{ name: "R" count: 1 }, { name: "S" count: 1 }'
+S1 = '{ name: "S" count: 1 }'
+
+
+def _one(srv: Any, model: str, **kwargs: Any) -> Any:
+    return srv.model(model).infer({"IN": np.ones(1, np.float32)}, **kwargs)
+
+
+def _ran(stream: Any) -> tuple[float, float]:
+    response = stream.get(timeout=60)
+    assert response.error is None, response.error
+    t0, t1 = response.outputs["OUT"].to_numpy()
+    return float(t0), float(t1)
+
+
+def test_a_request_that_ended_while_waiting_holds_nobody_back(tmp_path: Path, shm_prefix: str):
+    # w (R and S) waits for S, which hold has; its request is cancelled, or times out, while it
+    # waits: w waits no more, and x (R) runs at once instead of after hold (the claim w had on
+    # R was kept while nothing was left for w to run).
+    repo = _repo(tmp_path, {"hold": _config(S1, sleep=1.5), "w": _config(RS, sleep=0.02),
+                            "x": _config(R1, sleep=0.02)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        for end in ("cancel", "timeout"):
+            held = _one(srv, "hold")
+            time.sleep(0.2)
+            if end == "cancel":
+                _one(srv, "w").cancel()
+            else:
+                assert _one(srv, "w", timeout=200_000).get(timeout=30).error is not None
+            time.sleep(0.1)
+            x_start, _ = _ran(_one(srv, "x"))
+            _, hold_end = _ran(held)
+            assert x_start < hold_end - 0.5, (end, x_start, hold_end)
+
+
+def test_another_instance_of_the_model_serves_what_one_waits_for(tmp_path: Path,
+                                                                  shm_prefix: str):
+    # m's first instance needs R and S, its second R only. While hold has S, m's request runs
+    # on the second at once (tritonpy kept R claimed for the first, and both waited for hold).
+    sibling = _config(RS, sleep=0.02).replace(
+        "] priority: 1 } } ]", "] priority: 1 } }, { count: 1, kind: KIND_CPU, rate_limiter { "
+        f"resources [ {R1} ] priority: 1 }} }} ]")
+    assert sibling.count("rate_limiter") == 2
+    repo = _repo(tmp_path, {"hold": _config(S1, sleep=1.5), "m": sibling,
+                            "x": _config(R1, sleep=0.02)})
+    with serving(repo, shm_prefix, rate_limit="execution_count") as srv:
+        held = _one(srv, "hold")
+        time.sleep(0.2)
+        m_start, _ = _ran(_one(srv, "m"))
+        x_start, _ = _ran(_one(srv, "x"))  # and nothing is claimed for m's first instance
+        _, hold_end = _ran(held)
+        assert m_start < hold_end - 0.5 and x_start < hold_end - 0.5, (m_start, x_start,
+                                                                        hold_end)
+
+
+def test_copies_beyond_what_a_waiting_instance_claims_are_used(tmp_path: Path,
+                                                               shm_prefix: str):
+    # R has 2 copies. w (R and S) waits for S and claims one R; x takes the other at once (it
+    # waited behind w), and w still runs once S is back.
+    repo = _repo(tmp_path, {"hold": _config(S1, sleep=1.5), "w": _config(RS, sleep=0.02),
+                            "x": _config(R1, sleep=0.02)})
+    with serving(repo, shm_prefix, rate_limit="execution_count",
+                 rate_limit_resources=["R:2", "S:1"]) as srv:
+        held = _one(srv, "hold")
+        time.sleep(0.2)
+        waiting = _one(srv, "w")
+        time.sleep(0.2)
+        x_start, _ = _ran(_one(srv, "x"))
+        _, hold_end = _ran(held)
+        w_start, _ = _ran(waiting)
+        assert x_start < hold_end - 0.5 <= w_start, (x_start, hold_end, w_start)
 
 
 def test_equal_priorities_alternate(tmp_path: Path, shm_prefix: str):
