@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._errors import NO_SPACE, ShmExhaustedError
-from .segment import (PAGE, Segment, could_fit, free_bytes, process_token, round_up,
+from .segment import (PAGE, Segment, _unlink, could_fit, free_bytes, process_token, round_up,
                       wait_for_room)
 from .sweep import owner_pid
 
@@ -96,6 +96,8 @@ class SegmentMap:
         self._bases: list[int] = []
         self._segs: list[Segment] = []
         self._lock = threading.Lock()
+        # Segments of ended peers still viewed here (see forget_created_by): not unlinked yet.
+        self.kept: set[str] = set()
 
     def add(self, seg: Segment) -> None:
         with self._lock:
@@ -136,17 +138,47 @@ class SegmentMap:
         seg.close()
 
     def forget_created_by(self, prefix: str, pid: int) -> list[str]:
-        """Drop every peer segment that process ``pid`` created under ``prefix`` (it ended,
-        and its segments were unlinked): each is unmapped now, or, while views of it live on
-        (an output on its way to a client), when the last one dies. Returns their names.
-        Without it, each stub that ended left its segments mapped here, and their memory used,
-        until the server stopped."""
+        """Drop the peer segments that process ``pid`` created under ``prefix`` (it ended):
+        those nothing here views any more are unmapped now, and their names returned (to
+        unlink, and to tell the other peers). One still viewed (a response of it that a BLS
+        caller has yet to read, through a handle that names the segment) stays mapped, and
+        named: it is in :attr:`kept` until :meth:`reap_kept` finds it viewed no more.
+        Without this, each stub that ended left its segments mapped here, and their memory
+        used, until the server stopped."""
         with self._lock:
-            names = [n for n, seg in self._by_name.items()
-                     if not seg.owner and owner_pid(n, prefix) == pid]
-        for name in names:
-            self.forget(name)
-        return names
+            segs = [seg for n, seg in self._by_name.items()
+                    if not seg.owner and owner_pid(n, prefix) == pid]
+        gone = []
+        for seg in segs:
+            if self._close_unviewed(seg):
+                gone.append(seg.name)
+            else:
+                self.kept.add(seg.name)
+        return gone
+
+    def reap_kept(self) -> list[str]:
+        """Unmap and unlink the :attr:`kept` segments viewed no more; their names."""
+        gone = []
+        for name in list(self.kept):
+            with self._lock:
+                seg = self._by_name.get(name)
+            if seg is None or self._close_unviewed(seg):
+                self.kept.discard(name)
+                _unlink(name, self.directory)
+                gone.append(name)
+        return gone
+
+    def _close_unviewed(self, seg: Segment) -> bool:
+        """Unmap ``seg`` and drop it, unless something here still views it."""
+        with self._lock:
+            if not seg.close():
+                return False
+            if self._by_name.get(seg.name) is seg:
+                del self._by_name[seg.name]
+                i = self._segs.index(seg)
+                del self._segs[i]
+                del self._bases[i]
+        return True
 
     def locate(self, arr: np.ndarray) -> tuple[Segment, int] | None:
         """(segment, offset) if ``arr`` is C-contiguous and lies wholly inside a mapped segment."""

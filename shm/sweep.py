@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Collection
 
 import psutil
 
@@ -25,13 +26,16 @@ def list_segments(prefix: str, directory: str | None = None) -> list[str]:
 
 
 def sweep_orphans(prefix: str, directory: str | None = None,
-                  dead_pids: set[int] | None = None) -> list[str]:
-    """Unlink the segments of ``prefix`` whose creator no longer runs (or is in ``dead_pids``).
+                  dead_pids: set[int] | None = None, keep: Collection[str] = ()) -> list[str]:
+    """Unlink the segments of ``prefix`` whose creator no longer runs (or is in ``dead_pids``),
+    but those named in ``keep``.
 
     Returns the names removed.
     """
     removed = []
     for entry in list_segments(prefix, directory):
+        if entry in keep:
+            continue
         pid = owner_pid(entry, prefix)
         assert pid is not None
         gone = (dead_pids is not None and pid in dead_pids) or not psutil.pid_exists(pid)

@@ -386,17 +386,19 @@ class StubProcess:
         # The stub's own segments die with it: nobody else will unlink them. (Where /dev/shm
         # cannot be listed now, e.g. no descriptor left, a later sweep removes them: the
         # next death's, or the server's at stop.)
+        # The host's mappings of them go too, and the other stubs are told (see
+        # ModelRuntime._on_death), but for those the host still views: a response the stub
+        # sent may be on its way to a BLS caller by a handle that names its segment. Those
+        # stay, named, until the server's maintenance finds them viewed no more.
         prefix = self.options.shm_region_prefix_name
-        removed: list[str] = []
+        segments = self.transport.segments
+        gone = segments.forget_created_by(prefix, self.pid)
         try:
-            removed = sweep_orphans(prefix, self.options.shm_fallback_directory or None,
-                                    dead_pids={self.pid})
+            gone += sweep_orphans(prefix, self.options.shm_fallback_directory or None,
+                                  dead_pids={self.pid}, keep=segments.kept)
         except Exception:  # its requests must be failed and it restarted all the same
             log.exception("[%s] could not remove the dead stub's segments", self.name)
-        # ... and the host's mappings of them go too (those still viewed, when the views die);
-        # the other stubs are told of them all (see ModelRuntime._on_death).
-        forgotten = self.transport.segments.forget_created_by(prefix, self.pid)
-        self.segments_gone = sorted(set(removed) | set(forgotten))
+        self.segments_gone = sorted(set(gone))
         err = UnavailableError(self.dead_reason)
         with self._calls_lock:
             calls, self._calls = self._calls, {}

@@ -430,9 +430,10 @@ class Server:
             self._loop_watches.remove(watch)
 
     def _give_back_idle(self, force: bool) -> None:
-        """Unlink the host's idle segments (``force``: all of them, now) and tell the stubs."""
+        """Unlink the host's idle segments (``force``: all of them, now), and those of ended
+        stubs viewed no more, and tell the stubs."""
         self.pool.reap(force)
-        dropped = self.pool.take_dropped()
+        dropped = self.pool.take_dropped() + self.segments.reap_kept()
         if dropped:
             self.broadcast(Cmd.DROPPED, dropped)
 

@@ -9,7 +9,8 @@ import time
 
 import numpy as np
 import pytest
-from _models import fp32, infer, io_config, serving, stub_processes, wait_until, write_model
+from _models import (fp32, infer, io_config, segments, serving, stub_processes, wait_until,
+                     write_model)
 
 from tritonpy.metrics import metrics_text
 
@@ -119,7 +120,8 @@ def test_a_stub_that_ends_leaves_no_mapping_in_the_host(tmp_path, shm_prefix: st
     """The host maps a stub's segments to read its outputs. Once the stub ends (killed,
     unloaded) they are unlinked, and the host lets go of them too: it used to keep each one
     mapped, and its memory used, until the server stopped (4 MiB here; 256 MiB for a stub that
-    had sent a 256 MiB output)."""
+    had sent a 256 MiB output). One the host still views stays, named (a handle may name it),
+    until the view goes."""
     write_model(tmp_path, "sized", SIZED_PY,
                 io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8"))
     with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
@@ -141,9 +143,13 @@ def test_a_stub_that_ends_leaves_no_mapping_in_the_host(tmp_path, shm_prefix: st
                    and len(stub_processes()) == 1, 30, "the stub restarted")
         four_mib()  # served by the new stub
         assert out.sum() == 4 * MiB
+        assert [n for n in segments(shm_prefix) if n.startswith(f"{shm_prefix}{stub.pid}x")]
         del out
         gc.collect()
-        assert _mapped_from(stub.pid, shm_prefix) == []
+        wait_until(lambda: _mapped_from(stub.pid, shm_prefix) == []
+                   and not [n for n in segments(shm_prefix)
+                            if n.startswith(f"{shm_prefix}{stub.pid}x")],
+                   10, "the segment to go once not viewed")
 
         # Unloaded.
         four_mib()
