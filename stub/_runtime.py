@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # asyncio is imported when a model needs it: a stub starts 20
 from tritonpy.shm.waiting import SpinPolicy, StallWatch, cpus_busy
 from tritonpy.shm import INLINE_LIMIT, Channel, ChannelClosedError, Cmd, Pool, TensorTransport
 from tritonpy.shm import cuda
-from tritonpy.shm._errors import FdLimitError, ProtocolError, ShmError
+from tritonpy.shm._errors import FdLimitError, ProtocolError, ShmError, ShmExhaustedError
 from tritonpy.shm.channel import EMPTY, flush_trace
 from tritonpy.shm.messages import PROTOCOL_VERSION
 from tritonpy.shm.pool import RECLAIM_EVERY_S
@@ -950,6 +950,10 @@ class StubRuntime:
         """Send EXECUTE_DONE: one frame carrying every response of the batch (default mode)."""
         try:
             body = self._done_body(requests, result, err)
+        except ShmExhaustedError as exc:
+            # No room in /dev/shm for an output: UNAVAILABLE, as for an input that finds none
+            # (a condition of the machine, not a fault of the model: no traceback).
+            body = {"error": _error_body("UNAVAILABLE", execute_failed(self.name, str(exc)))}
         except Exception as exc:  # e.g. a response this stub cannot send
             sys.stderr.write(traceback.format_exc())
             body = self._failed(exception_text(exc))

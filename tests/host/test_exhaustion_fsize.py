@@ -55,3 +55,32 @@ def test_a_tensor_over_the_file_size_limit_fails_alone(tmp_path: Path, shm_prefi
     got = _run(tmp_path, shm_prefix, 24 << 20)  # a 32 MiB input needs a segment of its own
     assert got.startswith("error: "), got
     assert "RLIMIT_FSIZE 25165824 bytes" in got, got
+
+
+BIG_OUTPUT_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", np.ones(8 << 20, np.float32))]) for _ in requests]
+"""
+
+OUT_DRIVER = DRIVER.replace(
+    '{"IN": np.ones(8 << 20, np.float32)}', '{"IN": np.ones(1, np.float32)}').replace(
+    'f"error: {r.error}"', 'f"error: {r.error.code.value} {r.error}"')
+
+
+def test_an_output_that_finds_no_room_is_unavailable_as_an_input_is(
+        tmp_path: Path, shm_prefix: str) -> None:
+    # A 32 MiB output needs a segment of the stub's own, over the limit: the request gets
+    # UNAVAILABLE naming the limit, as an input that finds no room does, and the stub writes
+    # no traceback (it got INTERNAL, "ShmExhaustedError: ...", and a traceback in the log).
+    write_model(tmp_path, "m", BIG_OUTPUT_PY)
+    got, log = run_driver(OUT_DRIVER, str(tmp_path), shm_prefix, str(24 << 20))
+    assert_clean(shm_prefix)
+    assert got.startswith(
+        "error: UNAVAILABLE Failed to process the request(s) for model 'm_0'"), got
+    assert "RLIMIT_FSIZE 25165824 bytes" in got and "ShmExhaustedError" not in got, got
+    assert "Traceback" not in log, log
