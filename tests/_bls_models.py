@@ -27,6 +27,15 @@ DECOUPLED_REPO = os.path.join(HERE, "models", "decoupled")
 SHM_DIR = "/dev/shm"
 MiB = 1 << 20
 
+#: A BLS caller taking a COUNT and answering a REPORT string (of what it read).
+REPORT_CALLER_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "REPORT", data_type: TYPE_STRING, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+"""
+
 
 def new_prefix() -> str:
     """A segment prefix like the ``shm_prefix`` fixture's, for servers that outlive one test.

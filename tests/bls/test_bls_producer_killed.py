@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _bls_models import REPORT_CALLER_CONFIG
 from _models import new_prefix, serving, stub_processes, wait_until, write_model
 
 pytestmark = pytest.mark.timeout(90)
@@ -48,12 +49,6 @@ class TritonPythonModel:
             open(os.path.join(d, "sent"), "w").close()
             time.sleep(60)
         return None
-"""
-CALLER_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "REPORT", data_type: TYPE_STRING, dims: [ 1 ] } ]
 """
 # Reads two responses, says so, waits until the producer is killed, then reads the rest.
 CALLER_PY = """
@@ -95,7 +90,7 @@ class TritonPythonModel:
 def test_a_killed_producers_sent_responses_all_reach_the_caller(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     write_model(repo, "producer", PRODUCER_PY, PRODUCER_CONFIG)
-    write_model(repo, "caller", CALLER_PY, CALLER_CONFIG)
+    write_model(repo, "caller", CALLER_PY, REPORT_CALLER_CONFIG)
     prefix = new_prefix()
     with serving(repo, prefix) as srv:
         stream = srv.model("caller").infer({"COUNT": np.array([COUNT], np.int32)},

@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 import pytest
+from _bls_models import REPORT_CALLER_CONFIG
 from _models import serving, wait_for, write_model
 
 from tritonpy import _request
@@ -69,13 +70,7 @@ class TritonPythonModel:
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
-CALLER_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
-output [ { name: "REPORT", data_type: TYPE_STRING, dims: [ 1 ] } ]
-instance_group [ { count: 1, kind: KIND_CPU } ]
-"""
+CALLER_CONFIG = REPORT_CALLER_CONFIG
 # Reads the producer's stream: the first SLOW responses 10 ms apart, the rest at once, each
 # checked whole; then reports what it saw. Parameters: "slow"; "then": "cancel" (cancel()
 # after the slow ones, then read on), "return" (return without reading the rest), "die";
