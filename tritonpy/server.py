@@ -324,8 +324,8 @@ class Server:
         """Stop the instances being started now, in whatever their model's ``initialize`` or
         warmup is doing, and refuse to start any more: their loads fail at once with "the
         server is stopping". :meth:`stop` begins with it; a SIGINT while models load at start
-        calls it too, so neither waits for a slow ``initialize`` (Triton waits for it until
-        its exit timeout, then exits leaving it to die)."""
+        calls it too, so neither waits for a slow ``initialize`` (Triton 2.51 waits for the
+        whole load, past its exit timeout, then exits 1)."""
         with self._starting_lock:
             self.loads_cancelled = True
             starting = list(self._starting)
