@@ -11,8 +11,9 @@ import types
 
 
 def model_search_path(version_dir: str) -> list[str]:
-    """The folders a model's plain imports search first, as Triton's: its version directory,
-    then its model directory (beside config.pbtxt, where versions keep what they share)."""
+    """The folders a model's plain imports search, after the standard library and
+    site-packages, as Triton's: its version directory, then its model directory (beside
+    config.pbtxt, where versions keep what they share)."""
     version_dir = os.path.normpath(os.path.abspath(version_dir))
     return [version_dir, os.path.dirname(version_dir)]
 

@@ -724,11 +724,13 @@ class StubRuntime:
                 sys.path.append(backend)
             return import_model(model_file, None)
         # As Triton: the version directory's files and then the model directory's (beside
-        # config.pbtxt, shared by the versions) import as plain modules, and model.py is the
-        # module "<version>.model" (its relative imports work).
-        for at, folder in enumerate(model_search_path(version_dir)):
+        # config.pbtxt, shared by the versions) import as plain modules, searched after the
+        # standard library and site-packages (as Triton 2.51 appends them, measured: a csv.py
+        # of the model's does not shadow the csv a library of it imports), and model.py is
+        # the module "<version>.model" (its relative imports work).
+        for folder in model_search_path(version_dir):
             if folder not in sys.path:
-                sys.path.insert(at, folder)
+                sys.path.append(folder)
         module = import_model(model_file, os.path.basename(os.path.normpath(version_dir)))
         # ``import model`` (e.g. Triton's QA models' unittest.main("model")) finds this one.
         sys.modules.setdefault(module.__name__.rpartition(".")[2], module)

@@ -158,14 +158,11 @@ class ModelRunner:
 
         from tritonpy.stub._loader import import_model, model_search_path
 
-        # A Python-based backend's folder is searched last, its models' folders not at all
-        # (as a stub searches them).
+        # Searched after the standard library and site-packages, as a stub searches them: a
+        # Python-based backend's folder (its models' folders not at all), or the model's.
         searched = [backend] if backend else model_search_path(version_dir)
         self._added_paths = [p for p in searched if p not in sys.path]
-        if backend:
-            sys.path.extend(self._added_paths)
-        else:
-            sys.path[:0] = self._added_paths
+        sys.path.extend(self._added_paths)
         self._modules_before = set(sys.modules)
         # Its own package name: several runners may hold models of the same version.
         self._package = f"_tritonpy_testing_model_{next(_module_ids)}"

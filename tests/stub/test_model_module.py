@@ -1,7 +1,8 @@
 """model.py is imported as Triton imports it: the module ``<version>.model`` of a package that
 is the version directory, so its relative imports work (Triton's QA model ``multi_file`` does
 ``from . import file2``), while plain imports of the version directory's files, and then of the
-model directory's (beside config.pbtxt: Triton puts both on sys.path), still work.
+model directory's (beside config.pbtxt: Triton puts both on sys.path, after the standard library
+and site-packages), still work.
 Also the pb_utils names such a model reaches for: ``get_model_dir()`` and ``Logger.INFO``
 and its siblings (Triton's logging QA models call ``logger.log(msg, logger.INFO)``).
 Checked in a real stub and under ``tritonpy.testing.ModelRunner``."""
@@ -50,6 +51,9 @@ class TritonPythonModel:
             "levels": [int(logger.INFO), int(logger.WARNING), int(logger.ERROR),
                        int(logger.VERBOSE)],
             "loglevel_is_pb": logger.LogLevel is pb_utils.LogLevel,
+            # The version directory's csv.py does not shadow the standard library's for the
+            # libraries the model uses (Triton 2.51 searches the model's folders last).
+            "csv_is_stdlib": not hasattr(__import__("csv"), "SHADOW"),
         }
         out = np.array([json.dumps(report)], dtype=np.object_)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]) for _ in requests]
@@ -64,6 +68,7 @@ def TWICE(x):
     return 2 * x
 ''',
     "plain_helper.py": "NAME = __name__\n",
+    "csv.py": "SHADOW = True\n",
 }
 
 CONFIG = '''
@@ -91,6 +96,7 @@ def _expected(version_dir: str, package: str) -> dict:
         "name": f"{package}.model", "package": package, "helper": f"{package}.helper",
         "plain": "plain_helper", "shared": "shared_helper", "twice": 4, "model_dir": version_dir,
         "dir_at_init": version_dir, "levels": [0, 1, 2, 3], "loglevel_is_pb": True,
+        "csv_is_stdlib": True,
     }
 
 
