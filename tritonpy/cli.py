@@ -85,6 +85,28 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
 
 
+def _verbosity(text: str) -> int:
+    """``--log-verbose``: a level, or a boolean word as Triton 2.51 takes one (``true``: 1)."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return int(_bool(text))
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(
+                f"expected a level (a whole number) or a boolean, got {text!r}") from None
+
+
+def _repository(text: str) -> str:
+    """``--model-repository``: a local folder's path (see ``repository_problem``)."""
+    from .repository import repository_problem
+
+    problem = repository_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
 def _config_name(text: str) -> str:
     """``--model-config-name``: a name, not an empty one (Triton 2.51's words, measured)."""
     if not text:
@@ -275,7 +297,8 @@ def _dest(flag: str) -> str:
 
 
 def no_effect_warnings(args: argparse.Namespace) -> list[str]:
-    """One line for each flag of :data:`_NO_EFFECT` given on the command line."""
+    """One line for each flag of :data:`_NO_EFFECT`, and each setting of a frontend not
+    served, given on the command line."""
     out = []
     for flag, (_, _, why) in _NO_EFFECT.items():
         value = getattr(args, _dest(flag))
@@ -283,6 +306,12 @@ def no_effect_warnings(args: argparse.Namespace) -> list[str]:
             shown = ",".join(map(str, value)) if isinstance(value, list) else value
             out.append(f"{flag}={shown} is accepted for Triton's command lines and has no "
                        f"effect: {why}")
+    for flag in _NOT_SERVED_SETTINGS:
+        value = getattr(args, _dest(flag))
+        if value is not None:
+            frontend = "SageMaker" if flag.startswith("--sagemaker") else "Vertex AI"
+            out.append(f"{flag}={value} is accepted for Triton's command lines and has no "
+                       f"effect: tritonpy does not serve the {frontend} frontend")
     return out
 
 
@@ -481,7 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve model repositories over HTTP/REST and gRPC",
                        description="Serve Triton Python-backend model repositories.")
     s.add_argument("--model-repository", "--model-store", action="append", default=[],
-                   metavar="DIR", help="model repository directory (repeatable); default: examples/")
+                   type=_repository, metavar="DIR",
+                   help="model repository directory (repeatable); default: examples/")
     s.add_argument("--http-port", type=_port, default=8000)
     s.add_argument("--grpc-port", type=_port, default=8001)
     s.add_argument("--metrics-port", type=_port, default=8002)
@@ -510,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--repository-poll-secs", type=_seconds, default=15.0, metavar="SECS",
                    help="seconds between scans in poll mode; 0: no scan after the start (as "
                         "Triton)")
-    s.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL")
+    s.add_argument("--log-verbose", type=_verbosity, default=0, metavar="LEVEL")
     s.add_argument("--exit-timeout-secs", type=_seconds, default=30.0, metavar="SECS")
     s.add_argument("--id", default="triton", metavar="NAME",
                    help="the server's name in its metadata (Triton's default, which clients check)")

@@ -29,6 +29,7 @@ from tritonpy.config import DEFAULT_MODEL_FILENAME, ENSEMBLE_PLATFORM, PYTHON_BA
 __all__ = [
     "DEFAULT_BACKEND_DIRECTORY",
     "available_versions",
+    "repository_problem",
     "backend_dir",
     "file_hexdigest",
     "fingerprint",
@@ -57,6 +58,20 @@ _NOT_VERSIONS = frozenset({"warmup", "initial_state", "configs"})
 # look like a change to poll mode and reload the model for ever.
 _IGNORED_DIRS = frozenset({"__pycache__"})
 _IGNORED_SUFFIXES = (".pyc", ".pyo")
+
+
+def repository_problem(path: str) -> str | None:
+    """What is wrong with ``path`` as a model repository's location before looking at the file
+    system, or None: an empty one (a launch line's unset variable would otherwise serve the
+    current folder; Triton 2.51 stops, "failed to stat file"), or a cloud storage address,
+    which tritonpy does not read (it took ``s3://b/m`` for the folder ``s3:/b/m``)."""
+    if not path:
+        return "the model repository path is empty"
+    scheme, sep, _ = path.partition("://")
+    if sep and scheme and scheme.isalnum():
+        return (f"model repository '{path}': {scheme}:// locations are not supported; "
+                "tritonpy serves model repositories in local folders")
+    return None
 
 
 def scan_repositories(paths: list[str],

@@ -45,7 +45,7 @@ from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
 from ._stats import CounterCarry, MetricsConfig
 from ._stubproc import StubProcess
 from ._trace import Trace, Tracing
-from .repository import DEFAULT_BACKEND_DIRECTORY
+from .repository import DEFAULT_BACKEND_DIRECTORY, repository_problem
 
 log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
@@ -158,6 +158,10 @@ class Server:
         problem = load_models_problem(model_control_mode, load_models)
         if problem:
             raise InvalidArgumentError(problem)
+        for r in repos:
+            wrong = repository_problem(r)
+            if wrong:
+                raise InvalidArgumentError(wrong)
         self.repositories = [os.path.abspath(r) for r in repos]
         # Triton's --model-namespacing: see RepositoryManager.
         self.model_namespacing = model_namespacing

@@ -70,6 +70,14 @@ def _stop(server: Serve) -> int:
     # Triton 2.51: "Error: empty argument for --model-config-name" (measured, QA
     # L0_custom_model_config); tritonpy started with the default config.
     (["--model-config-name="], "empty argument for --model-config-name"),
+    # An unset variable in a launch line: Triton 2.51 stops ("failed to stat file"); tritonpy
+    # served the current folder.
+    (["--model-repository="], "argument --model-repository/--model-store: the model "
+     "repository path is empty"),
+    # Triton 2.51 hangs at start (s3, gs) or aborts (as); tritonpy said "model repository
+    # '.../s3:/bucket/models' does not exist".
+    (["--model-repository=s3://bucket/models"], "model repository 's3://bucket/models': "
+     "s3:// locations are not supported; tritonpy serves model repositories in local folders"),
     # Triton 2.51's words (measured); tritonpy started, --cache-config winning.
     (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
      "Incompatible flags --response-cache-byte-size and --cache-config both provided. "

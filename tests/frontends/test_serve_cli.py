@@ -141,7 +141,7 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
                    "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                    "--metrics-port", str(metrics_port), "--model-control-mode", "explicit",
                    "--load-model", "slow", f"--backend-config=python,shm-default-byte-size={default_size}",
-                   "--log-verbose", "1", "--exit-timeout-secs", "20", "--id", "edge-7",
+                   "--log-verbose", "true", "--exit-timeout-secs", "20", "--id", "edge-7",
                    "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false",
                    "--metrics-interval-ms", "500")
     assert server.endpoints() == {"HTTP": f"127.0.0.1:{http_port}", "gRPC": f"127.0.0.1:{grpc_port}",
@@ -174,7 +174,8 @@ def test_serve_flags_explicit_mode_and_sigterm_drains(serve: Callable[..., Serve
         assert 'nv_inference_pending_request_count{model="ident",version="1"} 0' in metrics
         assert "nv_cpu_" not in metrics  # --allow-cpu-metrics false
 
-        # --log-verbose 1: the verbose level is reported and debug records reach the log.
+        # --log-verbose true (level 1, as Triton 2.51 reads it): the verbose level is reported
+        # and debug records reach the log.
         assert http.get_log_settings()["log_verbose_level"] == 1
         with pytest.raises(InferenceServerException):
             http.get_model_metadata("no_such_model")
@@ -818,7 +819,7 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     no_effect = ["--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
                  "--http-thread-count", "4", "--buffer-manager-thread-count", "2",
                  "--cache-directory", "/opt/tritonserver/caches", "--allow-sagemaker", "false",
-                 "--cache-config", "local,size=1048576"]
+                 "--sagemaker-port", "8080", "--cache-config", "local,size=1048576"]
     server, http_port, _ = serve_repo(serve, repo, "--model-config-name=alt",
                                       "--log-format", "ISO8601", *no_effect)
     http = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", network_timeout=30)
@@ -833,7 +834,7 @@ def test_triton_deployment_flags_are_taken(serve: Callable[..., Serve], tmp_path
     text = server.log()
     for flag in ("--pinned-memory-pool-byte-size=0", "--cuda-memory-pool-byte-size=0:0",
                  "--http-thread-count=4", "--buffer-manager-thread-count=2",
-                 "--cache-directory=/opt/tritonserver/caches"):
+                 "--cache-directory=/opt/tritonserver/caches", "--sagemaker-port=8080"):
         assert re.search(rf"^\S+ W .*{re.escape(flag)} is accepted for Triton's command lines and "
                          "has no effect: ", text, re.M), (flag, text)
     # ISO8601 as Triton lays it out: the UTC time first, then the level, the message quoted.

@@ -389,3 +389,13 @@ def test_instances_stuck_in_finalize_are_stopped_together(tmp_path: Path) -> Non
         server.stop()
         elapsed = time.monotonic() - t0
     assert elapsed < 5.5, f"stop() took {elapsed:.1f} s"  # one by one: 3 graces, 6 s or more
+
+
+@pytest.mark.parametrize("where, words", [
+    ("", "the model repository path is empty"),
+    ("gs://bucket/models", "gs:// locations are not supported"),
+])
+def test_a_repository_that_is_no_local_folder_is_refused_at_once(where, words):
+    # An empty path served the current folder; a cloud address was read as a folder.
+    with pytest.raises(tritonpy.InvalidArgumentError, match=words):
+        tritonpy.Server(where)
