@@ -131,11 +131,16 @@ class SegmentMap:
             seg = self._by_name.get(name)
             if seg is None or (seg.owner and not owned):
                 return
-            del self._by_name[name]
+            self._drop_locked(seg)
+        seg.close()
+
+    def _drop_locked(self, seg: Segment) -> None:
+        """Take ``seg`` out of the index (caller holds the lock; the mapping is the caller's)."""
+        if self._by_name.get(seg.name) is seg:
+            del self._by_name[seg.name]
             i = self._segs.index(seg)
             del self._segs[i]
             del self._bases[i]
-        seg.close()
 
     def forget_created_by(self, prefix: str, pid: int) -> list[str]:
         """Drop the peer segments that process ``pid`` created under ``prefix`` (it ended):
@@ -173,11 +178,7 @@ class SegmentMap:
         with self._lock:
             if not seg.close():
                 return False
-            if self._by_name.get(seg.name) is seg:
-                del self._by_name[seg.name]
-                i = self._segs.index(seg)
-                del self._segs[i]
-                del self._bases[i]
+            self._drop_locked(seg)
         return True
 
     def locate(self, arr: np.ndarray) -> tuple[Segment, int] | None:

@@ -925,9 +925,8 @@ class _Context:
             else:
                 self._emit(None)
         gates = self.ens.gates
-        if gates is not None:
-            if final:
-                let_in = gates[step.index].leave(sreq)
+        if gates is not None and final:
+            let_in = gates[step.index].leave(sreq)
         for r in cancel:  # the request failed: what else runs for it is wasted work
             r.cancel(f"another step of ensemble '{self.ens.name}' failed")
         if type(pacer) is _StepPacing and not final:

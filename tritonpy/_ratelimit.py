@@ -307,6 +307,8 @@ class RateLimiter:
         """``insts``' model has nothing queued for them any more (its requests ended before
         running, or went to another of its instances): they wait no more, and hold back
         nobody. Returns the instances what they claimed is now reserved for."""
+        if not any(i in self._waiting for i in insts):  # (most calls: nothing to do)
+            return []
         with self._lock:
             gone = [i for i in insts if i in self._waiting and not i.reserved]
             for inst in gone:

@@ -170,7 +170,7 @@ class RepositoryManager:
         # Threads that retire versions (a reload's old ones, an unload that does not wait).
         self._retiring: set[threading.Thread] = set()
         # Versions unloaded or replaced that still finish their requests (see _retire).
-        self.retiring_runtimes: set[ModelRuntime] = set()
+        self._retiring_runtimes: set[ModelRuntime] = set()
         # Ensembles unloaded because a model they run was: their step models, to load them
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
@@ -654,14 +654,14 @@ class RepositoryManager:
         """Unload versions taken out of service (None: every request finishes, as Triton's;
         see drain); meanwhile the stop's drain counts their requests in flight."""
         with self._lock:
-            self.retiring_runtimes.update(runtimes)
+            self._retiring_runtimes.update(runtimes)
         try:
             for rt in runtimes:
                 rt.unload(timeout)
                 self.server.counter_carry.finished(rt.stats)
         finally:
             with self._lock:
-                self.retiring_runtimes.difference_update(runtimes)
+                self._retiring_runtimes.difference_update(runtimes)
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
@@ -895,6 +895,11 @@ class RepositoryManager:
         for e in list(self.entries.values()):
             out.extend(e.runtimes.values())
         return out
+
+    def retiring(self) -> list[ModelRuntime]:
+        """The versions unloaded or replaced that still finish their requests."""
+        with self._lock:
+            return list(self._retiring_runtimes)
 
     def loaded_versions(self, name: str) -> list[int]:
         return sorted(self.require_known(name).runtimes)

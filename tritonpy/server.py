@@ -478,9 +478,8 @@ class Server:
         """``(model, version, requests)`` for each model version with requests not answered
         yet (queued or running); ensembles count in the models they run."""
         out = []
-        with self.repo._lock:  # versions unloaded or replaced that still finish theirs too
-            retiring = list(self.repo.retiring_runtimes)
-        for rt in dict.fromkeys([*self.repo.runtimes(), *retiring]):
+        # (versions unloaded or replaced that still finish theirs count too)
+        for rt in dict.fromkeys([*self.repo.runtimes(), *self.repo.retiring()]):
             n = rt.in_flight() if isinstance(rt, ModelRuntime) else 0
             if n:
                 out.append((rt.name, rt.version, n))
