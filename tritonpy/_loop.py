@@ -26,15 +26,34 @@ STALL_S = 5.0
 REARM_SHARE = 1 / 8
 
 
+#: A :class:`LoopSpinner` does not poll while more than this share of the recent client
+#: requests began with another in flight (a moving mean over about the last 8).
+OVERLAP_MAX = 0.1
+
+
 class LoopSpinner:
     """Keeps an event loop polling for up to a :class:`SpinPolicy` window after its last
     activity (:meth:`arm`), rather than sleeping in the kernel: a callback that yields the CPU
     and schedules itself again, so each turn of the loop polls its sockets without waiting.
-    It stops at the window's end, or as soon as the machine is busy."""
+    It stops at the window's end, as soon as the machine is busy, or as soon as the frontends'
+    client requests overlap (:attr:`overlap`).
+
+    Polling pays for one client at a time, whose every request waits for the host's and the
+    stub's wake-ups. Several clients at once keep the CPUs busy between them, and the loop's
+    polls took CPU from them. Alternating runs on a 2-vCPU VM, tritonclient's HTTP clients,
+    medians of 4: 4 clients 4,009 infer/s polling, 4,710 not; 16 clients 5,012 and 5,349 (the
+    stubs' own polling, kept, made no difference there); one client 2,534 polling, 2,175 not.
+    The requests in flight do not tell the two apart: with 4 Python clients, 52 % of the
+    requests found none other in the server, as the clients' own work kept the rest."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, window_s: float) -> None:
         self.loop = loop
         self.policy = SpinPolicy(window_s)
+        #: Client requests in flight on the frontends that share this loop (kept by them:
+        #: :meth:`FrameLoop.request_began`), and the moving share of those that began while
+        #: another was in flight.
+        self.requests = 0
+        self.overlap = 0.0
         self._until = 0.0
         self._last = 0.0  # the last activity (perf_counter seconds)
         # Activity before then is not recorded (see REARM_SHARE).
@@ -52,14 +71,14 @@ class LoopSpinner:
         self._last = now
         self._until = now + self.policy.window
         self.next_arm = now + self.policy.window * REARM_SHARE
-        if not self._spinning and self.policy.worth():
+        if not self._spinning and self.overlap < OVERLAP_MAX and self.policy.worth():
             self._spinning = True
             self._ticks = 0
             self.loop.call_soon(self._tick)
 
     def _tick(self) -> None:
         self._ticks += 1
-        if time.perf_counter() > self._until or (
+        if time.perf_counter() > self._until or self.overlap >= OVERLAP_MAX or (
                 not self._ticks % POLL_CHECK_EVERY and cpus_busy()):
             self._spinning = False
             return
@@ -152,6 +171,21 @@ class FrameLoop:
         # thread this is. (on_loop(), inline: this runs twice a request.)
         if now >= spinner.next_arm and asyncio._get_running_loop() is self.loop:
             spinner.arm(now)
+
+    def request_began(self) -> bool:
+        """A frontend's client request begins; whether it was counted (only on the loop's
+        thread: frontends on a loop of their own do not make this loop poll). A counted one
+        must end with :meth:`request_ended`. See :attr:`LoopSpinner.requests`."""
+        if asyncio._get_running_loop() is not self.loop:
+            return False
+        spinner = self._spinner
+        spinner.requests += 1
+        spinner.overlap += ((spinner.requests > 1) - spinner.overlap) * 0.125
+        return True
+
+    def request_ended(self) -> None:
+        """A client request counted by :meth:`request_began` has ended."""
+        self._spinner.requests -= 1
 
     def on_loop(self) -> bool:
         """Whether the calling thread is the one that reads the frames."""

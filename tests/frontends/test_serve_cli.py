@@ -1052,6 +1052,78 @@ def test_the_server_loop_polls_after_answering_with_idle_spin(
     assert segments(shm_prefix) == []
 
 
+def test_the_server_loop_does_not_poll_while_client_requests_overlap(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    """Several clients at once keep the CPUs busy, and the loop's polls took CPU from them
+    (tritonpy._loop.LoopSpinner): while the recent requests began with another in flight, the
+    loop sleeps between events, whatever idle-spin-microseconds allows. Two clients send a
+    request each at the same moment (a 3 ms execute, so that they overlap), then wait 5 ms:
+    polling through each gap would cost the main thread ~300 ms of CPU in 40 rounds. Once one
+    client at a time sends again, the loop polls again."""
+    marks, repo = _slow_repo(tmp_path, 1)
+    server, http_port, _ = serve_repo(
+        serve, repo, "--backend-config=python,idle-spin-microseconds=20000")
+    url = f"127.0.0.1:{http_port}"
+    both = threading.Barrier(2, timeout=30)
+    failures: list[BaseException] = []
+
+    def rounds(k: int, n: int) -> None:
+        client = httpclient.InferenceServerClient(url)  # a sync client is its thread's own
+        inp = httpclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([0.003], np.float32))
+        try:
+            for i in range(n):
+                both.wait()
+                assert client.infer("slow", [inp], request_id=f"{k}-{i}").as_numpy(
+                    "OUT").tolist() == [np.float32(0.006)]
+                time.sleep(0.005)
+        except BaseException as exc:  # handed to the test, which asserts on it
+            failures.append(exc)
+            both.abort()
+        finally:
+            client.close()
+
+    def overlapping(n: int) -> float:
+        before = _main_thread_cpu(server.proc.pid)
+        threads = [threading.Thread(target=rounds, args=(k, n)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not failures, failures
+        return _main_thread_cpu(server.proc.pid) - before
+
+    client = httpclient.InferenceServerClient(url)
+
+    def one_at_a_time() -> float:
+        inp = httpclient.InferInput("SECONDS", [1], "FP32")
+        inp.set_data_from_numpy(np.array([0.0], np.float32))
+        for i in range(3):  # the loop's recent requests stop overlapping
+            client.infer("slow", [inp], request_id=f"warm-{i}")
+            time.sleep(0.005)
+        before = _main_thread_cpu(server.proc.pid)
+        for i in range(40):
+            client.infer("slow", [inp], request_id=f"one-{i}")
+            time.sleep(0.005)
+        return _main_thread_cpu(server.proc.pid) - before
+
+    try:
+        overlapping(3)  # warm
+        used = overlapping(40)
+        assert used < 0.08, used
+        # With other tests busy beside it, it polls less or not at all (it stops while
+        # threads wait for a CPU): rounds go on for up to 20 s; the best must reach 80 ms.
+        best, deadline = 0.0, time.monotonic() + 20
+        while best < 0.08 and time.monotonic() < deadline:
+            best = max(best, one_at_a_time())
+        assert best >= 0.08, best
+    finally:
+        client.close()
+        server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 0
+    assert segments(shm_prefix) == []
+
+
 def test_serve_raises_the_open_files_limit_to_its_hard_limit(serve: Callable[..., Serve],
                                                             tmp_path: Path) -> None:
     # Each mapped segment, stub and connection holds a descriptor: a soft limit below the hard

@@ -1123,6 +1123,8 @@ class DataPlane:
             raise UnsupportedError(decoupled_error)
         # The model's response stream is read here directly, not through ``stream()``: its
         # async generator and the closing of it are a good part of the frontend's work.
+        frames = self.server.frames
+        counted = frames.request_began()  # with others in flight, the loop does not poll
         try:
             responses = await self._start(req, model, own_trace=False)
             resp = None
@@ -1138,7 +1140,7 @@ class DataPlane:
                 raise to_error(exc) from None
             if resp is None:
                 raise InternalError(f"model '{req.model}' returned no response")
-            self.server.frames.spin()  # the client's next request will find the loop awake
+            frames.spin()  # the client's next request will find the loop awake
             result = self._result(req, resp)
             if result.error is not None:
                 raise result.error
@@ -1147,6 +1149,8 @@ class DataPlane:
                 req.trace.finish()
             raise
         finally:
+            if counted:
+                frames.request_ended()
             if req.shm_held:
                 self._release(req)
         return result
