@@ -81,6 +81,8 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     with _live_lock:
         if proc in _live:
             _live.remove(proc)
+    if proc.returncode is not None:  # stopped already (a stop finished by a second call)
+        return
     try:
         # One stopped (SIGSTOP, a debugger, Ctrl-Z on its own) would keep the server's stop
         # waiting its whole timeout, then be killed before its last sweep: let it go on.
@@ -88,7 +90,7 @@ def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     except OSError:
         pass
     try:
-        if proc.stdin is not None:
+        if proc.stdin is not None and not proc.stdin.closed:
             os.set_blocking(proc.stdin.fileno(), True)
             proc.stdin.write(b"bye")
             proc.stdin.close()
@@ -133,11 +135,21 @@ def main(argv: list[str]) -> int:
                 os.killpg(pgid, signal.SIGKILL)
             except OSError:
                 pass
+        # The pipe can also end while the server's interpreter is still exiting (its Popen of
+        # this janitor collected): its segments are kept while it runs, so wait for it too.
         deadline = time.monotonic() + _PATIENCE_S
-        while stubs_of(server_pid) and time.monotonic() < deadline:
+        while (stubs_of(server_pid) or _running(server_pid)) and time.monotonic() < deadline:
             time.sleep(_EVERY_S)
     _sweep()(prefix, directory)
     return 0
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie has ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _note_group(groups: set[int], line: bytes) -> None:

@@ -19,7 +19,7 @@ import tarfile
 import tempfile
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ._errors import (
     ConfigError,
@@ -152,6 +152,18 @@ def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
                 f"file path '{rel}' cannot be written: {exc.strerror}") from None
 
 
+
+def _each_at_once(fn: Callable[[Any], None], items: list[Any]) -> None:
+    """``fn(item)`` for each item, 8 at a time in threads, until all have returned. An
+    interruption of the wait (Ctrl-C: KeyboardInterrupt) is raised at once, not once every
+    call has ended (as a ThreadPoolExecutor's ``with`` would): the caller ends them (the
+    server's stop kills the stubs they wait for)."""
+    ex = concurrent.futures.ThreadPoolExecutor(min(8, len(items)))
+    try:
+        list(ex.map(fn, items))
+    finally:
+        ex.shutdown(wait=False, cancel_futures=True)
+
 class RepositoryManager:
     """Scans repositories and drives model loading for a :class:`~tritonpy.server.Server`."""
 
@@ -281,8 +293,7 @@ class RepositoryManager:
                                                           self.server.model_config_name)]
         plain = [n for n in names if n not in ensembles]
         if plain:
-            with concurrent.futures.ThreadPoolExecutor(min(8, len(plain))) as ex:
-                list(ex.map(self._load_quietly, plain))
+            _each_at_once(self._load_quietly, plain)
         for n in ensembles:  # one may already be loaded as a step of another
             if not self.entries[n].runtimes:
                 self._load_quietly(n)
@@ -302,8 +313,7 @@ class RepositoryManager:
         entries = list(self.entries.values())
         live = [rt for e in entries for rt in e.runtimes.values()]
         if entries:
-            with concurrent.futures.ThreadPoolExecutor(min(8, len(entries))) as ex:
-                list(ex.map(lambda e: self._unload_entry(e, timeout), entries))
+            _each_at_once(lambda e: self._unload_entry(e, timeout), entries)
         for tmp in [e.tmpdir for e in entries if e.tmpdir] + self._stale_tmpdirs:
             shutil.rmtree(tmp, ignore_errors=True)
         self._stale_tmpdirs.clear()

@@ -218,6 +218,7 @@ class Server:
         self.repo = _repo_manager.RepositoryManager(self)
         self._started = False
         self._stopping = False
+        self._draining = False  # a stop is draining its requests (see stop())
         # Why start() failed, if it did: ``tritonpy serve --exit-on-error=false`` goes on serving
         # such a server, as Triton does, neither live nor ready and "Server not ready" to calls.
         self.start_error: str | None = None
@@ -294,21 +295,42 @@ class Server:
         return self
 
     def stop(self) -> None:
-        """Drain in-flight requests, finalize models; no stub process or segment is left."""
-        if not self._started or self._stopping:
+        """Drain in-flight requests, finalize models; no stub process or segment is left.
+
+        A stop interrupted in its drain (Ctrl-C: KeyboardInterrupt) kills the stubs left,
+        without their finalize, frees the segments and raises; one interrupted even then is
+        finished by the next call, or at exit."""
+        if not self._started:
+            return
+        if self._stopping:
+            if self._draining:  # another thread's stop is under way
+                return
+            # An interrupted stop: finish it, without a drain.
+            self._abandon()
+            self.timers.stop()
+            self.frames.close()
+            self.tracing.close()
             return
         self._not_on_frame_loop("stop()")
         self._stopping = True
-        _LIVE.discard(self)
-        self.cancel_loads()  # an instance still initializing has no request to drain
-        self._unpace_streams()
-        self.cut_short = self.repo.shut_down(self.exit_timeout)
-        if self.cut_short:
-            log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
-        self.timers.stop()
-        self.frames.close()
-        self.tracing.close()
-        self._release_shm()
+        self._draining = True
+        drained = False
+        try:
+            self.cancel_loads()  # an instance still initializing has no request to drain
+            self._unpace_streams()
+            self.cut_short = self.repo.shut_down(self.exit_timeout)
+            if self.cut_short:
+                log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
+            drained = True
+        finally:
+            self._draining = False
+            if not drained:
+                log.warning("stop interrupted: the instances left are killed, without finalize")
+                self._kill_stubs()
+            self.timers.stop()
+            self.frames.close()
+            self.tracing.close()
+            self._release_shm()
 
     def _unpace_streams(self) -> None:
         """Lift the back-pressure of every stream (see ``_request.HOLD_BYTES``) for the drain:
@@ -353,28 +375,34 @@ class Server:
             self._starting.discard(stub)
 
     def _abandon(self) -> None:
-        """At interpreter exit without stop(): kill the stubs (no finalize), free the segments."""
-        if not self._started or self._stopping:
+        """At interpreter exit without stop(), or after an interrupted stop: kill the stubs (no
+        finalize), free the segments."""
+        if not self._started:
             return
         self._stopping = True
+        self._kill_stubs()
+        self._release_shm()
+
+    def _kill_stubs(self) -> None:
         with self._starting_lock:  # a restart (after the kills below) starts no stub now
             self.loads_cancelled = True
-        for rt in self.repo.runtimes():
-            for inst in rt.instances:
+        for rt in self.repo.runtimes() + self.repo.retiring():  # those being drained too
+            for inst in getattr(rt, "instances", ()):
                 stub = inst.stub
                 if stub is not None and stub.proc.poll() is None:
                     stub.abandon()  # on purpose: its death is no error to log
                     stub.proc.wait()
-        self._release_shm()
 
     def _release_shm(self) -> None:
-        """Unlink the host pool, unmap the stubs' segments, sweep what dead stubs left."""
+        """Unlink the host pool, unmap the stubs' segments, sweep what dead stubs left. The
+        server counts as started (for a next stop() or the exit's clean-up) until this ends."""
         self.pool.close()
         self.segments.close()
         sweep_orphans(self.options.shm_region_prefix_name,
                       self.options.shm_fallback_directory or None)
         janitor.stop(self._janitor)
         self._started = False
+        _LIVE.discard(self)
 
     def _require_started(self) -> None:
         """UnavailableError, naming why, unless the server is started (maybe stopping)."""

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import tritonpy
-from _models import fp32, infer, io_config, new_prefix, segments, serving, write_model
+from _models import (SLEEPER_PY, fp32, infer, io_config, new_prefix, segments, serving,
+                     write_model)
 from tritonpy import InvalidArgumentError, NotFoundError, UnavailableError
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,6 +39,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("misuse")
     write_model(path, "double")
     write_model(path, "sees", SEES_PY, io_config())
+    write_model(path, "sleeper", SLEEPER_PY)
     return path
 
 
@@ -170,6 +172,87 @@ def test_exit_without_stop_is_quiet_and_clean(repo: Path, shm_prefix: str) -> No
     assert done.returncode == 0 and "served" in done.stdout, done.stderr
     # Was: "stub process ... killed by signal SIGKILL" and "instance ... died; restarting".
     assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
+    assert segments(shm_prefix) == []
+
+
+def test_ctrl_c_during_stop_ends_it_at_once_and_leaves_nothing(repo: Path,
+                                                               shm_prefix: str) -> None:
+    # A Ctrl-C while stop() drained a 20 s request left the stop half done: a second stop()
+    # did nothing, the exit's clean-up neither, and the host's segment stayed in /dev/shm
+    # after the process ended (the janitor swept while the exiting server still ran).
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time
+        import numpy as np, tritonpy
+        srv = tritonpy.Server({str(repo)!r}, model_control_mode="explicit",
+                              load_models=["sleeper", "double"],
+                              backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
+        srv.start()
+        stub = srv.runtime("sleeper").instances[0].stub.proc
+        threading.Thread(target=lambda: srv.model("sleeper").infer(
+            {{"IN": np.array([20000], np.float32)}}).get(timeout=60), daemon=True).start()
+        time.sleep(0.5)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            srv.stop()
+        except KeyboardInterrupt:
+            print("interrupted after %.1f s" % (time.monotonic() - t0), flush=True)
+        print("stub ended", stub.poll() is not None, flush=True)
+        srv.stop()  # a no-op now
+        try:
+            srv.model("double")
+        except tritonpy.UnavailableError as exc:
+            print("refused:", exc, flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=40, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("interrupted after ") and float(lines[0].split()[2]) < 5, lines
+    assert lines[1:] == ["stub ended True",
+                         "refused: the server was stopped: create a new Server"], lines
+    assert "stop interrupted: the instances left are killed, without finalize" in done.stderr
+    assert segments(shm_prefix) == []
+
+
+SLOW_INIT_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(20)
+
+    def execute(self, requests):
+        return []
+"""
+
+
+def test_ctrl_c_during_start_is_raised_at_once_and_leaves_nothing(tmp_path: Path,
+                                                                  shm_prefix: str) -> None:
+    # The KeyboardInterrupt waited for the slowest initialize (20 s here) before it was raised.
+    write_model(tmp_path, "slow_init", SLOW_INIT_PY)
+    write_model(tmp_path, "double")
+    script = textwrap.dedent(f"""
+        import os, signal, threading, time
+        import tritonpy
+        srv = tritonpy.Server({str(tmp_path)!r},
+                              backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+        t0 = time.monotonic()
+        try:
+            srv.start()
+        except KeyboardInterrupt:
+            print("interrupted after %.1f s" % (time.monotonic() - t0), flush=True)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=40, env=env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines and lines[0].startswith("interrupted after "), done.stdout + done.stderr
+    assert float(lines[0].split()[2]) < 6, lines
     assert segments(shm_prefix) == []
 
 
