@@ -394,8 +394,11 @@ class ModelRuntime(RuntimeBase):
         try:
             self.max_async = int(params.get("max_concurrent_executes", DEFAULT_MAX_ASYNC))
         except ValueError:
+            self.max_async = 0
+        if self.max_async < 1:  # 0 loaded READY and let no request reach an async execute
             raise InvalidArgumentError(
-                f"model '{name}': parameter max_concurrent_executes must be an integer") from None
+                f"model '{name}': parameter max_concurrent_executes must be an integer of 1 "
+                f"or more, got {params['max_concurrent_executes']!r}")
         self.instances = [Instance(self, n, kind, dev, sig)
                           for n, kind, dev, sig in plan_instances(config, name)]
         # Batch formation (FIFO, dynamic batcher or sequence batcher); ``queue`` is its view

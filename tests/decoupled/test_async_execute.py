@@ -101,3 +101,28 @@ def test_many_async_bls_requests_in_flight(server):
         (resp,) = collect(stream, WAIT_S)
         assert resp.error is None, resp.error
         assert resp.outputs["SYNC"].to_numpy().tolist() == [2 * i]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "abc"])
+def test_a_concurrency_bound_below_one_is_refused_at_load(tmp_path, value):
+    # "0" loaded READY, and every request to its async execute waited for ever.
+    from _models import io_config, write_model
+    write_model(tmp_path, "bounded", ASYNC_DOUBLE_PY, io_config(
+        extra='parameters { key: "max_concurrent_executes" value: { string_value: "%s" } }'
+        % value))
+    with tritonpy.Server(str(tmp_path), model_control_mode="explicit",
+                         backend_config={"shm-region-prefix-name": new_prefix()}) as srv:
+        with pytest.raises(tritonpy.InvalidArgumentError,
+                           match="parameter max_concurrent_executes must be an integer of 1 "
+                                 f"or more, got '{value}'"):
+            srv.load("bounded")
+
+
+ASYNC_DOUBLE_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)]) for r in requests]
+"""
