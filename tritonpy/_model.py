@@ -111,6 +111,9 @@ def config_needs_reload(old: Any, new: Any) -> bool:
 # Tries of a restart whose replacement dies as it starts (or cannot be spawned) before what
 # waits for it is failed; the restart goes on after that.
 _RESTART_TRIES = 3
+# An instance that dies within this long of its start is crash-looping: each such death
+# doubles the back-off of its restart (up to 32 times restart-backoff-seconds, and 10 s).
+CRASH_LOOP_S = 30.0
 
 
 class Instance:
@@ -145,6 +148,8 @@ class Instance:
         self.bls_calls: dict[int, HostRequest] = {}  # call id -> request, for BLS_CANCEL
         self._exec_ids = 0
         self.restarts = 0
+        self.started_at = time.monotonic()  # when its stub last started (see CRASH_LOOP_S)
+        self.crash_loop = 0  # its deaths in a row soon after a start, for the back-off
         self.attempt = 0  # restart attempts ever made: a stale attempt's bound does nothing
         self.restarter: threading.Thread | None = None  # the restart of its dead stub
         self.has_is_ready = False
@@ -1237,8 +1242,12 @@ class ModelRuntime(RuntimeBase):
 
     def _restart(self, inst: Instance) -> None:
         delay = self.server.options.restart_backoff_seconds
+        # A stub that keeps dying soon after each start was restarted every 0.2 s for ever.
+        soon = time.monotonic() - inst.started_at < CRASH_LOOP_S
+        inst.crash_loop = min(inst.crash_loop + 1, 5) if soon else 0
         while self.state == READY and inst.state == "RESTARTING":
-            if self._halt.wait(min(delay * (2 ** min(inst.restarts, 5)), 10.0)):
+            backoff = delay * 2 ** min(inst.restarts + inst.crash_loop, 5)
+            if self._halt.wait(min(backoff, 10.0)):
                 break  # unloaded during the back-off
             if self.state != READY or inst.state != "RESTARTING":
                 break
@@ -1249,6 +1258,7 @@ class ModelRuntime(RuntimeBase):
                 self._start_instance(inst, on_hello=lambda: self._bound_restart(inst, attempt))
                 log.warning("restarted instance %s of model %s", inst.name, self.name)
                 inst.restarts = 0
+                inst.started_at = time.monotonic()
                 self.unserviceable = ""
                 return
             except TritonpyError as exc:

@@ -207,6 +207,38 @@ def test_a_replacement_killed_while_it_starts_is_restarted_again(tmp_path, shm_p
         np.testing.assert_array_equal(resp.outputs["OUT"].to_numpy(), X[0] * 2)
 
 
+# Starts well, then dies 0.3 s later: every replacement does the same.
+DIES_SOON_PY = """
+import os, threading, time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        threading.Thread(target=lambda: (time.sleep(0.3), os._exit(9)), daemon=True).start()
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+def test_a_stub_that_keeps_dying_soon_after_starting_is_restarted_ever_later(tmp_path,
+                                                                          shm_prefix):
+    # Each replacement started well, so the back-off was reset every time: a restart every
+    # ~0.65 s for as long as the server ran (15 in 10 s). Deaths soon after a start now double
+    # the back-off: 0.2 s x 2, 4, 8, 16, 32 (10 s at most), so about 5 restarts in 8 s.
+    write_model(tmp_path / "repo", "dies_soon", DIES_SOON_PY)
+    backend = {"restart-backoff-seconds": "0.2"}
+    with serving(tmp_path / "repo", shm_prefix, backend_config=backend) as srv:
+        (inst,) = srv.runtime("dies_soon").instances
+        pids, deadline = [inst.stub.pid], time.monotonic() + 8
+        while time.monotonic() < deadline:
+            pid = inst.stub.pid if inst.stub is not None else None
+            if pid is not None and pid != pids[-1]:
+                pids.append(pid)
+            time.sleep(0.005)
+    assert 2 <= len(pids) - 1 <= 5, len(pids) - 1
+
+
 def test_hung_stub_is_killed_after_stub_timeout_and_restarted(repo, shm_prefix):
     backend = {"stub-timeout-seconds": "1", "restart-backoff-seconds": "0.1"}
     with serving(repo, shm_prefix, backend_config=backend) as srv:
