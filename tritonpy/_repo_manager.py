@@ -19,6 +19,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import zlib
 from typing import Any, Callable, Mapping
 
 from ._errors import (
@@ -998,8 +999,13 @@ class RepositoryManager:
             digest = _file_digest(path)
             with self._env_lock:  # models loading in parallel may share one archive
                 env_dir = self._env_cache.get(digest, "")
-                if not env_dir:
-                    env_dir = self._env_cache[digest] = _unpack_env(path, digest)
+                # (unpacked again if its copy was removed meanwhile: a cache clean-up)
+                if not env_dir or not os.path.isdir(env_dir):
+                    try:
+                        env_dir = self._env_cache[digest] = _unpack_env(path, digest)
+                    except (OSError, EOFError, tarfile.TarError, zlib.error) as exc:
+                        raise InvalidArgumentError(
+                            f"EXECUTION_ENV_PATH '{path}' could not be unpacked: {exc}") from None
         else:
             raise InvalidArgumentError(f"EXECUTION_ENV_PATH '{path}' does not exist")
         launcher = env_launcher(env_dir)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -104,6 +105,40 @@ def test_an_environment_archive_is_unpacked_once_and_cached_by_hash(
     cached = list((tmp_path / "home" / ".cache" / "tritonpy" / "envs").iterdir())
     assert len(cached) == 1 and len(cached[0].name) == 16  # one unpacked copy, by content hash
     assert os.access(cached[0] / "bin" / "python3", os.X_OK)
+
+
+def test_an_unpacked_environment_removed_meanwhile_is_unpacked_again(
+        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The server trusted its memory of the copy: once a cache clean-up had removed it, the
+    # model could neither reload nor restart ("has neither bin/activate nor bin/python3").
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = make_env(tmp_path / "build", "from_archive")
+    repo = tmp_path / "repo"
+    mdir = write(repo, "in_env", "env.tar.gz")
+    with tarfile.open(mdir / "env.tar.gz", "w:gz") as tar:
+        tar.add(env / "bin", arcname="bin")
+    with serving(repo, shm_prefix, model_control_mode="explicit",
+                 load_models=["in_env"]) as srv:
+        assert env_of(srv, "in_env") == "from_archive"
+        shutil.rmtree(tmp_path / "home" / ".cache" / "tritonpy" / "envs")
+        (mdir / "1" / "model.py").write_text(MODEL_PY + "\n")  # a reload starts a new stub
+        srv.load("in_env")
+        assert env_of(srv, "in_env") == "from_archive"
+
+
+def test_a_corrupt_environment_archive_is_named_in_the_error(
+        tmp_path: Path, shm_prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    env = make_env(tmp_path / "build", "from_archive")
+    mdir = write(tmp_path / "repo", "in_env", "env.tar.gz")
+    with tarfile.open(tmp_path / "whole.tar.gz", "w:gz") as tar:
+        tar.add(env / "bin", arcname="bin")
+    (mdir / "env.tar.gz").write_bytes((tmp_path / "whole.tar.gz").read_bytes()[:60])
+    with serving(tmp_path / "repo", shm_prefix, model_control_mode="explicit") as srv:
+        with pytest.raises(tritonpy.InvalidArgumentError,
+                           match=f"EXECUTION_ENV_PATH '{mdir / 'env.tar.gz'}' could not be "
+                                 "unpacked: "):
+            srv.load("in_env")
 
 
 ENV_AND_LIBS_PY = MODEL_PY.replace(
