@@ -322,7 +322,17 @@ class Pool:
                 raise ShmExhaustedError(size, max(self.cap - total, 0), self.label, "pool cap")
         name = f"{self.prefix}_{self._counter}"
         self._counter += 1
-        seg = Segment.create(name, size, self.directory)
+        while True:
+            try:
+                seg = Segment.create(name, size, self.directory)
+                break
+            except ShmExhaustedError:
+                # No room for a whole growth step: a smaller segment may still hold this block
+                # (halves, down to the block itself). A 1 MB tensor was refused with 12 MiB
+                # free because a new segment is 16 MiB.
+                if dedicated or not 0 < need < size:
+                    raise
+                size = max(need, size // 2 // PAGE * PAGE)
         arena = _Arena(seg, dedicated)
         self._arenas.append(arena)
         self._by_name[name] = arena
