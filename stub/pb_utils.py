@@ -62,11 +62,14 @@ def _set_runtime(rt: Any) -> None:
     _runtime = rt
 
 
-def _need_runtime(what: str) -> Any:
+def _need_runtime(what: str, runner: bool = True) -> Any:
+    """The runtime; ``runner``: whether a ModelRunner can stand in for the server there."""
     if _runtime is None:
         raise TritonModelException(
             f"{what} needs a running tritonpy server; in a plain interpreter use "
-            "tritonpy.testing.ModelRunner to stand in for one"
+            "tritonpy.testing.ModelRunner to stand in for one" if runner else
+            f"{what} needs a running tritonpy server (in explicit model-control mode; "
+            "tritonpy.testing.ModelRunner does not serve the model loading API)"
         )
     return _runtime
 
@@ -507,19 +510,20 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) a model; explicit model-control mode only."""
-    _need_runtime("load_model()").model_call("load", model_name, config=config, files=files)
+    _need_runtime("load_model()", runner=False).model_call("load", model_name, config=config,
+                                                           files=files)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; explicit model-control mode only."""
-    _need_runtime("unload_model()").model_call("unload", model_name,
-                                               unload_dependents=unload_dependents)
+    _need_runtime("unload_model()", runner=False).model_call(
+        "unload", model_name, unload_dependents=unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether a model (and version) is loaded and ready."""
-    return bool(_need_runtime("is_model_ready()").model_call("ready", model_name,
-                                                              version=str(model_version)))
+    return bool(_need_runtime("is_model_ready()", runner=False).model_call(
+        "ready", model_name, version=str(model_version)))
 
 
 def get_model_dir() -> str:

@@ -9,7 +9,6 @@ others kept. A model that fails to load is UNAVAILABLE with the reason; the othe
 """
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import logging
 import os
@@ -132,7 +131,12 @@ def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
     """Write a load request's files (``file:<path>`` -> bytes) under the model directory
     ``mdir``; InvalidArgumentError naming the first path that cannot be one of its files."""
     for rel, data in files.items():
+        if not isinstance(rel, str):
+            raise InvalidArgumentError(f"file path {rel!r} is not a str")
         rel = rel[5:] if rel.startswith("file:") else rel
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(f"the content of file '{rel}' must be bytes, not "
+                                       f"{type(data).__name__}")
         if "\0" in rel:
             raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
         try:
@@ -155,15 +159,39 @@ def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
 
 
 def _each_at_once(fn: Callable[[Any], None], items: list[Any]) -> None:
-    """``fn(item)`` for each item, 8 at a time in threads, until all have returned. An
-    interruption of the wait (Ctrl-C: KeyboardInterrupt) is raised at once, not once every
-    call has ended (as a ThreadPoolExecutor's ``with`` would): the caller ends them (the
-    server's stop kills the stubs they wait for)."""
-    ex = concurrent.futures.ThreadPoolExecutor(min(8, len(items)))
-    try:
-        list(ex.map(fn, items))
-    finally:
-        ex.shutdown(wait=False, cancel_futures=True)
+    """``fn(item)`` for each item, 8 at a time in threads, until all have returned; the first
+    exception one raised is raised here then. An interruption of the wait (Ctrl-C:
+    KeyboardInterrupt) is raised at once, not once every call has ended (as a
+    ThreadPoolExecutor's ``with`` would): the caller ends them (the server's stop kills the
+    stubs they wait for). Threads of its own: a ThreadPoolExecutor takes no work once the
+    interpreter is exiting, when a thread that outlives the main one may still stop a server."""
+    todo = iter(items)
+    lock = threading.Lock()
+    failures: list[BaseException] = []
+
+    def work() -> None:
+        while True:
+            with lock:
+                item = next(todo, _DONE)
+            if item is _DONE:
+                return
+            try:
+                fn(item)
+            except BaseException as exc:  # raised in the caller's thread, below
+                failures.append(exc)
+
+    threads = [threading.Thread(target=work, daemon=True, name="tritonpy-each")
+               for _ in range(min(8, len(items)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if failures:
+        raise failures[0]
+
+
+_DONE = object()
+
 
 class RepositoryManager:
     """Scans repositories and drives model loading for a :class:`~tritonpy.server.Server`."""

@@ -10,6 +10,7 @@ import asyncio
 import atexit
 import functools
 import logging
+import operator
 import os
 import threading
 import time
@@ -540,7 +541,13 @@ class Server:
         if not self._started:  # (the check, before the call: every request comes here)
             self._require_started()
         self.repo.require_known(name)
-        return Model(self, name, int(version))
+        if type(version) is not int:
+            try:
+                version = operator.index(version)
+            except TypeError:
+                raise InvalidArgumentError(f"model version must be an int (-1: the latest), "
+                                           f"not {type(version).__name__}") from None
+        return Model(self, name, version)
 
     def load(self, name: str, config: str | None = None,
              files: Mapping[str, bytes] | None = None) -> None:
@@ -926,6 +933,9 @@ class Model:
         rt = self._rt()
         if rt.state != READY and rt.successor is None:  # reloaded: submit() forwards it
             raise UnavailableError(f"model '{self.name}' is not ready")
+        if parameters and type(parameters) is not dict and not isinstance(parameters, Mapping):
+            raise InvalidArgumentError("parameters must be a mapping of names to values, not "
+                                       f"{type(parameters).__name__}")
         for k, v in parameters.items() if parameters else ():
             if not isinstance(k, str):
                 raise InvalidArgumentError(f"parameter name {k!r} is not a str")

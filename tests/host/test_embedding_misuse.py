@@ -96,6 +96,7 @@ def test_a_start_that_fails_in_with_leaves_nothing_behind(repo: Path, shm_prefix
     ({"flags": 4}, "flags must combine SEQUENCE_START"),
     ({"parameters": {1: "x"}}, "parameter name 1 is not a str"),
     ({"parameters": {"big": 2**70}}, "parameter 'big': .* int64"),
+    ({"parameters": [("x", 1)]}, "parameters must be a mapping of names to values, not list"),
 ])
 def test_request_settings_of_a_wrong_type_or_range_are_refused(
         server: tritonpy.Server, kwargs: dict[str, Any], words: str) -> None:
@@ -120,6 +121,32 @@ def test_request_settings_in_range_reach_the_model(server: tritonpy.Server) -> N
 def test_inputs_that_are_not_a_mapping_are_refused(server: tritonpy.Server) -> None:
     with pytest.raises(InvalidArgumentError, match="mapping of input names"):
         server.model("double").infer([("IN", fp32(1))])  # type: ignore[arg-type]
+
+
+def test_a_model_version_that_is_not_an_int_is_refused(server: tritonpy.Server) -> None:
+    # Was a bare ValueError from int("x").
+    with pytest.raises(InvalidArgumentError, match="model version must be an int .*not str"):
+        server.model("double", "x")  # type: ignore[arg-type]
+    assert infer(server.model("double", np.int64(1)), {"IN": fp32(2)}).outputs[
+        "OUT"].to_numpy().tolist() == [4.0]
+
+
+def test_a_load_file_given_as_text_is_named(tmp_path: Path, shm_prefix: str) -> None:
+    # Was "TypeError: a bytes-like object is required", naming no file.
+    write_model(tmp_path, "double")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        with pytest.raises(InvalidArgumentError,
+                           match="the content of file '1/model.py' must be bytes, not str"):
+            srv.load("double", config='{"backend": "python"}',
+                     files={"file:1/model.py": "text"})  # type: ignore[dict-item]
+
+
+def test_the_model_loading_api_outside_a_server_does_not_point_at_model_runner() -> None:
+    import triton_python_backend_utils as pb_utils
+    with pytest.raises(pb_utils.TritonModelException,
+                       match=r"load_model\(\) needs a running tritonpy server .*ModelRunner "
+                             "does not serve the model loading API"):
+        pb_utils.load_model("double")
 
 
 def test_async_infer_off_a_loop_says_which_loop(server: tritonpy.Server) -> None:
