@@ -27,14 +27,20 @@ server would also drop the outputs a request did not ask for.
 While a runner is open it stands in for the stub's runtime, so ``pb_utils.Logger`` writes to
 the ``tritonpy.model.<name>`` logger, custom metrics keep their values (:attr:`metrics`), and
 the response sender works (default mode, and decoupled models through
-:meth:`ModelRunner.execute_decoupled`). BLS (``InferenceRequest.exec``/``async_exec``) raises a
-clear :class:`~triton_python_backend_utils.TritonModelException` unless you pass
-``bls_handler``, a function that answers BLS requests in the test's place. The model loading
-API (``pb_utils.load_model`` …) always raises: it needs a server.
+:meth:`ModelRunner.execute_decoupled`). Several runners may be open at once: the code a runner
+runs (``initialize``, ``execute``, ``finalize``, ``is_ready``, and the asyncio tasks they
+start) logs, counts, calls BLS and reads ``get_model_dir()`` through its own runner. A thread
+the model starts does not carry that (Python threads do not inherit context): its calls go to
+the newest open runner (a response sender's still reach its request's runner). BLS
+(``InferenceRequest.exec``/``async_exec``) raises a clear
+:class:`~triton_python_backend_utils.TritonModelException` unless you pass ``bls_handler``, a
+function that answers BLS requests in the test's place. The model loading API
+(``pb_utils.load_model`` …) always raises: it needs a server.
 """
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import itertools
 import json
@@ -54,8 +60,15 @@ __all__ = ["ModelRunner"]
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _module_ids = itertools.count(1)
 _request_ids = itertools.count(1)
-# Runners stack their runtime onto pb_utils._runtime; the newest open runner gets the logs.
+# The open runners, oldest first. While there is one, pb_utils._runtime is _RUNTIME, saved
+# from and restored to what it was before the first opened.
 _install_lock = threading.Lock()
+_open_runners: list[ModelRunner] = []
+_runtime_before: Any = None
+# The runner whose model code runs in this context (its hooks and the tasks they start): the
+# one pb_utils' calls (Logger, metrics, BLS, get_model_dir) reach.
+_running: contextvars.ContextVar[ModelRunner | None] = contextvars.ContextVar(
+    "tritonpy_testing_runner", default=None)
 
 
 def _pb() -> Any:
@@ -193,7 +206,7 @@ class ModelRunner:
             self._install()
             self._closed = False
             if hasattr(self.model, "initialize"):
-                self._run(self.model.initialize(self.args))
+                self._call(self.model.initialize, self.args)
         except BaseException:
             self.close(finalize=False)
             raise
@@ -351,7 +364,7 @@ class ModelRunner:
         if fn is None:
             return True
         try:
-            return bool(fn())
+            return bool(self._call(fn))
         except Exception:
             return False
 
@@ -362,7 +375,7 @@ class ModelRunner:
             fn = getattr(self.model, "finalize", None)
             try:
                 if fn is not None:
-                    self._run(fn())
+                    self._call(fn)
             finally:
                 self._teardown()
         else:
@@ -425,10 +438,19 @@ class ModelRunner:
             for r in reqs:
                 self._sent.pop(r._host_id, None)
                 self._final.discard(r._host_id)
-        return self._run(self.model.execute(reqs))
+        return self._call(self.model.execute, reqs)
 
-    def _run(self, result: Any) -> Any:
-        """``result``, or what it resolves to when it is awaitable (async def hooks)."""
+    def _call(self, hook: Callable[..., Any], *args: Any) -> Any:
+        """``hook(*args)`` run as this runner's model code, awaited when it is awaitable
+        (async def hooks)."""
+        token = _running.set(self)
+        try:
+            return self._resolve(hook(*args))
+        finally:
+            _running.reset(token)
+
+    def _resolve(self, result: Any) -> Any:
+        """``result``, or what it resolves to when it is awaitable."""
         if not inspect.isawaitable(result):
             return result
         if self._loop is None:
@@ -443,6 +465,8 @@ class ModelRunner:
         async def wait() -> Any:
             return await result
 
+        # The task runs in a copy of this thread's context: the runner stays _running there,
+        # and in the tasks it starts.
         return asyncio.run_coroutine_threadsafe(wait(), self._loop).result()
 
     def _take(self, req: Any) -> list:
@@ -451,17 +475,21 @@ class ModelRunner:
             return self._sent.pop(req._host_id, [])
 
     def _install(self) -> None:
+        global _runtime_before
         pb = _pb()
         with _install_lock:
-            self._previous_runtime = pb._runtime
-            pb._runtime = _RunnerRuntime(self)
+            if not _open_runners:
+                _runtime_before = pb._runtime
+                pb._runtime = _RUNTIME
+            _open_runners.append(self)
 
     def _uninstall(self) -> None:
         pb = _pb()
         with _install_lock:
-            rt = pb._runtime
-            if isinstance(rt, _RunnerRuntime) and rt.runner is self:
-                pb._runtime = getattr(self, "_previous_runtime", None)
+            if self in _open_runners:
+                _open_runners.remove(self)
+                if not _open_runners and pb._runtime is _RUNTIME:
+                    pb._runtime = _runtime_before
 
 
 def _locate(path: str, version: int) -> tuple[str, str, str | None, int]:
@@ -484,14 +512,33 @@ def _locate(path: str, version: int) -> tuple[str, str, str | None, int]:
 
 
 class _RunnerRuntime:
-    """What pb_utils calls when it needs a server, answered in-process for one runner."""
+    """What pb_utils calls when it needs a server, answered in-process by the runner whose
+    model made the call."""
 
-    def __init__(self, runner: ModelRunner) -> None:
-        self.runner = runner
-        self.version_dir = runner.version_dir
+    @property
+    def runner(self) -> ModelRunner:
+        """The runner running this code, else (a thread the model started) the newest open."""
+        running = _running.get()
+        if running is not None:
+            return running
+        with _install_lock:
+            if not _open_runners:  # a call that began as the last runner closed
+                raise _pb().TritonModelException("the model's ModelRunner is closed")
+            return _open_runners[-1]
+
+    @property
+    def version_dir(self) -> str:
+        return self.runner.version_dir
 
     def _owner(self, req: Any) -> ModelRunner:
         return getattr(req, "_tritonpy_runner", None) or self.runner
+
+    @staticmethod
+    def _family_owner(family_id: int) -> ModelRunner | None:
+        """The open runner whose model made that MetricFamily: its deletion may come from the
+        garbage collector, in whatever code runs then."""
+        with _install_lock:
+            return next((r for r in _open_runners if family_id in r._metric_made), None)
 
     def send_response(self, req: Any, resp: Any, final: bool) -> None:
         r = self._owner(req)
@@ -536,20 +583,21 @@ class _RunnerRuntime:
         r.log.log(_LOG_LEVELS.get(level, logging.INFO), "[%s] %s", r.instance_name, message)
 
     def metric_family(self, name: str, description: str, kind: int, family_id: int) -> None:
-        known = self.runner.metric_kinds.setdefault(name, kind)
+        r = self.runner
+        known = r.metric_kinds.setdefault(name, kind)
         if known != kind:  # as the server: one name, one kind
             raise _pb().TritonModelException(
                 f"metric family '{name}' already exists with another kind ({known})")
-        self.runner._metric_made[family_id] = set()
+        r._metric_made[family_id] = set()
 
     def metric_family_delete(self, name: str, family_id: int, collecting: bool = False) -> None:
         # As the server: the series made through that object go (unless another family object
         # made them too); not once the runner is closed (finalize returned). In process there
         # is no frame to interrupt: a deletion by the cyclic collector applies at once.
-        r = self.runner
-        made = r._metric_made.pop(family_id, None)
-        if made is None or getattr(r, "_torn_down", False):
+        r = self._family_owner(family_id)
+        if r is None:
             return
+        made = r._metric_made.pop(family_id)
         others = set().union(*r._metric_made.values())
         for key in made - others:
             r.metrics.pop(key, None)
@@ -557,19 +605,23 @@ class _RunnerRuntime:
     def metric_op(self, family: str, labels: dict, op: str, value: float,
                   buckets: list | None, family_id: int = 0) -> None:
         key = (family, tuple(sorted(labels.items())))
+        if op == "create":  # from the family's own runner, wherever the Metric is made
+            r = self._family_owner(family_id)
+            if r is not None:
+                r.metrics.setdefault(key, 0.0)
+                r._metric_made[family_id].add(key)
+            return
         m = self.runner.metrics
         if op == "set":
             m[key] = value
-        elif op in ("increment", "observe"):
+        else:  # increment, observe
             m[key] = m.get(key, 0.0) + value
-        else:
-            m.setdefault(key, 0.0)
-            made = self.runner._metric_made.get(family_id)
-            if made is not None:
-                made.add(key)
 
     def metric_value(self, family: str, labels: dict) -> float:
         return self.runner.metrics.get((family, tuple(sorted(labels.items()))), 0.0)
 
     def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
+
+
+_RUNTIME = _RunnerRuntime()

@@ -458,3 +458,81 @@ def test_runner_used_from_threads_and_twice(tmp_path):
     with pytest.raises(InternalError, match="closed"):
         runner.execute([{"IN": np.ones(1, np.float32)}])
     assert os.path.isdir(runner.version_dir)
+
+
+# Counts its requests in a custom metric, logs, calls BLS and answers with its model directory.
+OWN_RUNTIME_PY = """
+import asyncio
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.fam = pb_utils.MetricFamily("qa_requests", "requests",
+                                         pb_utils.MetricFamily.COUNTER)
+        self.count = self.fam.Metric({"model": args["model_name"]})
+
+    def execute(self, requests):
+        return self.answer(requests, self.bls().exec().parameters(), [pb_utils.get_model_dir()])
+
+    def bls(self):
+        self.count.increment(1)
+        pb_utils.Logger.log_info("executing")
+        return pb_utils.InferenceRequest(model_name="step", requested_output_names=["OUT"],
+                                         inputs=[])
+
+    def answer(self, requests, via, dirs):
+        return [pb_utils.InferenceResponse(
+            [pb_utils.Tensor("OUT", np.ones(1, np.float32))],
+            parameters={"dirs": "|".join(dirs), "bls": via}) for _ in requests]
+"""
+
+# The same with async hooks, and a model directory read by a task initialize started.
+ASYNC_OWN_RUNTIME_PY = OWN_RUNTIME_PY + """
+class TritonPythonModel(TritonPythonModel):
+    async def initialize(self, args):
+        super().initialize(args)
+        self.task_dir = asyncio.create_task(self.model_dir_later())
+
+    async def model_dir_later(self):
+        await asyncio.sleep(0.2)  # once the runners opened after this one are open
+        return pb_utils.get_model_dir()
+
+    async def execute(self, requests):
+        via = (await self.bls().async_exec()).parameters()
+        return self.answer(requests, via, [pb_utils.get_model_dir(), await self.task_dir])
+"""
+
+
+def test_runners_open_at_once_each_use_their_own(tmp_path, caplog):
+    # Each model's logs, metrics, BLS handler and model directory are its own runner's, not
+    # the newest runner's, both in execute and in an asyncio task started in initialize.
+    caplog.set_level(logging.INFO, logger="tritonpy.model")
+
+    def handler(tag):
+        return lambda request, decoupled: pb_utils.InferenceResponse(parameters={"by": tag})
+
+    runners = {}
+    for name, source in (("one", OWN_RUNTIME_PY), ("two", ASYNC_OWN_RUNTIME_PY),
+                         ("three", OWN_RUNTIME_PY)):
+        mdir = write_model(tmp_path, name, source)
+        runners[name] = ModelRunner(mdir, bls_handler=handler(f"h_{name}"))
+    try:
+        for name in ("one", "two"):
+            [resp] = runners[name].execute([{"IN": np.ones(1, np.float32)}])
+            params = json.loads(resp.parameters())
+            version_dir = str(tmp_path / name / "1")
+            assert params["dirs"].split("|") == [version_dir] * (2 if name == "two" else 1)
+            assert json.loads(params["bls"]) == {"by": f"h_{name}"}
+        assert {n: r.metrics for n, r in runners.items()} == {
+            "one": {("qa_requests", (("model", "one"),)): 1.0},
+            "two": {("qa_requests", (("model", "two"),)): 1.0},
+            "three": {("qa_requests", (("model", "three"),)): 0.0}}
+        logged = [(r.name, r.getMessage()) for r in caplog.records
+                  if r.name.startswith("tritonpy.model.")]
+        assert logged == [("tritonpy.model.one", "[one_0_0] executing"),
+                          ("tritonpy.model.two", "[two_0_0] executing")]
+    finally:
+        for r in runners.values():
+            r.close()
+    assert stub_pb_utils._runtime is None
