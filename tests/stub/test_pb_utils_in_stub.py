@@ -557,6 +557,59 @@ def test_print_and_logging_reach_host_log(probe, caplog):
     assert rec.levelno == logging.INFO
 
 
+LOGGING_CONFIG_PY = """
+import json
+import logging
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        params = json.loads(requests[0].parameters())
+        tok = params["token"]
+        if params.get("configure"):
+            logging.basicConfig(level=logging.DEBUG, format="%(levelname)s|%(name)s|%(message)s",
+                                force=True)
+        logging.getLogger("mymodel").warning(tok + " A")
+        logging.error(tok + " B")  # the first one runs basicConfig(): a handler on stderr
+        logging.getLogger("mymodel").debug(tok + " C")
+        print(tok + " end", file=sys.stderr, flush=True)
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+"""
+
+
+def test_logging_after_basic_config_still_reaches_host_log(tmp_path, caplog):
+    # A model's logging.error() (or its own basicConfig()) puts a StreamHandler on stderr on
+    # the root logger. Its records, and the other loggers' records, still reach the host log
+    # at their level from model.py's line, once each (not as raw stderr lines); a format and a
+    # level the model configures on purpose apply.
+    caplog.set_level(logging.DEBUG, logger="tritonpy.model.logm")
+    lines = LOGGING_CONFIG_PY.splitlines()
+    line_of = {x: 1 + next(i for i, t in enumerate(lines) if f'(tok + " {x}")' in t)
+               for x in "ABC"}
+    write_model(tmp_path, "logm", LOGGING_CONFIG_PY)
+
+    def logged(tok, **params):
+        infer(server.model("logm"), {"IN": fp32(1)}, parameters={"token": tok, **params})
+        got = wait_for(lambda: [r for r in caplog.records if tok in r.getMessage()]
+                       if any(f"{tok} end" in r.getMessage() for r in caplog.records) else [])
+        return [(r.levelno, r.filename, r.lineno, r.getMessage()) for r in got
+                if f"{tok} end" not in r.getMessage()]
+
+    with serving(tmp_path, new_prefix()) as server:
+        for tok in ("tok-basic-1", "tok-basic-2"):
+            assert logged(tok) == [
+                (logging.WARNING, "model.py", line_of["A"], f"[logm_0] mymodel: {tok} A"),
+                (logging.ERROR, "model.py", line_of["B"], f"[logm_0] {tok} B")]
+        tok = "tok-basic-3"
+        assert logged(tok, configure=True) == [
+            (logging.WARNING, "model.py", line_of["A"], f"[logm_0] WARNING|mymodel|{tok} A"),
+            (logging.ERROR, "model.py", line_of["B"], f"[logm_0] ERROR|root|{tok} B"),
+            (logging.DEBUG, "model.py", line_of["C"], f"[logm_0] DEBUG|mymodel|{tok} C")]
+
+
 # -- metrics -------------------------------------------------------------------------------------
 def _samples(server):
     text = generate_latest(server.metrics_registry).decode()
