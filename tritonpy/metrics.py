@@ -111,6 +111,8 @@ _SHM_FAMILIES = (
     ("tritonpy_shm_pool_mapped_bytes", "Bytes of shared memory mapped by the pool", "mapped_bytes"),
     ("tritonpy_shm_pool_used_bytes", "Bytes of shared memory in use by live tensors in the pool", "used_bytes"),
     ("tritonpy_shm_pool_segments", "Shared-memory segments held by the pool", "segments"),
+    ("tritonpy_shm_pool_peak_bytes", "Most bytes of shared memory the pool has mapped at once",
+     "peak_bytes"),
 )
 
 

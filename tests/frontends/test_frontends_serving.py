@@ -1093,7 +1093,8 @@ def test_http_statistics_and_metrics(served: Served, http: httpclient.InferenceS
                    "nv_inference_request_duration_us", "nv_inference_queue_duration_us",
                    "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
                    "nv_inference_compute_output_duration_us", "tritonpy_shm_pool_mapped_bytes",
-                   "tritonpy_shm_pool_used_bytes", "tritonpy_shm_pool_segments"):
+                   "tritonpy_shm_pool_used_bytes", "tritonpy_shm_pool_segments",
+                   "tritonpy_shm_pool_peak_bytes"):
         assert f"# TYPE {family} " in text, family
     assert 'nv_inference_request_success{model="add_sub",version="1"}' in text
     # As Triton 2.51 (measured): "/metrics/" is the page too, and any other path of the

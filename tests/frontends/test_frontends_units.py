@@ -292,7 +292,8 @@ def test_metrics_text_uses_triton_names() -> None:
     }]
     server = SimpleNamespace(counters=lambda: stats, metrics_registry=registry,
                              shm_usage=lambda: [{"pool": "host", "segments": 2,
-                                                 "mapped_bytes": 1 << 20, "used_bytes": 512}],
+                                                 "mapped_bytes": 1 << 20, "used_bytes": 512,
+                                                 "peak_bytes": 3 << 20}],
                              pending_requests=lambda: [{"name": "m", "version": "1", "count": 3}],
                              failures=lambda: [{"name": "m", "version": "1", "reasons": {
                                  "REJECTED": 0, "CANCELED": 0, "BACKEND": 1, "OTHER": 0}}])
@@ -314,6 +315,7 @@ def test_metrics_text_uses_triton_names() -> None:
         'tritonpy_shm_pool_mapped_bytes{pool="host"} 1048576',
         'tritonpy_shm_pool_used_bytes{pool="host"} 512',
         'tritonpy_shm_pool_segments{pool="host"} 2',
+        'tritonpy_shm_pool_peak_bytes{pool="host"} 3145728',
         'custom_requests{model="m"} 2',
         'custom_latency_bucket{le="1.0"} 1',
         "custom_latency_count 1",
