@@ -88,7 +88,7 @@ def test_every_scenario_passes_and_the_table_says_what_happened() -> None:
         assert streamed == "all 16 came, in order" or "shared memory exhausted" in streamed
         assert verdict[(shm, "idle segments given back (every pool)")] == "ok"
         assert outcome[(shm, "a server started while /dev/shm is full")].startswith(
-            "refused: shared memory exhausted (no space left): asked for 16777216 bytes")
+            "refused: shared memory exhausted (no space left): asked for 4096 bytes")
     else:
         assert "(pool cap): asked for 134217728 bytes" in \
             outcome[(shm, "client input of 128 MiB, a host pool capped at 64 MiB")]
