@@ -74,12 +74,18 @@ def _spawn(cmd: list[str], fd: int, env: dict[str, str]) -> subprocess.Popen:
                              daemon=True).start()
             _spawn_queue = jobs
     fut: concurrent.futures.Future = concurrent.futures.Future()
-    # Its own session and process group (pgid = its pid; process_group=0 would need Python
-    # 3.11): what the model starts (a subprocess, a shell pipeline, a multiprocessing pool)
-    # stays in it, and ends with the stub (_end_group).
+    # Its own process group (pgid = its pid): what the model starts (a subprocess, a shell
+    # pipeline, a multiprocessing pool) stays in it, and ends with the stub (_end_group). In
+    # the server's session, as Triton's stubs are: where the kernel groups CPU time by
+    # session (autogroup, on by default in most distributions), a stub in a session of its
+    # own competed with its host as an equal, and 4 HTTP clients at a time got 3,378 infer/s
+    # against 3,977 (alternating runs, medians of 4, on 2 vCPUs). Python 3.10 has no
+    # process_group: there a session of its own gives the group.
+    group: dict[str, Any] = (
+        {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True})
     _spawn_queue.put((fut, (cmd,), dict(
         pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=env, close_fds=True, start_new_session=True)))
+        stderr=subprocess.PIPE, env=env, close_fds=True, **group)))
     proc = fut.result()
     janitor.watch_group(proc.pid)
     return proc

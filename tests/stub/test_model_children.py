@@ -81,6 +81,23 @@ def _kill_all(pids: list[int]) -> None:
             pass
 
 
+def test_a_stub_has_a_process_group_of_its_own_in_the_servers_session(repo, shm_prefix):
+    # A session of its own made the stub an equal of its host where the kernel shares CPU time
+    # among sessions (autogroup): 4 HTTP clients got 3,378 infer/s against 3,977 in its host's
+    # session. Python 3.10 has no process_group: a session of its own gives the group there.
+    kids: list[int] = []
+    try:
+        with serving(repo, shm_prefix, model_control_mode="explicit",
+                     load_models=["spawner"]) as srv:
+            stub, kids = _stub_and_children(srv.model("spawner"))
+            assert os.getpgid(stub) == stub
+            assert all(os.getpgid(k) == stub for k in kids if not _gone(k))
+            if sys.version_info >= (3, 11):
+                assert os.getsid(stub) == os.getsid(0)
+    finally:
+        _kill_all(kids)
+
+
 def test_unload_ends_the_processes_the_model_started(repo, shm_prefix, caplog):
     kids: list[int] = []
     try:
