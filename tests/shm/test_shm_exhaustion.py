@@ -109,18 +109,24 @@ def _namespace_unavailable() -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
+def _in_8_mib_dev_shm(code: str, prefix: str) -> dict:
+    """What ``code`` printed last (JSON), run with ``prefix`` in a private 8 MiB /dev/shm;
+    skips where no such mount can be made."""
     reason = _namespace_unavailable()
     if reason:
         pytest.skip(reason)
     script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && "
               'exec "$0" -c "$1" "$2"')
     proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, sys.executable, _IN_NAMESPACE, shm_prefix],
+        ["unshare", "-m", "sh", "-c", script, sys.executable, code, prefix],
         capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"rc={proc.returncode} (SIGBUS is -7): {proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
+    out = _in_8_mib_dev_shm(_IN_NAMESPACE, shm_prefix)
     big = out["big"]
     assert big["asked"] == 16 * MiB and 0 < big["free"] <= 8 * MiB
     assert f"asked for {16 * MiB} bytes" in big["msg"] and f"{big['free']} bytes free" in big["msg"]
@@ -166,16 +172,7 @@ _SMALLER_SEGMENT = textwrap.dedent("""
 def test_a_block_is_served_from_a_smaller_segment_when_a_growth_step_does_not_fit(
         shm_prefix: str) -> None:
     # A 1 MB tensor was refused with 12 MiB free, because a new segment is 16 MiB.
-    reason = _namespace_unavailable()
-    if reason:
-        pytest.skip(reason)
-    script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && "
-              'exec "$0" -c "$1" "$2"')
-    proc = subprocess.run(
-        ["unshare", "-m", "sh", "-c", script, sys.executable, _SMALLER_SEGMENT, shm_prefix],
-        capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, f"rc={proc.returncode} (SIGBUS is -7): {proc.stderr}"
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _in_8_mib_dev_shm(_SMALLER_SEGMENT, shm_prefix)
     assert out.get("served") and MiB <= out["mapped"] <= 2 * MiB, out  # a half, or less
 
 
