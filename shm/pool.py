@@ -33,8 +33,9 @@ MiB = 1 << 20
 #: their idle segments back (``Cmd.RECLAIM``), and how often one process asks them at most.
 RECLAIM_WAIT_S = 0.25
 RECLAIM_EVERY_S = 0.05
-#: After such a wait found no room, the pool's allocations fail at once for this long instead of
-#: waiting again (nothing gave room back just now: /dev/shm is full of what others hold).
+#: After such a wait found no room, the pool's allocations of as much or more fail at once for
+#: this long instead of waiting again (nothing gave room back just now: /dev/shm is full of
+#: what others hold). A smaller one still waits: the room it needs may come back.
 NO_ROOM_S = 1.0
 
 
@@ -242,6 +243,7 @@ class Pool:
         self.dropped: list[str] = []  # unlinked names not yet told to peers (take_dropped)
         self.on_exhausted = on_exhausted
         self._no_room_until = 0.0  # see NO_ROOM_S
+        self._no_room_asked = 0  # the bytes that found no room then
 
     # -- allocation -------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> tuple[Segment, int]:
@@ -251,11 +253,13 @@ class Pool:
         except ShmExhaustedError as exc:
             hook = self.on_exhausted
             if (hook is None or exc.reason != NO_SPACE or not hook(exc.asked)
-                    or time.monotonic() < self._no_room_until):
+                    or (time.monotonic() < self._no_room_until
+                        and exc.asked >= self._no_room_asked)):
                 raise
             if not wait_for_room(self.directory, exc.asked, RECLAIM_WAIT_S):
                 if could_fit(self.directory, exc.asked):  # (else it failed without a wait)
                     self._no_room_until = time.monotonic() + NO_ROOM_S
+                    self._no_room_asked = exc.asked
                 raise
         return self._allocate(nbytes)
 

@@ -176,6 +176,55 @@ def test_a_block_is_served_from_a_smaller_segment_when_a_growth_step_does_not_fi
     assert out.get("served") and MiB <= out["mapped"] <= 2 * MiB, out  # a half, or less
 
 
+# After a 5 MiB block found no room even once the others were asked (the pool fails such
+# blocks at once for NO_ROOM_S), a 2 MiB one whose room comes back 50 ms after the ask.
+_SMALLER_AFTER_NO_ROOM = textwrap.dedent("""
+    import json, sys, threading, time
+    import numpy as np
+    import tritonpy.shm.pool as pool_module
+    from tritonpy.shm import Pool, ShmExhaustedError
+    MiB = 1 << 20
+    pool_module.RECLAIM_WAIT_S = 1.0
+    other = Pool(prefix=sys.argv[1] + "o", default_size=MiB, growth_size=MiB)
+    hog = [other.new_array(np.uint8, (13 * MiB // 2,))]
+    pool = Pool(prefix=sys.argv[1], default_size=MiB, growth_size=MiB,
+                on_exhausted=lambda n: True)
+    out = {}
+    try:
+        pool.new_array(np.uint8, (5 * MiB,))
+    except ShmExhaustedError:
+        out["big"] = "refused"
+
+    def give_back(n):
+        def later():
+            hog.clear()
+            other.reap(force=True)
+        threading.Timer(0.05, later).start()
+        return True
+
+    pool.on_exhausted = give_back
+    block = None
+    try:
+        block = pool.new_array(np.uint8, (2 * MiB,))
+        block[:] = 1
+        out["smaller"] = "served"
+    except ShmExhaustedError as exc:
+        out["smaller"] = "refused: " + str(exc)
+    del block
+    pool.close()
+    other.close()
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_a_smaller_block_waits_for_room_after_a_bigger_one_found_none(shm_prefix: str) -> None:
+    # It was refused at once ("0 bytes free") for a second after the bigger one, though the
+    # room it needed came back a moment after its own ask.
+    out = _in_8_mib_dev_shm(_SMALLER_AFTER_NO_ROOM, shm_prefix)
+    assert out == {"big": "refused", "smaller": "served"}, out
+
+
 def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
     asked: list[int] = []  # the reclaim hook is for a full /dev/shm, not for the cap
     pool = Pool(prefix=shm_prefix, default_size=MiB, growth_size=MiB, cap=4 * MiB,
