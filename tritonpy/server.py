@@ -291,7 +291,12 @@ class Server:
             self.repo.start_up(wait_until_ready)
         except BaseException as exc:
             self.start_error = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-            self.stop()  # nothing half-started stays behind (with: __exit__ is not called)
+            # Nothing half-started stays behind (with: __exit__ is not called). A Ctrl-C
+            # (KeyboardInterrupt) is not kept waiting for the models' finalize either.
+            if isinstance(exc, Exception):
+                self.stop()
+            else:
+                self._stop_now()
             raise
         return self
 
@@ -306,11 +311,7 @@ class Server:
         if self._stopping:
             if self._draining:  # another thread's stop is under way
                 return
-            # An interrupted stop: finish it, without a drain.
-            self._abandon()
-            self.timers.stop()
-            self.frames.close()
-            self.tracing.close()
+            self._stop_now()  # an interrupted stop: finish it, without a drain
             return
         self._not_on_frame_loop("stop()")
         self._stopping = True
@@ -332,6 +333,16 @@ class Server:
             self.frames.close()
             self.tracing.close()
             self._release_shm()
+
+    def _stop_now(self) -> None:
+        """Stop without a drain or finalize: the stubs (those starting too) are killed, the
+        segments freed."""
+        self._stopping = True
+        self.cancel_loads()
+        self._abandon()
+        self.timers.stop()
+        self.frames.close()
+        self.tracing.close()
 
     def _unpace_streams(self) -> None:
         """Lift the back-pressure of every stream (see ``_request.HOLD_BYTES``) for the drain:

@@ -256,10 +256,15 @@ class TritonPythonModel:
 """
 
 
+SLOW_FINALIZE_PY = SLOW_INIT_PY.replace("def initialize(self, args):", "def finalize(self):")
+
+
 def test_ctrl_c_during_start_is_raised_at_once_and_leaves_nothing(tmp_path: Path,
                                                                   shm_prefix: str) -> None:
-    # The KeyboardInterrupt waited for the slowest initialize (20 s here) before it was raised.
+    # The KeyboardInterrupt waited for the slowest initialize (20 s here) before it was raised,
+    # then for the finalize of the models already loaded (10 s more here).
     write_model(tmp_path, "slow_init", SLOW_INIT_PY)
+    write_model(tmp_path, "slow_finalize", SLOW_FINALIZE_PY)
     write_model(tmp_path, "double")
     script = textwrap.dedent(f"""
         import os, signal, threading, time
