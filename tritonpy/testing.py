@@ -40,6 +40,7 @@ function that answers BLS requests in the test's place. The model loading API
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import itertools
@@ -48,7 +49,7 @@ import logging
 import os
 import sys
 import threading
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -176,11 +177,19 @@ class ModelRunner:
         searched = [backend] if backend else model_search_path(version_dir)
         self._added_paths = [p for p in searched if p not in sys.path]
         sys.path.extend(self._added_paths)
-        self._modules_before = set(sys.modules)
+        self._modules_before = set(sys.modules)  # (again below, once the others' are hidden)
         # Its own package name: several runners may hold models of the same version.
         self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
+        self._own_modules: set[str] = set()
         try:
-            self.module = import_model(model_file, self._package)
+            # The other open runners' folders and modules are out of sight while the model is
+            # imported: its `import helper` is its own helper.py, not another model's (in a
+            # server each stub is a process of its own).
+            with _others_hidden(self):
+                self._modules_before = set(sys.modules)
+                self.module = import_model(model_file, self._package)
+                self._own_modules = {n for n in set(sys.modules) - self._modules_before
+                                     if self._owns(n)}
             cls = self.module.TritonPythonModel
             complete = getattr(cls, "auto_complete_config", None)
             if complete is not None:
@@ -402,15 +411,20 @@ class ModelRunner:
                 loop.close()
         # Modules loaded from the version and model directories (or the backend's) go, so
         # that another model's helper of the same name is imported afresh.
-        mdir = os.path.join(os.path.dirname(os.path.normpath(self.version_dir)), "")
-        own = (mdir, *(os.path.join(p, "") for p in self._added_paths))
-        for mod_name in set(sys.modules) - self._modules_before:
-            f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-            if f.startswith(own) or mod_name.partition(".")[0] == self._package:
+        for mod_name in (set(sys.modules) - self._modules_before) | self._own_modules:
+            if self._owns(mod_name):
                 sys.modules.pop(mod_name, None)
         for folder in self._added_paths:
             if folder in sys.path:
                 sys.path.remove(folder)
+
+    def _owns(self, mod_name: str) -> bool:
+        """Whether module ``mod_name`` was loaded from this model's folders (or the backend's)
+        or is its package."""
+        mdir = os.path.join(os.path.dirname(os.path.normpath(self.version_dir)), "")
+        own = (mdir, *(os.path.join(p, "") for p in self._added_paths))
+        f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
+        return f.startswith(own) or mod_name.partition(".")[0] == self._package
 
     def _adopt(self, req: Any) -> None:
         req._host_id = next(_request_ids)
@@ -490,6 +504,26 @@ class ModelRunner:
                 _open_runners.remove(self)
                 if not _open_runners and pb._runtime is _RUNTIME:
                     pb._runtime = _runtime_before
+
+
+@contextlib.contextmanager
+def _others_hidden(runner: ModelRunner) -> Iterator[None]:
+    """The other open runners' added folders off ``sys.path`` and their models' own modules
+    out of ``sys.modules`` meanwhile; put back after, behind ``runner``'s (a module of the
+    same name stays ``runner``'s: a later import of that name outside the import of a model
+    finds the newest runner's)."""
+    with _install_lock:
+        others = [r for r in _open_runners if r is not runner]
+    paths = [p for r in others for p in r._added_paths if p in sys.path]
+    modules = {n: sys.modules.pop(n) for r in others for n in r._own_modules if n in sys.modules}
+    for p in paths:
+        sys.path.remove(p)
+    try:
+        yield
+    finally:
+        sys.path.extend(p for p in paths if p not in sys.path)
+        for name, module in modules.items():
+            sys.modules.setdefault(name, module)
 
 
 def _locate(path: str, version: int) -> tuple[str, str, str | None, int]:

@@ -412,6 +412,19 @@ def test_helper_modules_do_not_leak_between_runners(tmp_path):
     assert "helper" not in sys.modules
 
 
+def test_runners_open_at_once_each_import_their_own_helper(tmp_path):
+    # The second model imported the first one's helper.py (its folder came first on sys.path,
+    # and its module was in sys.modules): many models ship a helper or utils module.
+    path_before = list(sys.path)
+    with ModelRunner(_recorder(tmp_path / "a", factor=3)) as first, \
+            ModelRunner(_recorder(tmp_path / "b", factor=5)) as second:
+        for runner, factor in ((first, 3), (second, 5), (first, 3)):
+            [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
+            assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy()[0] == factor
+    assert sys.path == path_before
+    assert "helper" not in sys.modules
+
+
 def test_failures_while_loading_leave_nothing_behind(tmp_path):
     path_before = list(sys.path)
     raising = write_model(tmp_path, "boom", """
