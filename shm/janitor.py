@@ -129,6 +129,7 @@ def main(argv: list[str]) -> int:
         *lines, said = (said + chunk).split(b"\n")
         for line in lines:
             _note_group(groups, line)
+    sweep = _sweep()  # (imported once needed: the janitor starts with each server)
     if said != b"bye":  # the server died: its stubs are being killed (PR_SET_PDEATHSIG)
         for pgid in groups:  # and what their models left running with them
             try:
@@ -138,18 +139,11 @@ def main(argv: list[str]) -> int:
         # The pipe can also end while the server's interpreter is still exiting (its Popen of
         # this janitor collected): its segments are kept while it runs, so wait for it too.
         deadline = time.monotonic() + _PATIENCE_S
-        while (stubs_of(server_pid) or _running(server_pid)) and time.monotonic() < deadline:
+        while ((stubs_of(server_pid) or not sweep.process_ended(server_pid))
+               and time.monotonic() < deadline):
             time.sleep(_EVERY_S)
-    _sweep()(prefix, directory)
+    sweep.sweep_orphans(prefix, directory)
     return 0
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie has ended)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _note_group(groups: set[int], line: bytes) -> None:
@@ -167,17 +161,17 @@ def _note_group(groups: set[int], line: bytes) -> None:
 
 
 def _sweep() -> Any:
-    """``sweep_orphans``, imported without the package around it when run as a script."""
+    """The ``sweep`` module, imported without the package around it when run as a script."""
     if __package__:
         from . import sweep
-        return sweep.sweep_orphans
+        return sweep
     import importlib
     import types
 
     pkg = types.ModuleType("_tritonpy_shm")
     pkg.__path__ = [os.path.dirname(os.path.abspath(__file__))]
     sys.modules["_tritonpy_shm"] = pkg
-    return importlib.import_module("_tritonpy_shm.sweep").sweep_orphans
+    return importlib.import_module("_tritonpy_shm.sweep")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,19 @@ def owner_pid(entry: str, prefix: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def process_ended(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie has); False when that cannot be known (no
+    descriptor left to read /proc)."""
+    if not psutil.pid_exists(pid):
+        return True
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
+    except OSError:
+        return False
+
+
 def list_segments(prefix: str, directory: str | None = None) -> list[str]:
     """Names of existing segments that carry ``prefix``."""
     try:
@@ -38,15 +51,7 @@ def sweep_orphans(prefix: str, directory: str | None = None,
             continue
         pid = owner_pid(entry, prefix)
         assert pid is not None
-        gone = (dead_pids is not None and pid in dead_pids) or not psutil.pid_exists(pid)
-        if not gone:
-            try:
-                gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-            except psutil.Error:
-                gone = True
-            except OSError:  # e.g. no descriptor left to read /proc: not known, so kept
-                gone = False
-        if gone:
+        if (dead_pids is not None and pid in dead_pids) or process_ended(pid):
             _unlink(entry, directory)
             removed.append(entry)
     return removed

@@ -158,6 +158,13 @@ class FrameLoop:
                        "request"),
             self._thread.ident if self._thread is not None else None)
         self._spinner = LoopSpinner(loop, spin_s)
+        # The loop's thread, once it has run (see request_began).
+        self._ident = self._thread.ident if self._thread is not None else None
+        if self._ident is None:
+            try:
+                loop.call_soon_threadsafe(self._learn_thread)
+            except RuntimeError:  # closed already: no request will run on it
+                pass
 
     def spin(self) -> None:
         """Activity of the host's: keep the loop polling for a while (``idle-spin-microseconds``,
@@ -175,13 +182,18 @@ class FrameLoop:
     def request_began(self) -> bool:
         """A frontend's client request begins; whether it was counted (only on the loop's
         thread: frontends on a loop of their own do not make this loop poll). A counted one
-        must end with :meth:`request_ended`. See :attr:`LoopSpinner.requests`."""
-        if asyncio._get_running_loop() is not self.loop:
+        must end with :meth:`request_ended`. See :attr:`LoopSpinner.requests`. (The thread is
+        told by its id: asking asyncio for the running loop costs a getpid() syscall on
+        Python 3.11, and this runs every request.)"""
+        if threading.get_ident() != self._ident:
             return False
         spinner = self._spinner
         spinner.requests += 1
         spinner.overlap += ((spinner.requests > 1) - spinner.overlap) * 0.125
         return True
+
+    def _learn_thread(self) -> None:
+        self._ident = threading.get_ident()
 
     def request_ended(self) -> None:
         """A client request counted by :meth:`request_began` has ended."""

@@ -157,6 +157,8 @@ def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
                 f"file path '{rel}' cannot be written: {exc.strerror}") from None
 
 
+_DONE = object()  # (see _each_at_once)
+
 
 def _each_at_once(fn: Callable[[Any], None], items: list[Any]) -> None:
     """``fn(item)`` for each item, 8 at a time in threads, until all have returned; the first
@@ -188,9 +190,6 @@ def _each_at_once(fn: Callable[[Any], None], items: list[Any]) -> None:
         t.join()
     if failures:
         raise failures[0]
-
-
-_DONE = object()
 
 
 class RepositoryManager:

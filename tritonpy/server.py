@@ -328,21 +328,24 @@ class Server:
             self._draining = False
             if not drained:
                 log.warning("stop interrupted: the instances left are killed, without finalize")
-                self._kill_stubs()
-            self.timers.stop()
-            self.frames.close()
-            self.tracing.close()
-            self._release_shm()
+            self._close(kill=not drained)
 
     def _stop_now(self) -> None:
         """Stop without a drain or finalize: the stubs (those starting too) are killed, the
         segments freed."""
         self._stopping = True
         self.cancel_loads()
-        self._abandon()
+        self._close(kill=True)
+
+    def _close(self, kill: bool) -> None:
+        """The end of every stop: the stubs left killed (``kill``), the timers, frame loop and
+        trace file closed, the segments freed."""
+        if kill:
+            self._kill_stubs()
         self.timers.stop()
         self.frames.close()
         self.tracing.close()
+        self._release_shm()
 
     def _unpace_streams(self) -> None:
         """Lift the back-pressure of every stream (see ``_request.HOLD_BYTES``) for the drain:

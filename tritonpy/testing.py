@@ -177,6 +177,9 @@ class ModelRunner:
         searched = [backend] if backend else model_search_path(version_dir)
         self._added_paths = [p for p in searched if p not in sys.path]
         sys.path.extend(self._added_paths)
+        # Where the model's own modules come from (see _owns).
+        self._own_folders = tuple(os.path.join(p, "") for p in (
+            os.path.dirname(os.path.normpath(version_dir)), *self._added_paths))
         self._modules_before = set(sys.modules)  # (again below, once the others' are hidden)
         # Its own package name: several runners may hold models of the same version.
         self._package = f"_tritonpy_testing_model_{next(_module_ids)}"
@@ -421,10 +424,8 @@ class ModelRunner:
     def _owns(self, mod_name: str) -> bool:
         """Whether module ``mod_name`` was loaded from this model's folders (or the backend's)
         or is its package."""
-        mdir = os.path.join(os.path.dirname(os.path.normpath(self.version_dir)), "")
-        own = (mdir, *(os.path.join(p, "") for p in self._added_paths))
         f = getattr(sys.modules.get(mod_name), "__file__", None) or ""
-        return f.startswith(own) or mod_name.partition(".")[0] == self._package
+        return f.startswith(self._own_folders) or mod_name.partition(".")[0] == self._package
 
     def _adopt(self, req: Any) -> None:
         req._host_id = next(_request_ids)
