@@ -228,6 +228,7 @@ class StubProcess:
         self.dead_reason = ""
         self.segments_gone: list[str] = []  # once it ended: its segments, unlinked
         self._closing = False
+        self._abandoned_why = ""  # see abandon()
         self.finalize_cut_off = False  # stop() gave up on a finalize still running
         self._last_seen = time.monotonic()
         self.hello_info: dict | None = None  # the stub's HELLO, once it came
@@ -386,6 +387,8 @@ class StubProcess:
             what = f"exited with code {code}"
         tail = "\n".join(self.stderr_tail)
         # Triton's sentence first (scripts grep its log for it), then how the process ended.
+        if self._abandoned_why:
+            what += f" ({self._abandoned_why})"
         self.dead_reason = f"Stub process '{self.name}' is not healthy: pid {self.pid} {what}" + (
             f"; last stderr lines:\n{tail}" if tail else "")
         self.channel.close()
@@ -521,9 +524,11 @@ class StubProcess:
         except ProcessLookupError:
             pass
 
-    def abandon(self) -> None:
-        """SIGKILL the stub on purpose: its death is not logged as an error."""
+    def abandon(self, why: str = "") -> None:
+        """SIGKILL the stub on purpose: its death is not logged as an error; ``why`` is added
+        to what its requests in flight fail with."""
         self._closing = True
+        self._abandoned_why = why
         self.kill()
 
     def stop(self, finalize: bool = True, timeout: float = 10.0) -> None:

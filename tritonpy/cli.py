@@ -767,9 +767,19 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                     rate_limit=args.rate_limit or "off",
                     rate_limit_resources=args.rate_limit_resource,
                     model_namespacing=args.model_namespacing)
-    stop = asyncio.Event()
+    stop = asyncio.Event()  # the first SIGINT or SIGTERM: drain, finalize, exit
+    now = asyncio.Event()  # a second one: stop now (Triton ignores it, and drains on)
+
+    def on_signal() -> None:
+        if stop.is_set() and not now.is_set():
+            now.set()
+            log.warning("second signal: stopping now; the requests in flight are cut off and "
+                        "the models get no finalize")
+            loop.run_in_executor(None, server.abort)
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal)
 
     # Loading models can take a while (stub start-up); a signal meanwhile still stops cleanly.
     start = loop.run_in_executor(None, server.start)
@@ -845,7 +855,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
             log.info("Waiting for in-flight requests to complete.")  # Triton's words
             began = loop.time()
-            await _drain(server, args.exit_timeout_secs)
+            await _drain(server, args.exit_timeout_secs, now)
     finally:
         waiter.cancel()
         if began is None:
@@ -854,14 +864,19 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         server.cancel_loads()
         # (A moment at least, for answers the drain saw done that are still being written;
         # requests still running when the timeout is spent are cut off, as Triton exits then.)
-        frontends.exit_timeout = max(0.2, args.exit_timeout_secs - (loop.time() - began))
+        left = 0.0 if now.is_set() else args.exit_timeout_secs - (loop.time() - began)
+        frontends.exit_timeout = max(0.2, left)
         await frontends.stop()
         # --exit-timeout-secs bounds the whole drain, as in Triton: what the frontends spent
         # waiting for their in-flight requests is not granted a second time to the models.
-        server.exit_timeout = max(0.0, args.exit_timeout_secs - (loop.time() - began))
+        left = 0.0 if now.is_set() else args.exit_timeout_secs - (loop.time() - began)
+        server.exit_timeout = max(0.0, left)
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+    if now.is_set():
+        log.error("stopped at a second signal: requests in flight were cut off")
+        return 1
     if server.cut_short:  # as Triton, which exits 1 after "Exit timeout expired"
         log.error("failed to stop server: Exit timeout expired. Exiting immediately.")
         return 1
@@ -869,16 +884,16 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     return 0
 
 
-async def _drain(server: Server, timeout: float) -> None:
+async def _drain(server: Server, timeout: float, now: asyncio.Event) -> None:
     """The first part of a stop, as Triton's: the ports stay open, clients' new inference
     requests are refused and the server is neither live nor ready, until the requests in
-    flight are answered (or ``timeout`` passes). Each second the log says what is left, in
-    Triton's words."""
+    flight are answered (or ``timeout`` passes, or ``now`` is set). Each second the log says
+    what is left, in Triton's words."""
     server.refuse_new_requests()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     told = -1.0
-    while (busy := server.in_flight()) and loop.time() < deadline:
+    while (busy := server.in_flight()) and loop.time() < deadline and not now.is_set():
         if loop.time() - told >= 1.0:
             told = loop.time()
             log.info("Timeout %d: Found %d model versions that have in-flight inferences",

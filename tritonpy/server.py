@@ -330,6 +330,16 @@ class Server:
                 log.warning("stop interrupted: the instances left are killed, without finalize")
             self._close(kill=not drained)
 
+    def abort(self) -> None:
+        """Kill every stub now, without its finalize, from any thread: the requests in flight
+        fail, a :meth:`stop` draining in another thread ends at once (what ``tritonpy serve``
+        does at a second SIGINT or SIGTERM), no stub is started again, and the next
+        :meth:`stop` has nothing to drain: it frees the segments."""
+        if self._started:
+            self._stopping = True
+            self.cancel_loads()
+            self._kill_stubs()
+
     def _stop_now(self) -> None:
         """Stop without a drain or finalize: the stubs (those starting too) are killed, the
         segments freed."""
@@ -405,7 +415,8 @@ class Server:
             for inst in getattr(rt, "instances", ()):
                 stub = inst.stub
                 if stub is not None and stub.proc.poll() is None:
-                    stub.abandon()  # on purpose: its death is no error to log
+                    # On purpose: its death is no error to log.
+                    stub.abandon("the server stopped it at once, without finalize")
                     stub.proc.wait()
 
     def _release_shm(self) -> None:

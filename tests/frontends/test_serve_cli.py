@@ -246,6 +246,35 @@ def test_serve_ctrl_c_drains_and_exit_timeout_bounds_the_wait(
     assert segments(shm_prefix) == []
 
 
+def test_a_second_ctrl_c_stops_at_once_without_the_drain_or_finalize(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # Triton 2.51 ignores a second signal and drains on, up to its exit timeout (30 s by
+    # default); tritonpy stops at once: the request in flight fails, no finalize runs, exit 1.
+    marks, repo = _slow_repo(tmp_path, 1)
+    server = serve("--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+                   "--metrics-port", "0", "--exit-timeout-secs", "120")
+    url = server.endpoints()["HTTP"]
+    t_long, long_box = in_background(lambda: slow_infer(url, 60, "long"))
+    wait_until(lambda: (marks / "started-long").exists(), 20, "the request to start")
+    stubs = server.stubs()
+    os.killpg(server.proc.pid, signal.SIGINT)
+    wait_until(lambda: "Waiting for in-flight requests" in server.log(), 10, "the drain")
+    time.sleep(0.5)
+    assert server.proc.poll() is None  # the first Ctrl-C drains
+    t0 = time.monotonic()
+    os.killpg(server.proc.pid, signal.SIGINT)
+    assert server.wait(30) == 1, server.log()
+    assert time.monotonic() - t0 < 5, server.log()
+    assert "second signal: stopping now" in server.log()
+    assert "stopped at a second signal: requests in flight were cut off" in server.log()
+    assert "died; restarting" not in server.log()
+    t_long.join(10)
+    assert long_box and isinstance(long_box[0], BaseException), long_box
+    assert not (marks / "finalized").exists()
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
 def test_a_finalize_cut_off_by_the_exit_timeout_exits_1(serve: Callable[..., Serve],
                                                         tmp_path: Path, shm_prefix: str) -> None:
     # As Triton 2.51 (measured): a stop that gives up on a finalize still running, its exit

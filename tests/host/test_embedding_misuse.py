@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -240,6 +241,31 @@ def test_ctrl_c_during_stop_ends_it_at_once_and_leaves_nothing(repo: Path,
     assert lines[1:] == ["stub ended True",
                          "refused: the server was stopped: create a new Server"], lines
     assert "stop interrupted: the instances left are killed, without finalize" in done.stderr
+    assert segments(shm_prefix) == []
+
+
+def test_abort_from_another_thread_ends_a_draining_stop_at_once(repo: Path,
+                                                                shm_prefix: str) -> None:
+    srv = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=["sleeper"],
+                          backend_config=_backend(shm_prefix))
+    srv.start()
+    try:
+        stub = srv.runtime("sleeper").instances[0].stub.proc
+        pending = srv.model("sleeper").infer({"IN": np.array([20000], np.float32)})
+        time.sleep(0.3)
+        threading.Timer(0.5, srv.abort).start()
+        t0 = time.monotonic()
+        srv.stop()  # would drain the 20 s request (exit timeout 30 s)
+        assert time.monotonic() - t0 < 5
+        assert stub.poll() is not None
+        response = pending.get(timeout=5)
+        assert "the server stopped it at once, without finalize" in str(response.error)
+        srv.abort()  # a no-op now
+        srv.stop()
+        with pytest.raises(UnavailableError, match="the server was stopped"):
+            srv.model("sleeper")
+    finally:
+        srv.stop()
     assert segments(shm_prefix) == []
 
 
