@@ -19,10 +19,17 @@ class ShmExhaustedError(ShmError, MemoryError):
         self.where = where
         self.reason = reason
         why = f" ({reason})" if reason else ""
+        if reason == "pool cap":
+            limit = "raise the pool cap (backend config shm-total-byte-cap)"
+        elif "RLIMIT_FSIZE" in reason:
+            limit = "raise the file size limit (ulimit -f)"
+        elif where.rstrip("/") == "/dev/shm":
+            limit = "raise the limit (e.g. docker --shm-size)"
+        else:  # a fallback directory (shm-fallback-directory): its filesystem is full
+            limit = f"free space on the filesystem of {where}"
         super().__init__(
             f"shared memory exhausted{why}: asked for {asked} bytes in {where}, "
-            f"{free} bytes free; raise the limit (e.g. docker --shm-size, or the pool cap) "
-            f"or send smaller tensors"
+            f"{free} bytes free; {limit} or send smaller tensors"
         )
 
 

@@ -130,6 +130,7 @@ def test_full_dev_shm_raises_not_sigbus(shm_prefix: str) -> None:
     big = out["big"]
     assert big["asked"] == 16 * MiB and 0 < big["free"] <= 8 * MiB
     assert f"asked for {16 * MiB} bytes" in big["msg"] and f"{big['free']} bytes free" in big["msg"]
+    assert "raise the limit (e.g. docker --shm-size) or send smaller tensors" in big["msg"]
     fill = out["fill"]  # the last segments tried were smaller than a growth step (see below)
     assert fill["asked"] == MiB // 2 and fill["free"] < MiB // 2
     assert f"{fill['free']} bytes free" in fill["msg"]
@@ -225,6 +226,32 @@ def test_a_smaller_block_waits_for_room_after_a_bigger_one_found_none(shm_prefix
     assert out == {"big": "refused", "smaller": "served"}, out
 
 
+# A pool in a fallback directory (shm-fallback-directory) on a full 4 MiB filesystem.
+_FULL_FALLBACK = textwrap.dedent("""
+    import json, subprocess, sys, tempfile
+    import numpy as np
+    from tritonpy.shm import Pool, ShmExhaustedError
+    MiB = 1 << 20
+    where = tempfile.mkdtemp()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", where], check=True)
+    pool = Pool(prefix=sys.argv[1], default_size=MiB, growth_size=MiB, directory=where)
+    try:
+        pool.new_array(np.uint8, (8 * MiB,))
+    except ShmExhaustedError as exc:
+        print(json.dumps({"where": where, "msg": str(exc)}))
+    pool.close()
+""")
+
+
+@pytest.mark.slow
+def test_a_full_fallback_directory_is_named_without_the_docker_hint(shm_prefix: str) -> None:
+    # The hint was "e.g. docker --shm-size" wherever the pool's files were.
+    out = _in_8_mib_dev_shm(_FULL_FALLBACK, shm_prefix)
+    assert f"asked for {8 * MiB} bytes in {out['where']}" in out["msg"]
+    assert f"free space on the filesystem of {out['where']} or send smaller tensors" in out["msg"]
+    assert "docker" not in out["msg"]
+
+
 def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
     asked: list[int] = []  # the reclaim hook is for a full /dev/shm, not for the cap
     pool = Pool(prefix=shm_prefix, default_size=MiB, growth_size=MiB, cap=4 * MiB,
@@ -236,6 +263,8 @@ def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
         assert asked == []
         assert info.value.asked == MiB and info.value.free == 0
         assert "pool cap" in str(info.value) and f"asked for {MiB} bytes" in str(info.value)
+        assert "raise the pool cap (backend config shm-total-byte-cap)" in str(info.value)
+        assert "docker" not in str(info.value)
         with pytest.raises(MemoryError):  # callers that only know builtins catch it too
             pool.new_array(np.uint8, (8 * MiB,))
         assert pool.usage()["mapped_bytes"] == 4 * MiB
