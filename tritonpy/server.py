@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
+import json
 import logging
 import operator
 import os
@@ -63,6 +64,50 @@ def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> 
     if "*" in load_models and len(load_models) > 1:
         return "Wildcard model name '*' must be the ONLY startup model if specified at all."
     return ""
+
+
+def _paths(value: Any) -> list[str]:
+    """``Server``'s list of model repositories, or InvalidArgumentError naming what is not."""
+    try:
+        return [os.fspath(r) for r in value]
+    except TypeError:
+        raise InvalidArgumentError(f"model_repository must be a path or a list of paths, not "
+                                   f"{type(value).__name__}") from None
+
+
+def _names(what: str, value: Any) -> list[str]:
+    """A list of model names (one name given as a str is a list of one), or
+    InvalidArgumentError naming ``what``."""
+    if isinstance(value, str):
+        return [value]
+    try:
+        names = list(value)
+    except TypeError:
+        names = [value]
+    for name in names:
+        if not isinstance(name, str):
+            raise InvalidArgumentError(
+                f"{what} must be model names (str), not {type(name).__name__}")
+    return names
+
+
+def _count(what: str, value: Any) -> int:
+    """``value`` as an int of 0 or more, or InvalidArgumentError naming ``what``."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
+    if value.__index__() < 0:
+        raise InvalidArgumentError(f"{what} must be >= 0, not {value}")
+    return value.__index__()
+
+
+def _seconds(what: str, value: Any) -> float:
+    """``value`` as 0 or more seconds, or InvalidArgumentError naming ``what``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidArgumentError(f"{what} must be a number of seconds, not "
+                                   f"{type(value).__name__}")
+    if not value >= 0:  # NaN too
+        raise InvalidArgumentError(f"{what} must be 0 or more seconds, got {value!r}")
+    return float(value)
 
 
 # Servers started and not stopped: a program that exits without stop() still leaves no stub
@@ -152,10 +197,23 @@ class Server:
         elif isinstance(model_repository, (str, os.PathLike)):
             repos = [os.fspath(model_repository)]
         else:
-            repos = [os.fspath(r) for r in model_repository]
+            repos = _paths(model_repository)
         if model_control_mode not in ("none", "explicit", "poll"):
             raise InvalidArgumentError(
                 f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
+        load_models = _names("load_models", load_models)
+        if backend_config is not None and not isinstance(backend_config, Mapping):
+            raise InvalidArgumentError(f"backend_config must be a mapping of keys to values, "
+                                       f"not {type(backend_config).__name__}")
+        log_verbose = _count("log_verbose", log_verbose)
+        exit_timeout = _seconds("exit_timeout", exit_timeout)
+        poll_interval = _seconds("poll_interval", poll_interval)
+        model_load_retry_count = _count("model_load_retry_count", model_load_retry_count)
+        response_cache_size = _count("response_cache_size", response_cache_size)
+        for what, text in (("server_id", server_id), ("model_config_name", model_config_name),
+                           ("rate_limit", rate_limit)):
+            if not isinstance(text, str):
+                raise InvalidArgumentError(f"{what} must be a str, not {type(text).__name__}")
         problem = load_models_problem(model_control_mode, load_models)
         if problem:
             raise InvalidArgumentError(problem)
@@ -171,8 +229,6 @@ class Server:
         self.options = BackendOptions.from_mapping(backend_config)
         self.log_verbose = log_verbose
         self.exit_timeout = exit_timeout
-        if not poll_interval >= 0:  # NaN too
-            raise ValueError(f"poll_interval must be 0 or more seconds, got {poll_interval!r}")
         self.poll_interval = poll_interval
         self.strict_readiness = strict_readiness
         # False: a model's auto_complete_config is never called and config.pbtxt is required
@@ -189,9 +245,6 @@ class Server:
                         if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(
             DEFAULT_BACKEND_DIRECTORY if backend_directory is None else backend_directory)
-        if model_load_retry_count < 0:
-            raise InvalidArgumentError(
-                f"model_load_retry_count must be >= 0, not {model_load_retry_count}")
         self.model_load_retry_count = model_load_retry_count
         # Triton's --metrics-config: duration counters and summaries on the metrics page.
         self.metrics_config = metrics_config if metrics_config is not None else MetricsConfig()
@@ -565,6 +618,8 @@ class Server:
         UnavailableError before :meth:`start` or after :meth:`stop`."""
         if not self._started:  # (the check, before the call: every request comes here)
             self._require_started()
+        if type(name) is not str:
+            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
         self.repo.require_known(name)
         if type(version) is not int:
             try:
@@ -574,11 +629,23 @@ class Server:
                                            f"not {type(version).__name__}") from None
         return Model(self, name, version)
 
-    def load(self, name: str, config: str | None = None,
+    def load(self, name: str, config: str | Mapping[str, Any] | None = None,
              files: Mapping[str, bytes] | None = None) -> None:
-        """Load or reload a model (explicit mode): raises with the reason on failure."""
+        """Load or reload a model (explicit mode): raises with the reason on failure.
+        ``config``: a config override, Triton's model configuration as JSON text (or as a
+        dict, written as JSON); ``files``: ``{"file:1/model.py": b"..."}``, with a config."""
         self._not_on_frame_loop("load()")
         self._require_started()
+        if type(name) is not str:
+            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+        if isinstance(config, Mapping):
+            config = json.dumps(config)
+        elif config is not None and not isinstance(config, str):
+            raise InvalidArgumentError(f"config must be JSON text or a dict, not "
+                                       f"{type(config).__name__}")
+        if files is not None and not isinstance(files, Mapping):
+            raise InvalidArgumentError(f"files must be a mapping of paths to bytes, not "
+                                       f"{type(files).__name__}")
         try:
             self.repo.load(name, config=config, files=files, api=True)
         except TritonpyError as exc:  # as Triton's, the server's log says so too
@@ -601,6 +668,11 @@ class Server:
 
         self._not_on_frame_loop("unload()")
         self._require_started()
+        if type(name) is not str:
+            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+        for what, flag in (("unload_dependents", unload_dependents), ("wait", wait)):
+            if not isinstance(flag, (bool, int, np.bool_)):
+                raise InvalidArgumentError(f"{what} must be a bool, not {type(flag).__name__}")
         steps = [step for key in self.repo.keys_of(name)
                  for step in step_models_to_unload(self.repo, key)] if unload_dependents else []
         self.repo.unload(name, api=True, wait=wait)
@@ -1023,6 +1095,9 @@ class Model:
                     "async_infer() needs the event loop that will iterate its responses: call "
                     "it on that loop, or pass loop=... from another thread (or use infer())"
                 ) from None
+        elif not isinstance(loop, asyncio.AbstractEventLoop):
+            raise InvalidArgumentError(f"loop must be an asyncio event loop, not "
+                                       f"{type(loop).__name__}")
         stream = AsyncResponseStream(loop)
         req = self._request(stream, inputs, requested_output_names, request_id,
                             parameters, correlation_id, flags, timeout, priority, trace)

@@ -132,6 +132,65 @@ def test_a_model_version_that_is_not_an_int_is_refused(server: tritonpy.Server) 
         "OUT"].to_numpy().tolist() == [4.0]
 
 
+@pytest.mark.parametrize("kwargs, words", [
+    # QA round 14. Was: stop() failed with "TypeError: unsupported operand type(s) for +",
+    # without finalize; "'int' object is not iterable" at start(); AttributeError.
+    ({"exit_timeout": "x"}, "exit_timeout must be a number of seconds, not str"),
+    ({"exit_timeout": -1}, "exit_timeout must be 0 or more seconds, got -1"),
+    ({"poll_interval": float("nan")}, "poll_interval must be 0 or more seconds, got nan"),
+    ({"log_verbose": "x"}, "log_verbose must be an int, not str"),
+    ({"model_load_retry_count": -2}, "model_load_retry_count must be >= 0, not -2"),
+    ({"response_cache_size": 1.5}, "response_cache_size must be an int, not float"),
+    ({"model_repository": 123}, "model_repository must be a path or a list of paths, not int"),
+    ({"backend_config": ["x"]}, "backend_config must be a mapping of keys to values, not list"),
+    ({"load_models": [1]}, r"load_models must be model names \(str\), not int"),
+    ({"server_id": 5}, "server_id must be a str, not int"),
+])
+def test_server_settings_of_a_wrong_type_are_refused_at_construction(
+        repo: Path, kwargs: dict[str, Any], words: str) -> None:
+    settings = {"model_repository": str(repo), **kwargs}
+    with pytest.raises(InvalidArgumentError, match=words):
+        tritonpy.Server(**settings)
+
+
+def test_one_model_name_to_load_may_be_a_str(repo: Path, shm_prefix: str) -> None:
+    # It was taken letter by letter: "Request for unknown model: 'd' is not found".
+    with serving(repo, shm_prefix, model_control_mode="explicit",
+                 load_models="double") as srv:
+        assert [m["name"] for m in srv.models() if m["state"] == "READY"] == ["double"]
+
+
+def test_model_api_arguments_of_a_wrong_type_are_refused(tmp_path: Path,
+                                                         shm_prefix: str) -> None:
+    # QA round 14. Were: TypeError "argument of type 'int' is not iterable" (load(123)),
+    # AttributeError (files=[1], loop=123), NotFoundError "unknown model: '123'", and unload()
+    # returning silently, its wait="x" taken as true.
+    write_model(tmp_path, "double")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        for call, words in (
+                (lambda: srv.load(123), "model name must be a str, not int"),
+                (lambda: srv.load("double", config=7), "config must be JSON text or a dict"),
+                (lambda: srv.load("double", config="{}", files=[1]),
+                 "files must be a mapping of paths to bytes, not list"),
+                (lambda: srv.model(123), "model name must be a str, not int"),
+                (lambda: srv.unload(123), "model name must be a str, not int"),
+                (lambda: srv.unload("double", wait="x"), "wait must be a bool, not str"),
+                (lambda: srv.unload("double", unload_dependents=None),
+                 "unload_dependents must be a bool, not NoneType")):
+            with pytest.raises(InvalidArgumentError, match=words):
+                call()
+        # A config override may be given as a dict.
+        srv.load("double", config={"max_batch_size": 0, "backend": "python",
+                                   "input": [{"name": "IN", "data_type": "TYPE_FP32",
+                                              "dims": [-1]}],
+                                   "output": [{"name": "OUT", "data_type": "TYPE_FP32",
+                                               "dims": [-1]}]})
+        model = srv.model("double")
+        assert infer(model, {"IN": fp32(3)}).outputs["OUT"].to_numpy().tolist() == [6.0]
+        with pytest.raises(InvalidArgumentError, match="loop must be an asyncio event loop"):
+            model.async_infer({"IN": fp32(1)}, loop=123)  # type: ignore[arg-type]
+
+
 def test_a_load_file_given_as_text_is_named(tmp_path: Path, shm_prefix: str) -> None:
     # Was "TypeError: a bytes-like object is required", naming no file.
     write_model(tmp_path, "double")
