@@ -95,9 +95,15 @@ def _quantiles(text: str) -> tuple[tuple[float, float], ...]:
                       "<quantile>:<error>", item)
             continue
         try:
-            pairs.append((_stod(q), _stod(e)))
+            pair = (_stod(q), _stod(e))
         except ValueError as exc:
             log.error("Invalid option: [%s]. Error: %s", item, exc)
+            continue
+        if not (0.0 <= pair[0] <= 1.0 and 0.0 <= pair[1] <= 1.0):  # NaN too
+            log.error("Invalid option: [%s]. A quantile and its error are between 0 and 1",
+                      item)
+            continue
+        pairs.append(pair)
     return tuple(pairs)
 
 

@@ -739,6 +739,12 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     if args.model_load_retry_count < 0:
         raise SystemExit(f"error: --model-load-retry-count must be >= 0, got "
                          f"{args.model_load_retry_count}")
+    if args.http_max_input_size is not None and args.http_max_input_size < 0:
+        raise SystemExit(f"error: --http-max-input-size must be >= 0 bytes (0: the default), "
+                         f"got {args.http_max_input_size}")
+    if args.metrics_interval_ms < 0:
+        raise SystemExit(f"error: --metrics-interval-ms must be >= 0, got "
+                         f"{args.metrics_interval_ms}")
     log_settings = LogSettings([handler], verbose=args.log_verbose, log_file=args.log_file or "")
     log_settings.update({"log_info": args.log_info, "log_warning": args.log_warning,
                          "log_error": args.log_error, "log_format": args.log_format})

@@ -82,6 +82,11 @@ def _stop(server: Serve) -> int:
     (["--response-cache-byte-size=12345", "--cache-config=local,size=67890"],
      "Incompatible flags --response-cache-byte-size and --cache-config both provided. "
      "Please provide one or the other."),
+    # QA round 14: the server started, then refused every HTTP request, health probes too
+    # ("exceeds the maximum allowed value of -1 bytes").
+    (["--http-max-input-size=-1"],
+     "--http-max-input-size must be >= 0 bytes (0: the default), got -1"),
+    (["--metrics-interval-ms=-1"], "--metrics-interval-ms must be >= 0, got -1"),
 ])
 def test_a_bad_value_stops_the_start_with_code_1_naming_it(
         serve: Callable[..., Serve], tmp_path: Path, flags: list[str], words: str) -> None:

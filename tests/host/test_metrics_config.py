@@ -75,6 +75,17 @@ def test_malformed_quantiles_are_logged_and_skipped(caplog: pytest.LogCaptureFix
     assert "Invalid option: [0.5]" in caplog.text
 
 
+def test_a_quantile_outside_0_to_1_is_logged_and_skipped(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A quantile of 2 or an error of -1 was taken without a word.
+    with caplog.at_level(logging.ERROR, logger="tritonpy._stats"):
+        assert MetricsConfig.parse(["summary_quantiles=2:0.1,0.9:-1,0.5:0.05,nan:0.1"]) \
+            .summary_quantiles == ((0.5, 0.05),)
+    for item in ("2:0.1", "0.9:-1", "nan:0.1"):
+        assert f"Invalid option: [{item}]. A quantile and its error are between 0 and 1" \
+            in caplog.text
+
+
 def test_a_setting_without_a_value_stops_the_start() -> None:
     args = build_parser().parse_args(["serve", "--metrics-config", "nokeyvalue"])
     with pytest.raises(SystemExit, match='Bad option: "--metrics-config". --metrics-config '
