@@ -235,13 +235,13 @@ class RepositoryManager:
                         os.path.dirname(directory) if self.namespacing else "")
                 elif entry.tmpdir is None:
                     entry.directory = directory
-            if self.namespacing:
-                # A model whose folder went, never loaded: as Triton, no longer one of the
-                # identifiers a name resolves among (poll mode unloads a loaded one).
-                for key, entry in list(self.entries.items()):
-                    if key not in models and entry.tmpdir is None and not entry.runtimes \
-                            and not entry.lock.locked():
-                        del self.entries[key]
+            # A model whose folder went, not loaded now: as Triton, no longer in the index,
+            # nor (namespacing) one of the identifiers a name resolves among. (Poll mode
+            # unloads a loaded one; explicit mode lists it until it is unloaded.)
+            for key, entry in list(self.entries.items()):
+                if key not in models and entry.tmpdir is None and not entry.runtimes \
+                        and not entry.lock.locked():
+                    del self.entries[key]
             self.scan_errors = errors
 
     def require_known(self, name: str, near: str | None = None) -> ModelEntry:
@@ -961,6 +961,11 @@ class RepositoryManager:
                 or (e.state == READY and any(v not in e.runtimes for v in e.failed))]
 
     def index(self) -> list[dict]:
+        """Triton's repository index. As Triton's, it reads the repository first: a folder
+        added since is listed (by name), one removed and not loaded is not. (In poll mode
+        the poller reads it.)"""
+        if self.server.model_control_mode != "poll":
+            self.scan()
         out = []
         for key in sorted(set(self.entries) | set(self.scan_errors)):  # Triton's order
             e = self.entries.get(key)

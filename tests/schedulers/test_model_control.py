@@ -112,6 +112,30 @@ def test_explicit_mode_loads_only_what_is_asked(tmp_path, shm_prefix):
         assert "nope" not in _states(server)
 
 
+def test_the_index_reads_the_repository_as_triton_does(tmp_path, shm_prefix):
+    # As Triton 2.51 (measured, QA round 14): a folder added since the last load is listed by
+    # name, and one removed once unloaded is not listed. tritonpy showed the repository as
+    # its last load or unload had found it.
+    write_model(tmp_path, "a", tagged("a"))
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit",
+                 load_models=["a"]) as server:
+        write_model(tmp_path, "late", tagged("late"))
+        assert _states(server) == {"a": "READY", "late": ""}
+        server.load("late")
+        server.unload("late")
+        assert _states(server) == {"a": "READY", "late": "UNAVAILABLE"}
+        shutil.rmtree(tmp_path / "late")
+        assert _states(server) == {"a": "READY"}
+        with pytest.raises(NotFoundError):
+            server.model("late")
+        write_model(tmp_path, "b", tagged("b"))  # and what is loaded stays listed while its
+        server.load("b")                         # folder is gone, until it is unloaded
+        shutil.rmtree(tmp_path / "b")
+        assert _states(server) == {"a": "READY", "b": "READY"}
+        server.unload("b")
+        assert _states(server) == {"a": "READY"}
+
+
 def test_models_to_load_at_start_need_explicit_mode(tmp_path):
     # As Triton: refused at once, not every model loaded instead.
     import tritonpy
