@@ -175,9 +175,12 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
     items = []
     off = 0
     unpack = struct.unpack_from
+    cap = -1 if count is None else count
     while off < total:
         if off + 4 > total:
             raise TruncatedPrefixError(total - off)
+        if len(items) == cap:  # a prefix past the last element: one more, whatever follows
+            raise ElementCountError(cap + 1, cap)  # (as Triton 2.51 counts it, measured)
         (n,) = unpack("<I", mv, off)
         off += 4
         if off + n > total:

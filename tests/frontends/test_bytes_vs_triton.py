@@ -76,6 +76,11 @@ FRAMING = [
     ([1], _enc(b"a", b"b"),
      "unexpected number of string elements 2 for inference input 'IN' for model 'echo', "
      "expecting 1"),
+    # A prefix past the last element is counted as one, whatever follows it (QA round 14:
+    # "expecting string of length 2054847098 but only 0 bytes available").
+    ([1], _enc(b"abcd") + b"zzzz",
+     "unexpected number of string elements 2 for inference input 'IN' for model 'echo', "
+     "expecting 1"),
     ([0], _enc(b"a"),
      "unexpected number of string elements 1 for inference input 'IN' for model 'echo', "
      "expecting 0"),
