@@ -346,9 +346,11 @@ class ModelRunner:
             adds nothing).
 
         Raises:
-            InternalError: ``execute`` did not return ``None``.
+            InternalError: The model is not decoupled, or ``execute`` did not return ``None``.
             TimeoutError: A request was not finished within ``timeout``.
         """
+        if not self.decoupled:
+            raise InternalError(f"model '{self.name}' is not decoupled: use ModelRunner.execute()")
         reqs = self._requests(requests, requested_outputs)
         result = self._execute(reqs)
         if result is not None:

@@ -268,6 +268,17 @@ def test_response_sender_default_and_decoupled(tmp_path):
             runner.execute([{"IN": np.array([1], np.float32)}])
 
 
+def test_execute_decoupled_on_a_default_model_says_which_method_to_use(tmp_path):
+    # It said "Python model 'rec_0_0' is using the decoupled mode and the execute function
+    # must return None", of a model that is not decoupled.
+    with ModelRunner(_recorder(tmp_path)) as runner:
+        with pytest.raises(InternalError) as err:
+            runner.execute_decoupled([{"IN": np.ones(1, np.float32)}])
+        assert str(err.value) == "model 'rec' is not decoupled: use ModelRunner.execute()"
+        [resp] = runner.execute([{"IN": np.ones(1, np.float32)}])
+        assert not resp.has_error()
+
+
 LATE_SENDER_PY = """
 import threading
 import time
