@@ -111,7 +111,8 @@ class ModelRunner:
             ``/opt/tritonserver/backends``, when None.
 
     Raises:
-        ConfigError: The configuration is invalid.
+        ConfigError: The configuration is invalid; the message names its file, or
+            ``ModelRunner(config=...)`` for one given.
         FileNotFoundError: There is no model file where one is expected.
         Exception: Whatever importing ``model.py`` or its ``initialize`` raises, unchanged.
     """
@@ -136,7 +137,9 @@ class ModelRunner:
         pb = _pb()
         self._closed = True  # until initialize succeeds: close() has nothing to undo
         model_dir, version_dir, model_file, version = _locate(os.fspath(model), version)
-        cfg_path = os.path.join(model_dir, "config.pbtxt")
+        # What the configuration's errors name as its source: the file, or the argument.
+        cfg_path = (os.path.join(model_dir, "config.pbtxt") if config is None
+                    else "ModelRunner(config=...)")
         if config is None:
             cfg, _ = load_model_config(model_dir)
         elif isinstance(config, str) and not config.lstrip().startswith("{"):

@@ -13,7 +13,7 @@ import pytest
 import triton_python_backend_utils as pb_utils
 
 from _models import write_model
-from tritonpy import InternalError, InvalidArgumentError
+from tritonpy import ConfigError, InternalError, InvalidArgumentError
 from tritonpy.config import config_to_json, load_model_config, normalize_config
 from tritonpy.stub import pb_utils as stub_pb_utils
 from tritonpy.testing import ModelRunner
@@ -128,6 +128,26 @@ def test_config_given_as_dict_or_pbtxt(tmp_path):
         [resp] = runner.execute([{"IN": np.ones((2, 5), np.float32)}])
         assert pb_utils.get_output_tensor_by_name(resp, "OUT").shape() == [2, 5]
 
+
+
+@pytest.mark.parametrize("config, message", [
+    ("{bad", "ModelRunner(config=...): invalid JSON model configuration: "),
+    ('backend: "python"\nbogus: 1', "ModelRunner(config=...):2:1: invalid field 'bogus'"),
+    ({"bogus": 1}, "ModelRunner(config=...): invalid field 'bogus'"),
+    ({"max_batch_size": -3}, "ModelRunner(config=...): 'max_batch_size' must be non-negative"),
+])
+def test_errors_in_a_config_given_name_the_argument_not_the_file(tmp_path, config, message):
+    # They named <model>/config.pbtxt, which was not read (and here does not exist).
+    mdir = write_model(tmp_path, "rec", RECORDER_PY, config="",
+                       files={"helper.py": "FACTOR = 1\n"})
+    with pytest.raises(ConfigError) as err:
+        ModelRunner(mdir, config=config)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "config.pbtxt" not in str(err.value)
+    (mdir / "config.pbtxt").write_text("bogus: 1\n")  # one read still names its file
+    with pytest.raises(ConfigError) as err:
+        ModelRunner(mdir)
+    assert str(err.value).startswith(f"{mdir / 'config.pbtxt'}:1:1: invalid field 'bogus'")
 
 def test_auto_complete_config_runs(tmp_path):
     src = """
