@@ -113,6 +113,7 @@ class ModelRunner:
     Raises:
         ConfigError: The configuration is invalid; the message names its file, or
             ``ModelRunner(config=...)`` for one given.
+        TypeError: ``config`` or ``bls_handler`` is of the wrong type.
         FileNotFoundError: There is no model file where one is expected.
         Exception: Whatever importing ``model.py`` or its ``initialize`` raises, unchanged.
     """
@@ -134,6 +135,12 @@ class ModelRunner:
         from tritonpy.repository import DEFAULT_BACKEND_DIRECTORY, backend_dir
         from tritonpy.validation import RequestValidator, Reshapes
 
+        if config is not None and not isinstance(config, (str, Mapping)):
+            raise TypeError("config must be None, a dict in Triton's JSON form or config.pbtxt "
+                            f"text (a str), not {type(config).__name__}")
+        if bls_handler is not None and not callable(bls_handler):
+            raise TypeError("bls_handler must be a callable, handler(request, decoupled), or "
+                            f"None, not {type(bls_handler).__name__}")
         pb = _pb()
         self._closed = True  # until initialize succeeds: close() has nothing to undo
         model_dir, version_dir, model_file, version = _locate(os.fspath(model), version)
@@ -240,10 +247,20 @@ class ModelRunner:
             request_id, correlation_id, flags, timeout, parameters: as a client sends them.
 
         Raises:
-            InvalidArgumentError: With ``validate``, the request does not fit the model.
+            InvalidArgumentError: ``inputs`` is not a mapping or ``requested_outputs`` no list
+                of names; with ``validate``, the request does not fit the model.
         """
         from tritonpy.shm.dtypes import deserialize_bytes, serialize_bytes, triton_dtype_of
 
+        # Named here, as the server names them, not as Python's errors from further in.
+        if not isinstance(inputs, Mapping):
+            raise InvalidArgumentError(
+                f"inputs must be a mapping of input names to arrays, not {type(inputs).__name__}")
+        if isinstance(requested_outputs, str):
+            requested_outputs = [requested_outputs]
+        elif requested_outputs is not None and not isinstance(requested_outputs, Iterable):
+            raise InvalidArgumentError("requested_outputs must be a list of output names, not "
+                                       f"{type(requested_outputs).__name__}")
         pb = _pb()
         arrays: dict[str, np.ndarray] = {}
         for n, value in inputs.items():
@@ -258,8 +275,6 @@ class ModelRunner:
                     f"input '{n}' has numpy dtype {arr.dtype}, which has no Triton data type"
                 ) from None
             arrays[n] = arr
-        if isinstance(requested_outputs, str):
-            requested_outputs = [requested_outputs]
         if self._validator is not None:
             self._validator.validate(
                 {n: (triton_dtype_of(a), tuple(a.shape)) for n, a in arrays.items()},
@@ -301,6 +316,9 @@ class ModelRunner:
             or after ``execute`` returned).
 
         Raises:
+            TypeError: ``requests`` is not a list (or other iterable) of requests.
+            InvalidArgumentError: A request is neither a dict nor an ``InferenceRequest``, or
+                does not fit the model (see :meth:`request`).
             InternalError: ``execute`` returned something a server would refuse (the message
                 is the one a client would get).
             TimeoutError: A sender did not send its final flag within ``timeout``.
@@ -442,15 +460,21 @@ class ModelRunner:
             raise InternalError(f"ModelRunner for '{self.name}' is closed")
         if isinstance(requests, Mapping):
             raise TypeError("execute() takes a list of requests: wrap the dict in a list")
+        if isinstance(requests, (str, bytes)) or not isinstance(requests, Iterable):
+            raise TypeError("requests must be a list of requests (dicts of input arrays or "
+                            f"pb_utils.InferenceRequest), not {type(requests).__name__}")
         pb = _pb()
         out = []
-        for r in requests:
+        for i, r in enumerate(requests):
             if isinstance(r, pb.InferenceRequest):
                 if getattr(r, "_tritonpy_runner", None) is not self:
                     self._adopt(r)
                 out.append(r)
-            else:
+            elif isinstance(r, Mapping):
                 out.append(self.request(r, requested_outputs))
+            else:
+                raise InvalidArgumentError(f"request {i} must be a dict of input arrays or a "
+                                           f"pb_utils.InferenceRequest, not {type(r).__name__}")
         return out
 
     def _execute(self, reqs: list) -> Any:

@@ -202,6 +202,35 @@ def test_validation_errors_and_opt_out(tmp_path):
         assert pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().dtype == np.int32
 
 
+
+def test_arguments_of_the_wrong_type_are_named_at_the_call(tmp_path):
+    # They were Python's own errors from deep inside ('int' object has no attribute 'items',
+    # 'NoneType' object is not iterable), or (bls_handler) accepted, failing every BLS call.
+    mdir = _recorder(tmp_path)
+    with ModelRunner(mdir) as runner:
+        with pytest.raises(InvalidArgumentError, match="^request 1 must be a dict of input "
+                           "arrays or a pb_utils.InferenceRequest, not int$"):
+            runner.execute([{"IN": np.ones(1, np.float32)}, 1])
+        for requests in (None, 5):
+            with pytest.raises(TypeError, match="^requests must be a list of requests "
+                               f"\\(dicts of input arrays or pb_utils.InferenceRequest\\), not "
+                               f"{type(requests).__name__}$"):
+                runner.execute(requests)
+        with pytest.raises(InvalidArgumentError, match="^inputs must be a mapping of input "
+                           "names to arrays, not list$"):
+            runner.request([np.ones(1, np.float32)])
+        with pytest.raises(InvalidArgumentError, match="^requested_outputs must be a list of "
+                           "output names, not int$"):
+            runner.execute([{"IN": np.ones(1, np.float32)}], requested_outputs=3)
+        [resp] = runner.execute(({"IN": np.ones(1, np.float32)} for _ in range(1)), ("OUT",))
+        assert not resp.has_error()  # any iterable of requests and of names, as before
+    with pytest.raises(TypeError, match="^bls_handler must be a callable, "
+                       "handler\\(request, decoupled\\), or None, not int$"):
+        ModelRunner(mdir, bls_handler=1)
+    with pytest.raises(TypeError, match="^config must be None, a dict in Triton's JSON form or "
+                       "config.pbtxt text \\(a str\\), not int$"):
+        ModelRunner(mdir, config=123)
+
 BAD_PY = """
 import triton_python_backend_utils as pb_utils
 
