@@ -77,10 +77,16 @@ def _need_runtime(what: str, runner: bool = True) -> Any:
 class PreferredMemory:
     """Where BLS outputs should be placed: ``PreferredMemory(TRITONSERVER_MEMORY_GPU, 0)``."""
 
-    def __init__(self, preferred_memory_type: int = MemoryType.TRITONSERVER_MEMORY_CPU,
-                 preferred_device_id: int = 0) -> None:
+    def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
+        # As Triton's (pybind11): the type required, and a MemoryType, not a number (0 or 1
+        # there is a TypeError); the device id an int.
+        if not isinstance(preferred_memory_type, MemoryType):
+            raise TypeError("PreferredMemory: preferred_memory_type must be "
+                            "pb_utils.TRITONSERVER_MEMORY_GPU or TRITONSERVER_MEMORY_CPU (a "
+                            f"MemoryType, not a number), got {preferred_memory_type!r}")
+        _expect(preferred_device_id, int, "PreferredMemory: preferred_device_id")
         self.preferred_memory_type = preferred_memory_type
-        self.preferred_device_id = preferred_device_id
+        self.preferred_device_id = int(preferred_device_id)
 
 
 class Trace:

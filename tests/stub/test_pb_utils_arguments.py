@@ -165,3 +165,29 @@ def test_a_sender_refuses_what_is_no_response_with_a_type_error():
         sender.send("not a response")
     with pytest.raises(pb_utils.TritonModelException, match="Unsupported flag provided"):
         sender.send(pb_utils.InferenceResponse(), flags=12345)
+
+
+def test_preferred_memory_takes_a_memory_type_and_an_integer_device():
+    # As Triton 2.51's (pybind11): a MemoryType, required, and an int device id; "x", a plain
+    # number (0 for the GPU) or a str device id were taken here and fail there.
+    for memory_type in ("x", 0, 1, None, 1.0):
+        with pytest.raises(TypeError) as err:
+            pb_utils.PreferredMemory(memory_type)
+        assert str(err.value) == (
+            "PreferredMemory: preferred_memory_type must be pb_utils.TRITONSERVER_MEMORY_GPU or "
+            f"TRITONSERVER_MEMORY_CPU (a MemoryType, not a number), got {memory_type!r}")
+    for device in ("0", None, 0.0):
+        with pytest.raises(TypeError) as err:
+            pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, device)
+        assert str(err.value) == (f"PreferredMemory: preferred_device_id must be int, "
+                                  f"got {type(device).__name__}")
+    with pytest.raises(TypeError, match="preferred_memory_type"):
+        pb_utils.PreferredMemory()
+    gpu = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_GPU, np.int64(1))
+    assert (gpu.preferred_memory_type, gpu.preferred_device_id) == (
+        pb_utils.TRITONSERVER_MEMORY_GPU, 1)
+    assert type(gpu.preferred_device_id) is int
+    cpu = pb_utils.PreferredMemory(
+        preferred_memory_type=pb_utils.MemoryType.TRITONSERVER_MEMORY_CPU)
+    assert (cpu.preferred_memory_type, cpu.preferred_device_id) == (
+        pb_utils.TRITONSERVER_MEMORY_CPU, 0)

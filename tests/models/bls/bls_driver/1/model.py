@@ -64,7 +64,9 @@ class TritonPythonModel:
         if "version" in spec:
             kwargs["model_version"] = spec["version"]
         if "preferred_memory" in spec:
-            kwargs["preferred_memory"] = pb_utils.PreferredMemory(*spec["preferred_memory"])
+            kind, device = spec["preferred_memory"]  # (a number in JSON: Triton takes no int)
+            kwargs["preferred_memory"] = pb_utils.PreferredMemory(pb_utils.MemoryType(kind),
+                                                                  device)
         return pb_utils.InferenceRequest(**kwargs)
 
     def run(self, spec, data, report):
