@@ -514,22 +514,29 @@ def deserialize_bytes_tensor(encoded_tensor: Any) -> np.ndarray:
     return _deserialize_bytes(encoded_tensor)
 
 
+# The names, config and version are str (or bytes) only, as Triton's std::string arguments
+# take them: an int is a TypeError there.
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) a model; explicit model-control mode only."""
+    model_name = _text(model_name, "load_model: model_name")
+    config = _text(config, "load_model: config")
     _need_runtime("load_model()", runner=False).model_call("load", model_name, config=config,
                                                            files=files)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; explicit model-control mode only."""
+    model_name = _text(model_name, "unload_model: model_name")
     _need_runtime("unload_model()", runner=False).model_call(
         "unload", model_name, unload_dependents=unload_dependents)
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """Whether a model (and version) is loaded and ready."""
+    model_name = _text(model_name, "is_model_ready: model_name")
+    model_version = _text(model_version, "is_model_ready: model_version")
     return bool(_need_runtime("is_model_ready()", runner=False).model_call(
-        "ready", model_name, version=str(model_version)))
+        "ready", model_name, version=model_version))
 
 
 def get_model_dir() -> str:

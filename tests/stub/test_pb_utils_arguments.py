@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import triton_python_backend_utils as pb_utils
 
+from tritonpy.stub import pb_utils as stub_pb_utils
+
 T = pb_utils.Tensor("IN", np.zeros(2, np.float32))
 
 
@@ -191,3 +193,53 @@ def test_preferred_memory_takes_a_memory_type_and_an_integer_device():
         preferred_memory_type=pb_utils.MemoryType.TRITONSERVER_MEMORY_CPU)
     assert (cpu.preferred_memory_type, cpu.preferred_device_id) == (
         pb_utils.TRITONSERVER_MEMORY_CPU, 0)
+
+
+
+class _Server:
+    """Stands in for a stub's runtime (as in a server): records the model loading calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def model_call(self, what, name, **kw):
+        self.calls.append((what, name, kw))
+        return True
+
+
+@pytest.fixture
+def server(monkeypatch):
+    rt = _Server()
+    monkeypatch.setattr(stub_pb_utils, "_runtime", rt)
+    return rt
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: pb_utils.load_model(model_name=123), "load_model: model_name must be str, got int"),
+    (lambda: pb_utils.load_model(None), "load_model: model_name must be str, got NoneType"),
+    (lambda: pb_utils.load_model("m", config={"backend": "python"}),
+     "load_model: config must be str, got dict"),
+    (lambda: pb_utils.unload_model(7), "unload_model: model_name must be str, got int"),
+    (lambda: pb_utils.is_model_ready(model_name="ident", model_version=1),
+     "is_model_ready: model_version must be str, got int"),
+    (lambda: pb_utils.is_model_ready(3), "is_model_ready: model_name must be str, got int"),
+])
+def test_the_model_loading_api_takes_strings(server, call, message):
+    # As Triton 2.51's bindings (std::string model_name, config and model_version): these
+    # reached the server here (model_version=1 read as "1") and are a TypeError there.
+    with pytest.raises(TypeError) as err:
+        call()
+    assert str(err.value) == message
+    assert server.calls == []
+
+
+def test_the_model_loading_api_with_strings_reaches_the_server(server):
+    pb_utils.load_model("m", config='{"backend": "python"}', files={"file:1/model.py": b""})
+    pb_utils.load_model(b"m")  # bytes, as Triton's std::string takes them
+    pb_utils.unload_model("m", unload_dependents=True)
+    assert pb_utils.is_model_ready("m", "1") is True
+    assert server.calls == [
+        ("load", "m", {"config": '{"backend": "python"}', "files": {"file:1/model.py": b""}}),
+        ("load", "m", {"config": "", "files": None}),
+        ("unload", "m", {"unload_dependents": True}),
+        ("ready", "m", {"version": "1"})]
