@@ -172,7 +172,7 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
                 end = min(n, start + _CHUNK)
                 out[start:end] = [payload[i * first:(i + 1) * first] for i in range(start, end)]
             return out
-    items = []
+    items: list[bytes] = []
     off = 0
     unpack = struct.unpack_from
     cap = -1 if count is None else count
