@@ -251,6 +251,8 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         # None: BLS outputs stay where the target model made them (Triton's default).
+        if preferred_memory is not None:
+            _expect(preferred_memory, PreferredMemory, "preferred_memory")
         self._preferred_memory = preferred_memory
         self._trace = trace or Trace()
         self._parameters = _check_parameters(parameters)
@@ -527,6 +529,9 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; explicit model-control mode only."""
     model_name = _text(model_name, "unload_model: model_name")
+    if isinstance(unload_dependents, np.bool_):  # pybind11's bool takes numpy's
+        unload_dependents = bool(unload_dependents)
+    _expect(unload_dependents, bool, "unload_model: unload_dependents")
     _need_runtime("unload_model()", runner=False).model_call(
         "unload", model_name, unload_dependents=unload_dependents)
 

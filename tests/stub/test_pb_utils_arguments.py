@@ -196,6 +196,17 @@ def test_preferred_memory_takes_a_memory_type_and_an_integer_device():
 
 
 
+def test_a_preferred_memory_that_is_not_one_is_refused():
+    # As Triton 2.51's binding (a TypeError); any object was taken here.
+    with pytest.raises(TypeError, match="preferred_memory must be PreferredMemory, got str"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[], requested_output_names=[],
+                                  preferred_memory="GPU")
+    request = pb_utils.InferenceRequest(
+        model_name="m", inputs=[], requested_output_names=[],
+        preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU))
+    assert request.model_name() == "m"
+
+
 class _Server:
     """Stands in for a stub's runtime (as in a server): records the model loading calls."""
 
@@ -223,6 +234,8 @@ def server(monkeypatch):
     (lambda: pb_utils.is_model_ready(model_name="ident", model_version=1),
      "is_model_ready: model_version must be str, got int"),
     (lambda: pb_utils.is_model_ready(3), "is_model_ready: model_name must be str, got int"),
+    (lambda: pb_utils.unload_model("m", unload_dependents="yes"),
+     "unload_model: unload_dependents must be bool, got str"),
 ])
 def test_the_model_loading_api_takes_strings(server, call, message):
     # As Triton 2.51's bindings (std::string model_name, config and model_version): these
