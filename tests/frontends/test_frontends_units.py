@@ -211,6 +211,9 @@ def test_array_from_json_types_and_shapes() -> None:
     assert array_from_json("b", "BOOL", [2], [True, False]).dtype == np.bool_
     assert array_from_json("s", "BYTES", [2], ["hé", ""]).tolist() == ["hé".encode(), b""]
     assert array_from_json("e", "INT64", [0], []).shape == (0,)
+    # Ragged nesting is read in order, as Triton 2.51 reads it (QA round 14: it was a 400).
+    assert array_from_json("r", "FP32", [3], [[1, 2], [3.5]]).tolist() == [1, 2, 3.5]
+    assert array_from_json("r", "INT32", [1, 3], [[1, [2]], 3]).tolist() == [[1, 2, 3]]
     for datatype, data, msg in [
         ("FP32", [1, 2, 3], "Shape does not match"),
         ("INT32", [1.5], "expected INT32"),

@@ -667,8 +667,17 @@ def array_from_json(name: str, datatype: str, shape: Sequence[int], data: object
             data = flat_values
         try:
             arr = np.array(data)
-        except ValueError as exc:
-            raise InvalidArgumentError(f"Unable to parse 'data' of input '{name}': {exc}") from None
+        except ValueError:
+            # Ragged nesting ([[1, 2], [3]]): as Triton 2.51 (measured), the values are read
+            # in order whatever the nesting, and only their count must match the shape.
+            flat_values = []
+            _flatten(name, data, flat_values, 1)
+            data = flat_values
+            try:
+                arr = np.array(data)
+            except ValueError as exc:
+                raise InvalidArgumentError(
+                    f"Unable to parse 'data' of input '{name}': {exc}") from None
         if dtype.kind in "iu" and arr.dtype.kind in "fO":
             # Integers on both sides of 2**63 have no common numpy integer type: numpy makes
             # floats of them (or objects), losing the low bits. Build from exact Python ints.
