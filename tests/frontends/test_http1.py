@@ -554,6 +554,31 @@ def test_stop_drains_then_cancels_and_closes_every_connection() -> None:
             connect(running).close()
 
 
+def test_stop_closes_a_keep_alive_connection_once_its_slow_read_answer_is_written() -> None:
+    # QA round 14: an 8 MiB answer still in the write buffer when the stop began (its client
+    # not reading yet) kept the connection open, and the stop waiting, for the whole timeout
+    # after the client had read it all.
+    big = b"x" * (8 << 20)
+
+    async def handler(req: Request) -> Response:
+        return Response(200, big)
+
+    with serving(handler) as running:
+        sock = connect(running)
+        sock.sendall(post("/big", b""))
+        time.sleep(0.5)  # answered, keep-alive, most of it waiting in the server's buffer
+        took: list[float] = []
+        stopper = threading.Thread(target=lambda: took.append(running.stop(10.0)))
+        stopper.start()
+        time.sleep(0.3)
+        status, headers, body = read_response(sock)
+        assert (status, len(body)) == (200, len(big))
+        stopper.join(15)
+        assert took and took[0] < 3.0, took
+        assert closed_by_server(sock)
+        sock.close()
+
+
 def test_streamed_responses() -> None:
     """A handler's stream goes out chunk by chunk: chunked over HTTP/1.1, raw then close over
     HTTP/1.0; a stream that fails half-way cuts the connection (no last chunk); a client that

@@ -803,6 +803,9 @@ class _Connection(asyncio.BufferedProtocol):
                     return
                 if self.writable is not None and not self.writable.done():
                     await self._drained()  # the client reads slowly: do not queue more on it
+                    if self.server.stopping:  # began meanwhile: its idle close has passed
+                        self._close()
+                        return
         except asyncio.CancelledError:
             self._close()
             raise
