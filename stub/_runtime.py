@@ -811,7 +811,7 @@ class StubRuntime:
                     import asyncio
 
                     asyncio.run(_awaited(result))
-        except Exception:
+        except BaseException:  # noqa: B036 (sys.exit() too: the stub must still end at once)
             return {"ok": False, "error": _error_body("INTERNAL", traceback.format_exc())}
         finally:
             self.flush_metric_deletes()
