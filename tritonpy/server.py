@@ -11,6 +11,7 @@ import atexit
 import functools
 import json
 import logging
+import numbers
 import operator
 import os
 import threading
@@ -102,12 +103,13 @@ def _count(what: str, value: Any) -> int:
 
 def _seconds(what: str, value: Any) -> float:
     """``value`` as 0 or more seconds, or InvalidArgumentError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's too
         raise InvalidArgumentError(f"{what} must be a number of seconds, not "
                                    f"{type(value).__name__}")
-    if not value >= 0:  # NaN too
+    seconds = float(value)
+    if not seconds >= 0:  # NaN too
         raise InvalidArgumentError(f"{what} must be 0 or more seconds, got {value!r}")
-    return float(value)
+    return seconds
 
 
 # Servers started and not stopped: a program that exits without stop() still leaves no stub

@@ -153,6 +153,12 @@ def test_server_settings_of_a_wrong_type_are_refused_at_construction(
         tritonpy.Server(**settings)
 
 
+def test_numpy_numbers_are_server_settings_too(repo: Path) -> None:
+    srv = tritonpy.Server(str(repo), exit_timeout=np.float32(2.5), poll_interval=np.int64(3),
+                          log_verbose=np.int32(1))
+    assert (srv.exit_timeout, srv.poll_interval, srv.log_verbose) == (2.5, 3.0, 1)
+
+
 def test_one_model_name_to_load_may_be_a_str(repo: Path, shm_prefix: str) -> None:
     # It was taken letter by letter: "Request for unknown model: 'd' is not found".
     with serving(repo, shm_prefix, model_control_mode="explicit",
