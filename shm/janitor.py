@@ -13,7 +13,9 @@ its own.
 
 Each stub runs in a process group of its own, where what its model starts stays; the server
 tells its janitors of each one (``+PGID``, then ``-PGID`` once it has ended it), so that a
-server's death ends those processes too, not only the stubs.
+server's death ends those processes too, not only the stubs. Likewise the folders on disk
+the server makes for itself (``dHEXPATH``, then ``uHEXPATH`` once it removed it: the models a
+client loaded from files) are removed at its death.
 
 Run as ``python -I .../janitor.py PREFIX SERVER_PID [DIRECTORY]`` with the pipe as stdin: by
 its path, so that it imports only this package's sweep (0.05 s to start, not the server's
@@ -76,6 +78,16 @@ def forget_group(pgid: int) -> None:
     _tell(b"-%d\n" % pgid)
 
 
+def watch_folder(path: str) -> None:
+    """A folder of the server's own: the janitors remove it should this process die."""
+    _tell(b"d%s\n" % os.fsencode(path).hex().encode())
+
+
+def forget_folder(path: str) -> None:
+    """The folder was removed by the server itself."""
+    _tell(b"u%s\n" % os.fsencode(path).hex().encode())
+
+
 def stop(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
     """Tell the janitor the server cleaned up (it sweeps once more, and exits)."""
     with _live_lock:
@@ -124,11 +136,15 @@ def main(argv: list[str]) -> int:
     directory = argv[3] if len(argv) > 3 else None
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     groups: set[int] = set()
+    folders: set[bytes] = set()
     said = b""  # what follows the last whole line
     while chunk := os.read(0, 65536):
         *lines, said = (said + chunk).split(b"\n")
         for line in lines:
-            _note_group(groups, line)
+            if line[:1] in b"du":
+                _note_folder(folders, line)
+            else:
+                _note_group(groups, line)
     sweep = _sweep()  # (imported once needed: the janitor starts with each server)
     if said != b"bye":  # the server died: its stubs are being killed (PR_SET_PDEATHSIG)
         for pgid in groups:  # and what their models left running with them
@@ -142,8 +158,26 @@ def main(argv: list[str]) -> int:
         while ((stubs_of(server_pid) or not sweep.process_ended(server_pid))
                and time.monotonic() < deadline):
             time.sleep(_EVERY_S)
+        import shutil
+
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
     sweep.sweep_orphans(prefix, directory)
     return 0
+
+
+def _note_folder(folders: set[bytes], line: bytes) -> None:
+    """``dHEXPATH``: a folder to remove should the server die; ``uHEXPATH``: removed."""
+    try:
+        path = bytes.fromhex(line[1:].decode("ascii"))
+    except ValueError:
+        return
+    if not os.path.isabs(path):  # nothing but the absolute paths the server sends
+        return
+    if line[:1] == b"d":
+        folders.add(path)
+    else:
+        folders.discard(path)
 
 
 def _note_group(groups: set[int], line: bytes) -> None:

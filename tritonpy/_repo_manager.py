@@ -36,6 +36,7 @@ from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensem
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
 from ._stubproc import env_launcher
+from .shm import janitor
 from .repository import file_hexdigest, namespaced_key
 
 log = logging.getLogger("tritonpy.repository")
@@ -217,7 +218,9 @@ class RepositoryManager:
         self._scanned: dict[str, str] = {}  # the repositories' models, as last scanned
         # Directories of file-override loads that a later load left (removed at shut-down:
         # a version loaded from one may still be finishing its requests).
-        self._stale_tmpdirs: list[str] = []
+        # The folder of the folders of loads with files (see _files_folder).
+        self._files_root: str | None = None
+        self._files_lock = threading.Lock()
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -342,13 +345,30 @@ class RepositoryManager:
         live = [rt for e in entries for rt in e.runtimes.values()]
         if entries:
             _each_at_once(lambda e: self._unload_entry(e, timeout), entries)
-        for tmp in [e.tmpdir for e in entries if e.tmpdir] + self._stale_tmpdirs:
-            shutil.rmtree(tmp, ignore_errors=True)
-        self._stale_tmpdirs.clear()
+        self.remove_files_folders()
         return ([f"'{rt.name}' version {rt.version} (requests in flight)"
                  for rt in live if rt.cut_short]
                 + [f"'{rt.name}' version {rt.version} (its finalize)"
                    for rt in live if rt.finalize_cut_off and not rt.cut_short])
+
+    def _files_folder(self, name: str) -> str:
+        """A new folder for a load with files of model ``name``, in the server's own folder
+        (``tritonpy-files-*`` in the temp folder), which its janitor removes should the
+        server die without a stop."""
+        with self._files_lock:
+            root = self._files_root
+            if root is None or not os.path.isdir(root):
+                root = self._files_root = tempfile.mkdtemp(prefix="tritonpy-files-")
+                janitor.watch_folder(root)
+            return tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+
+    def remove_files_folders(self) -> None:
+        """Remove the folders of the loads with files (the end of a stop, or an exit)."""
+        with self._files_lock:
+            root, self._files_root = self._files_root, None
+        if root is not None:
+            shutil.rmtree(root, ignore_errors=True)
+            janitor.forget_folder(root)
 
     # -- load / unload -------------------------------------------------------------------------
     def load(self, name: str, config: str | None = None,
@@ -386,7 +406,7 @@ class RepositoryManager:
             if not config:
                 raise InvalidArgumentError(
                     f"{refused}: load with files needs a config override as well")
-            tmp = tempfile.mkdtemp(prefix=f"tritonpy-{shown}-")
+            tmp = self._files_folder(shown)
             mdir = os.path.join(tmp, shown)
             try:
                 os.makedirs(mdir)
@@ -420,15 +440,13 @@ class RepositoryManager:
         # Which directory the model loads from is settled under the entry's lock, by the load
         # that holds it: a load waiting for another one must not change what that one reads.
         with entry.lock:
+            # (A folder of files replaced stays until the stop: its version may still serve.)
             if mdir:
-                if entry.tmpdir:
-                    self._stale_tmpdirs.append(entry.tmpdir)  # its version may still serve
                 entry.tmpdir = tmp
                 entry.directory = mdir
             elif entry.tmpdir and name in self._scanned:
                 # As Triton: a load without files undoes a files override and loads the
                 # repository's model again.
-                self._stale_tmpdirs.append(entry.tmpdir)
                 entry.tmpdir = None
                 entry.directory = self._scanned[name]
             stamp = self._config_stamp(entry) if not mdir else None

@@ -404,12 +404,13 @@ class Server:
 
     def _close(self, kill: bool) -> None:
         """The end of every stop: the stubs left killed (``kill``), the timers, frame loop and
-        trace file closed, the segments freed."""
+        trace file closed, the folders of loads with files removed, the segments freed."""
         if kill:
             self._kill_stubs()
         self.timers.stop()
         self.frames.close()
         self.tracing.close()
+        self.repo.remove_files_folders()
         self._release_shm()
 
     def _unpace_streams(self) -> None:
@@ -461,6 +462,7 @@ class Server:
             return
         self._stopping = True
         self._kill_stubs()
+        self.repo.remove_files_folders()
         self._release_shm()
 
     def _kill_stubs(self) -> None:

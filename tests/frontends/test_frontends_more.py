@@ -461,14 +461,14 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
         # A path no file can have is refused with its reason, not an internal error, and
         # what the refused load had written so far is gone (it used to stay in the temp
         # folder: a client could fill the server's disk with refused loads).
-        temp_dirs = set(Path(tempfile.gettempdir()).glob("tritonpy-from_files-*"))
+        temp_dirs = set(Path(tempfile.gettempdir()).glob("tritonpy-files-*/from_files-*"))
         for bad, why in [("file:1/mo\0del.py", "holds a NUL character"),
                          ("file:1/" + "x" * 300 + ".py", "cannot be written: File name too long")]:
             with pytest.raises(InferenceServerException) as e:
                 grpcc.load_model("from_files", config=lazy_config("grpc"),
                                  files={"file:1/model.py": code.encode(), bad: b"x"})
             assert e.value.status() == "StatusCode.INVALID_ARGUMENT" and why in e.value.message()
-        assert set(Path(tempfile.gettempdir()).glob("tritonpy-from_files-*")) <= temp_dirs
+        assert set(Path(tempfile.gettempdir()).glob("tritonpy-files-*/from_files-*")) <= temp_dirs
         # A refused load of a name never seen leaves no entry in the repository index (it
         # left one with no version, state or reason). Triton's sentence comes first (QA
         # L0_lifecycle's test_file_override_security looks for "failed to load").
@@ -491,7 +491,7 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
             conn.close()
         # A name that is no directory's name is refused before anything is written (it used
         # to reach the temp folder's path: INTERNAL errors, and a way out of it).
-        before = set(Path(tempfile.gettempdir()).glob("tritonpy-*"))
+        before = set(Path(tempfile.gettempdir()).glob("tritonpy-files-*/*"))
         for name in ("../escape", "a/b", "..", "."):
             with pytest.raises(InferenceServerException) as e:
                 grpcc.load_model(name, config=lazy_config("grpc"),
@@ -506,7 +506,7 @@ def test_repository_load_with_files_over_http_and_grpc(http: httpclient.Inferenc
                 assert resp.status == 400 and b"is not a model name" in resp.read()
             finally:
                 conn.close()
-        assert set(Path(tempfile.gettempdir()).glob("tritonpy-*")) <= before
+        assert set(Path(tempfile.gettempdir()).glob("tritonpy-files-*/*")) <= before
         grpcc.unload_model("from_files")
         assert not grpcc.is_model_ready("from_files")
     finally:

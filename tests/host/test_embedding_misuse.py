@@ -19,7 +19,7 @@ import pytest
 
 import tritonpy
 from _models import (SLEEPER_PY, fp32, infer, io_config, new_prefix, segments, serving,
-                     write_model)
+                     wait_until, write_model)
 from tritonpy import InvalidArgumentError, NotFoundError, UnavailableError
 
 pytestmark = pytest.mark.timeout(60)
@@ -266,6 +266,40 @@ def test_exit_without_stop_is_quiet_and_clean(repo: Path, shm_prefix: str) -> No
     # Was: "stub process ... killed by signal SIGKILL" and "instance ... died; restarting".
     assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
     assert segments(shm_prefix) == []
+
+
+@pytest.mark.parametrize("end", ["exit", "sigkill"])
+def test_the_folder_of_a_load_with_files_goes_when_the_program_ends(
+        repo: Path, shm_prefix: str, end: str) -> None:
+    # QA round 14: a model a client loaded from files stayed in the temp folder
+    # (tritonpy-<name>-*) after a program that exited without stop(), or a server SIGKILLed.
+    model_py = (b"import triton_python_backend_utils as pb_utils\n"
+                b"class TritonPythonModel:\n"
+                b"    def execute(self, requests):\n"
+                b"        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', "
+                b"pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy())]) for r in requests]\n")
+    script = textwrap.dedent(f"""
+        import glob, os, signal, tempfile
+        import tritonpy
+        srv = tritonpy.Server({str(repo)!r}, model_control_mode="explicit",
+                              backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
+        srv.start()
+        srv.load("from_files", config={{"backend": "python", "input": [{{"name": "IN",
+                 "data_type": "TYPE_FP32", "dims": [-1]}}], "output": [{{"name": "OUT",
+                 "data_type": "TYPE_FP32", "dims": [-1]}}]}}, files={{"file:1/model.py": {model_py!r}}})
+        print(os.path.dirname(srv.runtime("from_files").model_dir), flush=True)
+        if {end!r} == "sigkill":
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=40, env=env)
+    assert done.stdout, done.stderr
+    folder = Path(done.stdout.splitlines()[0])
+    assert folder.name.startswith("from_files-") and folder.parent.name.startswith(
+        "tritonpy-files-"), (done.stdout, done.stderr)
+    wait_until(lambda: not folder.parent.exists(), 20, f"{folder.parent} to be removed")
+    wait_until(lambda: segments(shm_prefix) == [], 20, "the segments to be removed")
 
 
 def test_ctrl_c_during_stop_ends_it_at_once_and_leaves_nothing(repo: Path,
