@@ -175,15 +175,16 @@ def deserialize_bytes(buf: bytes | bytearray | memoryview | np.ndarray, count: i
     items: list[bytes] = []
     off = 0
     unpack = struct.unpack_from
-    cap = -1 if count is None else count
     while off < total:
         if off + 4 > total:
             raise TruncatedPrefixError(total - off)
-        if len(items) == cap:  # a prefix past the last element: one more, whatever follows
-            raise ElementCountError(cap + 1, cap)  # (as Triton 2.51 counts it, measured)
         (n,) = unpack("<I", mv, off)
         off += 4
         if off + n > total:
+            if count is not None and len(items) >= count:
+                # Past the elements asked for: one more, whatever its length says (as
+                # Triton 2.51 counts it, measured), not a length read from their bytes.
+                raise ElementCountError(len(items) + 1, count)
             raise TruncatedElementError(n, total - off)
         items.append(bytes(mv[off:off + n]))
         off += n
