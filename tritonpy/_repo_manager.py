@@ -220,6 +220,7 @@ class RepositoryManager:
         # a version loaded from one may still be finishing its requests).
         # The folder of the folders of loads with files (see _files_folder).
         self._files_root: str | None = None
+        self._files_pending: set[str] = set()
         self._files_lock = threading.Lock()
 
     # -- scanning ------------------------------------------------------------------------------
@@ -360,7 +361,35 @@ class RepositoryManager:
             if root is None or not os.path.isdir(root):
                 root = self._files_root = tempfile.mkdtemp(prefix="tritonpy-files-")
                 janitor.watch_folder(root)
-            return tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+            folder = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
+            self._files_pending.add(folder)  # not its model's yet: no sweep removes it
+            return folder
+
+    def _drop_files_folder(self, folder: str) -> None:
+        """Remove the folder of a load with files refused before it loaded anything."""
+        with self._files_lock:
+            self._files_pending.discard(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+
+    def _sweep_files_folders(self) -> None:
+        """Remove the folders of loads with files that nothing uses any more: neither a
+        model's current files nor the folder of a version that still serves (or finishes
+        its requests). Each load or unload ends with it, so they do not pile up."""
+        with self._files_lock:
+            root = self._files_root
+            if root is None:
+                return
+            keep = set(self._files_pending)
+            keep.update(e.tmpdir for e in list(self.entries.values()) if e.tmpdir)
+            keep.update(os.path.dirname(rt.model_dir)
+                        for rt in self.runtimes() + self.retiring())
+            try:
+                names = os.listdir(root)
+            except OSError:
+                return
+            for folder in (os.path.join(root, n) for n in names):
+                if folder not in keep:
+                    shutil.rmtree(folder, ignore_errors=True)
 
     def remove_files_folders(self) -> None:
         """Remove the folders of the loads with files (the end of a stop, or an exit)."""
@@ -394,7 +423,11 @@ class RepositoryManager:
             if first is not None:
                 raise first
             return
-        self._load_key(keys[0], name, config, files, api)
+        try:
+            self._load_key(keys[0], name, config, files, api)
+        finally:
+            if files or self._files_root is not None:
+                self._sweep_files_folders()
 
     def _load_key(self, name: str, shown: str, config: str | None,
                   files: Mapping[str, bytes] | None, api: bool) -> None:
@@ -412,10 +445,10 @@ class RepositoryManager:
                 os.makedirs(mdir)
                 _write_files(mdir, files)
             except InvalidArgumentError as exc:  # Triton's sentence first (QA L0_lifecycle)
-                shutil.rmtree(tmp, ignore_errors=True)
+                self._drop_files_folder(tmp)
                 raise InvalidArgumentError(f"{refused}: {exc.message}") from None
             except BaseException:  # a refused path: what was written so far goes too
-                shutil.rmtree(tmp, ignore_errors=True)
+                self._drop_files_folder(tmp)
                 raise
         else:
             if name in self.scan_errors:  # in two repositories: what is loaded stays
@@ -429,7 +462,7 @@ class RepositoryManager:
                 override = config_from_dict(config, "Invalid config override")
             except TritonpyError as exc:
                 if tmp:
-                    shutil.rmtree(tmp, ignore_errors=True)
+                    self._drop_files_folder(tmp)
                 raise InvalidArgumentError(f"{refused}: {exc.message}") from exc
         if mdir:
             # Known from now on (a refused load of a new name leaves no entry in the index).
@@ -440,10 +473,13 @@ class RepositoryManager:
         # Which directory the model loads from is settled under the entry's lock, by the load
         # that holds it: a load waiting for another one must not change what that one reads.
         with entry.lock:
-            # (A folder of files replaced stays until the stop: its version may still serve.)
+            # (A folder of files replaced goes once no version loaded from it serves: see
+            # _sweep_files_folders.)
             if mdir:
                 entry.tmpdir = tmp
                 entry.directory = mdir
+                with self._files_lock:
+                    self._files_pending.discard(tmp)
             elif entry.tmpdir and name in self._scanned:
                 # As Triton: a load without files undoes a files override and loads the
                 # repository's model again.
@@ -718,6 +754,7 @@ class RepositoryManager:
         finally:
             with self._lock:
                 self._retiring_runtimes.difference_update(runtimes)
+            self._sweep_files_folders()
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
