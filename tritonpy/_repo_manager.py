@@ -244,7 +244,7 @@ class RepositoryManager:
             # unloads a loaded one; explicit mode lists it until it is unloaded.)
             for key, entry in list(self.entries.items()):
                 if key not in models and entry.tmpdir is None and not entry.runtimes \
-                        and not entry.lock.locked():
+                        and entry.state != UNLOADING and not entry.lock.locked():
                     del self.entries[key]
             self.scan_errors = errors
 

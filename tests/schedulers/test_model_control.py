@@ -134,6 +134,14 @@ def test_the_index_reads_the_repository_as_triton_does(tmp_path, shm_prefix):
         assert _states(server) == {"a": "READY", "b": "READY"}
         server.unload("b")
         assert _states(server) == {"a": "READY"}
+        # One still unloading (its finalize runs) is listed UNLOADING until it is done.
+        write_model(tmp_path, "slow_end", tagged("slow_end") + (
+            "\n    def finalize(self):\n        time.sleep(1.5)\n"))
+        server.load("slow_end")
+        server.unload("slow_end", wait=False)
+        shutil.rmtree(tmp_path / "slow_end")
+        assert _states(server) == {"a": "READY", "slow_end": "UNLOADING"}
+        wait_until(lambda: _states(server) == {"a": "READY"}, 10, "slow_end to go")
 
 
 def test_models_to_load_at_start_need_explicit_mode(tmp_path):
