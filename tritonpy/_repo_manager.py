@@ -340,12 +340,15 @@ class RepositoryManager:
         """Unload everything, each drain bounded by ``timeout``; the model versions it cut
         off: with requests still in flight when it passed ("'name' version N (requests in
         flight)"), or a finalize still running then ("... (its finalize)")."""
-        for t in list(self._retiring):  # their drains are bounded by the exit timeout too
-            t.join(timeout + 15)
         entries = list(self.entries.values())
-        live = [rt for e in entries for rt in e.runtimes.values()]
+        # The versions being unloaded or replaced count too: their drains are bounded by the
+        # exit timeout as well, on their own threads, which run meanwhile (they were waited
+        # for first, and a slow finalize among them made a stop take the timeout twice).
+        live = [rt for e in entries for rt in e.runtimes.values()] + self.retiring()
         if entries:
             _each_at_once(lambda e: self._unload_entry(e, timeout), entries)
+        for t in list(self._retiring):
+            t.join(timeout + 15)
         self.remove_files_folders()
         return ([f"'{rt.name}' version {rt.version} (requests in flight)"
                  for rt in live if rt.cut_short]

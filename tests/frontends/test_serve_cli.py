@@ -275,6 +275,58 @@ def test_a_second_ctrl_c_stops_at_once_without_the_drain_or_finalize(
     assert segments(shm_prefix) == []
 
 
+def _post(url: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=b"{}"), timeout=10) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_versions_being_unloaded_end_within_the_one_exit_timeout(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: a version unloaded (its finalize slow) when the stop began was waited for
+    # first, then the loaded one got a timeout of its own: 10.9 s with --exit-timeout-secs 5.
+    repo = tmp_path / "repo"
+    write_model(repo, "ident", IDENT_CONFIG, IDENT_MODEL + "\n    def finalize(self):\n"
+                "        import time\n        time.sleep(1000)\n")
+    server, http_port, _ = serve_repo(serve, repo, "--exit-timeout-secs", "4",
+                                      "--model-control-mode", "explicit", "--load-model", "*")
+    base = f"http://127.0.0.1:{http_port}/v2/repository/models"
+    assert _post(f"{base}/ident/unload") == 200  # its finalize runs (for ever)
+    assert _post(f"{base}/ident/load") == 200
+    stubs = server.stubs()
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.wait(30) == 1, server.log()
+    assert time.monotonic() - t0 < 6.5, server.log()
+    assert "'ident' version 1 (its finalize)" in server.log()
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
+def test_a_version_unloaded_with_a_request_cut_off_by_the_stop_exits_1(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: its request was cut off at the exit timeout, yet the stop said "tritonpy
+    # stopped" and exited 0 (only the loaded versions were counted).
+    marks, repo = _slow_repo(tmp_path, 1)
+    server, http_port, _ = serve_repo(serve, repo, "--exit-timeout-secs", "3",
+                                      "--model-control-mode", "explicit", "--load-model", "*")
+    base = f"http://127.0.0.1:{http_port}/v2/repository/models"
+    t_long, long_box = in_background(lambda: slow_infer(f"127.0.0.1:{http_port}", 60, "long"))
+    wait_until(lambda: (marks / "started-long").exists(), 20, "the request to start")
+    assert _post(f"{base}/slow/unload") == 200  # its request goes on, in flight
+    stubs = server.stubs()
+    server.proc.send_signal(signal.SIGINT)
+    assert server.wait(30) == 1, server.log()
+    assert "cut off in 'slow' version 1 (requests in flight)" in server.log()
+    assert "failed to stop server: Exit timeout expired." in server.log()
+    t_long.join(10)
+    assert long_box and isinstance(long_box[0], BaseException)
+    assert psutil.wait_procs(stubs, timeout=5)[1] == []
+    assert segments(shm_prefix) == []
+
+
 def test_a_finalize_cut_off_by_the_exit_timeout_exits_1(serve: Callable[..., Serve],
                                                         tmp_path: Path, shm_prefix: str) -> None:
     # As Triton 2.51 (measured): a stop that gives up on a finalize still running, its exit
