@@ -273,3 +273,20 @@ class FrameLoop:
         thread.join(timeout=5)
         if not thread.is_alive():
             self.loop.close()
+
+
+async def wait_all(tasks: list[asyncio.Task[Any]], timeout: float,
+                   cut: asyncio.Event) -> set[asyncio.Task[Any]]:
+    """Wait until every one of ``tasks`` is done, ``timeout`` seconds pass, or ``cut`` is set
+    (a stop told to end at once); the tasks not done then."""
+    if not tasks:
+        return set()
+    cutter = asyncio.ensure_future(cut.wait())
+    everything = asyncio.ensure_future(asyncio.wait(tasks))
+    try:
+        await asyncio.wait({cutter, everything}, timeout=timeout,
+                           return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        cutter.cancel()
+        everything.cancel()
+    return {t for t in tasks if not t.done()}

@@ -34,7 +34,7 @@ from ._errors import (
     version_failed,
 )
 from ._request import HostRequest
-from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, make_scheduler
+from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, fail_queued, make_scheduler
 from ._sequence import SEQUENCE_TIMEOUT
 from ._stats import ModelStats
 from ._stubproc import StubProcess
@@ -1353,6 +1353,13 @@ class ModelRuntime(RuntimeBase):
     def _hand_over(self) -> None:
         if self.successor is not None and not self.sched_is_sequence:  # a sequence stays
             self._pass_on_queue()
+
+    def fail_queue(self, error: TritonpyError) -> None:
+        """Fail every request queued and not started (the server stops at once)."""
+        with self.lock:
+            leftover = list(self.queue)
+            self.queue.clear()
+        fail_queued(self, leftover, error, "OTHER")
 
     def _pass_on_queue(self) -> None:
         """Empty the queue: each request goes to the successor, or fails when there is none."""

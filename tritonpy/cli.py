@@ -776,13 +776,22 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     stop = asyncio.Event()  # the first SIGINT or SIGTERM: drain, finalize, exit
     now = asyncio.Event()  # a second one: stop now (Triton ignores it, and drains on)
 
+    serving: list[Frontends] = []  # once started: a second signal cuts their stop short
+
     def on_signal() -> None:
         if stop.is_set() and not now.is_set():
             now.set()
             log.warning("second signal: stopping now; the requests in flight are cut off and "
                         "the models get no finalize")
-            loop.run_in_executor(None, server.abort)
+            # The stubs killed and the queued requests failed first, then (a moment for those
+            # answers to go out) the frontends' wait for the requests in flight ends.
+            aborted = loop.run_in_executor(None, server.abort)
+            aborted.add_done_callback(lambda _: loop.call_later(0.2, cut_short))
         stop.set()
+
+    def cut_short() -> None:
+        for fronts in serving:
+            fronts.cut_short()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
@@ -847,6 +856,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         reuse_http_port=args.reuse_http_port, reuse_grpc_port=args.reuse_grpc_port,
         grpc_keepalive=grpc_keepalive,
     )
+    serving.append(frontends)
     began: float | None = None  # when the stop began
     try:
         if not stop.is_set():
@@ -880,6 +890,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
+            # Stopped: a signal from now on would only change the exit code (to a death
+            # by that signal), the clean-up done.
+            signal.signal(sig, signal.SIG_IGN)
     if now.is_set():
         log.error("stopped at a second signal: requests in flight were cut off")
         return 1
@@ -962,6 +975,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         log.exception("tritonpy serve failed")
         return 1
+    finally:  # the server is stopped: a signal now would only change the exit code
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":  # pragma: no cover

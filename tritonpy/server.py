@@ -275,6 +275,7 @@ class Server:
         self._started = False
         self._stopping = False
         self._draining = False  # a stop is draining its requests (see stop())
+        self._in_start = False  # start() runs (see abort())
         # Why start() failed, if it did: ``tritonpy serve --exit-on-error=false`` goes on serving
         # such a server, as Triton does, neither live nor ready and "Server not ready" to calls.
         self.start_error: str | None = None
@@ -317,6 +318,13 @@ class Server:
                 f"{'closed' if loop.is_closed() else 'not running'}: the stubs' answers are "
                 "read on it, so it must run from start() until stop() returns (or give no "
                 "loop: the server then reads them on a thread of its own)")
+        self._in_start = True  # an abort() from now on stops this start (see abort())
+        try:
+            return self._start(wait_until_ready)
+        finally:
+            self._in_start = False
+
+    def _start(self, wait_until_ready: bool) -> Server:
         opts = self.options
         directory = opts.shm_fallback_directory or None
         removed = sweep_orphans(opts.shm_region_prefix_name, directory)
@@ -353,6 +361,9 @@ class Server:
             else:
                 self._stop_now()
             raise
+        if self._stopping:  # abort() while it started: it ends here, nothing left behind
+            self._stop_now()
+            raise UnavailableError("the server was aborted while it started")
         return self
 
     def stop(self) -> None:
@@ -388,12 +399,19 @@ class Server:
     def abort(self) -> None:
         """Kill every stub now, without its finalize, from any thread: the requests in flight
         fail, a :meth:`stop` draining in another thread ends at once (what ``tritonpy serve``
-        does at a second SIGINT or SIGTERM), no stub is started again, and the next
-        :meth:`stop` has nothing to drain: it frees the segments."""
-        if self._started:
+        does at a second SIGINT or SIGTERM), no stub is started again, the requests queued
+        fail too, and the next :meth:`stop` has nothing to drain: it frees the segments. A
+        :meth:`start` under way in another thread stops loading and raises."""
+        if self._started or self._in_start:
             self._stopping = True
             self.cancel_loads()
             self._kill_stubs()
+            error = UnavailableError("the server stopped at once (abort() or a second signal): "
+                                     "the request was not run")
+            for rt in self.repo.runtimes() + self.repo.retiring():
+                fail_queue = getattr(rt, "fail_queue", None)
+                if fail_queue is not None:
+                    fail_queue(error)
 
     def _stop_now(self) -> None:
         """Stop without a drain or finalize: the stubs (those starting too) are killed, the

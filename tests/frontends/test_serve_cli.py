@@ -8,6 +8,7 @@ killed (its process group) in ``finally``, whatever happened.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import resource
@@ -273,6 +274,94 @@ def test_a_second_ctrl_c_stops_at_once_without_the_drain_or_finalize(
     assert not (marks / "finalized").exists()
     assert psutil.wait_procs(stubs, timeout=5)[1] == []
     assert segments(shm_prefix) == []
+
+
+BIG_CONFIG = """
+name: "big"
+backend: "python"
+input [ { name: "MIB", data_type: TYPE_FP32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]
+"""
+
+# MIB mebibytes of ones.
+BIG_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.ones(int(
+            pb_utils.get_input_tensor_by_name(r, "MIB").as_numpy()[0]) << 18, np.float32))])
+            for r in requests]
+"""
+
+
+def test_a_second_signal_cuts_the_wait_for_an_answer_being_written(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: with a 64 MiB answer read slowly, the second signal ended nothing: the
+    # server exited once the client had read it all, or at the exit timeout (30 s).
+    repo = tmp_path / "repo"
+    write_model(repo, "big", BIG_CONFIG, BIG_MODEL)
+    server, http_port, _ = serve_repo(serve, repo, "--exit-timeout-secs", "60")
+    body = json.dumps({"inputs": [{"name": "MIB", "shape": [1], "datatype": "FP32",
+                                   "data": [64]}],
+                       "outputs": [{"name": "OUT", "parameters": {"binary_data": True}}]})
+    sock = socket.create_connection(("127.0.0.1", http_port), timeout=30)
+    try:
+        sock.sendall(f"POST /v2/models/big/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+                     f"{len(body)}\r\n\r\n{body}".encode())
+        assert sock.recv(65536)  # it is being answered; the rest waits to be read
+        server.proc.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        assert server.proc.poll() is None  # the first one waits for the answer to be read
+        t0 = time.monotonic()
+        server.proc.send_signal(signal.SIGINT)
+        assert server.wait(30) == 1, server.log()
+        assert time.monotonic() - t0 < 3, server.log()
+    finally:
+        sock.close()
+    assert segments(shm_prefix) == []
+
+
+def test_a_second_signal_fails_the_queued_requests_with_its_reason(
+        serve: Callable[..., Serve], tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: only the request running in the stub got "the server stopped it at
+    # once"; those queued behind it lost their connection.
+    marks, repo = _slow_repo(tmp_path, 1)
+    server, http_port, _ = serve_repo(serve, repo, "--exit-timeout-secs", "60")
+    url = f"127.0.0.1:{http_port}"
+    t_run, run_box = in_background(lambda: slow_infer(url, 60, "running"))
+    wait_until(lambda: (marks / "started-running").exists(), 20, "the request to start")
+    t_queued, queued_box = in_background(lambda: slow_infer(url, 60, "queued"))
+    time.sleep(0.5)
+    server.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "Waiting for in-flight requests" in server.log(), 10, "the drain")
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.wait(30) == 1, server.log()
+    t_run.join(10)
+    t_queued.join(10)
+    assert "the server stopped it at once, without finalize" in str(run_box[0]), run_box
+    assert "the server stopped at once (abort() or a second signal): the request was not " \
+        "run" in str(queued_box[0]), queued_box
+    assert not (marks / "started-queued").exists()
+    assert segments(shm_prefix) == []
+
+
+def test_signals_after_the_stop_leave_its_exit_code(serve: Callable[..., Serve],
+                                                    tmp_path: Path) -> None:
+    # QA round 15: a signal that came once the stop was done killed the process (exit
+    # status -15 or -2) where it was to exit 1.
+    marks, repo = _slow_repo(tmp_path, 1)
+    server, http_port, _ = serve_repo(serve, repo, "--exit-timeout-secs", "60")
+    t_run, _ = in_background(lambda: slow_infer(f"127.0.0.1:{http_port}", 60, "running"))
+    wait_until(lambda: (marks / "started-running").exists(), 20, "the request to start")
+    for _ in range(20):
+        if server.proc.poll() is not None:
+            break
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+    assert server.wait(30) == 1, server.log()
+    t_run.join(10)
 
 
 def _post(url: str) -> int:

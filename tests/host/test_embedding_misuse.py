@@ -423,6 +423,35 @@ class TritonPythonModel:
 SLOW_FINALIZE_PY = SLOW_INIT_PY.replace("def initialize(self, args):", "def finalize(self):")
 
 
+def test_abort_during_start_stops_it(tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: abort() before the start had set itself started was lost: start() went on
+    # for the whole 20 s initialize.
+    write_model(tmp_path, "slow_init", SLOW_INIT_PY, io_config())
+    for delay in (0.0, 0.005, 0.5):
+        srv = tritonpy.Server(str(tmp_path), model_control_mode="explicit",
+                              load_models=["slow_init"], backend_config=_backend(shm_prefix))
+        failure: list[BaseException] = []
+
+        def start(srv: tritonpy.Server = srv) -> None:
+            try:
+                srv.start()
+            except BaseException as exc:
+                failure.append(exc)
+
+        starter = threading.Thread(target=start)
+        t0 = time.monotonic()
+        starter.start()
+        while not srv._in_start and starter.is_alive():  # (start() has begun)
+            time.sleep(0.0005)
+        time.sleep(delay)
+        srv.abort()
+        starter.join(15)
+        assert time.monotonic() - t0 < 5
+        assert failure and isinstance(failure[0], tritonpy.TritonpyError), failure
+        srv.stop()
+        assert segments(shm_prefix) == []
+
+
 def test_ctrl_c_during_start_is_raised_at_once_and_leaves_nothing(tmp_path: Path,
                                                                   shm_prefix: str) -> None:
     # The KeyboardInterrupt waited for the slowest initialize (20 s here) before it was raised,

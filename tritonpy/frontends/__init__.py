@@ -155,8 +155,16 @@ class Frontends:
             await self.stop()
             raise
 
+    def cut_short(self) -> None:
+        """End a stop's wait for the requests in flight now (on the frontends' loop): what
+        is left is cancelled and every connection closed (a second SIGINT or SIGTERM)."""
+        for fe in (self.http, self.grpc):
+            if fe is not None:
+                fe.cut.set()
+
     async def stop(self) -> None:
-        """Stop accepting, drain in-flight requests (up to ``exit_timeout``), close regions."""
+        """Stop accepting, drain in-flight requests (up to ``exit_timeout``, or until
+        :meth:`cut_short`), close regions."""
         started, self._started = self._started, []
         results = await asyncio.gather(*(fe.stop(self.exit_timeout) for fe in started),
                                        return_exceptions=True)

@@ -23,6 +23,8 @@ from typing import AsyncGenerator, Awaitable, Callable, Sequence, Union, cast
 
 import httptools
 
+from .._loop import wait_all
+
 log = logging.getLogger(__name__)
 
 #: Idle keep-alive connections are closed after this many seconds (aiohttp's default).
@@ -971,6 +973,7 @@ class HTTPServer:
         self.stall_timeout = stall_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
+        self.cut = asyncio.Event()  # set: a stop ends at once (see stop())
         # Whether requests keep their headers' names as sent (Request.names): for headers
         # forwarded to models, which Triton forwards under the client's own names.
         self.keep_case = False
@@ -1014,8 +1017,9 @@ class HTTPServer:
         return head
 
     async def stop(self, timeout: float) -> None:
-        """Stop accepting; answer what is in flight for up to ``timeout`` seconds, then cancel
-        it (which cancels the inferences); close every connection."""
+        """Stop accepting; answer what is in flight for up to ``timeout`` seconds (or until
+        :attr:`cut` is set), then cancel it (which cancels the inferences); close every
+        connection."""
         if self._server is None:
             return
         self.stopping = True
@@ -1023,12 +1027,11 @@ class HTTPServer:
         for conn in list(self.connections):
             conn.close_if_idle()
         busy = [c.task for c in self.connections if c.task is not None and c.idle is None]
-        if busy:
-            _, rest = await asyncio.wait(busy, timeout=timeout)
-            for task in rest:
-                task.cancel()
-            if rest:
-                await asyncio.wait(rest)
+        rest = await wait_all(busy, timeout, self.cut)
+        for task in rest:
+            task.cancel()
+        if rest:
+            await asyncio.wait(rest)
         for conn in list(self.connections):
             if conn.transport is not None:
                 # A client that is not reading would keep a closing transport open for ever.

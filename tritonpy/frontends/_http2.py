@@ -34,6 +34,8 @@ from urllib.parse import quote
 import grpc
 import hpack
 
+from .._loop import wait_all
+
 log = logging.getLogger(__name__)
 
 _PREFIX = struct.Struct(">BI")  # a gRPC message: compressed flag, length
@@ -1219,6 +1221,7 @@ class Http2GrpcServer:
             ssl.set_alpn_protocols(["h2"])
         self.connections: set[_Connection] = set()
         self.stopping = False
+        self.cut = asyncio.Event()  # set: a stop ends at once (see stop())
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> int:
@@ -1239,12 +1242,11 @@ class Http2GrpcServer:
             conn.goaway()  # the calls already open go on
         tasks = [c.task for conn in self.connections for c in conn.calls.values()
                  if c.task is not None and not c.task.done()]
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=grace)
-            for task in pending:
-                task.cancel()
-            if pending:
-                await asyncio.wait(pending, timeout=1.0)
+        pending = await wait_all(tasks, grace, self.cut)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=1.0)
         # Our last bytes, then our end of each connection (FIN), reading on until the client
         # closes its own: closing a socket with bytes still coming in sends a reset, and the
         # client may then lose answers it had not read yet.

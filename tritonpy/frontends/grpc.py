@@ -936,6 +936,7 @@ class GRPCFrontend:
         self.ssl = ssl
         self.reuse_port = reuse_port
         self.keepalive = keepalive
+        self.cut = asyncio.Event()  # set: a stop ends at once (Frontends.cut_short)
         self._server: Http2GrpcServer | None = None
         self._service: GRPCService | None = None
 
@@ -965,6 +966,7 @@ class GRPCFrontend:
             _health_request, False, restricted=self._restriction("health"))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
                                  self.keepalive)
+        server.cut = self.cut
         try:
             self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:

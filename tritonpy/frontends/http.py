@@ -9,6 +9,7 @@ methods and error bodies (``{"error": "..."}``) look the same to a client.
 """
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import contextlib
@@ -214,6 +215,7 @@ class HTTPFrontend:
         self.restricted = {c: (k.lower(), v) for c, (k, v) in (restricted or {}).items()}
         self.header_forward = header_forward
         self.reuse_port = reuse_port
+        self.cut = asyncio.Event()  # set: a stop ends at once (Frontends.cut_short)
         self._server: HTTPServer | None = None
         self._plans: dict[tuple[str, int, bytes], RequestPlan] = {}
         self._headers: dict[tuple, tuple[bytes, dict[str, str] | None]] = {}
@@ -225,6 +227,7 @@ class HTTPFrontend:
         """Bind and start serving."""
         # Bodies past the limit are read and dropped, then answered with Triton's message.
         server = HTTPServer(self._dispatch, self._refused, self.max_input_size)
+        server.cut = self.cut
         server.keep_case = self.header_forward is not None
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
