@@ -21,8 +21,8 @@ class ShmExhaustedError(ShmError, MemoryError):
         why = f" ({reason})" if reason else ""
         if reason == "pool cap":
             limit = "raise the pool cap (backend config shm-total-byte-cap)"
-        elif "RLIMIT_FSIZE" in reason:
-            limit = "raise the file size limit (ulimit -f)"
+        elif "RLIMIT_FSIZE" in reason:  # (the reason names ulimit -f)
+            limit = "raise that limit"
         elif where.rstrip("/") == "/dev/shm":
             limit = "raise the limit (e.g. docker --shm-size)"
         else:  # a fallback directory (shm-fallback-directory): its filesystem is full

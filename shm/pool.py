@@ -323,7 +323,10 @@ class Pool:
             if not dedicated and 0 < need <= room < size:
                 size = room
             if total + size > self.cap:
-                raise ShmExhaustedError(size, max(self.cap - total, 0), self.label, "pool cap")
+                raise ShmExhaustedError(size, max(self.cap - total, 0),
+                                        "the pool" if self.label == "pool"
+                                        else f"the {self.label} pool",
+                                        "pool cap")
         name = f"{self.prefix}_{self._counter}"
         self._counter += 1
         while True:

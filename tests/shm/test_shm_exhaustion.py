@@ -264,6 +264,7 @@ def test_pool_cap_raises_the_same_error(shm_prefix: str) -> None:
         assert info.value.asked == MiB and info.value.free == 0
         assert "pool cap" in str(info.value) and f"asked for {MiB} bytes" in str(info.value)
         assert "raise the pool cap (backend config shm-total-byte-cap)" in str(info.value)
+        assert f"asked for {MiB} bytes in the pool, 0 bytes free" in str(info.value)
         assert "docker" not in str(info.value)
         with pytest.raises(MemoryError):  # callers that only know builtins catch it too
             pool.new_array(np.uint8, (8 * MiB,))
