@@ -92,6 +92,14 @@ def _names(what: str, value: Any) -> list[str]:
     return names
 
 
+def _model_name(name: Any) -> str:
+    """A model name as a plain str (``np.str_`` and a str Enum hold one), or
+    InvalidArgumentError. (str() of a str Enum member is its qualified name: not that.)"""
+    if not isinstance(name, str):
+        raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+    return str.__str__(name)
+
+
 def _count(what: str, value: Any) -> int:
     """``value`` as an int of 0 or more, or InvalidArgumentError naming ``what``."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
@@ -640,8 +648,8 @@ class Server:
         UnavailableError before :meth:`start` or after :meth:`stop`."""
         if not self._started:  # (the check, before the call: every request comes here)
             self._require_started()
-        if type(name) is not str:
-            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+        if type(name) is not str:  # (a plain str goes the short way: every request comes here)
+            name = _model_name(name)
         self.repo.require_known(name)
         if type(version) is not int:
             try:
@@ -659,7 +667,7 @@ class Server:
         self._not_on_frame_loop("load()")
         self._require_started()
         if type(name) is not str:
-            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+            name = _model_name(name)
         if isinstance(config, Mapping):
             config = json.dumps(config)
         elif config is not None and not isinstance(config, str):
@@ -691,7 +699,7 @@ class Server:
         self._not_on_frame_loop("unload()")
         self._require_started()
         if type(name) is not str:
-            raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
+            name = _model_name(name)
         for what, flag in (("unload_dependents", unload_dependents), ("wait", wait)):
             if not isinstance(flag, (bool, int, np.bool_)):
                 raise InvalidArgumentError(f"{what} must be a bool, not {type(flag).__name__}")

@@ -5,6 +5,7 @@ call with an error that names what was wrong, and leaves no stub or segment behi
 from __future__ import annotations
 
 import asyncio
+import enum
 import os
 import subprocess
 import sys
@@ -195,6 +196,24 @@ def test_model_api_arguments_of_a_wrong_type_are_refused(tmp_path: Path,
         assert infer(model, {"IN": fp32(3)}).outputs["OUT"].to_numpy().tolist() == [6.0]
         with pytest.raises(InvalidArgumentError, match="loop must be an asyncio event loop"):
             model.async_infer({"IN": fp32(1)}, loop=123)  # type: ignore[arg-type]
+
+
+class _Names(str, enum.Enum):
+    DOUBLE = "double"
+
+
+def test_model_names_may_be_str_subclasses(tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 15: np.str_ (a name read from a numpy array) and a str Enum were refused as
+    # "not str_" / "not _Names"; they go on as the plain str they hold.
+    write_model(tmp_path, "double")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        srv.load(_Names.DOUBLE)
+        for name in (np.str_("double"), _Names.DOUBLE):
+            model = srv.model(name)
+            assert type(model.name) is str and model.name == "double"
+            assert infer(model, {"IN": fp32(3)}).outputs["OUT"].to_numpy().tolist() == [6.0]
+        srv.unload(np.str_("double"))
+        assert not srv.model("double").ready()
 
 
 def test_a_load_file_given_as_text_is_named(tmp_path: Path, shm_prefix: str) -> None:
