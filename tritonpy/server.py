@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeAlias
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -54,6 +54,8 @@ log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
+# A path as os.fsdecode takes it (bytes are the file system's own encoding).
+_PathArg: TypeAlias = "str | bytes | os.PathLike[str] | os.PathLike[bytes]"
 
 
 def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> str:
@@ -68,19 +70,41 @@ def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> 
 
 
 def _paths(value: Any) -> list[str]:
-    """``Server``'s list of model repositories, or InvalidArgumentError naming what is not."""
+    """``Server``'s model repositories (a path, or a list of paths: str, bytes or
+    ``os.PathLike``), as str; or InvalidArgumentError naming what is not."""
+    if isinstance(value, (str, bytes, os.PathLike)):
+        return [_path("model_repository", value)]
     try:
-        return [os.fspath(r) for r in value]
+        paths = list(value)
     except TypeError:
         raise InvalidArgumentError(f"model_repository must be a path or a list of paths, not "
+                                   f"{type(value).__name__}") from None
+    for i, path in enumerate(paths):
+        try:
+            paths[i] = os.fsdecode(path)
+        except TypeError:
+            raise InvalidArgumentError(
+                f"model_repository must be a path or a list of paths, not a "
+                f"{type(value).__name__} holding {type(path).__name__}") from None
+    return paths
+
+
+def _path(what: str, value: Any) -> str:
+    """A path (str, bytes or ``os.PathLike``) as str, or InvalidArgumentError naming ``what``."""
+    try:
+        return os.fsdecode(value)
+    except TypeError:
+        raise InvalidArgumentError(f"{what} must be a path (or None), not "
                                    f"{type(value).__name__}") from None
 
 
 def _names(what: str, value: Any) -> list[str]:
-    """A list of model names (one name given as a str is a list of one), or
+    """A list of model names (one name given as a str is a list of one, None none), or
     InvalidArgumentError naming ``what``."""
     if isinstance(value, str):
         return [value]
+    if value is None:
+        return []
     try:
         names = list(value)
     except TypeError:
@@ -143,10 +167,11 @@ class Server:
     """A tritonpy server: model repositories, stubs, scheduling, BLS routing.
 
     Args:
-        model_repository: one or more repository directories.
+        model_repository: one or more repository directories (str, bytes or
+            ``os.PathLike``).
         model_control_mode: ``"none"`` (load everything at start), ``"explicit"`` (load what
             ``load_models``/``load()`` ask for) or ``"poll"`` (rescan and reload on changes).
-        load_models: models to load at start in explicit mode (``"*"`` for all).
+        load_models: models to load at start in explicit mode (``"*"`` for all; None: none).
         backend_config: Triton's python backend options, e.g.
             ``{"shm-default-byte-size": "16777216", "shm-region-prefix-name": "myapp_"}``.
         exit_timeout: seconds ``stop()`` waits for in-flight requests.
@@ -188,8 +213,8 @@ class Server:
             threads. It must run until :meth:`stop` returns. None: a thread of the server's own.
     """
 
-    def __init__(self, model_repository: str | Sequence[str] | None = None, *,
-                 model_control_mode: str = "none", load_models: Sequence[str] = (),
+    def __init__(self, model_repository: _PathArg | Sequence[_PathArg] | None = None, *,
+                 model_control_mode: str = "none", load_models: Sequence[str] | None = (),
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
                  strict_readiness: bool = True, auto_complete: bool = True,
@@ -198,16 +223,11 @@ class Server:
                  model_config_name: str = "", response_cache_size: int = 0,
                  model_load_retry_count: int = 0,
                  metrics_config: MetricsConfig | None = None,
-                 backend_directory: str | os.PathLike[str] | None = None,
+                 backend_directory: _PathArg | None = None,
                  rate_limit: str = "off",
                  rate_limit_resources: Sequence[str] = (),
                  model_namespacing: bool = False) -> None:
-        if model_repository is None:
-            repos: list[str] = []
-        elif isinstance(model_repository, (str, os.PathLike)):
-            repos = [os.fspath(model_repository)]
-        else:
-            repos = _paths(model_repository)
+        repos = [] if model_repository is None else _paths(model_repository)
         if model_control_mode not in ("none", "explicit", "poll"):
             raise InvalidArgumentError(
                 f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
@@ -254,7 +274,8 @@ class Server:
         self.limiter = (RateLimiter(parse_resource(r) for r in rate_limit_resources)
                         if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(
-            DEFAULT_BACKEND_DIRECTORY if backend_directory is None else backend_directory)
+            DEFAULT_BACKEND_DIRECTORY if backend_directory is None
+            else _path("backend_directory", backend_directory))
         self.model_load_retry_count = model_load_retry_count
         # Triton's --metrics-config: duration counters and summaries on the metrics page.
         self.metrics_config = metrics_config if metrics_config is not None else MetricsConfig()

@@ -146,6 +146,9 @@ def test_a_model_version_that_is_not_an_int_is_refused(server: tritonpy.Server) 
     ({"backend_config": ["x"]}, "backend_config must be a mapping of keys to values, not list"),
     ({"load_models": [1]}, r"load_models must be model names \(str\), not int"),
     ({"server_id": 5}, "server_id must be a str, not int"),
+    ({"model_repository": [1]}, "model_repository must be a path or a list of paths, not a "
+                                "list holding int"),
+    ({"backend_directory": 5}, r"backend_directory must be a path \(or None\), not int"),
 ])
 def test_server_settings_of_a_wrong_type_are_refused_at_construction(
         repo: Path, kwargs: dict[str, Any], words: str) -> None:
@@ -158,6 +161,20 @@ def test_numpy_numbers_are_server_settings_too(repo: Path) -> None:
     srv = tritonpy.Server(str(repo), exit_timeout=np.float32(2.5), poll_interval=np.int64(3),
                           log_verbose=np.int32(1))
     assert (srv.exit_timeout, srv.poll_interval, srv.log_verbose) == (2.5, 3.0, 1)
+
+
+def test_bytes_paths_and_no_models_to_load_are_server_settings_too(repo: Path) -> None:
+    # QA round 15: a bytes path was refused ("not bytes"), a list of them raised a bare
+    # TypeError, and load_models=None was "not NoneType".
+    class BytesPath:
+        def __fspath__(self) -> bytes:
+            return os.fsencode(repo)
+
+    for given in (os.fsencode(repo), [os.fsencode(repo)], BytesPath(), [BytesPath()]):
+        srv = tritonpy.Server(given, backend_directory=BytesPath(),  # type: ignore[arg-type]
+                              load_models=None)  # type: ignore[arg-type]
+        assert srv.repositories == [str(repo)] and srv.backend_directory == str(repo)
+        assert srv.load_models == []
 
 
 def test_one_model_name_to_load_may_be_a_str(repo: Path, shm_prefix: str) -> None:
