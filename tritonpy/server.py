@@ -98,7 +98,7 @@ def _path(what: str, value: Any) -> str:
                                    f"{type(value).__name__}") from None
 
 
-def _names(what: str, value: Any) -> list[str]:
+def _names(what: str, value: Any, kind: str = "model names") -> list[str]:
     """A list of model names (one name given as a str is a list of one, None none), or
     InvalidArgumentError naming ``what``."""
     if isinstance(value, str):
@@ -112,8 +112,23 @@ def _names(what: str, value: Any) -> list[str]:
     for name in names:
         if not isinstance(name, str):
             raise InvalidArgumentError(
-                f"{what} must be model names (str), not {type(name).__name__}")
+                f"{what} must be {kind} (str), not {type(name).__name__}")
     return names
+
+
+def _flag(what: str, value: Any) -> bool:
+    """``value`` as a bool (numpy's too), or InvalidArgumentError naming ``what``: a str such
+    as "false" is not taken for true."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidArgumentError(f"{what} must be a bool, not {type(value).__name__}")
+    return bool(value)
+
+
+def _instance(what: str, value: Any, kind: type, words: str) -> None:
+    """InvalidArgumentError naming ``what`` unless ``value`` is None or a ``kind``."""
+    if value is not None and not isinstance(value, kind):
+        raise InvalidArgumentError(f"{what} must be {words} (or None), not "
+                                   f"{type(value).__name__}")
 
 
 def _model_name(name: Any) -> str:
@@ -244,6 +259,13 @@ class Server:
                            ("rate_limit", rate_limit)):
             if not isinstance(text, str):
                 raise InvalidArgumentError(f"{what} must be a str, not {type(text).__name__}")
+        rate_limit_resources = _names("rate_limit_resources", rate_limit_resources, "resources")
+        strict_readiness = _flag("strict_readiness", strict_readiness)
+        auto_complete = _flag("auto_complete", auto_complete)
+        model_namespacing = _flag("model_namespacing", model_namespacing)
+        _instance("tracing", tracing, Tracing, "a tritonpy.Tracing")
+        _instance("loop", loop, asyncio.AbstractEventLoop, "an asyncio event loop")
+        _instance("metrics_config", metrics_config, MetricsConfig, "a tritonpy.MetricsConfig")
         problem = load_models_problem(model_control_mode, load_models)
         if problem:
             raise InvalidArgumentError(problem)
@@ -269,8 +291,6 @@ class Server:
             raise InvalidArgumentError(
                 f"rate_limit must be off or execution_count, not {rate_limit!r}")
         # Triton's rate limiter, with --rate-limit execution_count (see _ratelimit).
-        if isinstance(rate_limit_resources, str):
-            rate_limit_resources = [rate_limit_resources]
         self.limiter = (RateLimiter(parse_resource(r) for r in rate_limit_resources)
                         if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(

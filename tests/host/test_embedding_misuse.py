@@ -149,6 +149,16 @@ def test_a_model_version_that_is_not_an_int_is_refused(server: tritonpy.Server) 
     ({"model_repository": [1]}, "model_repository must be a path or a list of paths, not a "
                                 "list holding int"),
     ({"backend_directory": 5}, r"backend_directory must be a path \(or None\), not int"),
+    # QA round 15. Were taken as true ("false" turned namespacing on), or failed later:
+    # tracing=5 at stop() and loop=5 at start() with an AttributeError.
+    ({"strict_readiness": "no"}, "strict_readiness must be a bool, not str"),
+    ({"model_namespacing": "false"}, "model_namespacing must be a bool, not str"),
+    ({"auto_complete": 1}, "auto_complete must be a bool, not int"),
+    ({"tracing": 5}, r"tracing must be a tritonpy.Tracing \(or None\), not int"),
+    ({"loop": 5}, r"loop must be an asyncio event loop \(or None\), not int"),
+    ({"metrics_config": 5}, r"metrics_config must be a tritonpy.MetricsConfig \(or None\), "
+                            "not int"),
+    ({"rate_limit_resources": [5]}, r"rate_limit_resources must be resources \(str\), not int"),
 ])
 def test_server_settings_of_a_wrong_type_are_refused_at_construction(
         repo: Path, kwargs: dict[str, Any], words: str) -> None:
@@ -159,8 +169,11 @@ def test_server_settings_of_a_wrong_type_are_refused_at_construction(
 
 def test_numpy_numbers_are_server_settings_too(repo: Path) -> None:
     srv = tritonpy.Server(str(repo), exit_timeout=np.float32(2.5), poll_interval=np.int64(3),
-                          log_verbose=np.int32(1))
+                          log_verbose=np.int32(1), strict_readiness=np.False_,
+                          model_namespacing=np.True_, auto_complete=np.bool_(False))
     assert (srv.exit_timeout, srv.poll_interval, srv.log_verbose) == (2.5, 3.0, 1)
+    flags = (srv.strict_readiness, srv.model_namespacing, srv.auto_complete)
+    assert flags == (False, True, False) and all(type(flag) is bool for flag in flags)
 
 
 def test_bytes_paths_and_no_models_to_load_are_server_settings_too(repo: Path) -> None:
