@@ -116,6 +116,33 @@ def _names(what: str, value: Any, kind: str = "model names") -> list[str]:
     return names
 
 
+def _config_text(config: Any) -> str | None:
+    """``load()``'s config override as JSON text (None: none), or InvalidArgumentError."""
+    if config is None or type(config) is str:
+        return config
+    if isinstance(config, Mapping):
+        try:
+            return json.dumps(config, default=_numpy_to_json)
+        except (TypeError, ValueError) as exc:  # an object JSON has no form for, a cycle
+            raise InvalidArgumentError(f"config cannot be written as JSON: {exc}") from None
+    if isinstance(config, (bytes, bytearray)):
+        try:
+            return bytes(config).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidArgumentError(f"config must be UTF-8 JSON text: {exc}") from None
+    if isinstance(config, str):
+        return str.__str__(config)
+    raise InvalidArgumentError(f"config must be JSON text or a dict, not "
+                               f"{type(config).__name__}")
+
+
+def _numpy_to_json(value: Any) -> Any:
+    """A numpy number or array in a config dict, as the number or list it holds."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
 def _flag(what: str, value: Any) -> bool:
     """``value`` as a bool (numpy's too), or InvalidArgumentError naming ``what``: a str such
     as "false" is not taken for true."""
@@ -700,25 +727,22 @@ class Server:
                                            f"not {type(version).__name__}") from None
         return Model(self, name, version)
 
-    def load(self, name: str, config: str | Mapping[str, Any] | None = None,
+    def load(self, name: str, config: str | bytes | Mapping[str, Any] | None = None,
              files: Mapping[str, bytes] | None = None) -> None:
         """Load or reload a model (explicit mode): raises with the reason on failure.
-        ``config``: a config override, Triton's model configuration as JSON text (or as a
-        dict, written as JSON); ``files``: ``{"file:1/model.py": b"..."}``, with a config."""
+        ``config``: a config override, Triton's model configuration as JSON text (str or
+        UTF-8 bytes), or as a dict, written as JSON (numpy numbers and arrays as the numbers
+        and lists they hold); ``files``: ``{"file:1/model.py": b"..."}``, with a config."""
         self._not_on_frame_loop("load()")
         self._require_started()
         if type(name) is not str:
             name = _model_name(name)
-        if isinstance(config, Mapping):
-            config = json.dumps(config)
-        elif config is not None and not isinstance(config, str):
-            raise InvalidArgumentError(f"config must be JSON text or a dict, not "
-                                       f"{type(config).__name__}")
+        text = _config_text(config)
         if files is not None and not isinstance(files, Mapping):
             raise InvalidArgumentError(f"files must be a mapping of paths to bytes, not "
                                        f"{type(files).__name__}")
         try:
-            self.repo.load(name, config=config, files=files, api=True)
+            self.repo.load(name, config=text, files=files, api=True)
         except TritonpyError as exc:  # as Triton's, the server's log says so too
             self.log_failed_load(name, exc.message)
             raise

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import os
 import subprocess
 import sys
@@ -244,6 +245,36 @@ def test_model_names_may_be_str_subclasses(tmp_path: Path, shm_prefix: str) -> N
             assert infer(model, {"IN": fp32(3)}).outputs["OUT"].to_numpy().tolist() == [6.0]
         srv.unload(np.str_("double"))
         assert not srv.model("double").ready()
+
+
+_CONFIG = {"max_batch_size": 0, "backend": "python",
+           "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
+           "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]}]}
+
+
+def test_a_config_override_may_hold_numpy_numbers_or_be_bytes(tmp_path: Path,
+                                                              shm_prefix: str) -> None:
+    # QA round 15: numpy numbers in a dict were a bare TypeError from json.dumps ("Object of
+    # type int64 is not JSON serializable"); they are written as the numbers they hold. JSON
+    # text given as bytes was refused ("not bytes"); it is read as UTF-8.
+    write_model(tmp_path, "double")
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        config = {**_CONFIG, "max_batch_size": np.int64(0),
+                  "input": [{**_CONFIG["input"][0], "dims": np.array([-1])}]}  # type: ignore
+        srv.load("double", config=config)
+        assert srv.model("double").config()["input"][0]["dims"] == [-1]
+        srv.load("double", config=json.dumps(_CONFIG).encode())  # type: ignore[arg-type]
+        assert infer(srv.model("double"), {"IN": fp32(3)}).outputs[
+            "OUT"].to_numpy().tolist() == [6.0]
+        for config, words in (
+                ({**_CONFIG, "parameters": {"x": {"string_value": object()}}},
+                 "config cannot be written as JSON: Object of type object is not JSON "
+                 "serializable"),
+                ({**_CONFIG, (1, 2): 3}, "config cannot be written as JSON: keys must be"),
+                (b'{"backend": "\xff"}', "config must be UTF-8 JSON text: 'utf-8' codec can't "
+                                          "decode byte 0xff")):
+            with pytest.raises(InvalidArgumentError, match=words):
+                srv.load("double", config=config)  # type: ignore[arg-type]
 
 
 def test_a_load_file_given_as_text_is_named(tmp_path: Path, shm_prefix: str) -> None:
