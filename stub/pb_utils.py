@@ -79,12 +79,13 @@ class PreferredMemory:
 
     def __init__(self, preferred_memory_type: MemoryType, preferred_device_id: int = 0) -> None:
         # As Triton's (pybind11): the type required, and a MemoryType, not a number (0 or 1
-        # there is a TypeError); the device id an int.
+        # there is a TypeError); the device id an int, a bool being one there (True: 1).
         if not isinstance(preferred_memory_type, MemoryType):
             raise TypeError("PreferredMemory: preferred_memory_type must be "
                             "pb_utils.TRITONSERVER_MEMORY_GPU or TRITONSERVER_MEMORY_CPU (a "
                             f"MemoryType, not a number), got {preferred_memory_type!r}")
-        _expect(preferred_device_id, int, "PreferredMemory: preferred_device_id")
+        if type(preferred_device_id) is not bool:
+            _expect(preferred_device_id, int, "PreferredMemory: preferred_device_id")
         self.preferred_memory_type = preferred_memory_type
         self.preferred_device_id = int(preferred_device_id)
 
@@ -529,9 +530,13 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; explicit model-control mode only."""
     model_name = _text(model_name, "unload_model: model_name")
-    if isinstance(unload_dependents, np.bool_):  # pybind11's bool takes numpy's
+    if type(unload_dependents) is not bool:
+        # As pybind11's bool, converting (Triton 2.51's, measured): numpy's bools and ints
+        # (0, 1) are taken, None, a str or a float are not.
+        if not (isinstance(unload_dependents, np.bool_)
+                or hasattr(type(unload_dependents), "__index__")):
+            _expect(unload_dependents, bool, "unload_model: unload_dependents")
         unload_dependents = bool(unload_dependents)
-    _expect(unload_dependents, bool, "unload_model: unload_dependents")
     _need_runtime("unload_model()", runner=False).model_call(
         "unload", model_name, unload_dependents=unload_dependents)
 

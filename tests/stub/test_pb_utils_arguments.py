@@ -193,7 +193,9 @@ def test_preferred_memory_takes_a_memory_type_and_an_integer_device():
         preferred_memory_type=pb_utils.MemoryType.TRITONSERVER_MEMORY_CPU)
     assert (cpu.preferred_memory_type, cpu.preferred_device_id) == (
         pb_utils.TRITONSERVER_MEMORY_CPU, 0)
-
+    # A bool is an int to Triton's (pybind11, measured in QA round 15): True is device 1.
+    cpu = pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, True)
+    assert cpu.preferred_device_id == 1 and type(cpu.preferred_device_id) is int
 
 
 def test_a_preferred_memory_that_is_not_one_is_refused():
@@ -236,6 +238,10 @@ def server(monkeypatch):
     (lambda: pb_utils.is_model_ready(3), "is_model_ready: model_name must be str, got int"),
     (lambda: pb_utils.unload_model("m", unload_dependents="yes"),
      "unload_model: unload_dependents must be bool, got str"),
+    (lambda: pb_utils.unload_model("m", None),
+     "unload_model: unload_dependents must be bool, got NoneType"),
+    (lambda: pb_utils.unload_model("m", 1.0),
+     "unload_model: unload_dependents must be bool, got float"),
 ])
 def test_the_model_loading_api_takes_strings(server, call, message):
     # As Triton 2.51's bindings (std::string model_name, config and model_version): these
@@ -256,3 +262,12 @@ def test_the_model_loading_api_with_strings_reaches_the_server(server):
         ("load", "m", {"config": "", "files": None}),
         ("unload", "m", {"unload_dependents": True}),
         ("ready", "m", {"version": "1"})]
+
+
+def test_unload_dependents_takes_ints_as_tritons_bool_does(server):
+    # Triton 2.51 (pybind11's bool, converting) takes 0/1 and numpy's bools, as measured in
+    # QA round 15; they were a TypeError here.
+    for given, flag in ((0, False), (1, True), (np.int64(1), True), (np.True_, True)):
+        pb_utils.unload_model("m", given)
+        assert server.calls[-1] == ("unload", "m", {"unload_dependents": flag})
+        assert type(server.calls[-1][2]["unload_dependents"]) is bool
