@@ -523,6 +523,11 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     """Load (or reload) a model; explicit model-control mode only."""
     model_name = _text(model_name, "load_model: model_name")
     config = _text(config, "load_model: config")
+    if files is not None and not isinstance(files, dict):
+        # Triton's check and words (a TritonModelException: what its files' contents and
+        # paths get from the server too, here as there).
+        raise TritonModelException(f"failed to load model '{model_name}', files should be a "
+                                   "dictionary of file paths and file contents")
     _need_runtime("load_model()", runner=False).model_call("load", model_name, config=config,
                                                            files=files)
 

@@ -271,3 +271,13 @@ def test_unload_dependents_takes_ints_as_tritons_bool_does(server):
         pb_utils.unload_model("m", given)
         assert server.calls[-1] == ("unload", "m", {"unload_dependents": flag})
         assert type(server.calls[-1][2]["unload_dependents"]) is bool
+
+
+@pytest.mark.parametrize("files", [[1], "file:1/model.py", ({"file:1/model.py": b""},)])
+def test_load_model_files_that_are_no_dict_are_refused_in_tritons_words(server, files):
+    # Was "'list' object has no attribute 'items'" from the server (QA round 15).
+    with pytest.raises(pb_utils.TritonModelException) as err:
+        pb_utils.load_model("zz", '{"backend": "python"}', files=files)
+    assert str(err.value) == ("failed to load model 'zz', files should be a dictionary of "
+                              "file paths and file contents")
+    assert server.calls == []
