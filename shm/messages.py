@@ -16,9 +16,10 @@ from typing import Any, TypedDict
 # 7: METRIC_FAMILY_DELETE; a family's id in METRIC_FAMILY and METRIC_OP.
 # 8: HELD H->S and ACK S->H: a decoupled BLS stream paced by its caller's model.
 # 9: no ACK -1 S->H (the host ends a cycle through a paced stream itself); preferred_memory
-# kinds in Triton's numbers (GPU 0, CPU 1).
+# kinds in Triton's numbers (GPU 0, CPU 1). 10: a model loading API call's name, config or
+# version may be bytes (what the model gave, not UTF-8: msgpack carries no lone surrogate).
 # A stub of another version is refused.
-PROTOCOL_VERSION = 9
+PROTOCOL_VERSION = 10
 # preferred_memory kinds, as pb_utils' TRITONSERVER_MEMORY_GPU / _CPU (Triton's numbers).
 MEMORY_GPU = 0
 MEMORY_CPU = 1
@@ -54,6 +55,7 @@ class Cmd(enum.IntEnum):
     BLS_INFER = 20  # S->H: BlsBody -> BLS_RESPONSE frames with the same call id
     BLS_RESPONSE = 21  # H->S: ResponseBody
     BLS_CANCEL = 22  # S->H: cancel the BLS request with this call id
+    # (name, config, version: str, or bytes that are not UTF-8, read with surrogateescape)
     LOAD_MODEL = 23  # S->H: {name, config, files} -> REPLY
     UNLOAD_MODEL = 24  # S->H: {name, unload_dependents} -> REPLY
     MODEL_READY = 25  # S->H: {name, version} -> REPLY {ready}

@@ -1374,7 +1374,11 @@ class StubRuntime:
         cmd = {"load": Cmd.LOAD_MODEL, "unload": Cmd.UNLOAD_MODEL, "ready": Cmd.MODEL_READY}[what]
         if self.phase == "finalize":
             raise TritonModelException("the model loading API cannot be used in finalize()")
-        return self._call_ok(cmd, {"name": name, **kw}).get("ready", True)
+        body = {"name": name, **kw}
+        for key, value in body.items():
+            if type(value) is str and not value.isascii():
+                body[key] = _wire_text(value)
+        return self._call_ok(cmd, body).get("ready", True)
 
     def _call_ok(self, cmd: Cmd, body: Any) -> dict:
         """A call to the host and its reply; TritonModelException with the host's message
@@ -1497,6 +1501,21 @@ def _forward_stdio_handlers(forwarder: _LogForwarder) -> None:
 
 # Calls whose answer may need another execute of this model to run first.
 _WAITS_ON_SERVER = frozenset((Cmd.BLS_INFER, Cmd.LOAD_MODEL, Cmd.UNLOAD_MODEL))
+
+
+def _wire_text(text: str) -> str | bytes:
+    """A name, version or config of the model loading API as its frame carries it: one that
+    pb_utils read from bytes that are not UTF-8 (a lone surrogate for each byte it could not
+    read) as those bytes, which the host reads back the same; msgpack carries no lone
+    surrogate. Another lone surrogate stays: the call then says why it cannot be sent."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        try:
+            return text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            pass
+    return text
 
 
 def _own_handles(body: dict, key: str = "outputs") -> list[int]:

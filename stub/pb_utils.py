@@ -175,9 +175,12 @@ def _expect_list(value: Any, item: type | tuple[type, ...], what: str,
 
 def _text(value: Any, what: str) -> str:
     """A str argument; bytes (e.g. read from a TYPE_STRING input) are taken as UTF-8, as by
-    Triton's std::string arguments."""
+    Triton's std::string arguments. Bytes that are not UTF-8 are taken too, as Triton takes
+    them: each byte UTF-8 cannot read is a lone surrogate (surrogateescape, as os.fsdecode
+    reads a folder's name), so that such a name stays apart from every text name (no name is
+    taken for another model's) and simply finds no model."""
     if isinstance(value, bytes):
-        return value.decode("utf-8")
+        return value.decode("utf-8", "surrogateescape")
     _expect(value, str, what)
     return str(value)
 

@@ -143,6 +143,13 @@ def _numpy_to_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
+def _wire_text(value: Any) -> str:
+    """A name, version or config of a stub's model loading API call: bytes (its model gave
+    bytes that are not UTF-8) are read as pb_utils read them, each byte UTF-8 cannot read a
+    lone surrogate (as os.fsdecode reads a folder's name)."""
+    return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
+
+
 def _flag(what: str, value: Any) -> bool:
     """``value`` as a bool (numpy's too), or InvalidArgumentError naming ``what``: a str such
     as "false" is not taken for true."""
@@ -941,9 +948,9 @@ class Server:
 
     def _model_api(self, stub: StubProcess, cmd: int, call_id: int, body: dict) -> None:
         try:
-            name = str(body["name"])
+            name = _wire_text(body["name"])
             if cmd == Cmd.MODEL_READY:
-                v = str(body.get("version") or "")
+                v = _wire_text(body.get("version") or "")
                 ready = self.repo.is_ready(name, int(v) if v else -1)
                 reply: dict = {"ok": True, "ready": ready}
             else:
@@ -953,7 +960,9 @@ class Server:
                         "(--model-control-mode=explicit)")
                 if cmd == Cmd.LOAD_MODEL:
                     files = body.get("files") or None
-                    self.repo.load(name, config=body.get("config") or None, files=files, api=True)
+                    config = body.get("config") or None
+                    self.repo.load(name, config=None if config is None else _wire_text(config),
+                                   files=files, api=True)
                 else:  # as Triton's: returns at once (a model may unload itself)
                     self.repo.unload(name, api=True, wait=False)
                 reply = {"ok": True}
@@ -961,6 +970,9 @@ class Server:
             reply = {"ok": False, "error": exc.to_wire()}
         except Exception as exc:
             reply = {"ok": False, "error": {"code": "INTERNAL", "message": str(exc)}}
+        if not reply["ok"]:  # a name read from bytes that are not UTF-8 may be in it
+            error = reply["error"]
+            error["message"] = error["message"].encode("utf-8", "backslashreplace").decode()
         try:
             stub.send(Cmd.REPLY, call_id, reply)
         except Exception:

@@ -110,6 +110,22 @@ def test_load_failures_raise_with_the_reason(explicit) -> None:
     assert act(explicit, "ready")["error"] is None
 
 
+def test_a_name_of_bytes_that_are_not_utf8_finds_no_model(explicit) -> None:
+    # QA round 15: is_model_ready(b"\xff\xfe") is False on Triton 2.51; it was a
+    # UnicodeDecodeError here. Such a name reaches the server as those bytes (the frames carry
+    # no lone surrogate) and finds no model: a load fails as for any unknown name, an unload
+    # does nothing, and its error comes back (escaped) rather than leave the model waiting.
+    ready = act(explicit, "ready", model_hex="fffe")
+    assert ready["error"] is None and ready["ready"] is False
+    loaded = act(explicit, "load", model_hex="fffe")
+    assert loaded["error_type"] == "TritonModelException", loaded
+    assert loaded["error"] == "Request for unknown model: '\\udcff\\udcfe' is not found"
+    unloaded = act(explicit, "unload", model_hex="fffe")
+    assert unloaded["error"] is None and unloaded["ready"] is False
+    # UTF-8 bytes are the model of that name.
+    assert act(explicit, "load", model_hex=b"lazy_target".hex())["ready"] is True
+
+
 def test_load_model_in_initialize(explicit) -> None:
     assert act(explicit, "ready")["ready"] is False
     explicit.load("load_in_init")

@@ -273,6 +273,23 @@ def test_unload_dependents_takes_ints_as_tritons_bool_does(server):
         assert type(server.calls[-1][2]["unload_dependents"]) is bool
 
 
+def test_names_as_bytes_that_are_not_utf8_go_on(server):
+    # Triton 2.51 takes any bytes as a std::string: is_model_ready(b"\xff\xfe") is False
+    # there (QA round 15); it was a UnicodeDecodeError here. Such bytes are kept apart from
+    # every text name (surrogateescape, as os.fsdecode reads a folder's name): no name they
+    # hold is taken for another model's.
+    assert pb_utils.is_model_ready(b"\xff\xfe") is True  # (the stand-in says True)
+    pb_utils.load_model(b"\xff\xfe")
+    pb_utils.unload_model(b"\xfe")
+    assert server.calls == [("ready", "\udcff\udcfe", {"version": ""}),
+                            ("load", "\udcff\udcfe", {"config": "", "files": None}),
+                            ("unload", "\udcfe", {"unload_dependents": False})]
+    request = pb_utils.InferenceRequest(request_id=b"\xff", model_name=b"m\xff",
+                                        inputs=[], requested_output_names=[b"OUT\xff"])
+    assert (request.request_id(), request.model_name(), request.requested_output_names()) == (
+        "\udcff", "m\udcff", {"OUT\udcff"})
+
+
 @pytest.mark.parametrize("files", [[1], "file:1/model.py", ({"file:1/model.py": b""},)])
 def test_load_model_files_that_are_no_dict_are_refused_in_tritons_words(server, files):
     # Was "'list' object has no attribute 'items'" from the server (QA round 15).

@@ -1,7 +1,8 @@
 """The model loading API from execute: request parameters 'action' (ready | load | unload |
 infer) and 'model'; for load also 'config' (a JSON config override) and 'files' (JSON: path ->
-text, sent as bytes), for unload 'unload_dependents', for ready 'version'. REPORT (JSON) says
-what happened, including any exception's type and message."""
+text, sent as bytes), for unload 'unload_dependents', for ready 'version'; 'model_hex' gives
+the model name as bytes instead. REPORT (JSON) says what happened, including any exception's
+type and message."""
 import json
 
 import numpy as np
@@ -15,6 +16,8 @@ class TritonPythonModel:
             params = json.loads(request.parameters())
             action, model = params.get("action", "ready"), params.get("model", "")
             report = {"action": action, "model": model, "error": None, "error_type": None}
+            if "model_hex" in params:  # bytes, UTF-8 or not (Triton's std::string takes any)
+                model = bytes.fromhex(params["model_hex"])
             try:
                 if action == "load":
                     kwargs = {}
