@@ -228,7 +228,7 @@ def test_a_smaller_block_waits_for_room_after_a_bigger_one_found_none(shm_prefix
 
 # A pool in a fallback directory (shm-fallback-directory) on a full 4 MiB filesystem.
 _FULL_FALLBACK = textwrap.dedent("""
-    import json, subprocess, sys, tempfile
+    import json, os, subprocess, sys, tempfile
     import numpy as np
     from tritonpy.shm import Pool, ShmExhaustedError
     MiB = 1 << 20
@@ -240,6 +240,8 @@ _FULL_FALLBACK = textwrap.dedent("""
     except ShmExhaustedError as exc:
         print(json.dumps({"where": where, "msg": str(exc)}))
     pool.close()
+    subprocess.run(["umount", where], check=True)
+    os.rmdir(where)
 """)
 
 
