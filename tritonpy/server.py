@@ -951,7 +951,13 @@ class Server:
             name = _wire_text(body["name"])
             if cmd == Cmd.MODEL_READY:
                 v = _wire_text(body.get("version") or "")
-                ready = self.repo.is_ready(name, int(v) if v else -1)
+                try:
+                    version = int(v) if v else -1
+                except ValueError:
+                    raise InvalidArgumentError(
+                        f"is_model_ready: model_version must be a version number, got "
+                        f"{v!r}") from None
+                ready = self.repo.is_ready(name, version)
                 reply: dict = {"ok": True, "ready": ready}
             else:
                 if self.model_control_mode != "explicit":

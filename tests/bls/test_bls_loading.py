@@ -126,6 +126,15 @@ def test_a_name_of_bytes_that_are_not_utf8_finds_no_model(explicit) -> None:
     assert act(explicit, "load", model_hex=b"lazy_target".hex())["ready"] is True
 
 
+def test_a_version_that_is_no_number_is_named(explicit) -> None:
+    # It was an INTERNAL error from int(): "invalid literal for int() with base 10: 'abc'".
+    report = act(explicit, "ready", version="abc")
+    assert report["error_type"] == "TritonModelException", report
+    assert report["error"] == \
+        "is_model_ready: model_version must be a version number, got 'abc'", report
+    assert act(explicit, "ready", version="1")["error"] is None
+
+
 def test_load_model_in_initialize(explicit) -> None:
     assert act(explicit, "ready")["ready"] is False
     explicit.load("load_in_init")
