@@ -682,6 +682,11 @@ def _raise_fd_limit() -> None:
              "unlimited" if hard == resource.RLIM_INFINITY else hard)
 
 
+#: A second SIGINT or SIGTERM stops the server at once (see _serve), unless it came within
+#: this many seconds of the first: then it is taken for the same one, sent twice.
+REPEAT_S = 0.25
+
+
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
     from ._model import READY
@@ -777,9 +782,15 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     now = asyncio.Event()  # a second one: stop now (Triton ignores it, and drains on)
 
     serving: list[Frontends] = []  # once started: a second signal cuts their stop short
+    first_at: list[float] = []  # when the first signal came
 
     def on_signal() -> None:
         if stop.is_set() and not now.is_set():
+            if loop.time() - first_at[0] < REPEAT_S:
+                # One signal sent twice: GNU timeout, for one, signals its child and then the
+                # child's process group, the server in both.
+                log.info("the signal came again within %g s: taken as the same one", REPEAT_S)
+                return
             now.set()
             log.warning("second signal: stopping now; the requests in flight are cut off and "
                         "the models get no finalize")
@@ -787,6 +798,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             # answers to go out) the frontends' wait for the requests in flight ends.
             aborted = loop.run_in_executor(None, server.abort)
             aborted.add_done_callback(lambda _: loop.call_later(0.2, cut_short))
+        if not first_at:
+            first_at.append(loop.time())
         stop.set()
 
     def cut_short() -> None:

@@ -336,6 +336,7 @@ def test_a_second_signal_fails_the_queued_requests_with_its_reason(
     time.sleep(0.5)
     server.proc.send_signal(signal.SIGINT)
     wait_until(lambda: "Waiting for in-flight requests" in server.log(), 10, "the drain")
+    time.sleep(0.5)  # (not within REPEAT_S of the first)
     server.proc.send_signal(signal.SIGTERM)
     assert server.wait(30) == 1, server.log()
     t_run.join(10)
@@ -344,6 +345,26 @@ def test_a_second_signal_fails_the_queued_requests_with_its_reason(
     assert "the server stopped at once (abort() or a second signal): the request was not " \
         "run" in str(queued_box[0]), queued_box
     assert not (marks / "started-queued").exists()
+    assert segments(shm_prefix) == []
+
+
+def test_one_signal_sent_twice_at_once_is_one_signal(serve: Callable[..., Serve],
+                                                     tmp_path: Path, shm_prefix: str) -> None:
+    # QA round 16: GNU timeout sends its SIGINT to the server and then to its process group,
+    # so `timeout -s INT` stopped tritonpy as at a second signal: stubs killed, no finalize.
+    marks, repo = _slow_repo(tmp_path, 1)
+    server, http_port, _ = serve_repo(serve, repo)
+    t_run, run_box = in_background(lambda: slow_infer(f"127.0.0.1:{http_port}", 1.5, "r"))
+    wait_until(lambda: (marks / "started-r").exists(), 20, "the request to start")
+    server.proc.send_signal(signal.SIGINT)
+    time.sleep(0.05)  # (sent at once, the kernel would deliver one: pending signals merge)
+    server.proc.send_signal(signal.SIGINT)
+    assert server.wait(30) == 0, server.log()
+    assert "the signal came again within 0.25 s: taken as the same one" in server.log()
+    assert "second signal" not in server.log()
+    t_run.join(10)
+    assert run_box[0].as_numpy("OUT").tolist() == [3.0]  # drained
+    assert (marks / "finalized").exists()
     assert segments(shm_prefix) == []
 
 
