@@ -84,10 +84,14 @@ class PreferredMemory:
             raise TypeError("PreferredMemory: preferred_memory_type must be "
                             "pb_utils.TRITONSERVER_MEMORY_GPU or TRITONSERVER_MEMORY_CPU (a "
                             f"MemoryType, not a number), got {preferred_memory_type!r}")
-        if type(preferred_device_id) is not bool:
+        if not isinstance(preferred_device_id, (bool, np.bool_)):
             _expect(preferred_device_id, int, "PreferredMemory: preferred_device_id")
+        device = int(preferred_device_id)
+        if not -(1 << 63) <= device < (1 << 63):  # Triton's is an int64 (pybind11 refuses)
+            raise TypeError(f"PreferredMemory: preferred_device_id must be an int64, got "
+                            f"{device}")
         self.preferred_memory_type = preferred_memory_type
-        self.preferred_device_id = int(preferred_device_id)
+        self.preferred_device_id = device
 
 
 class Trace:

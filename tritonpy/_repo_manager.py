@@ -242,9 +242,11 @@ class RepositoryManager:
             # A model whose folder went, not loaded now: as Triton, no longer in the index,
             # nor (namespacing) one of the identifiers a name resolves among. (Poll mode
             # unloads a loaded one; explicit mode lists it until it is unloaded.)
+            retiring = {rt.name for rt in self._retiring_runtimes}
             for key, entry in list(self.entries.items()):
                 if key not in models and entry.tmpdir is None and not entry.runtimes \
-                        and entry.state != UNLOADING and not entry.lock.locked():
+                        and entry.state != UNLOADING and entry.name not in retiring \
+                        and not entry.lock.locked():
                     del self.entries[key]
             self.scan_errors = errors
 
@@ -360,6 +362,8 @@ class RepositoryManager:
         (``tritonpy-files-*`` in the temp folder), which its janitor removes should the
         server die without a stop."""
         with self._files_lock:
+            if self.server._stopping:  # its folders are (being) removed: none is made now
+                raise load_cancelled()
             root = self._files_root
             if root is None or not os.path.isdir(root):
                 root = self._files_root = tempfile.mkdtemp(prefix="tritonpy-files-")
@@ -449,6 +453,8 @@ class RepositoryManager:
                 _write_files(mdir, files)
             except InvalidArgumentError as exc:  # Triton's sentence first (QA L0_lifecycle)
                 self._drop_files_folder(tmp)
+                if self.server._stopping:  # its folder was removed by the stop meanwhile
+                    raise load_cancelled() from None
                 raise InvalidArgumentError(f"{refused}: {exc.message}") from None
             except BaseException:  # a refused path: what was written so far goes too
                 self._drop_files_folder(tmp)
@@ -697,6 +703,9 @@ class RepositoryManager:
                 entry.dropped[rt.version] = rt
         for v in serving:
             entry.dropped.pop(v, None)
+        if gone:
+            with self._lock:  # retiring before they leave the entry: always one or the other
+                self._retiring_runtimes.update(gone)
         entry.runtimes = serving
         entry.state = READY
         entry.reason = ""
@@ -893,7 +902,10 @@ class RepositoryManager:
                     entry.reason = "unloaded"
                 return
             entry.state = UNLOADING
-            rts, entry.runtimes = entry.runtimes, {}
+            rts = entry.runtimes
+            with self._lock:  # retiring before they leave the entry: always one or the other
+                self._retiring_runtimes.update(rts.values())
+            entry.runtimes = {}
             entry.unloaded = sorted(rts)
             carry = self.server.counter_carry
             for v in rts:
@@ -905,6 +917,13 @@ class RepositoryManager:
                 if not entry.runtimes and entry.state == UNLOADING:  # not loaded again since
                     entry.state = UNAVAILABLE
                     entry.reason = "unloaded"
+                    if entry.tmpdir:
+                        # As Triton: the files go with the model; a load without them reads
+                        # the repository's model again (a model known from files alone is
+                        # known no more).
+                        entry.tmpdir = None
+                        entry.directory = self._scanned.get(entry.key, "")
+                        self._sweep_files_folders()
 
         if wait:
             finish()

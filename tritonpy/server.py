@@ -72,8 +72,9 @@ def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> 
 def _paths(value: Any) -> list[str]:
     """``Server``'s model repositories (a path, or a list of paths: str, bytes or
     ``os.PathLike``), as str; or InvalidArgumentError naming what is not."""
-    if isinstance(value, (str, bytes, os.PathLike)):
-        return [_path("model_repository", value)]
+    if isinstance(value, (str, bytes, bytearray, os.PathLike)):
+        return [_path("model_repository", bytes(value) if isinstance(value, bytearray)
+                      else value)]
     try:
         paths = list(value)
     except TypeError:
@@ -103,6 +104,8 @@ def _names(what: str, value: Any, kind: str = "model names") -> list[str]:
     InvalidArgumentError naming ``what``."""
     if isinstance(value, str):
         return [value]
+    if isinstance(value, (bytes, bytearray)):
+        raise InvalidArgumentError(f"{what} must be {kind} (str), not {type(value).__name__}")
     if value is None:
         return []
     try:
@@ -151,9 +154,9 @@ def _wire_text(value: Any) -> str:
 
 
 def _flag(what: str, value: Any) -> bool:
-    """``value`` as a bool (numpy's too), or InvalidArgumentError naming ``what``: a str such
-    as "false" is not taken for true."""
-    if not isinstance(value, (bool, np.bool_)):
+    """``value`` as a bool (numpy's too, or an int), or InvalidArgumentError naming ``what``:
+    a str such as "false" is not taken for true."""
+    if not isinstance(value, (bool, np.bool_, int, np.integer)):
         raise InvalidArgumentError(f"{what} must be a bool, not {type(value).__name__}")
     return bool(value)
 
@@ -469,7 +472,9 @@ class Server:
         try:
             self.cancel_loads()  # an instance still initializing has no request to drain
             self._unpace_streams()
-            self.cut_short = self.repo.shut_down(self.exit_timeout)
+            cut = self.repo.shut_down(self.exit_timeout)
+            # (one line for versions alike; an abort() meanwhile may have named some)
+            self.cut_short = list(dict.fromkeys(self.cut_short + cut))
             if self.cut_short:
                 log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
             drained = True
@@ -487,14 +492,20 @@ class Server:
         :meth:`start` under way in another thread stops loading and raises."""
         if self._started or self._in_start:
             self._stopping = True
-            self.cancel_loads()
-            self._kill_stubs()
+            # As a stop cut short by its exit timeout: the versions it leaves unfinished.
+            self.cut_short = list(dict.fromkeys(
+                self.cut_short + [f"'{name}' version {version} (requests in flight)"
+                                  for name, version, _ in self.in_flight()]))
+            # The queues first: once the stubs are dead, a drain under way would fail what is
+            # queued in its own words.
             error = UnavailableError("the server stopped at once (abort() or a second signal): "
                                      "the request was not run")
             for rt in self.repo.runtimes() + self.repo.retiring():
                 fail_queue = getattr(rt, "fail_queue", None)
                 if fail_queue is not None:
                     fail_queue(error)
+            self.cancel_loads()
+            self._kill_stubs()
 
     def _stop_now(self) -> None:
         """Stop without a drain or finalize: the stubs (those starting too) are killed, the

@@ -141,6 +141,9 @@ def test_the_index_reads_the_repository_as_triton_does(tmp_path, shm_prefix):
         server.unload("slow_end", wait=False)
         shutil.rmtree(tmp_path / "slow_end")
         assert _states(server) == {"a": "READY", "slow_end": "UNLOADING"}
+        with pytest.raises(TritonpyError):  # its folder is gone: and it was dropped at once
+            server.load("slow_end")
+        assert "slow_end" in _states(server)
         wait_until(lambda: _states(server) == {"a": "READY"}, 10, "slow_end to go")
 
 

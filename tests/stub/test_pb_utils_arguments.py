@@ -198,6 +198,14 @@ def test_preferred_memory_takes_a_memory_type_and_an_integer_device():
     assert cpu.preferred_device_id == 1 and type(cpu.preferred_device_id) is int
 
 
+def test_a_preferred_device_id_as_triton_takes_it():
+    # QA round 16: numpy's True was refused (Triton 2.51 takes it), 2**64 taken (refused).
+    cpu = pb_utils.TRITONSERVER_MEMORY_CPU
+    assert pb_utils.PreferredMemory(cpu, np.True_).preferred_device_id == 1
+    with pytest.raises(TypeError, match="must be an int64, got 18446744073709551616"):
+        pb_utils.PreferredMemory(cpu, 2**64)
+
+
 def test_a_preferred_memory_that_is_not_one_is_refused():
     # As Triton 2.51's binding (a TypeError); any object was taken here.
     with pytest.raises(TypeError, match="preferred_memory must be PreferredMemory, got str"):
