@@ -114,6 +114,7 @@ def ensure_step_loaded(repo: RepositoryManager, ensemble: str, name: str,
                 f"ensemble '{ensemble}' depends on '{name}' which has no loaded version. "
                 f"Model '{name}' loading failed with error: {entry.reason}")
         try:
+            repo.without_files(entry)  # as a load of it without files would
             repo._load_entry(entry, None)
         except TritonpyError as exc:
             raise InvalidArgumentError(

@@ -489,11 +489,8 @@ class RepositoryManager:
                 entry.directory = mdir
                 with self._files_lock:
                     self._files_pending.discard(tmp)
-            elif entry.tmpdir and name in self._scanned:
-                # As Triton: a load without files undoes a files override and loads the
-                # repository's model again.
-                entry.tmpdir = None
-                entry.directory = self._scanned[name]
+            else:
+                self.without_files(entry)
             stamp = self._config_stamp(entry) if not mdir else None
             if override is None and not mdir and entry.override is not None:
                 # As Triton 2.51 (measured, QA L0_lifecycle): the last override holds until
@@ -519,6 +516,18 @@ class RepositoryManager:
             entry.override = (pristine, stamp) if pristine is not None else None
         self._orphans.pop(name, None)
         self._revive_orphans()
+
+    def without_files(self, entry: ModelEntry) -> None:
+        """Before a load without files (its caller holds ``entry.lock``): as Triton, it undoes
+        a files override and reads the repository's model again; a model known from files
+        alone is no repository's, and Triton's poll of the repository refuses it."""
+        if entry.key in self._scanned:
+            if entry.tmpdir:
+                entry.tmpdir = None
+                entry.directory = self._scanned[entry.key]
+        elif entry.tmpdir or not entry.directory:
+            raise InvalidArgumentError(
+                f"failed to load '{entry.name}', failed to poll from model repository")
 
     def _config_stamp(self, entry: ModelEntry) -> tuple[int, int] | None:
         """When and how big ``entry``'s config file is (None: there is none)."""

@@ -471,6 +471,55 @@ def test_a_model_known_from_files_alone_goes_with_its_unload(tmp_path: Path,
             == [2.0]
 
 
+SLOW_FINALIZE_DOUBLE_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() * 2)])
+            for r in requests]
+
+    def finalize(self):
+        time.sleep(1.5)
+"""
+
+
+def test_a_load_without_files_never_reads_a_models_files(tmp_path: Path,
+                                                         shm_prefix: str) -> None:
+    # QA round 17: a load without files of a model known from files alone (loaded, or being
+    # unloaded) reloaded it from its files with no configuration: READY with no inputs and no
+    # outputs (Triton 2.51 refuses: "failed to poll from model repository", and serves on);
+    # and an ensemble loaded while its step overridden with files was being unloaded loaded
+    # that step from the files, with no configuration, and failed (Triton: the repository's).
+    write_model(tmp_path, "double", SLOW_FINALIZE_DOUBLE_PY)
+    (tmp_path / "ens" / "1").mkdir(parents=True)
+    (tmp_path / "ens" / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "double" model_version: -1 '
+        'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n')
+    with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
+        srv.load("fonly", config=FILES_CONFIG, files={"file:1/model.py": FILES_MODEL_PY % 3})
+        for then in ("loaded", "unloading"):
+            if then == "unloading":
+                srv.unload("fonly", wait=False)
+            with pytest.raises(InvalidArgumentError,
+                               match="failed to load 'fonly', failed to poll from model "
+                                     "repository"):
+                srv.load("fonly")
+            if then == "loaded":  # it serves on, as it was
+                assert infer(srv.model("fonly"), {"IN": fp32(1)}).outputs["OUT"] \
+                    .to_numpy().tolist() == [3.0]
+        srv.load("double", config=FILES_CONFIG, files={"file:1/model.py": FILES_MODEL_PY % 7})
+        srv.unload("double", wait=False)  # its finalize takes 1.5 s
+        srv.load("ens")
+        assert infer(srv.model("ens"), {"IN": fp32(1)}).outputs["OUT"].to_numpy().tolist() \
+            == [2.0]
+
+
 def test_loads_with_files_during_a_stop_leave_no_folder(tmp_path: Path, shm_prefix: str,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     # QA round 16: a load that had begun before the stop made a new tritonpy-files-* folder
