@@ -385,6 +385,17 @@ def _addsub(repo: Path, name: str, sign: int) -> None:
     write_model(repo, name, ADDSUB_PY.replace("{sign}", str(sign)), 'backend: "python"\n' + NS_IO)
 
 
+def write_step_ensemble(repo: Path, name: str, step: str) -> None:
+    """The ensemble ``name`` of one step, model ``step``: FP32 ``IN`` to ``OUT``."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "config.pbtxt").write_text(
+        'platform: "ensemble"\nmax_batch_size: 0\n'
+        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1 '
+        'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n')
+
+
 def _one_step_ensemble(repo: Path, name: str, step: str) -> None:
     maps = "".join(f' input_map {{ key: "INPUT{i}" value: "INPUT{i}" }}' for i in (0, 1)) + \
         "".join(f' output_map {{ key: "OUTPUT{i}" value: "OUTPUT{i}" }}' for i in (0, 1))

@@ -21,7 +21,7 @@ import pytest
 
 import tritonpy
 from _models import (SLEEPER_PY, fp32, infer, io_config, new_prefix, segments, serving,
-                     wait_until, write_model)
+                     wait_until, write_model, write_step_ensemble)
 from tritonpy import InvalidArgumentError, NotFoundError, UnavailableError
 
 pytestmark = pytest.mark.timeout(60)
@@ -229,11 +229,7 @@ def test_model_api_arguments_of_a_wrong_type_are_refused(tmp_path: Path,
             with pytest.raises(InvalidArgumentError, match=words):
                 call()
         # A config override may be given as a dict.
-        srv.load("double", config={"max_batch_size": 0, "backend": "python",
-                                   "input": [{"name": "IN", "data_type": "TYPE_FP32",
-                                              "dims": [-1]}],
-                                   "output": [{"name": "OUT", "data_type": "TYPE_FP32",
-                                               "dims": [-1]}]})
+        srv.load("double", config=_CONFIG)
         model = srv.model("double")
         assert infer(model, {"IN": fp32(3)}).outputs["OUT"].to_numpy().tolist() == [6.0]
         with pytest.raises(InvalidArgumentError, match="loop must be an asyncio event loop"):
@@ -365,9 +361,7 @@ FILES_MODEL_PY = (b"import triton_python_backend_utils as pb_utils\n"
                   b"        return [pb_utils.InferenceResponse([pb_utils.Tensor('OUT', "
                   b"pb_utils.get_input_tensor_by_name(r, 'IN').as_numpy() * %d)]) "
                   b"for r in requests]\n")
-FILES_CONFIG = {"backend": "python",
-                "input": [{"name": "IN", "data_type": "TYPE_FP32", "dims": [-1]}],
-                "output": [{"name": "OUT", "data_type": "TYPE_FP32", "dims": [-1]}]}
+FILES_CONFIG = _CONFIG
 
 
 def test_the_folders_of_loads_with_files_do_not_pile_up(tmp_path: Path,
@@ -494,13 +488,7 @@ def test_a_load_without_files_never_reads_a_models_files(tmp_path: Path,
     # and an ensemble loaded while its step overridden with files was being unloaded loaded
     # that step from the files, with no configuration, and failed (Triton: the repository's).
     write_model(tmp_path, "double", SLOW_FINALIZE_DOUBLE_PY)
-    (tmp_path / "ens" / "1").mkdir(parents=True)
-    (tmp_path / "ens" / "config.pbtxt").write_text(
-        'platform: "ensemble"\nmax_batch_size: 0\n'
-        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "double" model_version: -1 '
-        'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n')
+    write_step_ensemble(tmp_path, "ens", "double")
     with serving(tmp_path, shm_prefix, model_control_mode="explicit") as srv:
         srv.load("fonly", config=FILES_CONFIG, files={"file:1/model.py": FILES_MODEL_PY % 3})
         for then in ("loaded", "unloading"):
@@ -588,9 +576,8 @@ def test_the_folder_of_a_load_with_files_goes_when_the_program_ends(
         srv = tritonpy.Server({str(repo)!r}, model_control_mode="explicit",
                               backend_config={{"shm-region-prefix-name": {shm_prefix!r}}})
         srv.start()
-        srv.load("from_files", config={{"backend": "python", "input": [{{"name": "IN",
-                 "data_type": "TYPE_FP32", "dims": [-1]}}], "output": [{{"name": "OUT",
-                 "data_type": "TYPE_FP32", "dims": [-1]}}]}}, files={{"file:1/model.py": {model_py!r}}})
+        srv.load("from_files", config={_CONFIG!r},
+                 files={{"file:1/model.py": {model_py!r}}})
         print(os.path.dirname(srv.runtime("from_files").model_dir), flush=True)
         if {end!r} == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _bls_models import collect
-from _models import fp32, infer, io_config, serving, wait_until, write_model
+from _models import fp32, infer, io_config, serving, wait_until, write_model, write_step_ensemble
 
 from tritonpy import InvalidArgumentError
 
@@ -322,13 +322,7 @@ def test_failures_count_by_triton_reason(tmp_path, shm_prefix):
     write_model(tmp_path, "capped", GATED_PY, io_config(max_batch_size=1, extra=policy))
     write_model(tmp_path, "seq", GATED_PY, io_config(max_batch_size=1,
                                                      extra="sequence_batching { }\n"))
-    (tmp_path / "ens" / "1").mkdir(parents=True)
-    (tmp_path / "ens" / "config.pbtxt").write_text(
-        'platform: "ensemble"\nmax_batch_size: 0\n'
-        'input [ { name: "IN", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'output [ { name: "OUT", data_type: TYPE_FP32, dims: [ -1 ] } ]\n'
-        'ensemble_scheduling { step [ { model_name: "boom" model_version: -1 '
-        'input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }\n')
+    write_step_ensemble(tmp_path, "ens", "boom")
 
     def held(model, gate, x):
         stream = model.infer({"IN": x}, parameters={"gate": str(gate)})
