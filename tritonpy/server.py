@@ -9,15 +9,13 @@ from __future__ import annotations
 import asyncio
 import atexit
 import functools
-import json
 import logging
-import numbers
 import operator
 import os
 import threading
 import time
 import weakref
-from typing import Any, Mapping, Sequence, TypeAlias
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -33,6 +31,7 @@ from . import _repo_manager
 from ._bls import BlsRouter
 from ._cache import ResponseCache
 from ._custom_metrics import CustomMetrics
+from . import _arguments as arg
 from ._errors import (
     InvalidArgumentError,
     TritonpyError,
@@ -54,8 +53,6 @@ log = logging.getLogger("tritonpy")
 __version__ = "0.1.0"
 _LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
 _USAGE_TIMEOUT_S = 0.5  # a stub's answer to USAGE (a metrics scrape waits for it)
-# A path as os.fsdecode takes it (bytes are the file system's own encoding).
-_PathArg: TypeAlias = "str | bytes | os.PathLike[str] | os.PathLike[bytes]"
 
 
 def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> str:
@@ -69,131 +66,11 @@ def load_models_problem(model_control_mode: str, load_models: Sequence[str]) -> 
     return ""
 
 
-def _paths(value: Any) -> list[str]:
-    """``Server``'s model repositories (a path, or a list of paths: str, bytes or
-    ``os.PathLike``), as str; or InvalidArgumentError naming what is not."""
-    if isinstance(value, (str, bytes, bytearray, os.PathLike)):
-        return [_path("model_repository", bytes(value) if isinstance(value, bytearray)
-                      else value)]
-    try:
-        paths = list(value)
-    except TypeError:
-        raise InvalidArgumentError(f"model_repository must be a path or a list of paths, not "
-                                   f"{type(value).__name__}") from None
-    for i, path in enumerate(paths):
-        try:
-            paths[i] = os.fsdecode(path)
-        except TypeError:
-            raise InvalidArgumentError(
-                f"model_repository must be a path or a list of paths, not a "
-                f"{type(value).__name__} holding {type(path).__name__}") from None
-    return paths
-
-
-def _path(what: str, value: Any) -> str:
-    """A path (str, bytes or ``os.PathLike``) as str, or InvalidArgumentError naming ``what``."""
-    try:
-        return os.fsdecode(value)
-    except TypeError:
-        raise InvalidArgumentError(f"{what} must be a path (or None), not "
-                                   f"{type(value).__name__}") from None
-
-
-def _names(what: str, value: Any, kind: str = "model names") -> list[str]:
-    """A list of model names (one name given as a str is a list of one, None none), or
-    InvalidArgumentError naming ``what``."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (bytes, bytearray)):
-        raise InvalidArgumentError(f"{what} must be {kind} (str), not {type(value).__name__}")
-    if value is None:
-        return []
-    try:
-        names = list(value)
-    except TypeError:
-        names = [value]
-    for name in names:
-        if not isinstance(name, str):
-            raise InvalidArgumentError(
-                f"{what} must be {kind} (str), not {type(name).__name__}")
-    return names
-
-
-def _config_text(config: Any) -> str | None:
-    """``load()``'s config override as JSON text (None: none), or InvalidArgumentError."""
-    if config is None or type(config) is str:
-        return config
-    if isinstance(config, Mapping):
-        try:
-            return json.dumps(config, default=_numpy_to_json)
-        except (TypeError, ValueError) as exc:  # an object JSON has no form for, a cycle
-            raise InvalidArgumentError(f"config cannot be written as JSON: {exc}") from None
-    if isinstance(config, (bytes, bytearray)):
-        try:
-            return bytes(config).decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise InvalidArgumentError(f"config must be UTF-8 JSON text: {exc}") from None
-    if isinstance(config, str):
-        return str.__str__(config)
-    raise InvalidArgumentError(f"config must be JSON text or a dict, not "
-                               f"{type(config).__name__}")
-
-
-def _numpy_to_json(value: Any) -> Any:
-    """A numpy number or array in a config dict, as the number or list it holds."""
-    if isinstance(value, (np.generic, np.ndarray)):
-        return value.tolist()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
 def _wire_text(value: Any) -> str:
     """A name, version or config of a stub's model loading API call: bytes (its model gave
     bytes that are not UTF-8) are read as pb_utils read them, each byte UTF-8 cannot read a
     lone surrogate (as os.fsdecode reads a folder's name)."""
     return value.decode("utf-8", "surrogateescape") if isinstance(value, bytes) else str(value)
-
-
-def _flag(what: str, value: Any) -> bool:
-    """``value`` as a bool (numpy's too, or an int), or InvalidArgumentError naming ``what``:
-    a str such as "false" is not taken for true."""
-    if not isinstance(value, (bool, np.bool_, int, np.integer)):
-        raise InvalidArgumentError(f"{what} must be a bool, not {type(value).__name__}")
-    return bool(value)
-
-
-def _instance(what: str, value: Any, kind: type, words: str) -> None:
-    """InvalidArgumentError naming ``what`` unless ``value`` is None or a ``kind``."""
-    if value is not None and not isinstance(value, kind):
-        raise InvalidArgumentError(f"{what} must be {words} (or None), not "
-                                   f"{type(value).__name__}")
-
-
-def _model_name(name: Any) -> str:
-    """A model name as a plain str (``np.str_`` and a str Enum hold one), or
-    InvalidArgumentError. (str() of a str Enum member is its qualified name: not that.)"""
-    if not isinstance(name, str):
-        raise InvalidArgumentError(f"model name must be a str, not {type(name).__name__}")
-    return str.__str__(name)
-
-
-def _count(what: str, value: Any) -> int:
-    """``value`` as an int of 0 or more, or InvalidArgumentError naming ``what``."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
-    if value.__index__() < 0:
-        raise InvalidArgumentError(f"{what} must be >= 0, not {value}")
-    return value.__index__()
-
-
-def _seconds(what: str, value: Any) -> float:
-    """``value`` as 0 or more seconds, or InvalidArgumentError naming ``what``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):  # numpy's too
-        raise InvalidArgumentError(f"{what} must be a number of seconds, not "
-                                   f"{type(value).__name__}")
-    seconds = float(value)
-    if not seconds >= 0:  # NaN too
-        raise InvalidArgumentError(f"{what} must be 0 or more seconds, got {value!r}")
-    return seconds
 
 
 # Servers started and not stopped: a program that exits without stop() still leaves no stub
@@ -265,7 +142,7 @@ class Server:
             threads. It must run until :meth:`stop` returns. None: a thread of the server's own.
     """
 
-    def __init__(self, model_repository: _PathArg | Sequence[_PathArg] | None = None, *,
+    def __init__(self, model_repository: arg.PathArg | Sequence[arg.PathArg] | None = None, *,
                  model_control_mode: str = "none", load_models: Sequence[str] | None = (),
                  backend_config: Mapping[str, str] | None = None, log_verbose: int = 0,
                  exit_timeout: float = 30.0, poll_interval: float = 1.0,
@@ -275,34 +152,34 @@ class Server:
                  model_config_name: str = "", response_cache_size: int = 0,
                  model_load_retry_count: int = 0,
                  metrics_config: MetricsConfig | None = None,
-                 backend_directory: _PathArg | None = None,
+                 backend_directory: arg.PathArg | None = None,
                  rate_limit: str = "off",
                  rate_limit_resources: Sequence[str] = (),
                  model_namespacing: bool = False) -> None:
-        repos = [] if model_repository is None else _paths(model_repository)
+        repos = [] if model_repository is None else arg.paths(model_repository)
         if model_control_mode not in ("none", "explicit", "poll"):
             raise InvalidArgumentError(
                 f"model_control_mode must be none, explicit or poll, not {model_control_mode!r}")
-        load_models = _names("load_models", load_models)
+        load_models = arg.names("load_models", load_models)
         if backend_config is not None and not isinstance(backend_config, Mapping):
             raise InvalidArgumentError(f"backend_config must be a mapping of keys to values, "
                                        f"not {type(backend_config).__name__}")
-        log_verbose = _count("log_verbose", log_verbose)
-        exit_timeout = _seconds("exit_timeout", exit_timeout)
-        poll_interval = _seconds("poll_interval", poll_interval)
-        model_load_retry_count = _count("model_load_retry_count", model_load_retry_count)
-        response_cache_size = _count("response_cache_size", response_cache_size)
+        log_verbose = arg.count("log_verbose", log_verbose)
+        exit_timeout = arg.seconds("exit_timeout", exit_timeout)
+        poll_interval = arg.seconds("poll_interval", poll_interval)
+        model_load_retry_count = arg.count("model_load_retry_count", model_load_retry_count)
+        response_cache_size = arg.count("response_cache_size", response_cache_size)
         for what, text in (("server_id", server_id), ("model_config_name", model_config_name),
                            ("rate_limit", rate_limit)):
             if not isinstance(text, str):
                 raise InvalidArgumentError(f"{what} must be a str, not {type(text).__name__}")
-        rate_limit_resources = _names("rate_limit_resources", rate_limit_resources, "resources")
-        strict_readiness = _flag("strict_readiness", strict_readiness)
-        auto_complete = _flag("auto_complete", auto_complete)
-        model_namespacing = _flag("model_namespacing", model_namespacing)
-        _instance("tracing", tracing, Tracing, "a tritonpy.Tracing")
-        _instance("loop", loop, asyncio.AbstractEventLoop, "an asyncio event loop")
-        _instance("metrics_config", metrics_config, MetricsConfig, "a tritonpy.MetricsConfig")
+        rate_limit_resources = arg.names("rate_limit_resources", rate_limit_resources, "resources")
+        strict_readiness = arg.flag("strict_readiness", strict_readiness)
+        auto_complete = arg.flag("auto_complete", auto_complete)
+        model_namespacing = arg.flag("model_namespacing", model_namespacing)
+        arg.instance("tracing", tracing, Tracing, "a tritonpy.Tracing")
+        arg.instance("loop", loop, asyncio.AbstractEventLoop, "an asyncio event loop")
+        arg.instance("metrics_config", metrics_config, MetricsConfig, "a tritonpy.MetricsConfig")
         problem = load_models_problem(model_control_mode, load_models)
         if problem:
             raise InvalidArgumentError(problem)
@@ -332,7 +209,7 @@ class Server:
                         if rate_limit.lower() == "execution_count" else None)
         self.backend_directory = os.path.abspath(
             DEFAULT_BACKEND_DIRECTORY if backend_directory is None
-            else _path("backend_directory", backend_directory))
+            else arg.path("backend_directory", backend_directory))
         self.model_load_retry_count = model_load_retry_count
         # Triton's --metrics-config: duration counters and summaries on the metrics page.
         self.metrics_config = metrics_config if metrics_config is not None else MetricsConfig()
@@ -735,7 +612,7 @@ class Server:
         if not self._started:  # (the check, before the call: every request comes here)
             self._require_started()
         if type(name) is not str:  # (a plain str goes the short way: every request comes here)
-            name = _model_name(name)
+            name = arg.model_name(name)
         self.repo.require_known(name)
         if type(version) is not int:
             try:
@@ -754,8 +631,8 @@ class Server:
         self._not_on_frame_loop("load()")
         self._require_started()
         if type(name) is not str:
-            name = _model_name(name)
-        text = _config_text(config)
+            name = arg.model_name(name)
+        text = arg.config_text(config)
         if files is not None and not isinstance(files, Mapping):
             raise InvalidArgumentError(f"files must be a mapping of paths to bytes, not "
                                        f"{type(files).__name__}")
@@ -782,7 +659,7 @@ class Server:
         self._not_on_frame_loop("unload()")
         self._require_started()
         if type(name) is not str:
-            name = _model_name(name)
+            name = arg.model_name(name)
         for what, flag in (("unload_dependents", unload_dependents), ("wait", wait)):
             if not isinstance(flag, (bool, int, np.bool_)):
                 raise InvalidArgumentError(f"{what} must be a bool, not {type(flag).__name__}")
