@@ -216,8 +216,6 @@ class RepositoryManager:
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
         self._scanned: dict[str, str] = {}  # the repositories' models, as last scanned
-        # Directories of file-override loads that a later load left (removed at shut-down:
-        # a version loaded from one may still be finishing its requests).
         # The folder of the folders of loads with files (see _files_folder).
         self._files_root: str | None = None
         self._files_pending: set[str] = set()
