@@ -523,8 +523,8 @@ class RepositoryManager:
             if entry.tmpdir:
                 entry.tmpdir = None
                 entry.directory = self._scanned[entry.key]
-        elif entry.tmpdir or not entry.directory:
-            raise InvalidArgumentError(
+        elif entry.tmpdir or not entry.directory:  # (INTERNAL, as Triton 2.51 answers it)
+            raise InternalError(
                 f"failed to load '{entry.name}', failed to poll from model repository")
 
     def _config_stamp(self, entry: ModelEntry) -> tuple[int, int] | None:

@@ -854,6 +854,9 @@ class Server:
                         "(--model-control-mode=explicit)")
                 if cmd == Cmd.LOAD_MODEL:
                     files = body.get("files") or None
+                    if isinstance(files, dict):  # as Triton's: a key without file: is no file
+                        files = {k: v for k, v in files.items()
+                                 if isinstance(k, str) and k.startswith("file:")} or None
                     config = body.get("config") or None
                     self.repo.load(name, config=None if config is None else _wire_text(config),
                                    files=files, api=True)

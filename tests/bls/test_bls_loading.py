@@ -95,6 +95,27 @@ def test_load_a_model_made_of_files(explicit) -> None:
     assert act(explicit, "infer", model="from_files", data=(1.0,))["output"] == [101.0]
 
 
+def test_a_file_key_without_its_prefix_is_no_file(explicit) -> None:
+    # As Triton 2.51 (QA round 18, measured): pb_utils.load_model's files are the keys that
+    # begin with "file:", as over HTTP and gRPC; "1/model.py" was written and served here,
+    # where Triton loads the repository's model.py with the config override.
+    config = json.dumps({
+        "name": "lazy_target", "backend": "python", "max_batch_size": 0,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })
+    source = (
+        "import triton_python_backend_utils as pb_utils\n"
+        "class TritonPythonModel:\n"
+        "    def execute(self, requests):\n"
+        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor('OUTPUT0',\n"
+        "            pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy() + 100)])\n"
+        "            for r in requests]\n")
+    report = act(explicit, "load", config=config, files=json.dumps({"1/model.py": source}))
+    assert report["error"] is None and report["ready"] is True, report
+    assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]  # the repository's
+
+
 def test_load_failures_raise_with_the_reason(explicit) -> None:
     unknown = act(explicit, "load", model="no_such_model")
     assert unknown["error_type"] == "TritonModelException"
