@@ -76,21 +76,24 @@ def test_load_with_a_config_override(explicit) -> None:
     assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]
 
 
+# OUTPUT0 = INPUT0 + 100.
+PLUS_100_PY = (
+    "import triton_python_backend_utils as pb_utils\n"
+    "class TritonPythonModel:\n"
+    "    def execute(self, requests):\n"
+    "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor('OUTPUT0',\n"
+    "            pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy() + 100)])\n"
+    "            for r in requests]\n")
+
+
 def test_load_a_model_made_of_files(explicit) -> None:
     config = json.dumps({
         "name": "from_files", "backend": "python",
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
     })
-    source = (
-        "import triton_python_backend_utils as pb_utils\n"
-        "class TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor('OUTPUT0',\n"
-        "            pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy() + 100)])\n"
-        "            for r in requests]\n")
     report = act(explicit, "load", model="from_files", config=config,
-                 files=json.dumps({"file:1/model.py": source}))
+                 files=json.dumps({"file:1/model.py": PLUS_100_PY}))
     assert report["error"] is None and report["ready"] is True
     assert act(explicit, "infer", model="from_files", data=(1.0,))["output"] == [101.0]
 
@@ -104,14 +107,7 @@ def test_a_file_key_without_its_prefix_is_no_file(explicit) -> None:
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
     })
-    source = (
-        "import triton_python_backend_utils as pb_utils\n"
-        "class TritonPythonModel:\n"
-        "    def execute(self, requests):\n"
-        "        return [pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor('OUTPUT0',\n"
-        "            pb_utils.get_input_tensor_by_name(r, 'INPUT0').as_numpy() + 100)])\n"
-        "            for r in requests]\n")
-    report = act(explicit, "load", config=config, files=json.dumps({"1/model.py": source}))
+    report = act(explicit, "load", config=config, files=json.dumps({"1/model.py": PLUS_100_PY}))
     assert report["error"] is None and report["ready"] is True, report
     assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]  # the repository's
 
