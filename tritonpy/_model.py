@@ -301,6 +301,10 @@ class RuntimeBase:
         caller holds ``lock``."""
         return sum(1 for r in self.queue if not r.done)
 
+    def fail_queue(self, error: TritonpyError) -> None:
+        """Fail every request queued and not started (the server stops at once). An
+        ensemble queues nothing itself: its steps' models hold its requests."""
+
     def in_flight(self) -> int:
         """Requests not answered yet: queued, or given to an instance and not finished."""
         with self.lock:
@@ -1354,20 +1358,20 @@ class ModelRuntime(RuntimeBase):
         if self.successor is not None and not self.sched_is_sequence:  # a sequence stays
             self._pass_on_queue()
 
-    def fail_queue(self, error: TritonpyError) -> None:
-        """Fail every request queued and not started (the server stops at once)."""
+    def _take_queue(self) -> list[HostRequest]:
+        """What is queued and not started, taken off the queue."""
         with self.lock:
-            leftover = list(self.queue)
+            taken = list(self.queue)
             self.queue.clear()
-        fail_queued(self, leftover, error, "OTHER")
+        return taken
+
+    def fail_queue(self, error: TritonpyError) -> None:
+        fail_queued(self, self._take_queue(), error, "OTHER")
 
     def _pass_on_queue(self) -> None:
         """Empty the queue: each request goes to the successor, or fails when there is none."""
-        with self.lock:
-            leftover = list(self.queue)
-            self.queue.clear()
         succ = self.successor
-        for req in leftover:
+        for req in self._take_queue():
             if succ is not None and not req.done:
                 self._forward(succ, req)
             else:

@@ -903,9 +903,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
         await loop.run_in_executor(None, server.stop)
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-            # Stopped: a signal from now on would only change the exit code (to a death
-            # by that signal), the clean-up done.
-            signal.signal(sig, signal.SIG_IGN)
+        _ignore_stop_signals()  # (before the loop's close could restore their defaults)
     if now.is_set():
         log.error("stopped at a second signal: requests in flight were cut off")
         return 1
@@ -988,9 +986,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         log.exception("tritonpy serve failed")
         return 1
-    finally:  # the server is stopped: a signal now would only change the exit code
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_IGN)
+    finally:  # (a start that failed, too)
+        _ignore_stop_signals()
+
+
+def _ignore_stop_signals() -> None:
+    """The server is stopped: a SIGINT or SIGTERM from now on would only change the exit code
+    (to a death by that signal, or a KeyboardInterrupt), the clean-up done."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -378,9 +378,7 @@ class Server:
             error = UnavailableError("the server stopped at once (abort() or a second signal): "
                                      "the request was not run")
             for rt in self.repo.runtimes() + self.repo.retiring():
-                fail_queue = getattr(rt, "fail_queue", None)
-                if fail_queue is not None:
-                    fail_queue(error)
+                rt.fail_queue(error)
             self.cancel_loads()
             self._kill_stubs()
 

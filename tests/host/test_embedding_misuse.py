@@ -5,6 +5,7 @@ call with an error that names what was wrong, and leaves no stub or segment behi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import json
 import os
@@ -636,10 +637,7 @@ def test_ctrl_c_during_stop_ends_it_at_once_and_leaves_nothing(repo: Path,
 
 def test_abort_from_another_thread_ends_a_draining_stop_at_once(repo: Path,
                                                                 shm_prefix: str) -> None:
-    srv = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=["sleeper"],
-                          backend_config=_backend(shm_prefix))
-    srv.start()
-    try:
+    with _sleeper_server(repo, shm_prefix) as srv:
         stub = srv.runtime("sleeper").instances[0].stub.proc
         pending = srv.model("sleeper").infer({"IN": np.array([20000], np.float32)})
         time.sleep(0.3)
@@ -654,9 +652,6 @@ def test_abort_from_another_thread_ends_a_draining_stop_at_once(repo: Path,
         srv.stop()
         with pytest.raises(UnavailableError, match="the server was stopped"):
             srv.model("sleeper")
-    finally:
-        srv.stop()
-    assert segments(shm_prefix) == []
 
 
 def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(repo: Path,
@@ -664,10 +659,7 @@ def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(repo: Path,
     # QA round 16: with a stop draining, abort() killed the stubs first, and the drain failed
     # the queued requests as "model 'sleeper' was unloaded"; and the stop's cut_short stayed
     # empty, as after a clean stop.
-    srv = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=["sleeper"],
-                          backend_config=_backend(shm_prefix))
-    srv.start()
-    try:
+    with _sleeper_server(repo, shm_prefix) as srv:
         model = srv.model("sleeper")
         running = model.infer({"IN": np.array([5000], np.float32)})
         time.sleep(0.3)
@@ -679,6 +671,16 @@ def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(repo: Path,
             assert "the server stopped at once (abort() or a second signal): the request " \
                 "was not run" in str(pending.get(timeout=10).error)
         assert srv.cut_short == ["'sleeper' version 1 (requests in flight)"]
+
+
+@contextlib.contextmanager
+def _sleeper_server(repo: Path, shm_prefix: str) -> Iterator[tritonpy.Server]:
+    """A started server of ``sleeper`` alone; stopped after, its segments checked gone."""
+    srv = tritonpy.Server(str(repo), model_control_mode="explicit", load_models=["sleeper"],
+                          backend_config=_backend(shm_prefix))
+    srv.start()
+    try:
+        yield srv
     finally:
         srv.stop()
     assert segments(shm_prefix) == []

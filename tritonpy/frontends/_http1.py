@@ -961,11 +961,12 @@ class HTTPServer:
         keepalive_timeout: seconds an idle connection is kept open.
         stall_timeout: seconds a client may read nothing of a response before its
             connection is aborted.
+        cut: set, a :meth:`stop` waits no more for the requests in flight (a second signal).
     """
 
     def __init__(self, handler: Handler, error: Callable[[BaseException], Response], max_body: int,
                  keepalive_timeout: float = KEEPALIVE_TIMEOUT,
-                 stall_timeout: float = STALL_TIMEOUT) -> None:
+                 stall_timeout: float = STALL_TIMEOUT, cut: asyncio.Event | None = None) -> None:
         self.handler = handler
         self.error = error
         self.max_body = max_body
@@ -973,7 +974,7 @@ class HTTPServer:
         self.stall_timeout = stall_timeout
         self.connections: set[_Connection] = set()
         self.stopping = False
-        self.cut = asyncio.Event()  # set: a stop ends at once (see stop())
+        self.cut = cut or asyncio.Event()  # set: a stop ends at once (see stop())
         # Whether requests keep their headers' names as sent (Request.names): for headers
         # forwarded to models, which Triton forwards under the client's own names.
         self.keep_case = False

@@ -1203,12 +1203,13 @@ class Http2GrpcServer:
     of compressible methods are compressed at ``compression`` (one of
     :data:`COMPRESSION_LEVELS`) with an algorithm the client accepts. ``ssl`` (a server
     context) serves TLS, its ALPN set to ``h2``. ``keepalive``: the ping policy and connection
-    age (:class:`KeepAlive`; gRPC's and Triton's defaults when None).
+    age (:class:`KeepAlive`; gRPC's and Triton's defaults when None). ``cut``: set, a
+    :meth:`stop` waits no more for the calls in flight (a second signal).
     """
 
     def __init__(self, methods: dict[str, Method], max_message: int = MAX_MESSAGE_SIZE,
                  compression: str = "none", ssl: Any = None,
-                 keepalive: KeepAlive | None = None) -> None:
+                 keepalive: KeepAlive | None = None, cut: asyncio.Event | None = None) -> None:
         if compression not in COMPRESSION_LEVELS:
             raise ValueError(f"compression level must be one of {COMPRESSION_LEVELS}, "
                              f"not {compression!r}")
@@ -1221,7 +1222,7 @@ class Http2GrpcServer:
             ssl.set_alpn_protocols(["h2"])
         self.connections: set[_Connection] = set()
         self.stopping = False
-        self.cut = asyncio.Event()  # set: a stop ends at once (see stop())
+        self.cut = cut or asyncio.Event()  # set: a stop ends at once (see stop())
         self._server: asyncio.AbstractServer | None = None
 
     async def start(self, host: str, port: int, reuse_port: bool = False) -> int:

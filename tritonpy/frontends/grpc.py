@@ -965,8 +965,7 @@ class GRPCFrontend:
             _delayed(service.HealthCheck, late) if late else service.HealthCheck,
             _health_request, False, restricted=self._restriction("health"))
         server = Http2GrpcServer(methods, self.max_message_size, self.compression, self.ssl,
-                                 self.keepalive)
-        server.cut = self.cut
+                                 self.keepalive, cut=self.cut)
         try:
             self.port = await server.start(self.host, self.port, self.reuse_port)
         except OSError as exc:

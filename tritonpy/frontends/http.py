@@ -226,8 +226,7 @@ class HTTPFrontend:
     async def start(self) -> None:
         """Bind and start serving."""
         # Bodies past the limit are read and dropped, then answered with Triton's message.
-        server = HTTPServer(self._dispatch, self._refused, self.max_input_size)
-        server.cut = self.cut
+        server = HTTPServer(self._dispatch, self._refused, self.max_input_size, cut=self.cut)
         server.keep_case = self.header_forward is not None
         sock = socket.socket(socket.AF_INET6 if ":" in self.host else socket.AF_INET)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
