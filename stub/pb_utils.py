@@ -535,8 +535,31 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
         # paths get from the server too, here as there).
         raise TritonModelException(f"failed to load model '{model_name}', files should be a "
                                    "dictionary of file paths and file contents")
-    _need_runtime("load_model()", runner=False).model_call("load", model_name, config=config,
-                                                           files=files)
+    _need_runtime("load_model()", runner=False).model_call(
+        "load", model_name, config=config, files=None if files is None else _files(files))
+
+
+def _files(files: dict) -> dict[str, bytes]:
+    """``load_model``'s files as Triton 2.51's binding takes them (measured): paths as str or
+    bytes (a std::string), contents as bytes only (a str or None is a TypeError there). A
+    path given in bytes used to be dropped here, and the load then looked for the model in the
+    repository; a path of another type was dropped too (Triton: "Unable to cast")."""
+    taken = {}
+    for path, content in files.items():
+        if isinstance(path, bytes):
+            try:
+                path = path.decode("utf-8")
+            except UnicodeDecodeError:
+                raise TritonModelException(
+                    f"load_model: the file path {path!r} is not UTF-8 text") from None
+        elif not isinstance(path, str):
+            raise TypeError(f"load_model: the paths in files must be str or bytes, got "
+                            f"{type(path).__name__} ({path!r})")
+        if not isinstance(content, bytes):
+            raise TypeError(f"load_model: the content of files[{path!r}] must be bytes, got "
+                            f"{type(content).__name__}")
+        taken[str(path)] = content
+    return taken
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:

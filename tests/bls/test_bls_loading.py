@@ -98,6 +98,20 @@ def test_load_a_model_made_of_files(explicit) -> None:
     assert act(explicit, "infer", model="from_files", data=(1.0,))["output"] == [101.0]
 
 
+def test_file_paths_in_bytes_are_files(explicit) -> None:
+    # As Triton 2.51's std::string keys (measured): they were dropped here, and the load then
+    # looked for the model in the repository ("unknown model").
+    config = json.dumps({
+        "name": "from_bytes_paths", "backend": "python",
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+    })
+    report = act(explicit, "load", model="from_bytes_paths", config=config,
+                 files=json.dumps({"file:1/model.py": PLUS_100_PY}), bytes_paths=True)
+    assert report["error"] is None and report["ready"] is True, report
+    assert act(explicit, "infer", model="from_bytes_paths", data=(1.0,))["output"] == [101.0]
+
+
 def test_a_file_key_without_its_prefix_is_no_file(explicit) -> None:
     # As Triton 2.51 (QA round 18, measured): pb_utils.load_model's files are the keys that
     # begin with "file:", as over HTTP and gRPC; "1/model.py" was written and served here,

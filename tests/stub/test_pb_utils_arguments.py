@@ -306,3 +306,29 @@ def test_load_model_files_that_are_no_dict_are_refused_in_tritons_words(server, 
     assert str(err.value) == ("failed to load model 'zz', files should be a dictionary of "
                               "file paths and file contents")
     assert server.calls == []
+
+
+@pytest.mark.parametrize("files, error, message", [
+    ({"file:1/model.py": "text"}, TypeError,
+     "load_model: the content of files['file:1/model.py'] must be bytes, got str"),
+    ({"file:1/model.py": None}, TypeError,
+     "load_model: the content of files['file:1/model.py'] must be bytes, got NoneType"),
+    ({1: b""}, TypeError, "load_model: the paths in files must be str or bytes, got int (1)"),
+    ({b"file:1/\xff.py": b""}, pb_utils.TritonModelException,
+     "load_model: the file path b'file:1/\\xff.py' is not UTF-8 text"),
+])
+def test_load_model_files_are_checked_at_the_call(server, files, error, message):
+    # Triton 2.51 (measured): a str or None content is a TypeError at the call, a path that
+    # is neither str nor bytes "Unable to cast". Here a str content reached the server (its
+    # refusal came back as a TritonModelException) and an int path was dropped.
+    with pytest.raises(error) as err:
+        pb_utils.load_model("m", '{"backend": "python"}', files=files)
+    assert str(err.value) == message
+    assert server.calls == []
+
+
+def test_load_model_takes_file_paths_in_bytes(server):
+    # As Triton's std::string keys: a path given in bytes is a file (it was dropped here).
+    pb_utils.load_model("m", "{}", files={b"file:1/model.py": b"code", "file:x": b""})
+    assert server.calls == [("load", "m", {"config": "{}", "files": {
+        "file:1/model.py": b"code", "file:x": b""}})]

@@ -1,6 +1,6 @@
 """The model loading API from execute: request parameters 'action' (ready | load | unload |
 infer) and 'model'; for load also 'config' (a JSON config override) and 'files' (JSON: path ->
-text, sent as bytes), for unload 'unload_dependents', for ready 'version'; 'model_hex' gives
+text, sent as bytes; 'bytes_paths' sends the paths as bytes too), for unload 'unload_dependents', for ready 'version'; 'model_hex' gives
 the model name as bytes instead. REPORT (JSON) says what happened, including any exception's
 type and message."""
 import json
@@ -24,8 +24,9 @@ class TritonPythonModel:
                     if "config" in params:
                         kwargs["config"] = params["config"]
                     if "files" in params:
-                        kwargs["files"] = {k: v.encode() for k, v in
-                                           json.loads(params["files"]).items()}
+                        kwargs["files"] = {
+                            (k.encode() if params.get("bytes_paths") else k): v.encode()
+                            for k, v in json.loads(params["files"]).items()}
                     pb_utils.load_model(model_name=model, **kwargs)
                 elif action == "unload":
                     pb_utils.unload_model(
