@@ -566,10 +566,9 @@ def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; explicit model-control mode only."""
     model_name = _text(model_name, "unload_model: model_name")
     if type(unload_dependents) is not bool:
-        # As pybind11's bool, converting (Triton 2.51's, measured): numpy's bools and ints
-        # (0, 1) are taken, None, a str or a float are not.
-        if not (isinstance(unload_dependents, np.bool_)
-                or hasattr(type(unload_dependents), "__index__")):
+        # As pybind11's bool, converting (Triton 2.51's, measured): a number (an int, a
+        # float, numpy's) is taken by its truth; None, a str or a list are not.
+        if unload_dependents is None or not hasattr(type(unload_dependents), "__bool__"):
             _expect(unload_dependents, bool, "unload_model: unload_dependents")
         unload_dependents = bool(unload_dependents)
     _need_runtime("unload_model()", runner=False).model_call(

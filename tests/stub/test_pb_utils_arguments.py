@@ -248,8 +248,8 @@ def server(monkeypatch):
      "unload_model: unload_dependents must be bool, got str"),
     (lambda: pb_utils.unload_model("m", None),
      "unload_model: unload_dependents must be bool, got NoneType"),
-    (lambda: pb_utils.unload_model("m", 1.0),
-     "unload_model: unload_dependents must be bool, got float"),
+    (lambda: pb_utils.unload_model("m", []),
+     "unload_model: unload_dependents must be bool, got list"),
 ])
 def test_the_model_loading_api_takes_strings(server, call, message):
     # As Triton 2.51's bindings (std::string model_name, config and model_version): these
@@ -274,8 +274,9 @@ def test_the_model_loading_api_with_strings_reaches_the_server(server):
 
 def test_unload_dependents_takes_ints_as_tritons_bool_does(server):
     # Triton 2.51 (pybind11's bool, converting) takes 0/1 and numpy's bools, as measured in
-    # QA round 15; they were a TypeError here.
-    for given, flag in ((0, False), (1, True), (np.int64(1), True), (np.True_, True)):
+    # QA round 15, and floats by their truth (measured since); they were a TypeError here.
+    for given, flag in ((0, False), (1, True), (np.int64(1), True), (np.True_, True),
+                        (2, True), (1.0, True), (0.0, False), (np.float32(1), True)):
         pb_utils.unload_model("m", given)
         assert server.calls[-1] == ("unload", "m", {"unload_dependents": flag})
         assert type(server.calls[-1][2]["unload_dependents"]) is bool
