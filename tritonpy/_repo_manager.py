@@ -32,7 +32,9 @@ from ._errors import (
     load_cancelled,
     version_failed,
 )
-from ._ensemble import EnsembleRuntime, is_ensemble, is_ensemble_dir, load_ensemble
+from ._ensemble import EnsembleRuntime
+from ._ensemble_config import is_ensemble, is_ensemble_dir
+from ._ensemble_load import load_ensemble
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
 from ._stubproc import env_launcher

@@ -652,7 +652,7 @@ class Server:
         request at once; those in flight or queued finish first, however long they take (as
         in Triton), and ``wait`` says whether to return only then (False: at once, as Triton's
         HTTP, gRPC and ``pb_utils.unload_model`` do; the model shows UNLOADING meanwhile)."""
-        from ._ensemble import step_models_to_unload
+        from ._ensemble_load import step_models_to_unload
 
         self._not_on_frame_loop("unload()")
         self._require_started()

@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from _models import serving_frontends, write_model
-from tritonpy._ensemble import triton_output_order
+from tritonpy._ensemble_order import triton_output_order
 
 pytestmark = pytest.mark.timeout(90)
 
