@@ -37,8 +37,8 @@ from ._ensemble_config import is_ensemble, is_ensemble_dir
 from ._ensemble_load import load_ensemble
 from ._model import (LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime,
                      config_needs_reload, side_by_side)
+from ._load_files import FilesFolders, write_files
 from ._stubproc import env_launcher
-from .shm import janitor
 from .repository import file_hexdigest, namespaced_key
 
 log = logging.getLogger("tritonpy.repository")
@@ -130,36 +130,6 @@ class ModelEntry:
 NOT_EXPLICIT = "explicit model load / unload is not allowed if polling is enabled"
 
 
-def _write_files(mdir: str, files: Mapping[str, bytes]) -> None:
-    """Write a load request's files (``file:<path>`` -> bytes) under the model directory
-    ``mdir``; InvalidArgumentError naming the first path that cannot be one of its files."""
-    for rel, data in files.items():
-        if not isinstance(rel, str):
-            raise InvalidArgumentError(f"file path {rel!r} is not a str")
-        rel = rel[5:] if rel.startswith("file:") else rel
-        if not isinstance(data, (bytes, bytearray, memoryview)):
-            raise InvalidArgumentError(f"the content of file '{rel}' must be bytes, not "
-                                       f"{type(data).__name__}")
-        if "\0" in rel:
-            raise InvalidArgumentError(f"file path {rel!r} holds a NUL character")
-        try:
-            rel.encode("utf-8")
-        except UnicodeEncodeError:
-            raise InvalidArgumentError(
-                f"file path {ascii(rel)} holds an unpaired surrogate, which is not "
-                "text") from None
-        dest = os.path.normpath(os.path.join(mdir, rel))
-        if not dest.startswith(mdir + os.sep):
-            raise InvalidArgumentError(f"file path '{rel}' escapes the model directory")
-        try:
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            with open(dest, "wb") as fh:
-                fh.write(data)
-        except OSError as exc:  # a name too long, a file where a folder must go, ...
-            raise InvalidArgumentError(
-                f"file path '{rel}' cannot be written: {exc.strerror}") from None
-
-
 _DONE = object()  # (see _each_at_once)
 
 
@@ -218,10 +188,8 @@ class RepositoryManager:
         # again once those are back.
         self._orphans: dict[str, set[str]] = {}
         self._scanned: dict[str, str] = {}  # the repositories' models, as last scanned
-        # The folder of the folders of loads with files (see _files_folder).
-        self._files_root: str | None = None
-        self._files_pending: set[str] = set()
-        self._files_lock = threading.Lock()
+        # The folders of loads with files.
+        self._files_folders = FilesFolders(server, self._files_in_use)
 
     # -- scanning ------------------------------------------------------------------------------
     def scan(self) -> None:
@@ -357,54 +325,16 @@ class RepositoryManager:
                 + [f"'{rt.name}' version {rt.version} (its finalize)"
                    for rt in live if rt.finalize_cut_off and not rt.cut_short])
 
-    def _files_folder(self, name: str) -> str:
-        """A new folder for a load with files of model ``name``, in the server's own folder
-        (``tritonpy-files-*`` in the temp folder), which its janitor removes should the
-        server die without a stop."""
-        with self._files_lock:
-            if self.server._stopping:  # its folders are (being) removed: none is made now
-                raise load_cancelled()
-            root = self._files_root
-            if root is None or not os.path.isdir(root):
-                root = self._files_root = tempfile.mkdtemp(prefix="tritonpy-files-")
-                janitor.watch_folder(root)
-            folder = tempfile.mkdtemp(prefix=f"{name}-", dir=root)
-            self._files_pending.add(folder)  # not its model's yet: no sweep removes it
-            return folder
-
-    def _drop_files_folder(self, folder: str) -> None:
-        """Remove the folder of a load with files refused before it loaded anything."""
-        with self._files_lock:
-            self._files_pending.discard(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-
-    def _sweep_files_folders(self) -> None:
-        """Remove the folders of loads with files that nothing uses any more: neither a
-        model's current files nor the folder of a version that still serves (or finishes
-        its requests). Each load or unload ends with it, so they do not pile up."""
-        with self._files_lock:
-            root = self._files_root
-            if root is None:
-                return
-            keep = set(self._files_pending)
-            keep.update(e.tmpdir for e in list(self.entries.values()) if e.tmpdir)
-            keep.update(os.path.dirname(rt.model_dir)
-                        for rt in self.runtimes() + self.retiring())
-            try:
-                names = os.listdir(root)
-            except OSError:
-                return
-            for folder in (os.path.join(root, n) for n in names):
-                if folder not in keep:
-                    shutil.rmtree(folder, ignore_errors=True)
+    def _files_in_use(self) -> list[str]:
+        """The folders of loads with files that a model still uses: its current files, or
+        those of a version that still serves (or finishes its requests); see FilesFolders."""
+        keep = [e.tmpdir for e in list(self.entries.values()) if e.tmpdir]
+        keep.extend(os.path.dirname(rt.model_dir) for rt in self.runtimes() + self.retiring())
+        return keep
 
     def remove_files_folders(self) -> None:
         """Remove the folders of the loads with files (the end of a stop, or an exit)."""
-        with self._files_lock:
-            root, self._files_root = self._files_root, None
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
-            janitor.forget_folder(root)
+        self._files_folders.remove()
 
     # -- load / unload -------------------------------------------------------------------------
     def load(self, name: str, config: str | None = None,
@@ -433,8 +363,8 @@ class RepositoryManager:
         try:
             self._load_key(keys[0], name, config, files, api)
         finally:
-            if files or self._files_root is not None:
-                self._sweep_files_folders()
+            if files or self._files_folders.root is not None:
+                self._files_folders.sweep()
 
     def _load_key(self, name: str, shown: str, config: str | None,
                   files: Mapping[str, bytes] | None, api: bool) -> None:
@@ -446,18 +376,18 @@ class RepositoryManager:
             if not config:
                 raise InvalidArgumentError(
                     f"{refused}: load with files needs a config override as well")
-            tmp = self._files_folder(shown)
+            tmp = self._files_folders.new(shown)
             mdir = os.path.join(tmp, shown)
             try:
                 os.makedirs(mdir)
-                _write_files(mdir, files)
+                write_files(mdir, files)
             except InvalidArgumentError as exc:  # Triton's sentence first (QA L0_lifecycle)
-                self._drop_files_folder(tmp)
+                self._files_folders.drop(tmp)
                 if self.server._stopping:  # its folder was removed by the stop meanwhile
                     raise load_cancelled() from None
                 raise InvalidArgumentError(f"{refused}: {exc.message}") from None
             except BaseException:  # a refused path: what was written so far goes too
-                self._drop_files_folder(tmp)
+                self._files_folders.drop(tmp)
                 raise
         else:
             if name in self.scan_errors:  # in two repositories: what is loaded stays
@@ -471,7 +401,7 @@ class RepositoryManager:
                 override = config_from_dict(config, "Invalid config override")
             except TritonpyError as exc:
                 if tmp:
-                    self._drop_files_folder(tmp)
+                    self._files_folders.drop(tmp)
                 raise InvalidArgumentError(f"{refused}: {exc.message}") from exc
         if mdir:
             # Known from now on (a refused load of a new name leaves no entry in the index).
@@ -483,12 +413,11 @@ class RepositoryManager:
         # that holds it: a load waiting for another one must not change what that one reads.
         with entry.lock:
             # (A folder of files replaced goes once no version loaded from it serves: see
-            # _sweep_files_folders.)
-            if mdir:
+            # FilesFolders.sweep.)
+            if mdir and tmp:  # (both or neither: a load with files)
                 entry.tmpdir = tmp
                 entry.directory = mdir
-                with self._files_lock:
-                    self._files_pending.discard(tmp)
+                self._files_folders.claim(tmp)
             else:
                 self.without_files(entry)
             stamp = self._config_stamp(entry) if not mdir else None
@@ -775,7 +704,7 @@ class RepositoryManager:
         finally:
             with self._lock:
                 self._retiring_runtimes.difference_update(runtimes)
-            self._sweep_files_folders()
+            self._files_folders.sweep()
 
     def _in_background(self, fn: Any, *args: Any, name: str) -> None:
         """Run ``fn`` on a thread that ``shut_down`` waits for."""
@@ -932,7 +861,7 @@ class RepositoryManager:
                         # known no more).
                         entry.tmpdir = None
                         entry.directory = self._scanned.get(entry.key, "")
-                        self._sweep_files_folders()
+                        self._files_folders.sweep()
 
         if wait:
             finish()
