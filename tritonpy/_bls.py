@@ -31,7 +31,8 @@ from ._errors import InvalidArgumentError, NotFoundError, TritonpyError, Unavail
 from ._request import HostRequest, _Pacing
 
 if TYPE_CHECKING:
-    from ._model import Instance, ModelRuntime
+    from ._instances import Instance
+    from ._model import ModelRuntime
     from ._stubproc import StubProcess
 
 log = logging.getLogger("tritonpy.bls")

@@ -38,8 +38,8 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
-from ._model import READY, RuntimeBase, reshape_arrays
 from ._request import HostRequest
+from ._runtime_base import READY, RuntimeBase, reshape_arrays
 
 log = logging.getLogger("tritonpy.ensemble")
 

@@ -11,15 +11,12 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import msgpack
 
-from tritonclient.grpc.model_config_pb2 import ModelInstanceGroup
-
 from tritonpy.shm import Cmd, ShmExhaustedError
 from tritonpy.shm._errors import NO_SPACE, FdLimitError
-from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.messages import RequestBody
 from tritonpy.shm.segment import could_fit
 
@@ -33,10 +30,11 @@ from ._errors import (
     load_cancelled,
     version_failed,
 )
+from ._instances import Instance, initialize_args, plan_instances, take_back
 from ._request import HostRequest
+from ._runtime_base import READY, UNAVAILABLE, RuntimeBase, reshape_arrays, side_by_side
 from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, fail_queued, make_scheduler
 from ._sequence import SEQUENCE_TIMEOUT
-from ._stats import ModelStats
 from ._stubproc import StubProcess
 from . import _warmup
 
@@ -46,8 +44,6 @@ log = logging.getLogger("tritonpy.model")
 SHM_RETRY_EVERY_S = 0.05
 SHM_RETRY_FOR_S = 0.25
 
-LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"
-_KINDS = {0: "AUTO", 1: "GPU", 2: "CPU", 3: "MODEL"}
 # The stub's frames, as plain ints: _on_frame compares each frame's command with them, and an
 # IntEnum member compares several times slower.
 _EXECUTE_DONE = int(Cmd.EXECUTE_DONE)
@@ -56,339 +52,12 @@ _HELD = int(Cmd.HELD)
 DEFAULT_MAX_ASYNC = 8
 
 
-def initialize_args(config_json: str, kind: str, instance_name: str, device_id: int,
-                    model_dir: str, version: int, model_name: str) -> dict[str, str]:
-    """The ``args`` of ``initialize(args)``: exactly Triton's keys, all strings."""
-    return {
-        "model_config": config_json,
-        "model_instance_kind": kind,
-        "model_instance_name": instance_name,
-        "model_instance_device_id": str(device_id),
-        "model_repository": model_dir,
-        "model_version": str(version),
-        "model_name": model_name,
-    }
-
-
-def instance_signature(group: Any) -> bytes:
-    """What makes two instances alike, as Triton's instance update compares them: the group
-    without its name and count."""
-    g = type(group)()
-    g.CopyFrom(group)
-    g.ClearField("name")
-    g.ClearField("count")
-    return g.SerializeToString(deterministic=True)
-
-
-def plan_instances(config: Any, model_name: str) -> list[tuple[str, str, int, bytes]]:
-    """The instances ``config`` asks for: (name, kind, device id, signature) each."""
-    out: list[tuple[str, str, int, bytes]] = []
-    for group in config.instance_group:
-        kind = _KINDS.get(int(group.kind), "CPU")
-        sig = instance_signature(group)
-        devices = list(group.gpus) if kind == "GPU" and group.gpus else [0]
-        for dev in devices if kind == "GPU" else [0]:
-            for _ in range(max(1, group.count)):
-                idx = len([x for x in out if x[0].startswith(group.name + "_")])
-                out.append((f"{group.name}_{idx}", kind, dev, sig))
-    if not out:
-        out.append((f"{model_name}_0_0", "CPU", 0, b""))
-    return out
-
-
-def config_needs_reload(old: Any, new: Any) -> bool:
-    """Whether a loaded version with config ``old`` must be reloaded to serve ``new``: as
-    Triton's check, whether they differ in more than instance groups and version policy."""
-    a, b = type(old)(), type(new)()
-    a.CopyFrom(old)
-    b.CopyFrom(new)
-    for c in (a, b):
-        c.ClearField("instance_group")
-        c.ClearField("version_policy")
-    return bool(a != b)
-
-
 # Tries of a restart whose replacement dies as it starts (or cannot be spawned) before what
 # waits for it is failed; the restart goes on after that.
 _RESTART_TRIES = 3
 # An instance that dies within this long of its start is crash-looping: each such death
 # doubles the back-off of its restart (up to 32 times restart-backoff-seconds, and 10 s).
 CRASH_LOOP_S = 30.0
-
-
-class Instance:
-    """One model instance: a stub process and what it is executing.
-
-    Its ``state`` is STARTING, READY, RESTARTING, RETIRING (removed by an instance update: it
-    takes no new work and stops once what it holds is done) or STOPPED.
-    """
-
-    def __init__(self, model: ModelRuntime, name: str, kind: str, device_id: int,
-                 signature: bytes = b"") -> None:
-        self.model = model
-        self.name = name
-        self.kind = kind
-        self.device_id = device_id
-        self.signature = signature
-        self.state = "STARTING"
-        self.stub: StubProcess | None = None
-        self.capacity = 1
-        self.running = 0
-        # Prefetch (backend option execute-prefetch-microseconds): a sync default-mode instance
-        # of a model without a batcher takes its next request while its execute still runs, as
-        # long as its recent executes were short; the stub runs it right after, with no
-        # round trip to the host in between. 0: off for this instance.
-        self.prefetch_ns = 0
-        self.exec_mean_ns = 0.0  # moving mean of its recent executes' durations
-        self.last_done_ns = 0  # when its last execute was done (a prefetched one starts then)
-        self.held_back = False  # its stub gave one back: no more until its execute is done
-        self.inflight: dict[int, tuple[list[HostRequest], int, int]] = {}
-        self.active: dict[int, HostRequest] = {}
-        self.waiting_on: set[HostRequest] = set()  # sync BLS calls this instance blocks on
-        self.bls_calls: dict[int, HostRequest] = {}  # call id -> request, for BLS_CANCEL
-        self._exec_ids = 0
-        self.restarts = 0
-        self.started_at = time.monotonic()  # when its stub last started (see CRASH_LOOP_S)
-        self.crash_loop = 0  # its deaths in a row soon after a start, for the back-off
-        self.attempt = 0  # restart attempts ever made: a stale attempt's bound does nothing
-        self.restarter: threading.Thread | None = None  # the restart of its dead stub
-        self.has_is_ready = False
-        # The rate limiter (see _ratelimit): the resources it needs, ((name, device), count)
-        # each (none: it is not limited), its priority and its executes so far (their product
-        # orders the instances that wait); whether it holds them for its execute, or has them
-        # reserved.
-        self.limits: tuple = ()
-        self.priority = 1
-        self.executes = 0
-        self.holding = False
-        self.reserved = False
-        # Of a ``passive: true`` group: initialized (and warmed up) but never given a request
-        # by the server, as in Triton.
-        self.passive = bool(signature) and ModelInstanceGroup.FromString(signature).passive
-
-    def admitted(self) -> bool:
-        """Whether the rate limiter lets it start an execute now (always, where it is not
-        limited). A limited instance runs one execute at a time (no prefetch)."""
-        return not self.limits or (not self.running and self.model.server.limiter.admits(self))
-
-    def free(self) -> bool:
-        if self.state != "READY" or self.passive:
-            return False
-        if self.limits:
-            return self.admitted()
-        if self.running < self.capacity:
-            return True
-        # One request more while a short execute runs, unless that execute waits on the
-        # server (a BLS call, model loading): the request could be what it waits for.
-        return (self.running == 1 and self.exec_mean_ns < self.prefetch_ns
-                and not self.held_back and not self.waiting_on)
-
-    def next_exec_id(self) -> int:
-        self._exec_ids += 1
-        return self._exec_ids
-
-
-def _take_back(active: dict[int, HostRequest], batch: list[HostRequest]) -> list[HostRequest]:
-    """Requests an instance was sent but never ran: no longer its (``active``); returns
-    those still waiting for their answer, to queue again."""
-    for req in batch:
-        active.pop(req.id, None)
-        req.instance = None
-    return [req for req in batch if not req.done]
-
-
-def side_by_side(calls: Sequence[tuple[str, Callable[[], None]]]) -> list[BaseException | None]:
-    """Run each ``(thread name, call)`` on a thread of its own and wait for them all; what
-    each raised (None: nothing).
-
-    Threads of our own, not an executor's: when no thread can be had (RLIMIT_NPROC, the
-    cgroup's pids.max), an executor's submit raised out of its caller with the calls submitted
-    before still running (a version stayed LOADING for ever). Such a call runs on this thread
-    instead."""
-    errors: list[BaseException | None] = [None] * len(calls)
-
-    def run(i: int, call: Callable[[], None]) -> None:
-        try:
-            call()
-        except BaseException as exc:  # handed to the caller, on its thread
-            errors[i] = exc
-
-    threads = []
-    for i, (name, call) in enumerate(calls):
-        thread = threading.Thread(target=run, args=(i, call), daemon=True, name=name)
-        try:
-            thread.start()
-        except RuntimeError:
-            run(i, call)
-        else:
-            threads.append(thread)
-    for thread in threads:
-        thread.join()
-    return errors
-
-
-def reshape_arrays(pairs: Iterable[tuple[str, Any]],
-                   shape_of: Callable[[str, Any], list[int] | None]) -> list:
-    """``(name, array)`` pairs, each array in the shape ``shape_of`` gives it (None: as it is):
-    numpy views; a DeviceRef, decoded for one request alone, takes its new shape."""
-    out = []
-    for name, arr in pairs:
-        shape = shape_of(name, arr.shape)
-        if shape is not None and list(arr.shape) != shape:
-            if type(arr) is DeviceRef:
-                arr.shape = tuple(shape)
-            else:
-                arr = arr.reshape(shape)
-        out.append((name, arr))
-    return out
-
-
-class RuntimeBase:
-    """What a loaded model version and a loaded ensemble version have alike: identity and
-    config, state, statistics, request validation, and unloading after in-flight work ends."""
-
-    is_ensemble = False
-    queue: Any  # what waits for an instance, deque-like (set by the subclasses)
-
-    def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
-                 model_dir: str) -> None:
-        from .validation import RequestValidator, Reshapes
-
-        self.server = server
-        self.name = name
-        self.version = version
-        # Its repository with --model-namespacing ("" without): the metrics' namespace label,
-        # and where an ensemble looks for its steps first. Set by the repository manager.
-        self.namespace = ""
-        self.config = config
-        self.config_json = config_json
-        self.model_dir = model_dir
-        self.output_labels: dict[str, list[str]] = {}  # read at load: config.read_labels
-        self.state = LOADING
-        # Why the last update of this version (serving on) failed, for the index, as Triton's
-        # (a READY version with a reason); "" once an update or load succeeds.
-        self.failed_update = ""
-        self.decoupled = bool(config.model_transaction_policy.decoupled)
-        self.max_batch_size = int(config.max_batch_size)
-        metrics_config = getattr(server, "metrics_config", None)
-        self.stats = ModelStats(name, version, summaries=bool(
-            metrics_config is not None and metrics_config.summary_latencies))
-        self.validator = RequestValidator(config, name)
-        self.reshapes = Reshapes.of(config)  # None unless an input or output has a reshape
-        # A request that names no output asks for every output of the config, as in Triton:
-        # the model sees them in requested_output_names(), and outputs it makes that the
-        # config does not declare are dropped.
-        self.all_outputs = [o.name for o in config.output]
-        self.instances: list[Instance] = []
-        self.successor: Any = None  # set by a reload that replaced this one
-        self.lock = threading.Lock()
-        self._halt = threading.Event()  # set by the unload: restarts end
-        self._idle = threading.Condition(self.lock)
-        self._draining = 0  # threads in drain(): only then is _idle worth notifying
-        self.cut_short = False  # unloaded with requests still in flight (the drain timed out)
-        self.finalize_cut_off = False  # unloaded with a finalize still running (cut off)
-
-    def not_ready_error(self) -> UnavailableError:
-        return UnavailableError(
-            f"model '{self.name}' version {self.version} is not ready ({self.state.lower()})")
-
-    def _busy(self) -> bool:
-        """Whether requests are queued or in flight (called with ``lock`` held)."""
-        raise NotImplementedError
-
-    def _queued_locked(self) -> int:
-        """Queued requests not answered yet (one cancelled stays queued until a batch forms);
-        caller holds ``lock``."""
-        return sum(1 for r in self.queue if not r.done)
-
-    def fail_queue(self, error: TritonpyError) -> None:
-        """Fail every request queued and not started (the server stops at once). An
-        ensemble queues nothing itself: its steps' models hold its requests."""
-
-    def in_flight(self) -> int:
-        """Requests not answered yet: queued, or given to an instance and not finished."""
-        with self.lock:
-            return self._queued_locked() + sum(len(i.active) for i in self.instances)
-
-    def pending(self) -> int:
-        """Requests awaiting execution: queued (not cancelled meanwhile), or prefetched behind
-        an instance's running execute."""
-        with self.lock:
-            queued = self._queued_locked()
-            sent_behind: int = sum(max(0, len(i.inflight) - i.capacity) for i in self.instances)
-            return queued + sent_behind
-
-    def _unloaded(self, timeout: float) -> None:
-        """What is left to do once the version no longer takes requests."""
-        raise NotImplementedError
-
-    def drain(self, timeout: float | None, busy: Callable[[], bool] | None = None) -> bool:
-        """Wait until nothing is queued or in flight, or until ``busy()`` (called with
-        ``lock`` held) is false; bounded by ``timeout``. Returns whether that came.
-
-        ``timeout`` None: as long as that takes (Triton lets an unloaded or replaced version
-        finish every request), until the server stops; from then on its exit timeout."""
-        busy = busy or self._busy
-        deadline = time.monotonic() + timeout if timeout is not None else float("inf")
-        with self.lock:
-            self._draining += 1
-            try:
-                while busy():
-                    if timeout is None and self.server._stopping and deadline == float("inf"):
-                        deadline = time.monotonic() + self.server.exit_timeout
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._idle.wait(min(left, 0.1))
-                return not busy()
-            finally:
-                self._draining -= 1
-
-    def unload(self, timeout: float | None = 30.0) -> None:
-        """Stop taking requests, let what is in flight finish (bounded by ``timeout``; None:
-        see ``drain``), then release what the version holds."""
-        if self.state == READY:
-            self.state = UNLOADING
-            self._hand_over()
-            self.cut_short = not self.drain(timeout)
-        self.state = UNAVAILABLE
-        self._unloaded(self.server.exit_timeout if timeout is None else timeout)
-
-    def _hand_over(self) -> None:
-        """A version replaced by a reload: what it has queued and not started goes to its
-        successor now (only what it runs is left to finish here)."""
-
-    def _answered_from_cache(self, req: HostRequest, cache: Any, keep_params: bool = True) -> bool:
-        """Answer ``req`` from the response cache if it holds its answer; else arrange for
-        its successful answer to be kept there (its parameters too, unless ``keep_params``).
-        GPU tensors (a BLS call's, a client's CUDA shared memory) are not cached: the host
-        never reads device memory."""
-        if any(type(a) is DeviceRef for _, a in req.inputs):
-            return False
-        t0 = time.monotonic_ns()
-        key = cache.key(self.name, self.version, req.inputs)
-        hit = cache.lookup(key, req.requested or self.all_outputs)
-        t1 = time.monotonic_ns()
-        if hit is not None:
-            self.stats.cache_hit(t1 - req.t_enqueue, t1 - t0)
-            req.respond(hit[0], None, hit[1], True)
-            return True
-        self.stats.cache_miss(t1 - t0)
-        sink, stats = req.sink, self.stats
-
-        def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
-            if final:
-                insert_ns = 0
-                if error is None and outputs and not any(
-                        type(a) is DeviceRef for _, a in outputs):
-                    t = time.monotonic_ns()
-                    # Copies: before the caller takes them.
-                    cache.insert(key, outputs, params if keep_params else None, self.name)
-                    insert_ns = time.monotonic_ns() - t
-                stats.cache_miss_done(t1 - t0, insert_ns)
-            sink(r, outputs, error, params, final)
-        req.sink = keep
-        return False
 
 
 class ModelRuntime(RuntimeBase):
@@ -1169,7 +838,7 @@ class ModelRuntime(RuntimeBase):
         waits on the server. Its requests queue again, first; that instance prefetches no more
         until its execute is done."""
         inst.held_back = True
-        again = _take_back(inst.active, batch)
+        again = take_back(inst.active, batch)
         if again:
             with self.lock:
                 self.sched.requeue(again)
@@ -1207,7 +876,7 @@ class ModelRuntime(RuntimeBase):
             # (the stub runs one execute at a time): they queue again, as if never sent.
             back = (sorted(inflight)[1:] if inst.prefetch_ns and inst.state == "RESTARTING"
                     else [])
-            unstarted = [r for exec_id in back for r in _take_back(active, inflight[exec_id][0])]
+            unstarted = [r for exec_id in back for r in take_back(active, inflight[exec_id][0])]
             if unstarted:
                 self.sched.requeue(unstarted)
             # The requests of an execute that never ended fail with it (the statistics count

@@ -75,7 +75,7 @@ def parse_resource(text: str) -> tuple[str, int, int | None]:
 
 
 def instance_limits(signature: bytes, device: int) -> tuple[tuple[tuple[Key, int], ...], int]:
-    """What an instance of the group with ``signature`` (see ``_model.instance_signature``)
+    """What an instance of the group with ``signature`` (see ``_instances.instance_signature``)
     needs on ``device``: ((key, count), ...) and its priority; no needs where its group has
     no ``rate_limiter`` resources. A resource the group lists twice needs the count listed
     last, as in Triton 2.51 (measured: ``R:2, R:1`` needs 1, ``R:1, R:2`` needs 2)."""

@@ -21,8 +21,9 @@ from ._errors import (
 )
 from ._ensemble_config import is_ensemble
 from ._ensemble_load import load_ensemble
-from ._model import (LOADING, READY, UNAVAILABLE, ModelRuntime, config_needs_reload,
-                     side_by_side)
+from ._instances import config_needs_reload
+from ._model import ModelRuntime
+from ._runtime_base import LOADING, READY, UNAVAILABLE, side_by_side
 
 if TYPE_CHECKING:
     from ._repo_manager import ModelEntry

@@ -32,9 +32,10 @@ from ._ensemble import EnsembleRuntime
 from ._ensemble_config import is_ensemble_dir
 from ._execution_env import ExecutionEnvs
 from ._load_files import FilesFolders, write_files
-from ._model import UNAVAILABLE, UNLOADING, ModelRuntime
+from ._model import ModelRuntime
 from ._repo_loading import VersionLoading
 from ._repo_views import RepositoryViews
+from ._runtime_base import UNAVAILABLE, UNLOADING
 from .repository import namespaced_key
 
 log = logging.getLogger("tritonpy.repository")

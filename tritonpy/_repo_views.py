@@ -7,7 +7,8 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ._errors import NotFoundError, TritonpyError, UnavailableError
-from ._model import LOADING, READY, UNAVAILABLE, UNLOADING, ModelRuntime
+from ._model import ModelRuntime
+from ._runtime_base import LOADING, READY, UNAVAILABLE, UNLOADING
 
 if TYPE_CHECKING:
     from ._repo_manager import ModelEntry

@@ -42,7 +42,8 @@ from ._errors import TritonpyError, UnavailableError
 from .validation import request_prefix
 
 if TYPE_CHECKING:
-    from ._model import Instance, ModelRuntime
+    from ._instances import Instance
+    from ._model import ModelRuntime
     from ._request import HostRequest
 
 log = logging.getLogger("tritonpy.scheduler")

@@ -73,7 +73,8 @@ from .shm.dtypes import deserialize_bytes, numpy_dtype, triton_dtype_of
 from .validation import triton_type_name
 
 if TYPE_CHECKING:
-    from ._model import Instance, ModelRuntime
+    from ._instances import Instance
+    from ._model import ModelRuntime
 
 log = logging.getLogger("tritonpy.sequence")
 

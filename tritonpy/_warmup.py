@@ -28,7 +28,8 @@ from .validation import triton_type_name
 log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
-    from ._model import Instance, ModelRuntime
+    from ._instances import Instance
+    from ._model import ModelRuntime
 
 
 def sample_inputs(rt: ModelRuntime, sample: Any) -> list[tuple[str, np.ndarray]]:

@@ -689,7 +689,7 @@ REPEAT_S = 0.25
 
 async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from . import Server
-    from ._model import READY
+    from ._runtime_base import READY
     from .server import load_models_problem
     from .frontends import Frontends
     from .frontends.dataplane import (

@@ -40,10 +40,11 @@ from ._errors import (
     load_cancelled,
 )
 from ._loop import FrameLoop
-from ._model import READY, ModelRuntime
+from ._model import ModelRuntime
 from ._options import BackendOptions
 from ._ratelimit import RateLimiter, parse_resource
 from ._request import AsyncResponseStream, HostRequest, ResponseStream, Timers
+from ._runtime_base import READY
 from ._stats import CounterCarry, MetricsConfig
 from ._stubproc import StubProcess
 from ._trace import Trace, Tracing

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from tritonpy._errors import InternalError, InvalidArgumentError
-from tritonpy._model import initialize_args
+from tritonpy._instances import initialize_args
 
 __all__ = ["ModelRunner"]
 
