@@ -4,6 +4,9 @@ State machine of a model: LOADING -> READY -> UNLOADING -> UNAVAILABLE (or LOADI
 UNAVAILABLE with a reason). An instance is STARTING, READY, RESTARTING (its stub died; requests
 go to the other instances meanwhile) or STOPPED. Requests are served FIFO by the first free
 instance; with ``dynamic_batching`` several queued requests go to one ``execute`` call.
+
+This module holds the version's lifecycle; its request path is in :mod:`._model_dispatch`,
+its response path in :mod:`._model_responses`, and its instances in :mod:`._instances`.
 """
 from __future__ import annotations
 
@@ -11,44 +14,27 @@ import functools
 import logging
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-import msgpack
-
-from tritonpy.shm import Cmd, ShmExhaustedError
-from tritonpy.shm._errors import NO_SPACE, FdLimitError
-from tritonpy.shm.messages import RequestBody
-from tritonpy.shm.segment import could_fit
+from tritonpy.shm import Cmd
 
 from ._errors import (
-    CancelledError,
     InternalError,
     InvalidArgumentError,
     TritonpyError,
     UnavailableError,
-    error_from_wire,
     load_cancelled,
     version_failed,
 )
 from ._instances import Instance, initialize_args, plan_instances, take_back
+from ._model_responses import ModelResponses
 from ._request import HostRequest
-from ._runtime_base import READY, UNAVAILABLE, RuntimeBase, reshape_arrays, side_by_side
-from ._scheduler import REQUEST_TIMEOUT, FifoScheduler, fail_queued, make_scheduler
-from ._sequence import SEQUENCE_TIMEOUT
+from ._runtime_base import READY, UNAVAILABLE, side_by_side
+from ._scheduler import FifoScheduler, fail_queued, make_scheduler
 from ._stubproc import StubProcess
 from . import _warmup
 
 log = logging.getLogger("tritonpy.model")
-# A request whose inputs find /dev/shm full on the frame loop is queued again this often, for
-# this long (see ModelRuntime._retry_later).
-SHM_RETRY_EVERY_S = 0.05
-SHM_RETRY_FOR_S = 0.25
-
-# The stub's frames, as plain ints: _on_frame compares each frame's command with them, and an
-# IntEnum member compares several times slower.
-_EXECUTE_DONE = int(Cmd.EXECUTE_DONE)
-_RESPONSE_SEND = int(Cmd.RESPONSE_SEND)
-_HELD = int(Cmd.HELD)
 DEFAULT_MAX_ASYNC = 8
 
 
@@ -60,8 +46,14 @@ _RESTART_TRIES = 3
 CRASH_LOOP_S = 30.0
 
 
-class ModelRuntime(RuntimeBase):
-    """One version of one model, loaded."""
+class ModelRuntime(ModelResponses):
+    """One version of one model, loaded.
+
+    Here its lifecycle: loading (its instances started and initialized), the in-place update
+    of its instances, the death and restart of a stub, readiness and unloading. The request
+    path is in :class:`~tritonpy._model_dispatch.ModelDispatch` and the response path in
+    :class:`~tritonpy._model_responses.ModelResponses`, its bases.
+    """
 
     def __init__(self, server: Any, name: str, version: int, config: Any, config_json: str,
                  model_dir: str, source: dict[str, str]) -> None:
@@ -329,524 +321,6 @@ class ModelRuntime(RuntimeBase):
                          daemon=True, name=f"{inst.name}-retire").start()
 
     # -- scheduling ----------------------------------------------------------------------------
-    def submit(self, req: HostRequest) -> None:
-        """Queue a validated request; it is dispatched as soon as an instance is free."""
-        if self.state != READY:
-            succ = self.successor
-            if succ is not None:
-                # Reloaded while this request was on its way: the new version serves it.
-                self._forward(succ, req)
-                return
-            req.fail(self.not_ready_error())
-            return
-        if self.unserviceable and not self._alive():
-            self.stats.request_failed(0, "BACKEND")
-            req.fail(UnavailableError(self.unserviceable))
-            return
-        if self.passive_only:  # (Triton 2.51 crashes there: SIGSEGV, measured)
-            self.stats.request_failed(0, "REJECTED")
-            req.fail(UnavailableError(
-                f"model '{self.name}' takes no requests: all its instance groups are passive"))
-            return
-        if self.cache is not None and self._answered_from_cache(req, self.cache):
-            return
-        req.on_cancel = self._cancelled
-        if req.trace is not None:
-            req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)
-        sched = self.sched
-        if req.timeout_us > 0 and not sched.owns_timeouts:
-            self.server.timers.at_request(time.monotonic() + req.timeout_us / 1e6, req,
-                                          self._timed_out)
-        with self.lock:
-            # Unloaded since the check above: nothing would ever run it from this queue.
-            late = self.state == UNAVAILABLE
-            err = None if late else sched.add(req)
-            plans = self._take_locked() if err is None and not late else None
-        if late:
-            self.submit(req)  # forwarded to the successor, or failed
-            return
-        if err is not None:  # refused as it is queued: not counted, as in Triton
-            req.fail(err)
-            return
-        if plans:
-            self._send_plans(plans)
-        elif req.caller_exec and req.caller is not None and not req.done:
-            self.server.bls.watch(req)
-
-    def _forward(self, succ: ModelRuntime, req: HostRequest) -> None:
-        try:
-            self.server.validate(succ, req)
-        except TritonpyError as exc:
-            req.fail(exc)
-            return
-        req.model = succ
-        succ.submit(req)
-
-    def _take_locked(self) -> list[tuple[Instance, list[HostRequest]]]:
-        if self.rate_limited:
-            limiter = self.server.limiter
-            plans = []
-            while True:
-                before = len(self.queue)
-                with limiter.taking():  # (see RateLimiter.admits)
-                    more = self.sched.take(self.instances)
-                    granted, unused = limiter.settle(inst for inst, _ in more)
-                plans += more
-                if granted:
-                    self.server.tell_reserved(granted)
-                # Again while that took requests out of the queue (answered ones, maybe)
-                # and gave resources back: they may admit an instance for what is left.
-                if not (unused and 0 < len(self.queue) < before):
-                    break
-            self._withdraw_if_idle_locked()
-        else:
-            plans = self.sched.take(self.instances)
-        for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)
-            for req in batch:
-                req.instance = inst
-        return plans
-
-    def _withdraw_if_idle_locked(self) -> None:
-        """A rate-limited model with nothing queued that has not ended (its requests went to
-        one of its instances, or were cancelled or timed out while queued): its instances wait
-        for resources no more, and hold back nobody ranked after them. Caller holds the lock."""
-        if not any(not r.done for r in self.queue):
-            self.server.tell_reserved(self.server.limiter.withdraw(self.instances))
-
-    def withdraw_if_idle(self) -> None:
-        """:meth:`_withdraw_if_idle_locked` for a caller that does not hold the lock."""
-        if self.rate_limited:
-            with self.lock:
-                self._withdraw_if_idle_locked()
-
-    def kick(self) -> None:
-        """Form and send whatever batches can go now (a scheduler's timer calls this)."""
-        with self.lock:
-            plans = self._take_locked()
-        if plans:
-            self._send_plans(plans)
-
-    def kick_reserved(self, inst: Instance) -> None:
-        """The rate limiter reserved ``inst``'s resources: dispatch, and give back what it
-        did not use (its model had nothing for it, or it stopped meanwhile)."""
-        self.kick()
-        self.server.tell_reserved(self.server.limiter.unreserve(inst))
-
-    def _release(self, inst: Instance) -> list[Instance]:
-        """``inst`` holds its rate limiter resources no more (caller holds the lock): the
-        instances they are reserved for now (see Server.tell_reserved)."""
-        limiter = self.server.limiter
-        granted = limiter.unreserve(inst) if inst.reserved else []  # (its stub died)
-        if inst.holding:
-            granted += limiter.release(inst, inst.state == "READY" and len(self.queue) > 0)
-        return granted
-
-    def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
-        for inst, batch in plans:
-            self._send(inst, batch)
-
-    def _send(self, inst: Instance, batch: list[HostRequest]) -> None:
-        stub = inst.stub
-        assert stub is not None
-        t0 = time.monotonic_ns()
-        peer = stub.channel.peer
-        encode_many = self.server.transport.encode_many
-        bodies: list[RequestBody] = []
-        ok: list[HostRequest] = []
-        for req in batch:
-            try:
-                inputs = encode_many(req.inputs, peer)
-            except ShmExhaustedError as exc:
-                if self._retry_later(req, exc):
-                    continue
-                self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
-                req.fail(UnavailableError(str(exc)))
-                continue
-            except Exception as exc:
-                # E.g. no file descriptor left for a new segment (FdLimitError). Raised out of
-                # here, it left the instance busy and the request in flight for ever.
-                self.stats.request_failed(time.monotonic_ns() - req.t_enqueue, "BACKEND")
-                cls = (UnavailableError if isinstance(exc, FdLimitError)
-                       else InvalidArgumentError if isinstance(exc, ValueError)
-                       else InternalError)
-                req.fail(cls(f"the inputs cannot be passed to model '{self.name}': {exc}"))
-                continue
-            if self.reshapes is not None:
-                # The model sees an input in its reshape form: the same contiguous data, so
-                # only the wire's shape changes (the request keeps the client's shapes).
-                for wire in inputs:
-                    shape = self.reshapes.input_shape(wire[0], wire[2])
-                    if shape is not None:
-                        wire[2] = shape
-            req.t_start = t0
-            ok.append(req)
-            bodies.append({
-                "id": req.id, "model": self.name, "version": self.version,
-                "request_id": req.request_id, "correlation_id": req.correlation_id,
-                "flags": req.flags, "timeout": req.timeout_us, "parameters": req.parameters,
-                "inputs": inputs, "outputs": req.requested or self.all_outputs,
-            })
-            if self.state_outputs:
-                wanted = req.requested
-                bodies[-1]["outputs"] = (
-                    wanted + [n for n in self.state_outputs if n not in wanted] if wanted
-                    else self.all_and_states)
-            if req.gpu_ok:
-                bodies[-1]["gpu_ok"] = True
-            if req.pacer is not None:
-                bodies[-1]["pace"] = req.pacer.limits()
-            if req.trace is not None:  # for request.trace(): BLS calls traced under it
-                bodies[-1]["trace"] = req.trace.id
-                context = req.trace.otel_context()
-                if context is not None:
-                    bodies[-1]["trace_context"] = context
-        exec_id = inst.next_exec_id()
-        if not ok:
-            self._finish_execute(inst, batch)
-            return
-        t1 = time.monotonic_ns()
-        for req in ok:
-            inst.active[req.id] = req
-        inst.inflight[exec_id] = (ok, t1, t1 - t0)
-        try:
-            stub.send(Cmd.EXECUTE, exec_id, {"requests": bodies})
-        except (TritonpyError, OSError):
-            pass  # the stub is dying: its death path fails this batch
-        except (OverflowError, UnicodeError, TypeError, ValueError) as exc:
-            self._unsendable(inst, exec_id, ok, bodies, exc)
-        self.server.frames.spin()  # its answer will find the loop awake
-
-    def _unsendable(self, inst: Instance, exec_id: int, reqs: list[HostRequest],
-                    bodies: list[RequestBody], exc: Exception) -> None:
-        """A batch the channel could not encode (a value past 64 bits, a string that is not
-        text, ...: what got past validation): each request that cannot be encoded fails with
-        the reason, the others go back to the head of the queue, and the instance is free
-        again. It used to stay busy for ever, and the model with it."""
-        inst.inflight.pop(exec_id, None)
-        bad: list[HostRequest] = []
-        good: list[HostRequest] = []
-        for req, body in zip(reqs, bodies):
-            inst.active.pop(req.id, None)
-            try:
-                msgpack.packb(body, use_bin_type=True)
-            except Exception as why:
-                bad.append(req)
-                req.fail(InvalidArgumentError(
-                    f"[request id: {req.request_id or '<id_unknown>'}] the request cannot be "
-                    f"passed to model '{self.name}': a value of it cannot be encoded "
-                    f"({type(why).__name__}: {why})"))
-            else:
-                good.append(req)
-        if not bad:  # not a request's own value: fail them all rather than loop
-            for req in good:
-                req.fail(InternalError(f"the batch cannot be passed to model '{self.name}': "
-                                       f"{type(exc).__name__}: {exc}"))
-            bad, good = good, []
-        with self.lock:
-            if good:
-                for req in good:
-                    req.instance = None
-                self.sched.requeue(good)
-        self._finish_execute(inst, bad)
-
-    def _retry_later(self, req: HostRequest, exc: ShmExhaustedError) -> bool:
-        """On the frame loop, which does not wait for room (see Server._reclaim): queue a
-        request whose inputs found /dev/shm full again a moment later, for up to
-        SHM_RETRY_FOR_S, while the other processes give back the idle segments they were just
-        asked for. Not for a sequence (it would lose its place), nor for a tensor that cannot
-        fit at all. Whether it will be retried."""
-        frames = self.server.frames
-        if exc.reason != NO_SPACE or not frames.on_loop() or self.sched_is_sequence \
-                or not could_fit(self.server.pool.directory, exc.asked):
-            return False
-        now = time.monotonic()
-        if not req.shm_retry_until:
-            req.shm_retry_until = now + SHM_RETRY_FOR_S
-        elif now >= req.shm_retry_until:
-            return False
-        req.instance = None  # queued again: a cancel meanwhile counts as one of a queued request
-        frames.loop.call_later(SHM_RETRY_EVERY_S, self._retry, req)
-        return True
-
-    def _retry(self, req: HostRequest) -> None:
-        if not req.done:
-            self.submit(req)
-
-    def _finish_execute(self, inst: Instance, batch: list[HostRequest]) -> None:
-        with self.lock:
-            inst.running -= 1
-            granted = self._release(inst) if inst.holding else None
-            self.sched.finished(inst, batch)
-            plans = self._take_locked()
-            if not inst.running and (self._draining and not inst.active
-                                     or inst.state in ("STARTING", "RESTARTING")):
-                self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
-        if plans:
-            self._send_plans(plans)
-        if granted:
-            self.server.tell_reserved(granted)
-
-    def _cancelled(self, req: HostRequest, error: TritonpyError) -> None:
-        with self.lock:
-            inst = req.instance
-            if inst is None and self.sched_is_sequence:
-                self.sched.aborted(req, error)  # its sequence ends there
-        if inst is None:  # still queued: it will not run (taking a batch skips it)
-            self.stats.request_failed(time.monotonic_ns() - req.t_enqueue,
-                                      "CANCELED" if isinstance(error, CancelledError)
-                                      else "REJECTED")
-            self.withdraw_if_idle()
-            return
-        if inst.stub is not None and inst.stub.alive:
-            try:
-                inst.stub.send(Cmd.CANCEL, 0, [req.id])
-            except Exception:
-                pass
-
-    def _timed_out(self, req: HostRequest) -> None:
-        """``req``'s ``timeout`` passed. A client's request times out only while it is queued,
-        as in Triton: once an instance runs it, it runs to its end. A BLS call's timeout bounds
-        the whole call (see the README's BLS differences)."""
-        why = REQUEST_TIMEOUT
-        with self.lock:
-            if req.instance is not None and req.caller is None:
-                return
-            if self.sched_is_sequence and self.sched.waits_for_slot(req):
-                why = SEQUENCE_TIMEOUT  # Triton's words for a sequence that waited too long
-        req.abort(UnavailableError(why))
-
-    # -- frames from the stubs -------------------------------------------------------------------
-    def _on_frame(self, stub: StubProcess, msg: list) -> None:
-        cmd, call_id, body = msg
-        inst: Instance = stub.instance
-        if cmd == _EXECUTE_DONE:
-            self._on_done(inst, stub, call_id, body)
-        elif cmd == _RESPONSE_SEND:
-            self._on_response(inst, stub, body)
-        elif cmd == _HELD:
-            for rid in body if isinstance(body, list) else ():
-                req = inst.active.get(rid) if isinstance(rid, int) else None
-                if req is not None and req.pacer is not None and not req.done:
-                    req.pacer.held()
-                else:  # nobody here will acknowledge anything: the stub must not wait
-                    try:
-                        stub.send(Cmd.ACK, 0, [[rid, -1]])
-                    except Exception:
-                        pass
-        else:
-            self.server.on_stub_frame(self, inst, stub, msg)
-
-    def _decode(self, stub: StubProcess, wires: Any) -> list:
-        return self.server.transport.decode_many(wires or [], stub.channel.peer)
-
-    def _deliver(self, inst: Instance, stub: StubProcess, req: HostRequest, body: dict) -> None:
-        answer = self._answer(inst, stub, req, body)
-        if answer is not None:
-            req.respond(*answer)
-
-    def _answer(self, inst: Instance, stub: StubProcess, req: HostRequest,
-                body: dict) -> tuple | None:
-        """``req.respond`` arguments for a response frame (None: held until its final flag).
-        Statistics count the request when its execute ends (``_on_done``), not here."""
-        err = body.get("error")
-        error = error_from_wire(err) if err else None
-        try:
-            outputs: Any = None if body.get("empty") else self._decode(stub, body.get("outputs"))
-        except TritonpyError as exc:
-            outputs, error = [], exc
-        except FdLimitError as exc:  # not the stub's fault, and it may pass
-            outputs, error = [], UnavailableError(
-                f"the response of '{inst.name}' cannot be read: {exc}")
-        except Exception as exc:
-            outputs, error = [], InternalError(f"bad response from '{inst.name}': {exc}")
-        if outputs and self.reshapes is not None and self.reshapes.outputs:
-            try:
-                outputs = self._reshape_outputs(outputs)
-            except TritonpyError as exc:
-                outputs, error = [], InternalError(f"model '{self.name}': {exc.message}")
-        if outputs and self.state_outputs:
-            try:
-                outputs = self.sched.keep_state(req, outputs, req.requested or self.all_outputs)
-            except TritonpyError as exc:
-                outputs, error = [], exc
-        final = bool(body.get("final", True))
-        params = body.get("parameters")
-        if not self.decoupled:
-            # A default-mode model may answer through its response sender: the response, then
-            # the final flag on its own. The caller gets exactly one response, so hold it.
-            if not final:
-                self._held[req.id] = (outputs, error, params)
-                return None
-            held = self._held.pop(req.id, None) if self._held else None
-            if held is not None and outputs is None:
-                if error is not None:
-                    # As with Triton, the response the sender sent is the caller's; the error
-                    # that came after it (e.g. execute raised) goes to the log.
-                    log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
-                outputs, error, params = held
-        if final:
-            inst.active.pop(req.id, None)
-        return outputs, error, params, final
-
-    def _reshape_outputs(self, outputs: list) -> list:
-        """Outputs the model made in their ``reshape`` form, in their ``dims`` form (views)."""
-        assert self.reshapes is not None
-        return reshape_arrays(outputs, self.reshapes.output_shape)
-
-    def _on_response(self, inst: Instance, stub: StubProcess, body: dict) -> None:
-        req = inst.active.get(body.get("id", -1))
-        if req is None:
-            return  # cancelled or timed out earlier: drop it
-        self._deliver(inst, stub, req, body)
-        if self._draining and not inst.active and not inst.running:
-            with self.lock:
-                self._idle.notify_all()
-
-    def _on_done(self, inst: Instance, stub: StubProcess, exec_id: int, body: dict) -> None:
-        entry = inst.inflight.pop(exec_id, None)
-        if entry is None:
-            return
-        batch, t_sent, input_ns = entry
-        if body.get("returned"):
-            self._returned(inst, batch)
-            return
-        t_done = time.monotonic_ns()
-        # A prefetched execute started when the one before it was done, not when it was sent;
-        # an instance of an async execute runs its executes side by side (capacity > 1): each
-        # started as it was sent.
-        t_run = max(t_sent, inst.last_done_ns) if inst.capacity == 1 else t_sent
-        inst.last_done_ns = t_done
-        inst.exec_mean_ns += (t_done - t_run - inst.exec_mean_ns) / 8
-        inst.held_back = False
-        responses = body.get("responses")
-        if (len(batch) == 1 and not self.decoupled and batch[0].trace is None
-                and not inst.waiting_on and "error" not in body and "reschedule" not in body
-                and type(responses) is list and len(responses) == 1):
-            self._one_done(inst, stub, batch[0], responses[0], t_sent, t_run, t_done, input_ns)
-            self._finish_execute(inst, batch)
-            return
-        by_id = {r.id: r for r in batch}
-        resched = set(body.get("reschedule") or ())
-        # Every statistic is counted before any caller sees a response in this body: a caller
-        # that reads the statistics right after its answer finds its execution in them. (One
-        # answered earlier through its response sender may look before they are counted, as
-        # with Triton, whose backend also reports them only once execute has returned.)
-        answers = []
-        for rb in body.get("responses") or ():
-            rid = rb.get("id")
-            req = by_id.get(rid)
-            if req is not None and rid not in resched:
-                answer = self._answer(inst, stub, req, rb)
-                if answer is not None:
-                    answers.append((req, answer))
-        err = body.get("error")
-        failed = []
-        logged = False
-        if err:
-            error = error_from_wire(err)
-            for req in batch:
-                if not req.done and req.id not in resched:
-                    inst.active.pop(req.id, None)
-                    if not self.decoupled and req.id in self._held:
-                        # Its response went out through the sender before execute failed:
-                        # _answer gives the caller that response and logs the error.
-                        answer = self._answer(inst, stub, req,
-                                              {"error": err, "empty": True, "final": True})
-                        assert answer is not None  # a final response is never held
-                        answers.append((req, answer))
-                        logged = True
-                        continue
-                    self._held.pop(req.id, None)
-                    failed.append(req)
-        requeue = [r for r in batch if r.id in resched and not r.done]
-        for r in requeue:
-            inst.active.pop(r.id, None)
-        if resched or self.decoupled:
-            for r in batch:
-                # Answered already (cancelled, timed out) and its execute is over: nothing
-                # more is delivered for it; a rescheduled one will send no final flag at all.
-                if r.done:
-                    inst.active.pop(r.id, None)
-        t_out = time.monotonic_ns()
-        # As Triton counts them: each request this execute ran (a rescheduled one runs again)
-        # succeeded unless the execute failed, whatever its responses say (a decoupled one too,
-        # whether or not its final flag has come); queue and compute times count successes.
-        ran = [r for r in batch if r.id not in resched] if resched else batch
-        if self.sched.sends_nulls:  # a direct sequence batcher's fillers: batch rows only
-            ran = [r for r in ran if not r.null]
-        waited = t_run - t_sent  # in the stub, behind the execute before it: queued time
-        if err:
-            compute = (input_ns, t_done - t_run, t_out - t_done)
-            for r in ran:
-                if r.on_compute is not None:  # the ensemble it is a step of answered already
-                    r.on_compute(compute)
-            self.stats.execution(sum(r.batch_size for r in batch), (),
-                                 [t_out - r.t_enqueue for r in ran], *compute)
-        else:
-            self._count_success(sum(r.batch_size for r in batch), ran, t_out, waited,
-                                (input_ns, t_done - t_run, t_out - t_done))
-        for r in batch:
-            if r.trace is not None:  # a prefetched execute starts when it stops waiting
-                r.trace.stamps((("COMPUTE_START", t_run if waited else r.t_start),
-                                       ("COMPUTE_INPUT_END", t_run),
-                                       ("COMPUTE_OUTPUT_START", t_done), ("COMPUTE_END", t_out)))
-        for req, answer in answers:
-            req.respond(*answer)
-        if err:
-            for req in failed:
-                req.fail(error)
-            # Nobody left to tell (e.g. a decoupled execute returned responses after its final
-            # flag): the log says it.
-            if not failed and not logged:
-                log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
-        if requeue:
-            with self.lock:
-                self.sched.requeue(requeue)
-        if inst.waiting_on:  # calls this execute left unawaited no longer block it
-            key = batch[0].id
-            for r in [r for r in list(inst.waiting_on) if r.caller_exec == key]:
-                inst.waiting_on.discard(r)
-        self._finish_execute(inst, batch)
-
-    def _one_done(self, inst: Instance, stub: StubProcess, req: HostRequest, rb: Any,
-                  t_sent: int, t_run: int, t_done: int, input_ns: int) -> None:
-        """``_on_done`` for the usual execute: one request of a default-mode model, untraced,
-        that succeeded with one response (the same steps, with nothing to sort out between
-        several requests or responses)."""
-        answer = self._answer(inst, stub, req, rb) if rb.get("id") == req.id else None
-        t_out = time.monotonic_ns()
-        self._count_success(req.batch_size, (req,), t_out, t_run - t_sent,
-                            (input_ns, t_done - t_run, t_out - t_done))
-        if answer is not None:
-            req.respond(*answer)
-
-    def _count_success(self, rows: int, ran: Sequence[HostRequest], t_out: int, waited: int,
-                       compute: tuple[int, int, int]) -> None:
-        """The statistics of an execute of ``rows`` rows that succeeded and was over at
-        ``t_out``, for the requests it ran: ``compute`` is its (input, infer, output) ns, and
-        ``waited`` how long it waited in the stub behind the one before (queue time)."""
-        for r in ran:
-            r.compute = compute
-            if r.on_compute is not None:  # a decoupled step of an ensemble that answered first
-                r.on_compute(compute)
-        self.stats.execution(rows, [(r.batch_size, t_out - r.t_enqueue,
-                                     r.t_start - r.t_enqueue + waited) for r in ran], (),
-                             *compute)
-
-    def _returned(self, inst: Instance, batch: list[HostRequest]) -> None:
-        """A prefetched execute the stub gave back unrun: the execute before it runs long or
-        waits on the server. Its requests queue again, first; that instance prefetches no more
-        until its execute is done."""
-        inst.held_back = True
-        again = take_back(inst.active, batch)
-        if again:
-            with self.lock:
-                self.sched.requeue(again)
-        self._finish_execute(inst, batch)
-        for req in again:
-            if req.caller_exec and req.caller is not None and not req.done:
-                self.server.bls.watch(req)
-
     # -- death and restart ----------------------------------------------------------------------
     def _on_death(self, stub: StubProcess, reason: str) -> None:
         # Every end of a stub comes here, an unload's too: its custom metrics stay.
@@ -980,9 +454,6 @@ class ModelRuntime(RuntimeBase):
             return False
         log.info("restart of %s ended: the instance was stopped", inst.name)
         return True
-
-    def _alive(self) -> bool:
-        return any(i.state in ("READY", "RETIRING") for i in self.instances)
 
     def _still_restarting(self, inst: Instance, why: str) -> None:
         """If ``inst`` is still restarting and no other instance is alive, fail what is
