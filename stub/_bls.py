@@ -13,7 +13,8 @@ from ._pbtensor import Tensor
 from ._waiters import Waiter, first_item
 
 if TYPE_CHECKING:
-    from ._runtime import StubRuntime
+    from ._server_calls import _ServerCalls
+    from ._stubstate import _StubState
 
 
 def place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
@@ -28,7 +29,7 @@ def place(outputs: list[Tensor], memory: pb_utils.PreferredMemory) -> None:
             t._arr = cuda.to_device(t._arr, memory.preferred_device_id)
 
 
-def on_held(rt: StubRuntime, body: Any) -> None:
+def on_held(rt: _StubState, body: Any) -> None:
     """HELD from the host: the producers of these decoupled BLS streams wait for this stub's
     model to take what they sent ([[call id, bytes, responses], ...]: their limits)."""
     for item in body if type(body) is list else ():
@@ -41,7 +42,7 @@ def on_held(rt: StubRuntime, body: Any) -> None:
                                          functools.partial(_report, rt, call_id))
 
 
-def _report(rt: StubRuntime, call_id: int, taken: int) -> None:
+def _report(rt: _StubState, call_id: int, taken: int) -> None:
     try:
         rt.channel.send(Cmd.ACK, 0, [[call_id, taken]])
     except Exception:  # the host is gone: nobody waits for this any more
@@ -51,7 +52,7 @@ def _report(rt: StubRuntime, call_id: int, taken: int) -> None:
 class ResponseIterator:
     """What ``exec(decoupled=True)`` returns: responses as they arrive, with cancel()."""
 
-    def __init__(self, rt: StubRuntime, call_id: int, waiter: Waiter,
+    def __init__(self, rt: _ServerCalls, call_id: int, waiter: Waiter,
                  memory: pb_utils.PreferredMemory | None = None) -> None:
         self._rt = rt
         self._call_id = call_id

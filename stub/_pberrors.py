@@ -164,3 +164,7 @@ def not_a_response(item: object) -> str:
 def decoupled_returned(model: str) -> str:
     return (f"Python model '{model}' is using the decoupled mode and the execute function "
             "must return None.")
+
+
+def _error_body(code: str, message: str) -> dict[str, str]:
+    return {"code": code, "message": message}

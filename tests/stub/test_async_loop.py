@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from _models import fp32, infer, serving, wait_until, write_model
-from tritonpy.stub._runtime import _new_event_loop
+from tritonpy.stub._execute import _new_event_loop
 
 
 def _run(loop: asyncio.AbstractEventLoop) -> int:
