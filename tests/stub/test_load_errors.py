@@ -133,7 +133,7 @@ def test_failed_load_reports_the_traceback_and_leaves_no_process(explicit, name)
     message = info.value.message
     assert isinstance(info.value, tritonpy.InvalidArgumentError)  # HTTP 400, as Triton
     assert message.startswith(f"load failed for model '{name}': "), message
-    assert "_runtime.py" not in message  # no frame of the stub's own
+    assert "stub/_" not in message  # no frame of the stub's own modules
     for fragment in BAD[name][2]:
         assert fragment in message, message
     status = {m["name"]: m for m in explicit.models()}[name]
