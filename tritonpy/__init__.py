@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from ._request import AsyncResponseStream, InferenceResponse, ResponseStream, Tensor
     from ._stats import MetricsConfig
     from ._trace import Tracing
-    from .server import Model, Server, __version__
+    from ._model_handle import Model
+    from .server import Server, __version__
 
 # The server and what goes with it are imported on first use (PEP 562): a stub process, which
 # imports ``tritonpy.stub`` and ``tritonpy.shm`` and so runs this file, then loads none of the
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "OtelSettings": "._otel", "AsyncResponseStream": "._request",
     "InferenceResponse": "._request", "ResponseStream": "._request", "Tensor": "._request",
-    "MetricsConfig": "._stats", "Tracing": "._trace", "Model": ".server", "Server": ".server",
-    "__version__": ".server",
+    "MetricsConfig": "._stats", "Tracing": "._trace", "Model": "._model_handle",
+    "Server": ".server", "__version__": ".server",
 }
 
 

@@ -38,7 +38,8 @@ from .sharedmem import SharedMemoryRegistry
 
 if TYPE_CHECKING:
     from .._request import AsyncResponseStream
-    from ..server import Model, Server
+    from .._model_handle import Model
+    from ..server import Server
 
 log = logging.getLogger(__name__)
 
