@@ -25,6 +25,7 @@ from _models import wait_for, write_model
 from _serve import START_TIMEOUT, Serve, free_ports, serve_repo
 
 from tritonpy import cli
+from tritonpy._cli_settings import _tracing, python_backend_config, unbracketed
 
 
 def _status(url: str, body: bytes | None = None) -> int:
@@ -163,10 +164,10 @@ def test_the_python_backends_own_setting_wins_over_a_global_one() -> None:
         flags = ["--backend-config=python,shm-default-byte-size=2097152",
                  "--backend-config=shm_default_byte_size=1048576"]
         args = parser.parse_args(["serve", *(flags[i] for i in order)])
-        assert cli.python_backend_config(args) == {"shm-default-byte-size": "2097152"}
+        assert python_backend_config(args) == {"shm-default-byte-size": "2097152"}
     args = parser.parse_args(["serve", "--backend-config=python,shm-default-bytes=1"])
     with pytest.raises(SystemExit, match="unknown backend option 'shm-default-bytes'"):
-        cli.python_backend_config(args)
+        python_backend_config(args)
 
 
 def test_verbose_log_tells_the_backend_settings_in_tritons_words(
@@ -175,8 +176,8 @@ def test_verbose_log_tells_the_backend_settings_in_tritons_words(
     # logged none. The shared memory line gives tritonpy's own values.
     parser = cli.build_parser()
     with caplog.at_level(logging.DEBUG, logger="tritonpy"):
-        cli.python_backend_config(parser.parse_args(["serve"]))
-        cli.python_backend_config(parser.parse_args([
+        python_backend_config(parser.parse_args(["serve"]))
+        python_backend_config(parser.parse_args([
             "serve", "--backend-config=default-max-batch-size=5",
             "--backend-config=python,shm-default-byte-size=8388608",
             "--backend-config=python,shm-region-prefix-name=p_"]))
@@ -453,14 +454,14 @@ def test_triton_older_trace_levels_min_and_max_are_timestamps(tmp_path: Path) ->
     args = cli.build_parser().parse_args([
         "serve", "--trace-config", "level=MIN", "--trace-config", "level=max",
         "--trace-config", f"triton,file={tmp_path / 'trace.json'}"])
-    assert cli._tracing(args).settings()["trace_level"] == ["TIMESTAMPS"]
+    assert _tracing(args).settings()["trace_level"] == ["TIMESTAMPS"]
 
 
 def test_a_bracketed_ipv6_address_is_taken_as_grpc_writes_it() -> None:
     # QA L0_socket: Triton's --grpc-address takes "[::1]"; tritonpy stopped the start ("Name or
     # service not known"). The frontends bind the address inside the brackets.
-    assert cli.unbracketed("[::1]") == "::1"
-    assert cli.unbracketed("::1") == "::1"
-    assert cli.unbracketed("127.0.0.1") == "127.0.0.1"
-    assert cli.unbracketed(None) is None
+    assert unbracketed("[::1]") == "::1"
+    assert unbracketed("::1") == "::1"
+    assert unbracketed("127.0.0.1") == "127.0.0.1"
+    assert unbracketed(None) is None
 

@@ -23,7 +23,8 @@ import tritonclient.http as httpclient
 import tritonpy
 from tritonpy._otel import OtelSettings, parse_traceparent
 from tritonpy._trace import Tracing
-from tritonpy.cli import _tracing, build_parser
+from tritonpy._cli_settings import _tracing
+from tritonpy.cli import build_parser
 from tritonpy.frontends import Frontends
 from _models import serving_frontends, wait_until, write_model, write_quadruple
 

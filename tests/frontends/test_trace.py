@@ -17,7 +17,8 @@ from tritonclient.utils import InferenceServerException
 import tritonpy
 from tritonpy._errors import InvalidArgumentError, UnsupportedError
 from tritonpy._trace import Tracing
-from tritonpy.cli import _tracing, build_parser
+from tritonpy._cli_settings import _tracing
+from tritonpy.cli import build_parser
 from tritonpy.frontends import Frontends
 from _models import BLS_TRACED_PY, serving_frontends, write_model, write_quadruple
 

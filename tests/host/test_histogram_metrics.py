@@ -14,7 +14,8 @@ import pytest
 from _models import serving, write_model
 
 from tritonpy import MetricsConfig
-from tritonpy.cli import build_parser, metrics_config
+from tritonpy._cli_settings import metrics_config
+from tritonpy.cli import build_parser
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(60)

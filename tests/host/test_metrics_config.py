@@ -13,7 +13,8 @@ from _models import SLEEPER_PY, infer, serving, write_model
 
 from tritonpy import MetricsConfig
 from tritonpy._stats import DEFAULT_QUANTILES, LatencySummary, quantiles_of
-from tritonpy.cli import build_parser, metrics_config
+from tritonpy._cli_settings import metrics_config
+from tritonpy.cli import build_parser
 from tritonpy.metrics import metrics_text
 
 pytestmark = pytest.mark.timeout(60)
