@@ -495,7 +495,7 @@ def test_grpc_infer_requests_split_on_the_wire_as_protobuf_reads_them() -> None:
     from google.protobuf.message import DecodeError
     from tritonclient.grpc import service_pb2
 
-    from tritonpy.frontends.grpc import split_infer
+    from tritonpy.frontends._grpc_codec import split_infer
 
     rng = np.random.default_rng(7)
     for _ in range(300):

@@ -27,7 +27,7 @@ from tritonclient.grpc import service_pb2
 from tritonpy import Server
 from tritonpy._loop import run_loop
 from tritonpy.frontends.dataplane import DataPlane
-from tritonpy.frontends.grpc import GRPCService
+from tritonpy.frontends._grpc_service import GRPCService
 
 if sys.version_info < (3, 12):
     _gather = asyncio.gather
