@@ -2,16 +2,17 @@
 
 As Triton's ``src/grpc``: on the bidirectional stream each request runs concurrently, a failed
 request becomes an ``error_message`` on the stream (the stream stays open), default-mode models
-answer in request order, decoupled models answer as their responses arrive, and every response carries
-``triton_final_response`` (the flags-only final response only when the request asked for it
-with ``triton_enable_empty_final_response``). A stream opened with the header
+answer in request order, decoupled models answer as their responses arrive, and every response
+carries ``triton_final_response`` (the flags-only final response only when the request asked
+for it with ``triton_enable_empty_final_response``). A stream opened with the header
 ``triton_grpc_error: true`` ends instead at its first error from a model, with that error's
 gRPC status, and what else runs on it is cancelled (as Triton 2.49+; a request refused before
-it reaches a model is still answered in ``error_message``, as in Triton 2.51). On stop, a request that comes on a stream is refused
-with an ``error_message``, and a stream ends, with UNAVAILABLE "the server is stopping", once
-nothing has been in flight on it and no request has come for :data:`STOP_QUIET_S`: an idle client
-does not hold the shutdown, and one still sending gets an answer for each request (perf_analyzer
-waited for ever on requests that got none; Triton answers each with an error until it exits).
+it reaches a model is still answered in ``error_message``, as in Triton 2.51). On stop, a
+request that comes on a stream is refused with an ``error_message``, and a stream ends, with
+UNAVAILABLE "the server is stopping", once nothing has been in flight on it and no request has
+come for :data:`STOP_QUIET_S`: an idle client does not hold the shutdown, and one still sending
+gets an answer for each request (perf_analyzer waited for ever on requests that got none;
+Triton answers each with an error until it exits).
 """
 from __future__ import annotations
 
