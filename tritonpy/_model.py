@@ -83,7 +83,7 @@ class ModelRuntime(ModelResponses):
                               version)
             raise type(err)(version_failed(version, err)) from exc
         self.sched_is_sequence = config.HasField("sequence_batching")
-        # Implicit state: the state outputs the model is always asked for (see _sequence).
+        # Implicit state: the state outputs the model is always asked for (see _sequence_controls).
         self.state_outputs: list[str] = (
             list(self.sched.controls.state_outputs) if self.sched_is_sequence else [])
         # What the stub is asked for when the request names no output: every output, and the

@@ -99,7 +99,7 @@ class HostRequest:
         "queue_deadline", "trace", "gpu_ok", "pacer", "shm_retry_until", "compute",
         "on_compute", "__weakref__",
     )
-    #: A direct sequence batcher's filler (``_sequence.NullRequest``): counted in the batch
+    #: A direct sequence batcher's filler (``_sequence_controls.NullRequest``): counted in the batch
     #: size of its execute, not as an inference.
     null = False
 

@@ -263,7 +263,7 @@ def test_a_bytes_initial_state_is_its_whole_file(tmp_path) -> None:
     # (tritonpy refused every BYTES data file: "need a fixed size").
     from tritonclient.grpc.model_config_pb2 import ModelSequenceBatching
 
-    from tritonpy._sequence import _initial_state
+    from tritonpy._sequence_controls import _initial_state
     from tritonpy.shm.dtypes import serialize_bytes
 
     (tmp_path / "initial_state").mkdir()
