@@ -21,7 +21,7 @@ from ._trace import Tracing
 
 if TYPE_CHECKING:
     from ._stats import MetricsConfig
-    from .frontends._http2 import KeepAlive
+    from .frontends._h2_keepalive import KeepAlive
 
 log = logging.getLogger("tritonpy.cli")
 
@@ -237,7 +237,7 @@ def _log_backend_config(args: argparse.Namespace, global_settings: Mapping[str, 
 
 def keepalive_options(args: argparse.Namespace) -> KeepAlive:
     """The gRPC keepalive policy the ``--grpc-keepalive-*`` (and alike) flags ask for."""
-    from .frontends._http2 import KeepAlive
+    from .frontends._h2_keepalive import KeepAlive
 
     values = {field: getattr(args, _dest(flag)) for flag, field, _ in _KEEPALIVE_FLAGS}
     for flag, field, _ in _KEEPALIVE_FLAGS:

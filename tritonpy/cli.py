@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=("none", "low", "medium", "high"),
                    help="compress gRPC inference responses (gzip or deflate, as the client "
                         "accepts)")
-    from .frontends._http2 import KeepAlive
+    from .frontends._h2_keepalive import KeepAlive
 
     defaults = KeepAlive()
     for flag, field, help_ in _KEEPALIVE_FLAGS:

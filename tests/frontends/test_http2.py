@@ -17,12 +17,10 @@ import pytest
 from google.protobuf.wrappers_pb2 import BytesValue
 
 from _models import wait_for
-from tritonpy.frontends._http2 import (
-    MAX_COMPRESSED_BLOCK,
-    Http2GrpcServer,
-    KeepAlive,
-    Method,
-)
+from tritonpy.frontends._h2_connection import MAX_COMPRESSED_BLOCK
+from tritonpy.frontends._h2_grpc import Method
+from tritonpy.frontends._h2_keepalive import KeepAlive
+from tritonpy.frontends._http2 import Http2GrpcServer
 
 MAX_MESSAGE = 1 << 16
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -183,7 +181,7 @@ def test_a_message_over_the_limit_is_resource_exhausted(running: Running,
     (b"100m", 0.1), (b"5S", 5.0), (b"99999999H", 99999999 * 3600.0),
     (b"123456789S", None), (b"5x", None), (b"S", None)])
 def test_grpc_timeouts_are_read_as_grpc_writes_them(value: bytes, seconds: float | None) -> None:
-    from tritonpy.frontends._http2 import _parse_timeout
+    from tritonpy.frontends._h2_grpc import _parse_timeout
 
     assert _parse_timeout(value) == seconds
 
@@ -207,7 +205,7 @@ def test_large_compressed_messages_are_inflated_off_the_event_loop(
     # answers, in order, and a message that inflates past the limit the same refusal.
     import random
 
-    from tritonpy.frontends import _http2
+    from tritonpy.frontends import _h2_call as _http2
 
     monkeypatch.setattr(_http2, "INFLATE_ON_LOOP", 100)
     inflated_on: list[str] = []
@@ -465,7 +463,7 @@ def test_a_client_that_sends_but_never_reads_is_not_read_either(running: Running
     # that floods them without reading its answers: once our write buffer passes its mark
     # we stop reading its frames, so what the server holds for it stays bounded; others are
     # served meanwhile, and its close frees everything.
-    from tritonpy.frontends import _http2
+    from tritonpy.frontends import _h2_connection as _http2
 
     raw = Raw(running.port)
     raw.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
@@ -495,7 +493,7 @@ def test_a_client_that_sends_but_never_reads_is_not_read_either(running: Running
 
 def test_streams_past_the_advertised_limit_are_refused(running: Running,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    from tritonpy.frontends import _http2
+    from tritonpy.frontends import _h2_connection as _http2
 
     monkeypatch.setattr(_http2, "MAX_STREAMS", 4)
     raw = Raw(running.port)
@@ -516,7 +514,7 @@ def test_streams_past_the_advertised_limit_are_refused(running: Running,
 
 def test_a_connection_without_a_preface_is_closed(running: Running,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from tritonpy.frontends import _http2
+    from tritonpy.frontends import _h2_connection as _http2
 
     monkeypatch.setattr(_http2, "PREFACE_TIMEOUT", 0.3)
     sock = socket.create_connection(("127.0.0.1", running.port), timeout=5)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from .._loop import log_stalls, new_event_loop, run_loop
 from ..shm.waiting import StallWatch
 from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
-from ._http2 import KeepAlive
+from ._h2_keepalive import KeepAlive
 from .grpc import GRPCFrontend
 from .http import HTTPFrontend
 from .sharedmem import SharedMemoryRegistry
@@ -56,7 +56,7 @@ class Frontends:
         grpc_ssl: a server ``ssl.SSLContext``: gRPC is served over TLS.
         reuse_http_port, reuse_grpc_port: bind those ports with SO_REUSEPORT.
         grpc_keepalive: gRPC's keepalive pings, ping policy and connection age
-            (:class:`~tritonpy.frontends._http2.KeepAlive`; None: Triton's defaults).
+            (:class:`~tritonpy.frontends._h2_keepalive.KeepAlive`; None: Triton's defaults).
     """
 
     def __init__(

@@ -26,7 +26,7 @@ from ._grpc_codec import (
     split_infer,
 )
 from ._grpc_stream import _StreamInfer
-from ._http2 import Serialized
+from ._h2_grpc import Serialized
 from .dataplane import (
     DataPlane,
     InferRequest,

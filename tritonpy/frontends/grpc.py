@@ -27,7 +27,9 @@ from tritonclient.grpc import service_pb2
 from .._errors import listen_error
 from .._scheduler import debug_count
 from ._grpc_service import F, GRPCService
-from ._http2 import MAX_MESSAGE_SIZE, Http2GrpcServer, KeepAlive, Method
+from ._h2_grpc import MAX_MESSAGE_SIZE, Method
+from ._h2_keepalive import KeepAlive
+from ._http2 import Http2GrpcServer
 from .dataplane import DataPlane
 
 log = logging.getLogger(__name__)
