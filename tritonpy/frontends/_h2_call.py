@@ -13,9 +13,10 @@ from urllib.parse import quote
 
 import grpc
 
-from ._h2_frames import _DATA, _FRAME, _NO_ERROR, _RST_STREAM, _U32, _frame, _literal
+from . import _h2_frames, _h2_grpc
+from ._h2_frames import _DATA, _NO_ERROR, _RST_STREAM, _frame, _literal
 from ._h2_grpc import (_COMPRESS_OFF_LOOP, _COMPRESSED_HEADERS, _DEADLINE, _INTERNAL, _MESSAGE_SAFE,
-                       _OK, _PREFIX, _RESOURCE_EXHAUSTED, _RESPONSE_HEADERS, _SMALL_MESSAGE,
+                       _OK, _RESOURCE_EXHAUSTED, _RESPONSE_HEADERS, _SMALL_MESSAGE,
                        _TRAILERS_OK, _UNIMPLEMENTED, Method, Serialized, _Closed, _compress,
                        _Status)
 
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
 
 # The server's one logger, named as before the split (log settings and tests name it).
 log = logging.getLogger("tritonpy.frontends._http2")
+
+# The structs are bound by assignment, not imported by name: CPython 3.11 compiles
+# ``name.method(...)`` on a global an import statement bound as an attribute load and a call (a
+# bound method made at each call), on any other global as LOAD_METHOD, as before the split.
+_FRAME, _U32, _PREFIX = _h2_frames._FRAME, _h2_frames._U32, _h2_grpc._PREFIX
 
 #: A compressed request message larger than this is inflated off the event loop (a message
 #: can inflate to ~1000 times its size: seconds of CPU for the largest ones).

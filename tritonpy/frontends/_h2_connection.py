@@ -12,15 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import hpack
 
+from . import _h2_frames
 from ._h2_call import _Call
 from ._h2_frames import (_ACK, _COMPRESSION_ERROR, _CONTINUATION, _DATA, _DEFAULT_WINDOW,
-                         _END_HEADERS, _END_STREAM, _ENHANCE_YOUR_CALM, _FLOW_CONTROL_ERROR, _FRAME,
+                         _END_HEADERS, _END_STREAM, _ENHANCE_YOUR_CALM, _FLOW_CONTROL_ERROR,
                          _FRAME_SIZE_ERROR, _GOAWAY, _HEADERS, _INITIAL_WINDOW_SIZE,
                          _MAX_CONCURRENT_STREAMS, _MAX_FRAME, _MAX_FRAME_SIZE, _MAX_WINDOW,
                          _NO_ERROR, _PADDED, _PING, _PREFACE, _PRIORITY_FLAG, _PROTOCOL_ERROR,
-                         _PUSH_PROMISE, _REFUSED_STREAM, _RST_STREAM, _SETTING, _SETTINGS,
-                         _STREAM_CLOSED, _TABLE_SIZE_0, _U32, _WINDOW, _WINDOW_UPDATE,
-                         _ConnectionError, _frame, _padding)
+                         _PUSH_PROMISE, _REFUSED_STREAM, _RST_STREAM, _SETTINGS, _STREAM_CLOSED,
+                         _TABLE_SIZE_0, _WINDOW, _WINDOW_UPDATE, _ConnectionError, _frame, _padding)
 from ._h2_grpc import (_INTERNAL, _NOT_METADATA, _RESOURCE_EXHAUSTED, _SMALL_MESSAGE, _UNAVAILABLE,
                        _UNIMPLEMENTED, _algorithm, _Closed, _parse_timeout, _Status)
 from ._h2_keepalive import _KEEPALIVE_PING, ConnectionKeepAlive
@@ -30,6 +30,11 @@ if TYPE_CHECKING:
 
 # The server's one logger, named as before the split (log settings and tests name it).
 log = logging.getLogger("tritonpy.frontends._http2")
+
+# The structs are bound by assignment, not imported by name: CPython 3.11 compiles
+# ``name.method(...)`` on a global an import statement bound as an attribute load and a call (a
+# bound method made at each call), on any other global as LOAD_METHOD, as before the split.
+_FRAME, _SETTING, _U32 = _h2_frames._FRAME, _h2_frames._SETTING, _h2_frames._U32
 
 #: The most metadata a call may have, decoded (names and values, 32 bytes more each, as HTTP/2
 #: counts a header list): gRPC's own hard limit. A call past it alone is refused
