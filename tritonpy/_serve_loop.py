@@ -62,9 +62,9 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from ._runtime_base import READY
     from .server import load_models_problem
     from .frontends import Frontends
+    from .frontends._log_settings import LogSettings
     from .frontends.dataplane import (
         DEFAULT_MAX_INPUT_SIZE,
-        LogSettings,
         header_pattern,
         parse_restrictions,
     )

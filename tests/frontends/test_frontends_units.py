@@ -17,9 +17,9 @@ from _models import truncate_shm
 
 from tritonpy._errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
 from tritonpy.cli import build_parser
+from tritonpy.frontends._log_settings import LogSettings
 from tritonpy.frontends.dataplane import (
     InferRequest,
-    LogSettings,
     OutputTensor,
     apply_parameters,
     array_from_json,

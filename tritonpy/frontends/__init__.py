@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from .._loop import log_stalls, new_event_loop, run_loop
 from ..shm.waiting import StallWatch
-from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, LogSettings, header_pattern
+from ._log_settings import LogSettings
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, header_pattern
 from ._h2_keepalive import KeepAlive
 from .grpc import GRPCFrontend
 from .http import HTTPFrontend
