@@ -63,11 +63,8 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     from .server import load_models_problem
     from .frontends import Frontends
     from .frontends._log_settings import LogSettings
-    from .frontends.dataplane import (
-        DEFAULT_MAX_INPUT_SIZE,
-        header_pattern,
-        parse_restrictions,
-    )
+    from .frontends._request_parsing import header_pattern, parse_restrictions
+    from .frontends.dataplane import DEFAULT_MAX_INPUT_SIZE
 
     for flag in _NOT_SERVED:
         if getattr(args, _dest(flag)):

@@ -17,19 +17,12 @@ from _models import truncate_shm
 
 from tritonpy._errors import AlreadyExistsError, InternalError, InvalidArgumentError, NotFoundError
 from tritonpy.cli import build_parser
+from tritonpy.frontends._infer_types import InferRequest, OutputTensor
 from tritonpy.frontends._log_settings import LogSettings
-from tritonpy.frontends.dataplane import (
-    InferRequest,
-    OutputTensor,
-    apply_parameters,
-    array_from_json,
-    array_from_raw,
-    json_data,
-    parse_version,
-    shm_ref,
-    tensor_bytes,
-    to_error,
-)
+from tritonpy.frontends._request_parsing import apply_parameters, parse_version, shm_ref
+from tritonpy.frontends._tensor_decode import array_from_json, array_from_raw
+from tritonpy.frontends._tensor_encode import json_data, tensor_bytes
+from tritonpy.frontends.dataplane import to_error
 from tritonpy.frontends.sharedmem import SharedMemoryRegistry
 from tritonpy.metrics import CpuMetrics, metrics_text, render
 from tritonpy.shm.dtypes import serialize_bytes

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 from .._loop import log_stalls, new_event_loop, run_loop
 from ..shm.waiting import StallWatch
 from ._log_settings import LogSettings
-from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, header_pattern
+from ._request_parsing import header_pattern
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane
 from ._h2_keepalive import KeepAlive
 from .grpc import GRPCFrontend
 from .http import HTTPFrontend
@@ -50,7 +51,7 @@ class Frontends:
             sample lasts.
         http_restricted, grpc_restricted: API group -> (key, value) a request must carry
             (Triton's ``--http-restricted-api`` / ``--grpc-restricted-protocol``, see
-            :func:`.dataplane.parse_restrictions`).
+            :func:`._request_parsing.parse_restrictions`).
         http_header_forward, grpc_header_forward: header-forwarding patterns (Triton's
             ``--http-header-forward-pattern`` / ``--grpc-header-forward-pattern``).
         grpc_compression: the gRPC inference responses' compression level.

@@ -12,20 +12,11 @@ from tritonclient.grpc import service_pb2
 
 from .._errors import InvalidArgumentError, input_twice
 from ..validation import request_prefix
-from .dataplane import (
-    SPECIAL_PARAMETERS,
-    DataPlane,
-    InferRequest,
-    InferResult,
-    RequestedOutput,
-    apply_parameters,
-    class_count,
-    element_count,
-    input_from_raw,
-    parse_version,
-    shm_ref,
-    string_count_error,
-)
+from ._infer_types import InferRequest, InferResult, RequestedOutput
+from ._request_parsing import SPECIAL_PARAMETERS, apply_parameters, parse_version, shm_ref
+from ._tensor_decode import element_count, input_from_raw, string_count_error
+from ._tensor_encode import class_count
+from .dataplane import DataPlane
 
 # Which typed ``contents`` field carries each datatype.
 _CONTENTS = {

@@ -27,19 +27,9 @@ from ._grpc_codec import (
 )
 from ._grpc_stream import _StreamInfer
 from ._h2_grpc import Serialized
-from .dataplane import (
-    DataPlane,
-    InferRequest,
-    InferResult,
-    RequestPlan,
-    ShmRef,
-    forward_headers,
-    keep,
-    parse_version,
-    shm_ref,
-    to_error,
-    traceparent,
-)
+from ._infer_types import InferRequest, InferResult, RequestPlan, ShmRef, keep
+from ._request_parsing import forward_headers, parse_version, shm_ref, traceparent
+from .dataplane import DataPlane, to_error
 
 log = logging.getLogger("tritonpy.frontends.grpc")  # the gRPC frontend's one logger
 

@@ -27,7 +27,9 @@ from tritonclient.grpc import service_pb2
 
 from .._errors import TritonpyError, UnavailableError
 from ._grpc_codec import decode_request, encode_result
-from .dataplane import DataPlane, InferRequest, InferResult, forward_headers, to_error, traceparent
+from ._infer_types import InferRequest, InferResult
+from ._request_parsing import forward_headers, traceparent
+from .dataplane import DataPlane, to_error
 
 log = logging.getLogger("tritonpy.frontends.grpc")  # the gRPC frontend's one logger
 

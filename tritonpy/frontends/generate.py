@@ -21,14 +21,10 @@ from typing import Any
 import numpy as np
 
 from .._errors import InternalError, InvalidArgumentError
-from .dataplane import (
-    InferRequest,
-    InferResult,
-    OutputTensor,
-    array_from_json,
-    json_data,
-    parse_json_object,
-)
+from ._infer_types import InferRequest, InferResult, OutputTensor
+from ._request_parsing import parse_json_object
+from ._tensor_decode import array_from_json
+from ._tensor_encode import json_data
 
 #: Triton's words when /generate gets other than one response.
 NOT_ONE_RESPONSE = ("generate expects model to produce exactly 1 response, use generate stream "

@@ -36,9 +36,7 @@ from .._repo_manager import NOT_EXPLICIT
 from ..validation import request_prefix
 from ._http1 import BodyTooLarge, HTTPServer, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
-from .dataplane import (
-    DEFAULT_MAX_INPUT_SIZE,
-    DataPlane,
+from ._infer_types import (
     InferRequest,
     InferResult,
     InputSpec,
@@ -46,20 +44,18 @@ from .dataplane import (
     ShmReader,
     ShmRef,
     RequestedOutput,
-    apply_parameters,
-    class_count,
-    array_from_json,
-    array_from_raw,
-    forward_headers,
-    input_from_raw,
-    is_uint,
-    json_data,
     keep,
+)
+from ._request_parsing import (
+    apply_parameters,
+    forward_headers,
     parse_json_object,
     parse_version,
     shm_ref,
-    to_error,
 )
+from ._tensor_decode import array_from_json, array_from_raw, input_from_raw, is_uint
+from ._tensor_encode import class_count, json_data
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, to_error
 
 log = logging.getLogger(__name__)
 
