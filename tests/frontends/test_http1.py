@@ -23,8 +23,10 @@ import pytest
 
 from _models import wait_for
 from tritonpy.frontends import new_event_loop
-from tritonpy.frontends._http1 import (LARGE_BODY, MAX_HEAD, BodyTooLarge, HTTPServer, Request,
-                                      Response, _coding)
+from tritonpy.frontends._http1 import HTTPServer
+from tritonpy.frontends._http1_answer import _coding
+from tritonpy.frontends._http1_messages import BodyTooLarge, Request, Response
+from tritonpy.frontends._http1_parse import LARGE_BODY, MAX_HEAD
 
 LIMIT = 1000
 
@@ -414,7 +416,7 @@ def test_a_large_compressed_body_is_inflated_off_the_event_loop(
     # A body can inflate to ~1000x its size (seconds of CPU): past INFLATE_ON_LOOP (64 KiB; 100
     # bytes here) it is inflated in a worker thread, its answer and the errors unchanged, and
     # pipelined requests still answered in order.
-    from tritonpy.frontends import _http1
+    from tritonpy.frontends import _http1_parse as _http1
 
     monkeypatch.setattr(_http1, "INFLATE_ON_LOOP", 100)
     inflated_on: list[str] = []

@@ -11,7 +11,7 @@ from typing import Any
 
 from _models import wait_for
 from test_http1 import closed_by_server, connect, post, read_response, serving
-from tritonpy.frontends._http1 import KNOWN_HEADS, Request, Response
+from tritonpy.frontends._http1_messages import KNOWN_HEADS, Request, Response
 
 
 async def sized(req: Request) -> Response:

@@ -34,7 +34,8 @@ from .._errors import (
 )
 from .._repo_manager import NOT_EXPLICIT
 from ..validation import request_prefix
-from ._http1 import BodyTooLarge, HTTPServer, Request, Response
+from ._http1 import HTTPServer
+from ._http1_messages import BodyTooLarge, Request, Response
 from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
 from ._infer_types import (
     InferRequest,
