@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -14,6 +14,9 @@ from .._errors import TritonpyError
 from .._trace import Trace
 from ._tensor_decode import Buffer, PendingBytes
 from ._tensor_encode import tensor_bytes
+
+if TYPE_CHECKING:
+    from ..shm.cuda import DeviceRef
 
 ParamValue = Union[bool, int, float, str]
 
@@ -44,7 +47,8 @@ class InferRequest:
 
     model: str
     version: int = -1
-    inputs: dict[str, np.ndarray | PendingBytes] = field(default_factory=dict)
+    # (a DeviceRef: an input in a client's CUDA shared-memory region, passed on unread)
+    inputs: dict[str, np.ndarray | PendingBytes | DeviceRef] = field(default_factory=dict)
     outputs: list[RequestedOutput] | None = None
     request_id: str = ""
     parameters: dict[str, ParamValue] = field(default_factory=dict)
@@ -106,7 +110,7 @@ class RequestPlan:
         return (name, -1, None, (), 0)
 
     @staticmethod
-    def spec(name: str, value: np.ndarray | PendingBytes, nbytes: int) -> InputSpec:
+    def spec(name: str, value: np.ndarray | PendingBytes | DeviceRef, nbytes: int) -> InputSpec:
         """The :data:`InputSpec` of a decoded input that came as ``nbytes`` bytes."""
         dtype = None if isinstance(value, PendingBytes) else value.dtype
         return (name, nbytes, dtype, tuple(value.shape), int(math.prod(value.shape)))

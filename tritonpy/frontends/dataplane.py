@@ -189,7 +189,8 @@ class DataPlane:
     # -- inference ---------------------------------------------------------------------------
 
     def input_from_shm(self, name: str, datatype: str, shape: Sequence[int], ref: ShmRef, *,
-                       model: str, request_id: str = "") -> np.ndarray | PendingBytes:
+                       model: str, request_id: str = ""
+                       ) -> np.ndarray | PendingBytes | DeviceRef:
         """An array copied out of a client's shared-memory window (BYTES: decoded later), a
         large one straight into the host's pool (sent to the stub by handle, no further
         copy); for a CUDA region, the stand-in that the model's stub maps.
