@@ -31,7 +31,8 @@ from ._http_json import _ENCODER, _NOT_FOUND, _method_not_allowed, error_respons
 from ._infer_types import RequestPlan, keep
 from ._request_parsing import forward_headers, parse_version
 from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane
-from .generate import NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate, encode_generate, sse_event
+from .generate import (NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate,
+                       encode_generate, sse_event)
 
 log = logging.getLogger(__name__)
 
