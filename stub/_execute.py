@@ -79,7 +79,7 @@ RESCHEDULE_REFUSED = ("Request is released with TRITONSERVER_REQUEST_RELEASE_RES
 
 
 class _Executor(_ServerCalls):
-    """The execute path of :class:`StubRuntime` (a mixin: see ``_stubstate``)."""
+    """The execute path of :class:`._runtime.StubRuntime` (a mixin: see ``_stubstate``)."""
 
     def _make_requests(self, body: dict) -> list[pb_utils.InferenceRequest]:
         out = []

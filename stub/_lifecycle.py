@@ -47,7 +47,7 @@ async def _awaited(awaitable: Any) -> Any:
 
 
 class _Lifecycle(_Executor):
-    """The lifecycle calls of :class:`StubRuntime` (a mixin: see ``_stubstate``)."""
+    """The lifecycle calls of :class:`._runtime.StubRuntime` (a mixin: see ``_stubstate``)."""
 
     def _load_module(self, body: dict) -> Any:
         """Import the model of an INITIALIZE or AUTO_COMPLETE frame (see

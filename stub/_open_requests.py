@@ -40,7 +40,7 @@ def dropped_unanswered(instance: str, request_id: str) -> str:
 
 
 class _OpenRequests(_StubState):
-    """The open requests of :class:`StubRuntime` (a mixin: see ``_stubstate``)."""
+    """The open requests of :class:`._runtime.StubRuntime` (a mixin: see ``_stubstate``)."""
 
     def _dropped(self, held: _Open) -> None:
         """A request was freed: the model holds neither it nor its response sender any more.

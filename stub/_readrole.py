@@ -38,9 +38,10 @@ def _on_main_thread() -> bool:
 
 
 class _ReadRole(_OpenRequests):
-    """The read role of :class:`StubRuntime` (a mixin: see ``_stubstate``), and the gate of its
-    sync executes (``_exec_over``, ``_hold_executes``: see ``StubRuntime._run_executes``), which
-    the execute path and the calls that wait on the server use."""
+    """The read role of :class:`._runtime.StubRuntime` (a mixin: see ``_stubstate``), and the
+    gate of its sync executes (``_exec_over``, ``_hold_executes``: see
+    ``StubRuntime._run_executes``), which the execute path and the calls that wait on the
+    server use."""
 
     def _exec_over(self, token: int) -> None:
         """Sync execute ``token`` is over (its model code returned): the next may run. Said
@@ -89,9 +90,9 @@ class _ReadRole(_OpenRequests):
 
     def _read_idle(self) -> list | None:
         """The idle worker's read of the next frame (an execute, mostly): polled for first,
-        as long as :class:`SpinPolicy` finds it worth it (idle-spin-microseconds), until the
-        machine gets busy. Polls yield the CPU to any other runnable thread
-        (``Channel._poll_into``). Not in a decoupled model, nor one with
+        as long as :class:`~tritonpy.shm.waiting.SpinPolicy` finds it worth it
+        (idle-spin-microseconds), until the machine gets busy. Polls yield the CPU to any
+        other runnable thread (``Channel._poll_into``). Not in a decoupled model, nor one with
         ``async def execute``: their model code runs in other threads of this stub while it
         waits, and the polls would contend with it for the interpreter."""
         policy = self._idle_spin

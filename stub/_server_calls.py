@@ -26,7 +26,7 @@ _WAITS_ON_SERVER = frozenset((Cmd.BLS_INFER, Cmd.LOAD_MODEL, Cmd.UNLOAD_MODEL))
 
 
 class _ServerCalls(_ReadRole):
-    """The calls to the host of :class:`StubRuntime` (a mixin: see ``_stubstate``)."""
+    """The calls to the host of :class:`._runtime.StubRuntime` (a mixin: see ``_stubstate``)."""
 
     def new_shm_array(self, dtype: Any, shape: tuple[int, ...]) -> Any:
         if self._forked:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # asyncio is imported when a model needs it: a stub starts 20
 
 class _StubState:
     """What one model instance's process holds (see the module's doc); the base of
-    :class:`StubRuntime`, never made on its own."""
+    :class:`._runtime.StubRuntime`, never made on its own."""
 
     def __init__(self, sock: Any, options: dict[str, Any]) -> None:
         self.options = options

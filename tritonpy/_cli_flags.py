@@ -52,7 +52,8 @@ def _config_name(text: str) -> str:
 
 def _port(text: str) -> int:
     """A port number: an integer, checked (0-65535) only where its service is served (see
-    :func:`check_port`), as Triton takes any for a service turned off (QA L0_socket)."""
+    :func:`._cli_settings.check_port`), as Triton takes any for a service turned off (QA
+    L0_socket)."""
     try:
         return int(text)
     except ValueError:

@@ -173,7 +173,7 @@ def python_backend_config(args: argparse.Namespace) -> dict[str, str]:
     setting the python backend does not take is left to the other backends, which are not
     served: each one left out is named in a warning, and so is each Triton setting that has no
     effect here. A ``python,key=value`` that tritonpy does not know stops the start (see
-    :meth:`BackendOptions.from_mapping`).
+    :meth:`._options.BackendOptions.from_mapping`).
     """
     from ._options import TRITON_NO_EFFECT, BackendOptions
 

@@ -245,10 +245,11 @@ class ModelRuntime(ModelResponses):
         """Serve ``config``, which differs from the current one only in its instance groups, by
         adding and removing instances, as Triton's in-place update does.
 
-        Instances alike in everything but name and count (see :func:`instance_signature`), on
-        the same device, are kept, busy ones first; new ones are initialized while the others
-        serve. Removed ones take no new work; once their in-flight executes end (bounded by the
-        server's exit timeout) they are finalized before this returns. One that holds sequences
+        Instances alike in everything but name and count (see
+        :func:`._instances.instance_signature`), on the same device, are kept, busy ones
+        first; new ones are initialized while the others serve. Removed ones take no new work;
+        once their in-flight executes end (bounded by the server's exit timeout) they are
+        finalized before this returns. One that holds sequences
         lives until they end, then is finalized in the background. On any failure to start a
         new instance, the model keeps its instances and its config, and this raises.
         """

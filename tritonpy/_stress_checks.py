@@ -22,8 +22,9 @@ OK, FAILED, SKIPPED = "ok", "FAILED", "skipped"
 DOCKER_SHM = 64 * MiB
 SMALL = np.arange(4096, dtype=np.int64).astype(np.uint8)
 #: Each server gets ``<PREFIX><this pid>x<n>_``: a segment name tells which run made it, so
-#: :func:`run` can sweep what a run that was killed left (:func:`sweep_orphans` of PREFIX reads
-#: the run's pid), and a server's leftovers are exactly the names of its own prefix.
+#: :func:`.stress.run` can sweep what a run that was killed left
+#: (:func:`~tritonpy.shm.sweep_orphans` of PREFIX reads the run's pid), and a server's
+#: leftovers are exactly the names of its own prefix.
 PREFIX = "tritonpy_stress"
 _servers = itertools.count()
 

@@ -79,9 +79,9 @@ class _StreamInfer:
     """The ``ModelStreamInfer`` RPC of :class:`~._grpc_service.GRPCService`, its one base.
 
     A mixin rather than an object of its own: the stream shares the service's state as it runs
-    (``stopping`` and the ``_streams`` that :meth:`GRPCService.begin_stop` wakes, the data plane,
-    the header-forward pattern), and :class:`~.grpc.GRPCFrontend` finds each RPC by its gRPC
-    name on the one service object. It costs nothing per request.
+    (``stopping`` and the ``_streams`` that :meth:`._grpc_service.GRPCService.begin_stop`
+    wakes, the data plane, the header-forward pattern), and :class:`~.grpc.GRPCFrontend`
+    finds each RPC by its gRPC name on the one service object. It costs nothing per request.
     """
 
     plane: DataPlane

@@ -224,8 +224,9 @@ class HTTPServer:
 
     Args:
         handler: answers every request; it should turn its own errors into a Response.
-        error: answers what never reached the handler: a :class:`BodyTooLarge`, a body that
-            does not decompress, a malformed request (``ValueError``).
+        error: answers what never reached the handler: a
+            :class:`._http1_messages.BodyTooLarge`, a body that does not decompress, a
+            malformed request (``ValueError``).
         max_body: largest request body kept, in bytes, after decompression; a larger one is
             read and dropped, and answered by ``error``.
         keepalive_timeout: seconds an idle connection is kept open.

@@ -16,7 +16,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 class Request:
     """One parsed request: method, path as sent, headers (lower-case names), whole body;
     ``names``: each header's name as sent, by its lower-case one, where the server keeps them
-    (:attr:`HTTPServer.keep_case`), else None."""
+    (:attr:`._http1.HTTPServer.keep_case`), else None."""
 
     __slots__ = ("method", "path", "headers", "body", "http10", "received", "names")
 

@@ -6,7 +6,7 @@ machine alone costs ~80 µs a call. This module frames HTTP/2 itself (RFC 9113),
 gRPC server needs, with ``hpack`` for request headers (decoded blocks that only index the table
 are cached: a client's repeated calls send the same few bytes). It writes a call's headers,
 message and trailers in one send, and runs the servicer methods of
-:class:`~tritonpy.frontends.grpc.GRPCService` through a small context with the parts of
+:class:`~tritonpy.frontends._grpc_service.GRPCService` through a small context with the parts of
 ``grpc.aio.ServicerContext`` they use (``abort``, ``write``, ``add_done_callback``).
 
 Served: unary and bidirectional-streaming calls, deadlines (``grpc-timeout``), compressed
@@ -15,9 +15,9 @@ RST_STREAM (a client's cancel), GOAWAY both ways and a drained stop; TLS (ALPN h
 certificates as the given context asks); responses compressed at a level, for the methods that
 allow it, with an algorithm the client accepts; a method restricted to calls that carry a
 header; a call's metadata handed to the handlers that ask for it; keepalive pings, gRPC core's
-ping-strike policy and a maximum connection age (:class:`KeepAlive`, Triton's flags). Response headers never use the
-HPACK dynamic table (its size is set to 0 once per connection). Not served: server push,
-priorities (ignored), reflection.
+ping-strike policy and a maximum connection age (:class:`._h2_keepalive.KeepAlive`, Triton's
+flags). Response headers never use the HPACK dynamic table (its size is set to 0 once per
+connection). Not served: server push, priorities (ignored), reflection.
 
 The server in parts: :mod:`._h2_frames` (HTTP/2 framing, the HPACK we write),
 :mod:`._h2_grpc` (gRPC on HTTP/2: message prefix, statuses, compression, :class:`Method`),

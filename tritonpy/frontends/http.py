@@ -85,7 +85,7 @@ class HTTPFrontend(_Endpoints, _Inference):
         restricted: API group -> (header, value) a request to it must carry (Triton's
             ``--http-restricted-api``); others are refused with 403.
         header_forward: headers whose names match it reach the model as request parameters
-            (``--http-header-forward-pattern``; see :func:`.dataplane.header_pattern`).
+            (``--http-header-forward-pattern``; see :func:`._request_parsing.header_pattern`).
         reuse_port: bind with SO_REUSEPORT (``--reuse-http-port``): several servers share it.
     """
 
