@@ -51,9 +51,11 @@ def _refused(err: BaseException) -> Response:
 
 
 @contextmanager
-def serving(handler: Callable[[Request], Any], max_body: int = LIMIT, **kw: Any) -> Iterator[Running]:
+def serving(handler: Callable[[Request], Any], max_body: int = LIMIT,
+            loop_factory: Callable[[], asyncio.AbstractEventLoop] = new_event_loop,
+            **kw: Any) -> Iterator[Running]:
     """Serve ``handler`` on 127.0.0.1 (a free port) until the block ends."""
-    loop = new_event_loop()
+    loop = loop_factory()
     server = HTTPServer(handler, _refused, max_body, **kw)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -138,6 +140,24 @@ def expect_continue_then_chunked(sock: socket.socket) -> None:
     sock.sendall(b"POST /c HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                  b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
     assert read_response(sock)[2] == b"POST /c abcde"
+
+
+@pytest.mark.parametrize("loop_factory", [new_event_loop, asyncio.new_event_loop],
+                         ids=["uvloop", "asyncio"])
+def test_connections_answer_without_nagle_delay_on_either_loop(loop_factory) -> None:
+    # On asyncio's own loop (an embedder's, or no uvloop) a connection accepted from a socket
+    # made with protocol 0 had no TCP_NODELAY: each pipelined batch's last answer waited for
+    # the client's delayed ACK, about 40 ms (found splitting _http1.py).
+    with serving(echo, loop_factory=loop_factory) as running:
+        sock = connect(running)
+        try:
+            sock.sendall(post("/a", b"x"))
+            assert read_response(sock)[0] == 200
+            (conn,) = running.server.connections
+            server_side = conn.transport.get_extra_info("socket")
+            assert server_side.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        finally:
+            sock.close()
 
 
 def test_keep_alive_and_http10_close() -> None:
