@@ -64,13 +64,18 @@ def test_load_infer_unload_in_explicit_mode(explicit) -> None:
     assert after["infer_error"] is not None
 
 
-def test_load_with_a_config_override(explicit) -> None:
-    config = json.dumps({
-        "name": "lazy_target", "backend": "python", "max_batch_size": 0,
+def fp32_config(name: str, **more) -> str:
+    """A config override (JSON) of a Python model with INPUT0 and OUTPUT0, FP32 of any length."""
+    return json.dumps({
+        "name": name, "backend": "python", **more,
         "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
         "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "instance_group": [{"count": 2, "kind": "KIND_CPU"}],
     })
+
+
+def test_load_with_a_config_override(explicit) -> None:
+    config = fp32_config("lazy_target", max_batch_size=0,
+                         instance_group=[{"count": 2, "kind": "KIND_CPU"}])
     assert act(explicit, "load", config=config)["ready"] is True
     assert len(explicit.runtime("lazy_target").instances) == 2
     assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]
@@ -87,11 +92,7 @@ PLUS_100_PY = (
 
 
 def test_load_a_model_made_of_files(explicit) -> None:
-    config = json.dumps({
-        "name": "from_files", "backend": "python",
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-    })
+    config = fp32_config("from_files")
     report = act(explicit, "load", model="from_files", config=config,
                  files=json.dumps({"file:1/model.py": PLUS_100_PY}))
     assert report["error"] is None and report["ready"] is True
@@ -101,11 +102,7 @@ def test_load_a_model_made_of_files(explicit) -> None:
 def test_file_paths_in_bytes_are_files(explicit) -> None:
     # As Triton 2.51's std::string keys (measured): they were dropped here, and the load then
     # looked for the model in the repository ("unknown model").
-    config = json.dumps({
-        "name": "from_bytes_paths", "backend": "python",
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-    })
+    config = fp32_config("from_bytes_paths")
     report = act(explicit, "load", model="from_bytes_paths", config=config,
                  files=json.dumps({"file:1/model.py": PLUS_100_PY}), bytes_paths=True)
     assert report["error"] is None and report["ready"] is True, report
@@ -116,11 +113,7 @@ def test_a_file_key_without_its_prefix_is_no_file(explicit) -> None:
     # As Triton 2.51 (QA round 18, measured): pb_utils.load_model's files are the keys that
     # begin with "file:", as over HTTP and gRPC; "1/model.py" was written and served here,
     # where Triton loads the repository's model.py with the config override.
-    config = json.dumps({
-        "name": "lazy_target", "backend": "python", "max_batch_size": 0,
-        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
-    })
+    config = fp32_config("lazy_target", max_batch_size=0)
     report = act(explicit, "load", config=config, files=json.dumps({"1/model.py": PLUS_100_PY}))
     assert report["error"] is None and report["ready"] is True, report
     assert act(explicit, "infer", data=(2.0,))["output"] == [6.0]  # the repository's
