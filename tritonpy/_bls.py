@@ -28,6 +28,7 @@ from tritonpy.shm.messages import MEMORY_GPU
 
 from . import _request
 from ._errors import InvalidArgumentError, NotFoundError, TritonpyError, UnavailableError
+from ._ensemble_gate import _StepPacing
 from ._request import HostRequest, _Pacing
 
 if TYPE_CHECKING:
@@ -129,10 +130,9 @@ class BlsRouter:
             reply_error(InvalidArgumentError(f"malformed BLS request: {exc}"))
             return
 
-        # Paced by the caller's model (a decoupled target's stream; an ensemble's steps are
-        # requests of their own).
-        pacer = (_StreamPacing(stub, call_id) if decoupled and target.decoupled
-                 and not target.is_ensemble else None)
+        # Paced by the caller's model (a decoupled target's stream; a decoupled ensemble's
+        # steps through it: see _ensemble_gate._ConsumerPacing).
+        pacer = _StreamPacing(stub, call_id) if decoupled and target.decoupled else None
 
         def sink(req: HostRequest, outputs: Any, error: TritonpyError | None,
                  parameters: dict | None, final: bool) -> None:
@@ -374,10 +374,19 @@ def _waits_by_exec(inst: Instance) -> dict[int, list[HostRequest]]:
 
 def _held_by_exec(inst: Instance) -> dict[int, list[HostRequest]]:
     """The requests of ``inst``'s running executes whose model waits to send on a decoupled
-    BLS stream until its reader takes more (HELD), by execute."""
+    BLS stream until its reader takes more (HELD), by execute: the stream's request, which is
+    the ensemble's where the request is the step of a decoupled ensemble that a BLS caller
+    reads (its consumer paces the step)."""
     held: dict[int, list[HostRequest]] = {}
     for batch, _, _ in list(inst.inflight.values()):
         for r in batch:
-            if type(r.pacer) is _StreamPacing and r.pacer._held and not r.done:
+            pacer = r.pacer
+            if pacer is None or not pacer._held or r.done:
+                continue
+            if type(pacer) is _StepPacing:
+                stream = pacer.outer
+                if stream is not None and type(stream.pacer) is _StreamPacing and not stream.done:
+                    held.setdefault(batch[0].id, []).append(stream)
+            elif type(pacer) is _StreamPacing:
                 held.setdefault(batch[0].id, []).append(r)
     return held

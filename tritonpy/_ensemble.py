@@ -19,7 +19,8 @@ reshape form, and its outputs leave in their dims form. A tensor passing between
 a non-batching side gains or loses a batch dimension of 1 as it does in Triton
 (:func:`_fit_batch_dim`).
 
-Back-pressure (``ensemble_scheduling.max_inflight_requests``): see :mod:`._ensemble_gate`.
+Back-pressure (``ensemble_scheduling.max_inflight_requests``, and a decoupled ensemble's
+consumer pacing its decoupled steps): see :mod:`._ensemble_gate`.
 """
 from __future__ import annotations
 
@@ -30,7 +31,15 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from ._ensemble_config import _dims_match
-from ._ensemble_gate import RUN, WAIT, _Owed, _StepGate, _StepPacing
+from ._ensemble_gate import (
+    RUN,
+    WAIT,
+    _ConsumerPacing,
+    _Owed,
+    _StepGate,
+    _StepPacing,
+    tensor_bytes,
+)
 from ._ensemble_order import triton_output_order
 from ._errors import (
     InternalError,
@@ -255,7 +264,7 @@ class _Context:
 
     __slots__ = ("ens", "request", "plan", "values", "batched", "iterations", "uses_left",
                  "launched", "pending", "inflight", "error", "held", "finished", "lock",
-                 "compute_ns", "gate_of")
+                 "compute_ns", "gate_of", "consumer")
 
     def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
         self.ens = ens
@@ -276,6 +285,9 @@ class _Context:
         self.compute_ns = [0, 0, 0]  # the steps' input, infer and output ns, summed
         # Under max_inflight_requests: the gate of each step request not yet launched, by id.
         self.gate_of: dict[int, _StepGate] = {}
+        # A decoupled ensemble's request paced by its consumer paces its decoupled steps.
+        self.consumer = (_ConsumerPacing(req.pacer)
+                         if ens.decoupled and req.pacer is not None else None)
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:
@@ -337,10 +349,18 @@ class _Context:
             sreq.trace = parent.trace.child(rt.name)
         ens.server.validate(rt, sreq)
         gates = ens.gates
+        limit = 0
         if gates is not None:
             gate = self.gate_of[sreq.id] = gates[step.index]
-            if rt.decoupled and not getattr(rt, "is_ensemble", False):
-                _StepPacing(gate.limit).start(sreq)
+            limit = gate.limit
+        consumer = self.consumer
+        if rt.decoupled and not getattr(rt, "is_ensemble", False):
+            if consumer is not None:
+                consumer.pace(sreq, limit)
+            elif limit:
+                _StepPacing(limit).start(sreq)
+        elif consumer is not None:
+            consumer.launched(sreq)
         return sreq
 
     def _outputs_ready(self, updated: Iterable[tuple[str, int]]) -> list | None:
@@ -432,6 +452,8 @@ class _Context:
             return
         if outs is not None:
             if self.ens.decoupled:
+                if self.consumer is not None and not final:
+                    self.consumer.emitted(outs)
                 req.respond(outs, None, self._parameters(outs), final)
                 self.held = outs  # remembers that a response went out
             elif final:
@@ -516,12 +538,20 @@ class _Context:
             let_in = gates[step.index].leave(sreq)
         for r in cancel:  # the request failed: what else runs for it is wasted work
             r.cancel(f"another step of ensemble '{self.ens.name}' failed")
+        consumer = self.consumer
         if type(pacer) is _StepPacing and not final:
-            # This response is taken once the step requests it made are all let in.
-            if launches:
-                self._launch(launches, _Owed(pacer, len(launches)).one)
+            # This response is taken once the step requests it made are all let in, and its
+            # ensemble's consumer has not too much left to read.
+            nbytes = 0
+            if consumer is not None:
+                pacer._held = False  # (a response after HELD: its model goes on)
+                nbytes = tensor_bytes(outputs)
+            if launches and self.ens.gates is not None:
+                self._launch(launches,
+                             _Owed(functools.partial(pacer.took, nbytes), len(launches)).one)
             else:
-                pacer.took()
+                self._launch(launches)
+                pacer.took(nbytes)
         else:
             self._launch(launches)
         for r, then in let_in:
@@ -529,6 +559,11 @@ class _Context:
                 r.model.submit(r)
             if then is not None:
                 then()
+        if consumer is not None:
+            if self.finished:
+                consumer.stop()
+            elif final or consumer.owed:
+                consumer.stepped(sreq, final)
 
     def _launch(self, launches: list[HostRequest],
                 then: Callable[[], None] | None = None) -> None:

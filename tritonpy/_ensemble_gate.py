@@ -5,8 +5,9 @@ in order, until one of that step's requests ends. A decoupled step that streams 
 steps after it consume is paced as a client's stream is (``_request._Pacing``): its model's
 ``response_sender.send`` waits once that many of its responses wait to be let into the next
 steps, as Triton's producer waits, so neither the step requests nor their tensors pile up
-(:class:`_StepPacing`, :class:`_Owed`). The ensemble's requests (``_ensemble._Context``) use
-them.
+(:class:`_StepPacing`, :class:`_Owed`). A decoupled ensemble's own consumer (a client's
+stream, or a BLS caller's) paces its decoupled steps the same way, with or without that limit
+(:class:`_ConsumerPacing`). The ensemble's requests (``_ensemble._Context``) use them.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import collections
 import threading
 from typing import Callable
 
+from . import _request
 from ._request import HostRequest, _Pacing
 
 RUN, WAIT, GONE = range(3)
@@ -68,40 +70,73 @@ class _StepGate:
 
 
 class _StepPacing(_Pacing):
-    """Back-pressure on a decoupled step under ``max_inflight_requests``: its stub may have
-    ``limit`` responses that the steps after it have not let in yet; its model's next send
-    waits there. No stall is watched for: the steps after it always move on."""
+    """Back-pressure on a decoupled step of an ensemble: its stub may have ``limit`` responses
+    (and ``limit_bytes`` of their tensors) that the ensemble has not taken yet (let into the
+    steps after it under ``max_inflight_requests``); its model's next send waits there. The
+    stub is told what was taken in batches of a quarter of the limits, and of each response
+    while its model waits. Where the ensemble's consumer paces the step (``consumer``), a
+    batch is told only while that consumer has not too much to read, and is withheld until it
+    has read (see :class:`_ConsumerPacing`). No stall is watched for here: the steps after it
+    always move on, and the consumer's own pacing watches the consumer."""
 
-    def __init__(self, limit: int) -> None:
+    #: The ensemble's consumer, where it paces this step, and the ensemble's request (a BLS
+    #: caller's stream: the BLS deadlock detector follows a held step to its reader).
+    consumer: _ConsumerPacing | None = None
+    outer: HostRequest | None = None
+
+    def __init__(self, limit: int, limit_bytes: int = 1 << 62) -> None:
         self.request = None
         self._limit = limit
+        self._limit_bytes = limit_bytes  # (max_inflight_requests alone counts requests only)
         self._batch = max(1, limit // 4)
+        self._batch_bytes = max(1, limit_bytes // 4)
 
     def start(self, req: HostRequest) -> None:
         self.request = req
         self.pace(req, None)
 
     def limits(self) -> list[int]:
-        # No bound on bytes: the limit counts requests, as Triton's.
-        return [1 << 62, self._limit]
+        return [self._limit_bytes, self._limit]
 
-    def took(self) -> None:
-        """One more of the step's responses has all its next step requests let in."""
+    def took(self, nbytes: int = 0) -> None:
+        """One more of the step's responses (``nbytes`` of tensors) has all its next step
+        requests let in."""
         with self._pace_lock:
             self._taken += 1
-            if not self._held and self._taken - self._acked < self._batch:
+            self._bytes_since_ack += nbytes
+            if (not self._held and self._taken - self._acked < self._batch
+                    and self._bytes_since_ack < self._batch_bytes):
                 return
-            taken = self._acked = self._taken
+        self.tell()
+
+    def held(self) -> None:
+        """Its model waits to send (HELD): from now on each response taken is told."""
+        with self._pace_lock:
+            self._held = True
+        self.tell()
+
+    def tell(self) -> None:
+        """Tell the stub what was taken so far, unless the consumer withholds it."""
+        consumer = self.consumer
+        if consumer is not None and not consumer.admits(self):
+            return
+        with self._pace_lock:
+            taken = self._taken
+            if taken <= self._acked:
+                return
+            self._acked = taken
+            self._bytes_since_ack = 0
         self._ack(taken)
 
 
 class _Owed:
-    """One response of a paced step, taken once its ``left`` step requests are let in."""
+    """One response of a paced step, taken (``took`` called) once its ``left`` step requests
+    are let in."""
 
-    __slots__ = ("pacer", "left", "lock")
+    __slots__ = ("took", "left", "lock")
 
-    def __init__(self, pacer: _StepPacing, left: int) -> None:
-        self.pacer = pacer
+    def __init__(self, took: Callable[[], None], left: int) -> None:
+        self.took = took
         self.left = left
         self.lock = threading.Lock()
 
@@ -110,4 +145,127 @@ class _Owed:
             self.left -= 1
             if self.left:
                 return
-        self.pacer.took()
+        self.took()
+
+
+class _ConsumerPacing:
+    """Back-pressure from a decoupled ensemble's consumer to its decoupled steps.
+
+    The ensemble's request is paced by its consumer as any decoupled model's is
+    (``_request._Pacing``: a client's stream, or a BLS caller's), but it runs in no stub: the
+    consumer's takes come here (``on_taken``). Each decoupled step is paced as under
+    ``max_inflight_requests`` (:class:`_StepPacing`, at ``HOLD_RESPONSES`` and ``HOLD_BYTES``,
+    as a decoupled model is for its own client), and what it has had taken is told to its stub
+    only while what lies between it and the consumer is under half of those: the ensemble's
+    responses the consumer has not read, and the other step requests in flight (a
+    postprocessor's, with the inputs they hold). Past that it is withheld (the step "owes")
+    until the consumer reads. So a step's model waits in ``send`` as a decoupled model does for
+    its own client, and what the ensemble holds for a slow consumer stays bounded (it held
+    every response the steps made). A consumer that reads nothing for ``HELD_STALLED_S``
+    meanwhile has the request cancelled, as a client of a decoupled model has.
+
+    Nothing owed waits for ever on a consumer that reads: the other step requests in flight
+    end on their own (they are not paced here), and the consumer's counts come in batches
+    (``_Pacing._took``: every quarter of the limits, an eighth once told HELD, and when it has
+    read all), so what is known unread is at most a batch (under the halves) more than what is.
+    The check is made once a batch, not once a response: a step's stub goes no further than its
+    limits without being told.
+    """
+
+    __slots__ = ("consumer", "lock", "sizes", "unread_bytes", "taken", "owed", "off",
+                 "inflight", "inflight_bytes")
+
+    def __init__(self, consumer: _Pacing) -> None:
+        self.consumer = consumer
+        self.lock = threading.Lock()
+        self.sizes: collections.deque[int] = collections.deque()  # of each response not read
+        self.unread_bytes = 0
+        self.taken = 0  # the ensemble's responses the consumer took, as it last told
+        self.owed: set[_StepPacing] = set()  # steps whose stubs are not told meanwhile
+        self.off = False  # no more pacing (the server stops, a BLS caller waits elsewhere)
+        self.inflight: dict[int, int] = {}  # the other step requests: id -> bytes of inputs
+        self.inflight_bytes = 0
+        consumer.on_taken = self._consumer_took
+
+    def pace(self, sreq: HostRequest, limit: int) -> None:
+        """Pace decoupled step request ``sreq`` (``limit``: its ``max_inflight_requests``, 0
+        for none) by this consumer."""
+        most = _request.HOLD_RESPONSES  # (read at each use: a test lowers the limits)
+        pacing = _StepPacing(min(limit, most) if limit else most, _request.HOLD_BYTES)
+        pacing.consumer = self
+        pacing.outer = self.consumer.request
+        pacing.start(sreq)
+
+    def emitted(self, outputs: list) -> None:
+        """A response of the ensemble goes to the consumer (before it does: the consumer's
+        count of it may come at once)."""
+        nbytes = tensor_bytes(outputs)
+        with self.lock:
+            self.sizes.append(nbytes)
+            self.unread_bytes += nbytes
+
+    def launched(self, sreq: HostRequest) -> None:
+        """A step request that is not paced here is on its way (under the caller's lock)."""
+        nbytes = tensor_bytes(sreq.inputs)
+        with self.lock:
+            self.inflight[sreq.id] = nbytes
+            self.inflight_bytes += nbytes
+
+    def stepped(self, sreq: HostRequest, final: bool) -> None:
+        """A response of step request ``sreq`` went through the ensemble, and it was its final
+        one or a step owes. Its final one: what was owed for it may go. While a step owes, the
+        consumer is told it is HELD again: it reports its takes more often then, and is watched
+        for a stall, and a response the ensemble gave it since the last time (each clears that)
+        must not undo it."""
+        if final:
+            with self.lock:
+                nbytes = self.inflight.pop(sreq.id, None)
+                if nbytes is not None:
+                    self.inflight_bytes -= nbytes
+            if nbytes is not None:
+                self._consumer_took(self.taken)
+        if self.owed and not self.off:
+            self.consumer.held()
+
+    def _within(self) -> bool:
+        """Whether what lies before the consumer is under the limits (caller holds the lock)."""
+        return self.off or (
+            len(self.sizes) + len(self.inflight) <= _request.HOLD_RESPONSES // 2
+            and self.unread_bytes + self.inflight_bytes <= _request.HOLD_BYTES // 2)
+
+    def admits(self, step: _StepPacing) -> bool:
+        """Whether ``step``'s stub may be told what was taken now; if not, it owes."""
+        with self.lock:
+            if self._within():
+                return True
+            self.owed.add(step)
+        self.consumer.held()  # (reports more often now, watched for a stall)
+        return False
+
+    def _consumer_took(self, taken: int) -> None:
+        """The consumer took ``taken`` of the ensemble's responses so far (-1: pacing ends)."""
+        with self.lock:
+            if taken < 0:
+                self.off = True
+            else:
+                sizes = self.sizes
+                for _ in range(min(taken - self.taken, len(sizes))):
+                    self.unread_bytes -= sizes.popleft()
+                self.taken = max(self.taken, taken)
+            if not self.owed or not self._within():
+                return
+            owed, self.owed = self.owed, set()
+        for step in owed:
+            step.tell()
+
+    def stop(self) -> None:
+        """The ensemble's request is over: whatever is owed is told."""
+        self._consumer_took(-1)
+
+
+def tensor_bytes(tensors: list | None) -> int:
+    """The bytes of a list of (name, tensor) (0 for one that has no ``nbytes``)."""
+    nbytes = 0
+    for _, array in tensors or ():
+        nbytes += getattr(array, "nbytes", 0)
+    return nbytes

@@ -223,6 +223,9 @@ class _Pacing:
     # is built per request on the hot path.
     _timers: Timers | None = None  # the server's, once paced
     _held = False
+    # Where the consumer's takes go instead of the request's stub: a decoupled ensemble's
+    # request has no stub, and passes them on to its steps (_ensemble_gate._ConsumerPacing).
+    on_taken: Callable[[int], None] | None = None
 
     def pace(self, req: HostRequest, timers: Timers | None) -> None:
         """Pace ``req``'s stub by this stream's consumer (a decoupled model's request); without
@@ -291,9 +294,13 @@ class _Pacing:
         req = self.request
         if req is not None and req.pacer is self:
             req.pacer = None
-            req.ack(-1)
+            self._ack(-1)
 
     def _ack(self, taken: int) -> None:
+        hook = self.on_taken
+        if hook is not None:
+            hook(taken)
+            return
         req = self.request
         if req is not None:
             req.ack(taken)

@@ -81,9 +81,9 @@ import os
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-def bls(count, fail_at):
+def bls(count, fail_at, target="producer"):
     return pb_utils.InferenceRequest(
-        model_name="producer", requested_output_names=["OUT", "SENT"], inputs=[
+        model_name=target, requested_output_names=["OUT", "SENT"], inputs=[
             pb_utils.Tensor("COUNT", np.array([count], np.int32)),
             pb_utils.Tensor("FAIL_AT", np.array([fail_at], np.int32))])
 
@@ -120,7 +120,8 @@ class TritonPythonModel:
         out = []
         for request in requests:
             count, p, seen = begin(request)
-            stream = bls(count, p.get("fail_at", -1)).exec(decoupled=True)
+            stream = bls(count, p.get("fail_at", -1), p.get("target", "producer")).exec(
+                decoupled=True)
             for resp in stream:
                 look(resp, seen)
                 if seen["taken"] <= p["slow"]:
@@ -143,7 +144,8 @@ class TritonPythonModel:
         out = []
         for request in requests:
             count, p, seen = begin(request)
-            stream = await bls(count, p.get("fail_at", -1)).async_exec(decoupled=True)
+            stream = await bls(count, p.get("fail_at", -1),
+                               p.get("target", "producer")).async_exec(decoupled=True)
             async for resp in stream:
                 look(resp, seen)
                 if seen["taken"] <= p["slow"]:
@@ -152,6 +154,18 @@ class TritonPythonModel:
                     break
             out.append(report(seen))
         return out
+"""
+# The producer as the one step of a decoupled ensemble (the "target" parameter of a caller).
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] },
+        { name: "FAIL_AT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] },
+         { name: "SENT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "producer" model_version: -1
+  input_map { key: "COUNT" value: "COUNT" } input_map { key: "FAIL_AT" value: "FAIL_AT" }
+  output_map { key: "OUT" value: "OUT" } output_map { key: "SENT" value: "SENT" } } ] }
 """
 # Small segments, so that the producer's pool peak follows what its live responses hold.
 POOLS = {"shm-default-byte-size": str(4 * MiB), "shm-growth-byte-size": str(4 * MiB)}
@@ -167,6 +181,7 @@ def server(tmp_path, shm_prefix, monkeypatch):
     write_model(repo, "producer", PRODUCER_PY, PRODUCER_CONFIG)
     write_model(repo, "caller", CALLER_PY, CALLER_CONFIG)
     write_model(repo, "async_caller", ASYNC_CALLER_PY, CALLER_CONFIG)
+    write_model(repo, "producer_ensemble", "", ENSEMBLE_CONFIG)
     with serving(repo, shm_prefix, backend_config=POOLS) as srv:
         yield srv
 
@@ -205,12 +220,17 @@ def assert_producer_free(srv) -> None:
     assert wait_for(lambda: producer_pool(srv)["used_bytes"] == 0, 5.0), producer_pool(srv)
 
 
-@pytest.mark.parametrize("caller", ["caller", "async_caller"])
-def test_a_slow_bls_reader_paces_its_producer(server, caller: str) -> None:
+@pytest.mark.parametrize("caller,target", [("caller", "producer"),
+                                           ("async_caller", "producer"),
+                                           ("caller", "producer_ensemble"),
+                                           ("async_caller", "producer_ensemble")])
+def test_a_slow_bls_reader_paces_its_producer(server, caller: str, target: str) -> None:
     """The caller takes 200 responses 10 ms apart, then the rest at once: every response
     arrives whole and in order, while the producer's shared memory held little more than
-    what the caller had read meanwhile (all 125 MiB before)."""
-    resp, most = call(server, caller, slow=SLOW)
+    what the caller had read meanwhile (all 125 MiB before). The same when the producer is
+    the step of a decoupled ensemble that the caller calls (the ensemble held back nothing
+    before: 125 MiB too)."""
+    resp, most = call(server, caller, slow=SLOW, target=target)
     assert most <= BOUND, f"the producer's pool grew to {most / MiB:.0f} MiB"
     assert report(resp) == {"taken": COUNT, "bad": 0, "sent": COUNT, "error": None}
     assert_producer_free(server)
@@ -375,7 +395,7 @@ class TritonPythonModel:
         out = []
         for request in requests:
             count, p, seen = begin(request)
-            for resp in bls(count, -1).exec(decoupled=True):
+            for resp in bls(count, -1, p.get("target", "producer")).exec(decoupled=True):
                 look(resp, seen)
                 call = post(resp, seen, p)
                 if call is not None:
@@ -389,7 +409,8 @@ class TritonPythonModel:
         out = []
         for request in requests:
             count, p, seen = begin(request)
-            async for resp in await bls(count, -1).async_exec(decoupled=True):
+            async for resp in await bls(count, -1, p.get("target", "producer")).async_exec(
+                    decoupled=True):
                 look(resp, seen)
                 call = post(resp, seen, p)
                 if call is not None:
@@ -407,6 +428,7 @@ def pipeline(tmp_path, shm_prefix, monkeypatch):
     write_model(repo, "post", POST_PY, POST_CONFIG)
     write_model(repo, "interleaved", INTERLEAVED_PY, CALLER_CONFIG)
     write_model(repo, "async_interleaved", ASYNC_INTERLEAVED_PY, CALLER_CONFIG)
+    write_model(repo, "producer_ensemble", "", ENSEMBLE_CONFIG)
     with serving(repo, shm_prefix, backend_config=POOLS) as srv:
         yield srv
 
@@ -424,16 +446,20 @@ def test_a_reader_that_calls_a_postprocessor_per_response_still_paces(pipeline,
     assert_producer_free(pipeline)
 
 
-@pytest.mark.parametrize("caller", ["interleaved", "async_interleaved"])
+@pytest.mark.parametrize("caller,target", [("interleaved", "producer"),
+                                           ("async_interleaved", "producer"),
+                                           ("interleaved", "producer_ensemble"),
+                                           ("async_interleaved", "producer_ensemble")])
 def test_a_postprocessor_that_needs_the_paced_producer_ends_the_pacing(
-        pipeline, caller: str, caplog) -> None:
+        pipeline, caller: str, target: str, caplog) -> None:
     """The postprocessor itself calls the producer, whose one instance waits for the reader,
     which waits for the postprocessor: the host finds that cycle and paces the stream no
     more, so all three go on (paced, they waited for each other until the 60 s stall limit
-    cancelled the stream)."""
+    cancelled the stream). The same when the reader reads the producer through a decoupled
+    ensemble: the cycle runs through the ensemble's step."""
     caplog.set_level(logging.INFO, logger="tritonpy.bls")
     t0 = time.monotonic()
-    resp, _ = call(pipeline, caller, count=300, slow=0, via=True)
+    resp, _ = call(pipeline, caller, count=300, slow=0, via=True, target=target)
     assert time.monotonic() - t0 < 30
     assert report(resp) == {"taken": 300, "bad": 0, "sent": 300, "error": None}
     assert "is paced no more" in caplog.text

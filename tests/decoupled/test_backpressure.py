@@ -151,16 +151,88 @@ def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkey
         assert stream_to(model, 20, 0, how=how) == (list(range(20)), 20)
 
 
+# A decoupled ensemble of the flood model: alone, or with a default-mode step after it that
+# copies each OUT (a postprocessor; the final response, SENT alone, gives it no IN and it
+# answers nothing); SENT comes straight from the flood model's final response.
+COPY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            given = pb_utils.get_input_tensor_by_name(r, "IN")
+            out.append(pb_utils.InferenceResponse(
+                [] if given is None else [pb_utils.Tensor("OUT", given.as_numpy().copy())]))
+        return out
+"""
+COPY_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_UINT8, dims: [ -1 ], optional: true } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+"""
+_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] },
+        { name: "THREADS", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] },
+         { name: "SENT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+ensemble_scheduling { %s step [
+  { model_name: "flood" model_version: -1
+    input_map { key: "COUNT" value: "COUNT" } input_map { key: "THREADS" value: "THREADS" }
+    output_map { key: "OUT" value: "%s" } output_map { key: "SENT" value: "SENT" } } %s ] }
+"""
+_COPY_STEP = """, { model_name: "copy" model_version: -1
+    input_map { key: "IN" value: "RAW" } output_map { key: "OUT" value: "OUT" } }"""
+ENSEMBLES = {"flood_alone": _ENSEMBLE % ("", "OUT", ""),
+             "flood_then_copy": _ENSEMBLE % ("", "RAW", _COPY_STEP),
+             "flood_limited": _ENSEMBLE % ("max_inflight_requests: 64", "RAW", _COPY_STEP)}
+
+
+def write_ensembles(repo) -> None:
+    """The flood model, the copy model and the three ensembles of them."""
+    write_model(repo, "flood", FLOOD_PY, CONFIG)
+    write_model(repo, "copy", COPY_PY, COPY_CONFIG)
+    for name, config in ENSEMBLES.items():
+        write_model(repo, name, "", config)
+
+
+@pytest.mark.parametrize("ensemble,how", [("flood_alone", "async"), ("flood_alone", "sync"),
+                                          ("flood_then_copy", "async"),
+                                          ("flood_limited", "sync")])
+def test_a_decoupled_ensembles_consumer_paces_its_decoupled_step(
+        tmp_path, shm_prefix, monkeypatch, ensemble: str, how: str) -> None:
+    """The same through a decoupled ensemble, whose request runs in no stub: its consumer's
+    pace reaches the flood step, alone, with a postprocessing step after it, and with that
+    under a ``max_inflight_requests`` too loose to hold it. 60 MiB streamed 10 ms apart: the
+    flood model's pool peaked at 12-16 MiB (the step's 8 MiB limit and 4 MiB unread; 44-56 MiB
+    before: the ensemble let its decoupled step send all it could), and every response arrives
+    whole and in order; a fast consumer is not held back."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 8 * MiB)
+    write_ensembles(tmp_path)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        model = srv.model(ensemble)
+        numbers, sent = stream_to(model, 60, 0.01, how=how)
+        assert sent == 60 and numbers == [i % 256 for i in range(60)]
+        peak = stub_peak(srv)
+        assert peak <= 20 * MiB, f"the flood model's pool grew to {peak / MiB:.0f} MiB"
+        assert stream_to(model, 20, 0, how=how) == (list(range(20)), 20)
+
+
+@pytest.mark.parametrize("name", ["flood", "flood_alone"])
 def test_a_consumer_that_stops_reading_has_its_held_request_cancelled(
-        tmp_path, shm_prefix, monkeypatch) -> None:
+        tmp_path, shm_prefix, monkeypatch, name: str) -> None:
     """The consumer takes two responses and stops: the model waits in send() until the request
     is cancelled HELD_STALLED_S later, then sees is_cancelled() and ends; the consumer, reading
-    again, gets what waited, then the error. The instance then serves the next request."""
+    again, gets what waited, then the error. The instance then serves the next request. The
+    same through a decoupled ensemble (its step is cancelled with it)."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
     monkeypatch.setattr(_request, "HELD_STALLED_S", 0.5)
-    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    write_ensembles(tmp_path)
     with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
-        model = srv.model("flood")
+        model = srv.model(name)
 
         async def run() -> tuple[int, str, float]:
             stream = model.async_infer(inputs(1000))
@@ -275,16 +347,19 @@ def test_a_slow_consumer_never_holds_the_event_loop_of_async_execute(
         assert asyncio.run(run()) == ["slow reads nothing", "quick done", "slow reads again"]
 
 
-def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("name", ["flood", "flood_then_copy"])
+def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch, name: str) -> None:
     """The same over the network: tritonclient's gRPC stream, whose callback takes 20 ms a
     response. HTTP/2 flow control stops the server's writes, the frontend stops taking the
     stream's responses, and the model's sends wait: the stub's pool peaked at 8 MiB (36 MiB
-    without back-pressure) of the 40 MiB streamed, and every response arrives, in order."""
+    without back-pressure) of the 40 MiB streamed, and every response arrives, in order. The
+    same through a decoupled ensemble with a postprocessing step (36 MiB before it was
+    paced)."""
     import tritonclient.grpc as grpcclient
     from _models import serving_frontends
 
     monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
-    write_model(tmp_path, "flood", FLOOD_PY, CONFIG)
+    write_ensembles(tmp_path)
     got: list = []
     with serving_frontends(tmp_path, backend_config=POOLS) as (srv, fe):
         client = grpcclient.InferenceServerClient(f"127.0.0.1:{fe.grpc_port}")
@@ -300,10 +375,10 @@ def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch) -> 
         try:
             client.start_stream(callback=slow)
             request = []
-            for name, value in inputs(40).items():
-                request.append(grpcclient.InferInput(name, [1], "INT32"))
+            for input_name, value in inputs(40).items():
+                request.append(grpcclient.InferInput(input_name, [1], "INT32"))
                 request[-1].set_data_from_numpy(value)
-            client.async_stream_infer("flood", request)
+            client.async_stream_infer(name, request)
             deadline = time.monotonic() + 60
             while len(got) < 41 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -311,7 +386,7 @@ def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch) -> 
             client.stop_stream()
             client.close()
         peak = stub_peak(srv)
-    assert len(got) == 41 and got[40] == 40, got[-1:]
+    assert len(got) == 41 and got[40] == 40, [str(g) for g in got[-1:]]
     outs = got[:40]
     assert all(isinstance(o, np.ndarray) and o.nbytes == MiB and (o == i).all()
                for i, o in enumerate(outs)), [type(o) for o in outs]

@@ -79,8 +79,19 @@ def server(tmp_path, shm_prefix):
         yield srv
 
 
-def start(srv, marker: Path, count: int = 100_000, loop=None):
-    model = srv.model("stream")
+# STREAM_PY's model as the one step of a decoupled ensemble.
+ENSEMBLE_CONFIG = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "IN", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "stream" model_version: -1
+  input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def start(srv, marker: Path, count: int = 100_000, loop=None, name: str = "stream"):
+    model = srv.model(name)
     inputs = {"IN": np.array([count], np.int32)}
     params = {"marker": str(marker)}
     if loop is not None:
@@ -176,17 +187,19 @@ def test_a_stream_in_a_reference_cycle_is_cancelled_when_collected(server, tmp_p
 
 
 
+@pytest.mark.parametrize("name", ["stream", "stream_ensemble"])
 def test_a_stream_held_unread_at_stop_does_not_hold_the_stop(
-        tmp_path, shm_prefix, monkeypatch) -> None:
+        tmp_path, shm_prefix, monkeypatch, name: str) -> None:
     """The caller still holds a stream that it does not read when the server stops: its model,
     waiting for that reader (back-pressure), is let go and finishes, and stop() returns then,
     not at the exit timeout with the model cut off; every response waits in the stream,
-    whole."""
+    whole. The same through a decoupled ensemble, whose reader paces its step."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 1 * MiB)  # 16 responses
     write_model(tmp_path / "repo", "stream", STREAM_PY, CONFIG)
+    write_model(tmp_path / "repo", "stream_ensemble", "", ENSEMBLE_CONFIG)
     marker = tmp_path / "seen.json"
     with serving(tmp_path / "repo", shm_prefix, exit_timeout=20) as srv:
-        stream = start(srv, marker, count=200)
+        stream = start(srv, marker, count=200, name=name)
         next_ok(stream)
         time.sleep(0.3)  # the model waits for the reader by now
         began = time.monotonic()
