@@ -385,6 +385,8 @@ def _held_by_exec(inst: Instance) -> dict[int, list[HostRequest]]:
                 continue
             if type(pacer) is _StepPacing:
                 stream = pacer.outer
+                while stream is not None and type(stream.pacer) is _StepPacing:
+                    stream = stream.pacer.outer  # (a step of an ensemble that is a step)
                 if stream is not None and type(stream.pacer) is _StreamPacing and not stream.done:
                     held.setdefault(batch[0].id, []).append(stream)
             elif type(pacer) is _StreamPacing:

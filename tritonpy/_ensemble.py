@@ -354,11 +354,11 @@ class _Context:
             gate = self.gate_of[sreq.id] = gates[step.index]
             limit = gate.limit
         consumer = self.consumer
-        if rt.decoupled and not getattr(rt, "is_ensemble", False):
-            if consumer is not None:
-                consumer.pace(sreq, limit)
-            elif limit:
-                _StepPacing(limit).start(sreq)
+        if rt.decoupled and consumer is not None:
+            # (A decoupled ensemble as a step: what its own consumer takes reaches its steps.)
+            consumer.pace(sreq, limit)
+        elif rt.decoupled and limit and not getattr(rt, "is_ensemble", False):
+            _StepPacing(limit).start(sreq)
         elif consumer is not None:
             consumer.launched(sreq)
         return sreq

@@ -167,6 +167,8 @@ ensemble_scheduling { step [ { model_name: "producer" model_version: -1
   input_map { key: "COUNT" value: "COUNT" } input_map { key: "FAIL_AT" value: "FAIL_AT" }
   output_map { key: "OUT" value: "OUT" } output_map { key: "SENT" value: "SENT" } } ] }
 """
+# That ensemble as the one step of another.
+NESTED_CONFIG = ENSEMBLE_CONFIG.replace('"producer"', '"producer_ensemble"')
 # Small segments, so that the producer's pool peak follows what its live responses hold.
 POOLS = {"shm-default-byte-size": str(4 * MiB), "shm-growth-byte-size": str(4 * MiB)}
 SLOW = 200  # responses read 10 ms apart first
@@ -429,6 +431,7 @@ def pipeline(tmp_path, shm_prefix, monkeypatch):
     write_model(repo, "interleaved", INTERLEAVED_PY, CALLER_CONFIG)
     write_model(repo, "async_interleaved", ASYNC_INTERLEAVED_PY, CALLER_CONFIG)
     write_model(repo, "producer_ensemble", "", ENSEMBLE_CONFIG)
+    write_model(repo, "producer_nested", "", NESTED_CONFIG)
     with serving(repo, shm_prefix, backend_config=POOLS) as srv:
         yield srv
 
@@ -449,14 +452,15 @@ def test_a_reader_that_calls_a_postprocessor_per_response_still_paces(pipeline,
 @pytest.mark.parametrize("caller,target", [("interleaved", "producer"),
                                            ("async_interleaved", "producer"),
                                            ("interleaved", "producer_ensemble"),
-                                           ("async_interleaved", "producer_ensemble")])
+                                           ("async_interleaved", "producer_ensemble"),
+                                           ("interleaved", "producer_nested")])
 def test_a_postprocessor_that_needs_the_paced_producer_ends_the_pacing(
         pipeline, caller: str, target: str, caplog) -> None:
     """The postprocessor itself calls the producer, whose one instance waits for the reader,
     which waits for the postprocessor: the host finds that cycle and paces the stream no
     more, so all three go on (paced, they waited for each other until the 60 s stall limit
     cancelled the stream). The same when the reader reads the producer through a decoupled
-    ensemble: the cycle runs through the ensemble's step."""
+    ensemble, or through an ensemble of that ensemble: the cycle runs through the steps."""
     caplog.set_level(logging.INFO, logger="tritonpy.bls")
     t0 = time.monotonic()
     resp, _ = call(pipeline, caller, count=300, slow=0, via=True, target=target)

@@ -188,7 +188,9 @@ _COPY_STEP = """, { model_name: "copy" model_version: -1
     input_map { key: "IN" value: "RAW" } output_map { key: "OUT" value: "OUT" } }"""
 ENSEMBLES = {"flood_alone": _ENSEMBLE % ("", "OUT", ""),
              "flood_then_copy": _ENSEMBLE % ("", "RAW", _COPY_STEP),
-             "flood_limited": _ENSEMBLE % ("max_inflight_requests: 64", "RAW", _COPY_STEP)}
+             "flood_limited": _ENSEMBLE % ("max_inflight_requests: 64", "RAW", _COPY_STEP),
+             # flood_alone as the one step of another ensemble
+             "flood_nested": _ENSEMBLE.replace('"flood"', '"flood_alone"') % ("", "OUT", "")}
 
 
 def write_ensembles(repo) -> None:
@@ -201,12 +203,13 @@ def write_ensembles(repo) -> None:
 
 @pytest.mark.parametrize("ensemble,how", [("flood_alone", "async"), ("flood_alone", "sync"),
                                           ("flood_then_copy", "async"),
-                                          ("flood_limited", "sync")])
+                                          ("flood_limited", "sync"), ("flood_nested", "async")])
 def test_a_decoupled_ensembles_consumer_paces_its_decoupled_step(
         tmp_path, shm_prefix, monkeypatch, ensemble: str, how: str) -> None:
     """The same through a decoupled ensemble, whose request runs in no stub: its consumer's
-    pace reaches the flood step, alone, with a postprocessing step after it, and with that
-    under a ``max_inflight_requests`` too loose to hold it. 60 MiB streamed 10 ms apart: the
+    pace reaches the flood step, alone, with a postprocessing step after it, with that under
+    a ``max_inflight_requests`` too loose to hold it, and through an ensemble whose step is the
+    first ensemble. 60 MiB streamed 10 ms apart: the
     flood model's pool peaked at 12-16 MiB (the step's 8 MiB limit and 4 MiB unread; 44-56 MiB
     before: the ensemble let its decoupled step send all it could), and every response arrives
     whole and in order; a fast consumer is not held back."""
