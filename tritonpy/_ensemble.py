@@ -359,8 +359,6 @@ class _Context:
             consumer.pace(sreq, limit)
         elif rt.decoupled and limit and not getattr(rt, "is_ensemble", False):
             _StepPacing(limit).start(sreq)
-        elif consumer is not None:
-            consumer.launched(sreq)
         return sreq
 
     def _outputs_ready(self, updated: Iterable[tuple[str, int]]) -> list | None:
@@ -562,8 +560,8 @@ class _Context:
         if consumer is not None:
             if self.finished:
                 consumer.stop()
-            elif final or consumer.owed:
-                consumer.stepped(sreq, final)
+            elif consumer.owed:
+                consumer.stepped()
 
     def _launch(self, launches: list[HostRequest],
                 then: Callable[[], None] | None = None) -> None:

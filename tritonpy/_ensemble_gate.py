@@ -156,24 +156,25 @@ class _ConsumerPacing:
     consumer's takes come here (``on_taken``). Each decoupled step is paced as under
     ``max_inflight_requests`` (:class:`_StepPacing`, at ``HOLD_RESPONSES`` and ``HOLD_BYTES``,
     as a decoupled model is for its own client), and what it has had taken is told to its stub
-    only while what lies between it and the consumer is under half of those: the ensemble's
-    responses the consumer has not read, and the other step requests in flight (a
-    postprocessor's, with the inputs they hold). Past that it is withheld (the step "owes")
-    until the consumer reads. So a step's model waits in ``send`` as a decoupled model does for
-    its own client, and what the ensemble holds for a slow consumer stays bounded (it held
-    every response the steps made). A consumer that reads nothing for ``HELD_STALLED_S``
-    meanwhile has the request cancelled, as a client of a decoupled model has.
+    only while the consumer has less than half of those limits of the ensemble's responses
+    left to read. Past that it is withheld (the step "owes") until the consumer reads. So a
+    step's model waits in ``send`` as a decoupled model does for its own client, and what the
+    ensemble holds for a slow consumer stays bounded (it held every response the steps made).
+    A consumer that reads nothing for ``HELD_STALLED_S`` meanwhile has the request cancelled,
+    as a client of a decoupled model has.
 
-    Nothing owed waits for ever on a consumer that reads: the other step requests in flight
-    end on their own (they are not paced here), and the consumer's counts come in batches
+    Only what waits for the consumer counts, never the steps between (a postprocessor's queue,
+    or another decoupled step's): those may wait for the step's own execute to end (a rate
+    limiter's resource it holds, a BLS call to its instance), and counting them made such
+    pipelines wait for each other; ``max_inflight_requests`` bounds them, as in Triton. Nothing
+    owed waits for ever on a consumer that reads: its counts come in batches
     (``_Pacing._took``: every quarter of the limits, an eighth once told HELD, and when it has
     read all), so what is known unread is at most a batch (under the halves) more than what is.
     The check is made once a batch, not once a response: a step's stub goes no further than its
     limits without being told.
     """
 
-    __slots__ = ("consumer", "lock", "sizes", "unread_bytes", "taken", "owed", "off",
-                 "inflight", "inflight_bytes")
+    __slots__ = ("consumer", "lock", "sizes", "unread_bytes", "taken", "owed", "off")
 
     def __init__(self, consumer: _Pacing) -> None:
         self.consumer = consumer
@@ -183,8 +184,6 @@ class _ConsumerPacing:
         self.taken = 0  # the ensemble's responses the consumer took, as it last told
         self.owed: set[_StepPacing] = set()  # steps whose stubs are not told meanwhile
         self.off = False  # no more pacing (the server stops, a BLS caller waits elsewhere)
-        self.inflight: dict[int, int] = {}  # the other step requests: id -> bytes of inputs
-        self.inflight_bytes = 0
         consumer.on_taken = self._consumer_took
 
     def pace(self, sreq: HostRequest, limit: int) -> None:
@@ -204,34 +203,18 @@ class _ConsumerPacing:
             self.sizes.append(nbytes)
             self.unread_bytes += nbytes
 
-    def launched(self, sreq: HostRequest) -> None:
-        """A step request that is not paced here is on its way (under the caller's lock)."""
-        nbytes = tensor_bytes(sreq.inputs)
-        with self.lock:
-            self.inflight[sreq.id] = nbytes
-            self.inflight_bytes += nbytes
-
-    def stepped(self, sreq: HostRequest, final: bool) -> None:
-        """A response of step request ``sreq`` went through the ensemble, and it was its final
-        one or a step owes. Its final one: what was owed for it may go. While a step owes, the
-        consumer is told it is HELD again: it reports its takes more often then, and is watched
-        for a stall, and a response the ensemble gave it since the last time (each clears that)
-        must not undo it."""
-        if final:
-            with self.lock:
-                nbytes = self.inflight.pop(sreq.id, None)
-                if nbytes is not None:
-                    self.inflight_bytes -= nbytes
-            if nbytes is not None:
-                self._consumer_took(self.taken)
+    def stepped(self) -> None:
+        """A step's response went through the ensemble while a step owes: the consumer is told
+        it is HELD again (it reports its takes more often then, and is watched for a stall),
+        as a response the ensemble gave it since the last time cleared that."""
         if self.owed and not self.off:
             self.consumer.held()
 
     def _within(self) -> bool:
-        """Whether what lies before the consumer is under the limits (caller holds the lock)."""
-        return self.off or (
-            len(self.sizes) + len(self.inflight) <= _request.HOLD_RESPONSES // 2
-            and self.unread_bytes + self.inflight_bytes <= _request.HOLD_BYTES // 2)
+        """Whether the consumer's unread responses are under the limits (caller holds the
+        lock)."""
+        return self.off or (len(self.sizes) <= _request.HOLD_RESPONSES // 2
+                            and self.unread_bytes <= _request.HOLD_BYTES // 2)
 
     def admits(self, step: _StepPacing) -> bool:
         """Whether ``step``'s stub may be told what was taken now; if not, it owes."""

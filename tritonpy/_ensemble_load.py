@@ -2,7 +2,8 @@
 mode loads them as dependencies, as Triton does), then the ensemble is checked against their
 completed configurations (:func:`._ensemble_config.validate_ensemble`), and the ensemble is
 decoupled when any of its steps is. Also which step models an unload with
-``unload_dependents`` takes with the ensemble (:func:`step_models_to_unload`).
+``unload_dependents`` takes with the ensemble (:func:`step_models_to_unload`), and the order
+in which a stop unloads ensembles (:func:`ensembles_outermost_first`).
 """
 from __future__ import annotations
 
@@ -165,3 +166,18 @@ def load_ensemble(repo: RepositoryManager, entry: ModelEntry, cfg: Any,
              sorted({s.model_name for s in cfg.ensemble_scheduling.step}),
              " (decoupled)" if decoupled else "")
     return out
+
+
+def ensembles_outermost_first(entries: list[ModelEntry]) -> list[list[ModelEntry]]:
+    """The loaded ensembles among ``entries`` in layers: the first holds those that no other
+    of them runs as a step, the next those that only the first run, and so on."""
+    left = [e for e in entries
+            if any(isinstance(rt, EnsembleRuntime) for rt in e.runtimes.values())]
+    layers = []
+    while left:
+        used = {step.model for e in left for rt in e.runtimes.values()
+                if isinstance(rt, EnsembleRuntime) for step in rt.steps}
+        layer = [e for e in left if e.name not in used] or left  # (a cycle: all at once)
+        layers.append(layer)
+        left = [e for e in left if e not in layer]
+    return layers

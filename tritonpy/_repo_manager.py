@@ -30,6 +30,7 @@ from ._errors import (
 )
 from ._ensemble import EnsembleRuntime
 from ._ensemble_config import is_ensemble_dir
+from ._ensemble_load import ensembles_outermost_first
 from ._execution_env import ExecutionEnvs
 from ._load_files import FilesFolders, write_files
 from ._model import ModelRuntime
@@ -282,8 +283,17 @@ class RepositoryManager(VersionLoading, RepositoryViews):
         # exit timeout as well, on their own threads, which run meanwhile (they were waited
         # for first, and a slow finalize among them made a stop take the timeout twice).
         live = [rt for e in entries for rt in e.runtimes.values()] + self.retiring()
-        if entries:
-            _each_at_once(lambda e: self._unload_entry(e, timeout), entries)
+        deadline = time.monotonic() + timeout
+        # The ensembles first, each before the ensembles whose steps it runs, while their
+        # steps still serve: a request under way goes on to its end rather than finding a step
+        # unloaded (Triton's stop waits for every request in flight before it unloads any).
+        layers = ensembles_outermost_first(entries)
+        first = {id(e) for layer in layers for e in layer}
+        for layer in [*layers, [e for e in entries if id(e) not in first]]:
+            if layer:
+                _each_at_once(
+                    lambda e: self._unload_entry(e, max(0.0, deadline - time.monotonic())),
+                    layer)
         for t in list(self._retiring):
             t.join(timeout + 15)
         self.remove_files_folders()

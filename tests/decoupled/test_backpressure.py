@@ -152,15 +152,19 @@ def test_a_model_streams_at_its_slow_consumers_pace(tmp_path, shm_prefix, monkey
 
 
 # A decoupled ensemble of the flood model: alone, or with a default-mode step after it that
-# copies each OUT (a postprocessor; the final response, SENT alone, gives it no IN and it
-# answers nothing); SENT comes straight from the flood model's final response.
+# copies each OUT (a postprocessor, taking the request's "copy_sleep" seconds; the final
+# response, SENT alone, gives it no IN and it answers nothing); SENT comes straight from the
+# flood model's final response.
 COPY_PY = """
+import json
+import time
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
         out = []
         for r in requests:
+            time.sleep(json.loads(r.parameters()).get("copy_sleep", 0))
             given = pb_utils.get_input_tensor_by_name(r, "IN")
             out.append(pb_utils.InferenceResponse(
                 [] if given is None else [pb_utils.Tensor("OUT", given.as_numpy().copy())]))
@@ -188,31 +192,35 @@ _COPY_STEP = """, { model_name: "copy" model_version: -1
     input_map { key: "IN" value: "RAW" } output_map { key: "OUT" value: "OUT" } }"""
 ENSEMBLES = {"flood_alone": _ENSEMBLE % ("", "OUT", ""),
              "flood_then_copy": _ENSEMBLE % ("", "RAW", _COPY_STEP),
-             "flood_limited": _ENSEMBLE % ("max_inflight_requests: 64", "RAW", _COPY_STEP),
+             "flood_limited": _ENSEMBLE % ("max_inflight_requests: 4", "RAW", _COPY_STEP),
              # flood_alone as the one step of another ensemble
              "flood_nested": _ENSEMBLE.replace('"flood"', '"flood_alone"') % ("", "OUT", "")}
 
 
 def write_ensembles(repo) -> None:
-    """The flood model, the copy model and the three ensembles of them."""
+    """The flood model, the copy model and the ensembles of them."""
     write_model(repo, "flood", FLOOD_PY, CONFIG)
     write_model(repo, "copy", COPY_PY, COPY_CONFIG)
     for name, config in ENSEMBLES.items():
         write_model(repo, name, "", config)
 
 
+def read_all(stream) -> tuple[list[int], int]:
+    """Every response of ``stream`` at once: the numbers in OUT, and SENT."""
+    return read_slowly_sync(stream, 0)
+
+
 @pytest.mark.parametrize("ensemble,how", [("flood_alone", "async"), ("flood_alone", "sync"),
-                                          ("flood_then_copy", "async"),
-                                          ("flood_limited", "sync"), ("flood_nested", "async")])
+                                          ("flood_nested", "async"), ("flood_limited", "sync")])
 def test_a_decoupled_ensembles_consumer_paces_its_decoupled_step(
         tmp_path, shm_prefix, monkeypatch, ensemble: str, how: str) -> None:
     """The same through a decoupled ensemble, whose request runs in no stub: its consumer's
-    pace reaches the flood step, alone, with a postprocessing step after it, with that under
-    a ``max_inflight_requests`` too loose to hold it, and through an ensemble whose step is the
-    first ensemble. 60 MiB streamed 10 ms apart: the
-    flood model's pool peaked at 12-16 MiB (the step's 8 MiB limit and 4 MiB unread; 44-56 MiB
-    before: the ensemble let its decoupled step send all it could), and every response arrives
-    whole and in order; a fast consumer is not held back."""
+    pace reaches the flood step, alone or through an ensemble whose step is the first one. 60
+    MiB streamed 10 ms apart: the flood model's pool peaked at 12-16 MiB (the step's 8 MiB
+    limit and 4 MiB unread; 56 MiB before: the ensemble let its decoupled step send all it
+    could), and every response arrives whole and in order; a fast consumer is not held back.
+    With a postprocessor after the step, under ``max_inflight_requests`` (what bounds the
+    steps between, as in Triton), both apply."""
     monkeypatch.setattr(_request, "HOLD_BYTES", 8 * MiB)
     write_ensembles(tmp_path)
     with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
@@ -222,6 +230,62 @@ def test_a_decoupled_ensembles_consumer_paces_its_decoupled_step(
         peak = stub_peak(srv)
         assert peak <= 20 * MiB, f"the flood model's pool grew to {peak / MiB:.0f} MiB"
         assert stream_to(model, 20, 0, how=how) == (list(range(20)), 20)
+
+
+def test_a_slow_step_after_the_paced_one_is_not_a_stalled_consumer(tmp_path, shm_prefix,
+                                                                   monkeypatch) -> None:
+    """The consumer reads at once, but the postprocessor takes 0.8 s a response: what waits is
+    the postprocessor, not the consumer, and the request is not cancelled as a stalled
+    consumer's (HELD_STALLED_S is 0.5 s here); every response arrives. (Counting the
+    postprocessor's queue against the consumer had it cancelled with 0 responses.)"""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    monkeypatch.setattr(_request, "HELD_STALLED_S", 0.5)
+    write_ensembles(tmp_path)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS) as srv:
+        stream = srv.model("flood_then_copy").infer(inputs(4), parameters={"copy_sleep": 0.8})
+        assert read_all(stream) == (list(range(4)), 4)
+
+
+RATE_LIMITED = """
+instance_group [ { count: 1, kind: KIND_CPU,
+                   rate_limiter { resources [ { name: "R", count: 1 } ] } } ]
+"""
+
+
+def test_a_pipeline_whose_steps_share_a_rate_limiter_resource(tmp_path, shm_prefix,
+                                                             monkeypatch) -> None:
+    """The flood model and the copy after it need the one rate limiter resource there is, so
+    copy runs only once flood's execute has ended. Read 10 ms apart, every response arrives
+    (counting copy's queue against the consumer held flood, which held the resource: nothing
+    came until the stall limit cancelled the request)."""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    monkeypatch.setattr(_request, "HELD_STALLED_S", 3.0)
+    write_model(tmp_path, "flood", FLOOD_PY, CONFIG + RATE_LIMITED)
+    write_model(tmp_path, "copy", COPY_PY, COPY_CONFIG + RATE_LIMITED)
+    write_model(tmp_path, "flood_then_copy", "", ENSEMBLES["flood_then_copy"])
+    with serving(tmp_path, shm_prefix, backend_config=POOLS, rate_limit="execution_count",
+                 rate_limit_resources=["R:1"]) as srv:
+        assert stream_to(srv.model("flood_then_copy"), 20, 0.01, how="sync") == \
+            (list(range(20)), 20)
+
+
+def test_a_stop_lets_a_held_pipeline_stream_run_to_its_end(tmp_path, shm_prefix,
+                                                          monkeypatch) -> None:
+    """The consumer has read one response of 40 (the flood step is held) and a second request
+    waits behind it when the server stops: the pacing is lifted, and the ensemble is unloaded
+    before its steps, so both streams get every response. (Its step 'copy' was unloaded
+    under them: "depends on 'copy' which has no loaded version".)"""
+    monkeypatch.setattr(_request, "HOLD_BYTES", 4 * MiB)
+    write_ensembles(tmp_path)
+    with serving(tmp_path, shm_prefix, backend_config=POOLS, exit_timeout=60) as srv:
+        model = srv.model("flood_then_copy")
+        first, second = model.infer(inputs(40)), model.infer(inputs(40))
+        numbers: list[int] = []
+        assert _number(first.get(timeout=30), numbers) == -1 and numbers == [0]
+        time.sleep(0.5)  # held by now
+        srv.stop()
+        assert read_all(first) == (list(range(1, 40)), 40)
+        assert read_all(second) == (list(range(40)), 40)
 
 
 @pytest.mark.parametrize("name", ["flood", "flood_alone"])
@@ -350,14 +414,13 @@ def test_a_slow_consumer_never_holds_the_event_loop_of_async_execute(
         assert asyncio.run(run()) == ["slow reads nothing", "quick done", "slow reads again"]
 
 
-@pytest.mark.parametrize("name", ["flood", "flood_then_copy"])
+@pytest.mark.parametrize("name", ["flood", "flood_alone"])
 def test_a_grpc_client_reading_slowly_paces_the_model(tmp_path, monkeypatch, name: str) -> None:
     """The same over the network: tritonclient's gRPC stream, whose callback takes 20 ms a
     response. HTTP/2 flow control stops the server's writes, the frontend stops taking the
     stream's responses, and the model's sends wait: the stub's pool peaked at 8 MiB (36 MiB
     without back-pressure) of the 40 MiB streamed, and every response arrives, in order. The
-    same through a decoupled ensemble with a postprocessing step (36 MiB before it was
-    paced)."""
+    same through a decoupled ensemble (36 MiB before it was paced)."""
     import tritonclient.grpc as grpcclient
     from _models import serving_frontends
 
