@@ -207,6 +207,12 @@ class EnsembleRuntime(RuntimeBase):
             self._active.discard(ctx)
             if not self._active:
                 self._idle.notify_all()
+        # The request refers to the context no more, nor its consumer to the context's pacing
+        # (reference cycles): a request that its caller dropped goes now, with the responses
+        # that waited in its stream (shm blocks), not whenever the cyclic GC runs.
+        ctx.request.on_cancel = None
+        if ctx.consumer is not None:
+            ctx.consumer.consumer.on_taken = None
 
     def pending_steps(self, req: HostRequest) -> list[HostRequest]:
         """The step requests in flight for ensemble request ``req`` (deadlock detection)."""
@@ -505,6 +511,8 @@ class _Context:
         launches: list[HostRequest] = []
         let_in: list = []
         pacer = sreq.pacer
+        if final and type(pacer) is _StepPacing:
+            pacer.request = None  # (the request <-> pacer cycle: nothing more is told)
         with self.lock:
             if final:
                 self.inflight -= 1
