@@ -387,18 +387,20 @@ class ResponseStream(_Stream):
     def __next__(self) -> InferenceResponse:
         if self._finished:
             raise StopIteration
-        resp = self.get()
-        if resp.final:
-            self._finished = True
-        return resp
+        return self.get()
 
     def get(self, timeout: float | None = None) -> InferenceResponse:
-        """The next response, waiting up to ``timeout`` seconds (queue.Empty when none)."""
+        """The next response, waiting up to ``timeout`` seconds (queue.Empty when none; at
+        once after the final one, which ends the iteration too: no other will come)."""
+        if self._finished:
+            raise queue.Empty
         feed = self._feed
         resp = feed.q.get(timeout=timeout)
         if feed._timers is not None:
             feed._took(sum(getattr(t._arr, "nbytes", 0) for t in resp.outputs.values()),
                        feed.q.empty())
+        if resp.final:
+            self._finished = True
         return resp
 
 

@@ -122,6 +122,23 @@ def test_request_settings_in_range_reach_the_model(server: tritonpy.Server) -> N
         assert resp.parameters["flags"] == 3
 
 
+def test_a_stream_read_with_get_then_iterated_ends_after_its_final_response(
+        server: tritonpy.Server) -> None:
+    """``get()`` takes the final response: a ``for`` over the stream then ends at once (it
+    waited for ever for a response that would never come), and another ``get()`` raises
+    queue.Empty at once, whatever its timeout."""
+    import queue
+
+    stream = server.model("double").infer({"IN": fp32(1, 2)})
+    resp = stream.get(timeout=30)
+    assert resp.final and resp.error is None
+    assert list(stream) == []
+    t0 = time.monotonic()
+    with pytest.raises(queue.Empty):
+        stream.get()
+    assert time.monotonic() - t0 < 1
+
+
 def test_inputs_that_are_not_a_mapping_are_refused(server: tritonpy.Server) -> None:
     with pytest.raises(InvalidArgumentError, match="mapping of input names"):
         server.model("double").infer([("IN", fp32(1))])  # type: ignore[arg-type]
