@@ -158,8 +158,8 @@ class _ConsumerPacing:
     as a decoupled model is for its own client), and what it has had taken is told to its stub
     only while the consumer has less than half of those limits of the ensemble's responses
     left to read. Past that it is withheld (the step "owes") until the consumer reads. So a
-    step's model waits in ``send`` as a decoupled model does for its own client, and what the
-    ensemble holds for a slow consumer stays bounded (it held every response the steps made).
+    step's model waits in ``send`` as a decoupled model does for its own client, and what waits
+    for a slow consumer stays bounded (the ensemble held every response the steps made).
     A consumer that reads nothing for ``HELD_STALLED_S`` meanwhile has the request cancelled,
     as a client of a decoupled model has.
 
