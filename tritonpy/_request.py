@@ -510,8 +510,11 @@ class _AsyncFeed(_Pacing):
         if req is not None and (count > MAX_WAITING_RESPONSES or size > MAX_WAITING_BYTES) and (
                 self.loop.time() - self.taken_at > STALLED_S
                 or count > _HARD * MAX_WAITING_RESPONSES or size > _HARD * MAX_WAITING_BYTES):
-            req.cancel(f"the client did not read its responses: {count} of them "
-                       f"({size / (1 << 20):.1f} MiB) were waiting for it")
+            # Next, not from inside the delivery: its sender may hold a lock that the cancel
+            # takes (an ensemble answers under its request's lock; on the loop that reads the
+            # stubs, the cancel from here waited on that lock for ever, and the server with it).
+            self.loop.call_soon(req.cancel, f"the client did not read its responses: {count} "
+                                f"of them ({size / (1 << 20):.1f} MiB) were waiting for it")
         self._held = False  # (a response after HELD: the stub's model goes on)
         w = self.waiter
         if w is not None and not w.done():

@@ -241,3 +241,79 @@ def test_the_frontends_own_loop_is_watched_too(tmp_path: Path,
     assert stalled[0].startswith("the event loop of the HTTP and gRPC frontends has run nothing")
     assert "a_handler_that_blocks_the_frontends" in stalled[0]
     assert server._loop_watches == []  # the frontends stopped: no longer watched
+
+
+STREAM_CONFIG = """
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+"""
+# COUNT responses of 1 MiB, until the request is cancelled, then the final flag.
+STREAM_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(count):
+                if request.is_cancelled():
+                    break
+                sender.send(pb_utils.InferenceResponse([
+                    pb_utils.Tensor("OUT", np.full(1 << 20, i % 256, np.uint8))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+STREAM_ENSEMBLE = """
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "COUNT", data_type: TYPE_INT32, dims: [ 1 ] } ]
+output [ { name: "OUT", data_type: TYPE_UINT8, dims: [ -1 ] } ]
+ensemble_scheduling { step [ { model_name: "stream" model_version: -1
+  input_map { key: "COUNT" value: "COUNT" } output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def test_a_stream_cancelled_for_its_unread_responses_on_the_frame_loop(
+        tmp_path: Path, shm_prefix: str, running_loop: asyncio.AbstractEventLoop,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ``async_infer`` consumer on the loop that reads the stubs lets too much of a
+    decoupled ensemble's stream wait (its pacing out of the way here): the request is
+    cancelled, the consumer gets what waited and then the error, and the loop goes on. The
+    cancel used to come from inside the ensemble's delivery, which holds the request's lock
+    that the cancel takes: the loop waited on it for ever, and every stub's answers with it."""
+    from tritonpy import _request
+
+    monkeypatch.setattr(_request, "HOLD_BYTES", 1 << 40)  # no pacing
+    monkeypatch.setattr(_request, "MAX_WAITING_BYTES", 4 << 20)
+    monkeypatch.setattr(_request, "_HARD", 1)  # past 4 MiB waiting: cancelled at once
+    write_model(tmp_path, "stream", STREAM_PY, STREAM_CONFIG)
+    write_model(tmp_path, "stream_ensemble", "", STREAM_ENSEMBLE)
+    server = tritonpy.Server(str(tmp_path), loop=running_loop,
+                             backend_config={"shm-region-prefix-name": shm_prefix})
+    server.start()
+    try:
+        async def read_late() -> tuple[int, str]:
+            stream = server.model("stream_ensemble").async_infer(
+                {"COUNT": np.array([200], np.int32)})
+            await asyncio.sleep(1.0)  # reads nothing meanwhile
+            taken, error = 0, ""
+            async for resp in stream:
+                if resp.error is not None:
+                    error = resp.error.message
+                    break
+                taken += 1
+            return taken, error
+
+        taken, error = asyncio.run_coroutine_threadsafe(read_late(), running_loop).result(30)
+        assert "the client did not read its responses" in error, error
+        assert 1 <= taken < 200, taken
+        answer = infer(server.model("stream_ensemble"), {"COUNT": np.array([2], np.int32)})
+        assert answer.error is None  # (the first of its responses: the loop still reads)
+    finally:
+        server.stop()
+    assert segments(shm_prefix) == []
