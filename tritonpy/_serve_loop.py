@@ -251,7 +251,13 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
             log.info("signal received: stopping (draining for up to %g s)", args.exit_timeout_secs)
             log.info("Waiting for in-flight requests to complete.")  # Triton's words
             began = loop.time()
-            await _drain(server, args.exit_timeout_secs, now)
+            left_in_flight = await _drain(server, args.exit_timeout_secs, now)
+            if left_in_flight and not now.is_set():
+                # Cut off by the exit timeout, whether or not they end before the models are
+                # unloaded (the frontends cancel their calls first): the exit code says so
+                # every time, not as that race goes.
+                server.cut_short += [f"'{name}' version {version} (requests in flight)"
+                                     for name, version, _ in left_in_flight]
     finally:
         waiter.cancel()
         if began is None:
@@ -281,11 +287,12 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
     return 0
 
 
-async def _drain(server: Server, timeout: float, now: asyncio.Event) -> None:
+async def _drain(server: Server, timeout: float,
+                 now: asyncio.Event) -> list[tuple[str, int, int]]:
     """The first part of a stop, as Triton's: the ports stay open, clients' new inference
     requests are refused and the server is neither live nor ready, until the requests in
     flight are answered (or ``timeout`` passes, or ``now`` is set). Each second the log says
-    what is left, in Triton's words."""
+    what is left, in Triton's words. Returns what is left then (``Server.in_flight()``)."""
     server.refuse_new_requests()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -298,6 +305,7 @@ async def _drain(server: Server, timeout: float, now: asyncio.Event) -> None:
             for name, version, n in busy:
                 log.info("Model '%s' (version %d) has %d in-flight inferences", name, version, n)
         await asyncio.sleep(0.02)
+    return busy
 
 
 def _ignore_stop_signals() -> None:
