@@ -31,15 +31,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from ._ensemble_config import _dims_match
-from ._ensemble_gate import (
-    RUN,
-    WAIT,
-    _ConsumerPacing,
-    _Owed,
-    _StepGate,
-    _StepPacing,
-    tensor_bytes,
-)
+from ._ensemble_gate import RUN, WAIT, _ConsumerPacing, _Owed, _StepGate, _StepPacing
 from ._ensemble_order import triton_output_order
 from ._errors import (
     InternalError,
@@ -47,7 +39,7 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
-from ._request import HostRequest
+from ._request import HostRequest, tensor_bytes
 from ._runtime_base import READY, RuntimeBase, reshape_arrays
 
 log = logging.getLogger("tritonpy.ensemble")

@@ -16,7 +16,7 @@ import threading
 from typing import Callable
 
 from . import _request
-from ._request import HostRequest, _Pacing
+from ._request import HostRequest, _Pacing, tensor_bytes
 
 RUN, WAIT, GONE = range(3)
 
@@ -244,11 +244,3 @@ class _ConsumerPacing:
     def stop(self) -> None:
         """The ensemble's request is over: whatever is owed is told."""
         self._consumer_took(-1)
-
-
-def tensor_bytes(tensors: list | None) -> int:
-    """The bytes of a list of (name, tensor) (0 for one that has no ``nbytes``)."""
-    nbytes = 0
-    for _, array in tensors or ():
-        nbytes += getattr(array, "nbytes", 0)
-    return nbytes

@@ -204,6 +204,14 @@ class HostRequest:
             cb(self, error)
 
 
+def tensor_bytes(tensors: list | None) -> int:
+    """The bytes of a list of (name, tensor) pairs (0 for one without ``nbytes``)."""
+    nbytes = 0
+    for _, array in tensors or ():
+        nbytes += getattr(array, "nbytes", 0)
+    return nbytes
+
+
 def _make_response(req: HostRequest, outputs: list | None, error: TritonpyError | None,
                    parameters: dict | None, final: bool) -> InferenceResponse:
     return InferenceResponse(
@@ -482,9 +490,7 @@ class _AsyncFeed(_Pacing):
     def sink(self, req: HostRequest, outputs: list | None, error: TritonpyError | None,
              parameters: dict | None, final: bool) -> None:
         resp = _make_response(req, outputs, error, parameters, final)
-        nbytes = 0
-        for _, array in outputs or ():
-            nbytes += getattr(array, "nbytes", 0)
+        nbytes = tensor_bytes(outputs)
         # The request to cancel if too much waits (None for the final response: nothing to).
         live: HostRequest | None = req
         if final:

@@ -256,8 +256,7 @@ async def _serve(args: argparse.Namespace, handler: logging.Handler) -> int:
                 # Cut off by the exit timeout, whether or not they end before the models are
                 # unloaded (the frontends cancel their calls first): the exit code says so
                 # every time, not as that race goes.
-                server.cut_short += [f"'{name}' version {version} (requests in flight)"
-                                     for name, version, _ in left_in_flight]
+                server.mark_cut_off(left_in_flight)
     finally:
         waiter.cancel()
         if began is None:

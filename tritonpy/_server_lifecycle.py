@@ -186,9 +186,7 @@ class ServerLifecycle:
         if self._started or self._in_start:
             self._stopping = True
             # As a stop cut short by its exit timeout: the versions it leaves unfinished.
-            self.cut_short = list(dict.fromkeys(
-                self.cut_short + [f"'{name}' version {version} (requests in flight)"
-                                  for name, version, _ in self.in_flight()]))
+            self.mark_cut_off(self.in_flight())
             # The queues first: once the stubs are dead, a drain under way would fail what is
             # queued in its own words.
             error = UnavailableError("the server stopped at once (abort() or a second signal): "
@@ -321,6 +319,13 @@ class ServerLifecycle:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+    def mark_cut_off(self, versions: list[tuple[str, int, int]]) -> None:
+        """Count these model versions (as :meth:`in_flight` lists them) as cut off with
+        requests in flight: the stop's log names them and ``tritonpy serve`` exits 1."""
+        self.cut_short = list(dict.fromkeys(
+            self.cut_short + [f"'{name}' version {version} (requests in flight)"
+                              for name, version, _ in versions]))
 
     def in_flight(self) -> list[tuple[str, int, int]]:
         """``(model, version, requests)`` for each model version with requests not answered
