@@ -70,7 +70,7 @@ class TritonPythonModel:
                     sent = int(f.read() or 0)
             except FileNotFoundError:
                 sent = 0
-            time.sleep(0.05)
+            time.sleep(float(p.get("hold", 0.05)))
             os.unlink(marker)
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor(
@@ -154,8 +154,12 @@ def test_the_limit_bounds_the_step_and_paces_the_producer(server: tritonpy.Serve
 
 def test_without_a_limit_the_producer_runs_ahead(server: tritonpy.Server,
                                                  tmp_path: Path) -> None:
-    # What the test above rules out happens here: the measure is not blind.
-    rows = _run(server, "unlimited", 32, _dirs(tmp_path, "b"))
+    # What the test above rules out happens here: the measure is not blind. The consumer
+    # holds each request longer here, so that a producer slowed by a loaded machine still
+    # runs well ahead of it.
+    params = _dirs(tmp_path, "b")
+    params["hold"] = "0.4"
+    rows = _run(server, "unlimited", 32, params)
     assert rows[:, 2].max() > 4
     assert (rows[:, 1] - rows[:, 0]).max() > 9
 
