@@ -58,7 +58,7 @@ class RepositoryViews:
             raise NotFoundError(
                 f"Request for unknown model: '{name}' has no available versions"
                 + (f" ({entry.reason})" if entry.reason and entry.reason != "unloaded" else ""))
-        if version is None or version < 0:
+        if version is None or version == -1:
             return rts[max(rts)]
         rt = rts.get(version)
         if rt is None:

@@ -265,7 +265,8 @@ class Server(ServerLifecycle, ServerStubs, ServerStats):
 
     def model(self, name: str, version: int = -1) -> Model:
         """A handle on a model; NotFoundError if the repository has no such model,
-        UnavailableError before :meth:`start` or after :meth:`stop`."""
+        UnavailableError before :meth:`start` or after :meth:`stop`. The version is looked
+        up by each request (a version not loaded yet may be by then)."""
         if not self._started:  # (the check, before the call: every request comes here)
             self._require_started()
         if type(name) is not str:  # (a plain str goes the short way: every request comes here)
@@ -277,6 +278,9 @@ class Server(ServerLifecycle, ServerStubs, ServerStats):
             except TypeError:
                 raise InvalidArgumentError(f"model version must be an int (-1: the latest), "
                                            f"not {type(version).__name__}") from None
+        if version < -1:
+            raise InvalidArgumentError(f"model version must be -1 (the latest) or a version "
+                                       f"number, not {version}")
         return Model(self, name, version)
 
     def load(self, name: str, config: str | bytes | Mapping[str, Any] | None = None,

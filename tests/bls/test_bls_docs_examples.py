@@ -234,6 +234,15 @@ def test_model_version_selects_the_version(server, version: int, expect: int) ->
     assert resp["outputs"]["VERSION"]["values"] == [expect]
 
 
+def test_a_negative_model_version_other_than_minus_one_is_not_found(server) -> None:
+    # -1 is the latest; -5 was served as the latest too, where Triton looks it up by number.
+    report, _ = drive(server, {"model": "versioned", "outputs": ["VERSION"], "version": -5,
+                               "inputs": {"INPUT0": {"data": [0.0], "dtype": "float32"}}})
+    (resp,) = report["responses"]
+    assert resp["error"] is not None, resp
+    assert "'versioned' version -5 is not found" in resp["error"]["message"], resp
+
+
 def test_bls_calls_count_in_the_targets_statistics(server) -> None:
     def success_count() -> int:
         (stats,) = server.statistics("echo_meta")["model_stats"]

@@ -152,6 +152,17 @@ def test_a_model_version_that_is_not_an_int_is_refused(server: tritonpy.Server) 
         "OUT"].to_numpy().tolist() == [4.0]
 
 
+def test_a_negative_model_version_other_than_minus_one_is_refused(
+        server: tritonpy.Server) -> None:
+    # Was served as the latest version.
+    with pytest.raises(InvalidArgumentError,
+                       match=r"model version must be -1 \(the latest\) or a version number, "
+                             r"not -5"):
+        server.model("double", -5)
+    assert infer(server.model("double", -1), {"IN": fp32(2)}).outputs[
+        "OUT"].to_numpy().tolist() == [4.0]
+
+
 @pytest.mark.parametrize("kwargs, words", [
     # QA round 14. Was: stop() failed with "TypeError: unsupported operand type(s) for +",
     # without finalize; "'int' object is not iterable" at start(); AttributeError.
