@@ -8,9 +8,19 @@ from __future__ import annotations
 
 import enum
 import errno
-from typing import Any
+from typing import Any, TypeVar
+
+_C = TypeVar("_C", bound=type)
 
 
+def public(cls: _C) -> _C:
+    """Name the package, not its private module, as the class's home: ``tritonpy.NotFoundError``
+    in a traceback, a ``repr`` or a pickle (the package exports every class marked so)."""
+    cls.__module__ = "tritonpy"
+    return cls
+
+
+@public
 class ErrorCode(str, enum.Enum):
     """Triton's error codes (TRITONSERVER_Error_Code), by their short names."""
 
@@ -49,6 +59,7 @@ _GRPC = {
 }
 
 
+@public
 class TritonpyError(Exception):
     """Base of every tritonpy error; ``code`` is the Triton error code."""
 
@@ -76,26 +87,32 @@ class TritonpyError(Exception):
         return (type(self), (self.message, self.code))
 
 
+@public
 class UnknownError(TritonpyError):
     code = ErrorCode.UNKNOWN
 
 
+@public
 class InternalError(TritonpyError):
     code = ErrorCode.INTERNAL
 
 
+@public
 class NotFoundError(TritonpyError, LookupError):
     code = ErrorCode.NOT_FOUND
 
 
+@public
 class InvalidArgumentError(TritonpyError, ValueError):
     code = ErrorCode.INVALID_ARG
 
 
+@public
 class UnavailableError(TritonpyError):
     code = ErrorCode.UNAVAILABLE
 
 
+@public
 class UnsupportedError(TritonpyError):
     code = ErrorCode.UNSUPPORTED
 
@@ -111,16 +128,19 @@ def listen_error(service: str, address: str, exc: OSError) -> UnavailableError:
                             f"'{address}': {exc.strerror or exc}")
 
 
+@public
 class AlreadyExistsError(TritonpyError):
     code = ErrorCode.ALREADY_EXISTS
 
 
+@public
 class CancelledError(TritonpyError):
     """The request was cancelled (by the client, a disconnect, or a BLS iterator's cancel())."""
 
     code = ErrorCode.CANCELLED
 
 
+@public
 class ConfigError(InvalidArgumentError):
     """A model configuration is invalid; the message names the file, line and field."""
 

@@ -13,7 +13,7 @@ from tritonpy.shm import cuda
 from tritonpy.shm.cuda import DeviceRef
 from tritonpy.shm.dtypes import TRITON_TO_NUMPY, triton_dtype_of
 
-from ._errors import InvalidArgumentError, UnavailableError
+from ._errors import InvalidArgumentError, UnavailableError, public
 from ._model import ModelRuntime
 from ._request import AsyncResponseStream, HostRequest, ResponseStream
 from ._runtime_base import READY
@@ -89,6 +89,7 @@ def _check_settings(request_id: Any, correlation_id: Any, flags: Any, timeout: A
             _uint64("priority", priority))
 
 
+@public
 class Model:
     """A handle on one model (version -1: the newest loaded)."""
 

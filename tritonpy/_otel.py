@@ -34,6 +34,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._errors import public
+
 log = logging.getLogger(__name__)
 
 _FRONTEND = frozenset({"HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END",
@@ -58,6 +60,7 @@ SETTING_NAMES = ("url", "resource", "bsp_schedule_delay", "bsp_max_export_batch_
                  "bsp_max_queue_size")
 
 
+@public
 @dataclass
 class OtelSettings:
     """Triton's ``--trace-config opentelemetry,<setting>=<value>`` settings."""

@@ -17,11 +17,12 @@ import numpy as np
 from tritonpy.shm.dtypes import triton_dtype_of
 from tritonpy.shm.messages import Cmd
 
-from ._errors import CancelledError, TritonpyError
+from ._errors import CancelledError, TritonpyError, public
 
 _ids = itertools.count(1)
 
 
+@public
 class Tensor:
     """An output tensor: ``to_numpy()`` is a zero-copy view when the data came in shared memory
     (a small tensor's read-only view of its message is copied once, so that it can be written;
@@ -58,6 +59,7 @@ class Tensor:
         return f"Tensor({self.name!r}, {self.data_type}, shape={list(self.shape)})"
 
 
+@public
 class InferenceResponse:
     """One response of a request: ``outputs`` by name, or ``error``; ``final`` ends a stream.
 
@@ -377,6 +379,7 @@ class _Stream:
             req.cancel("request cancelled by the client")
 
 
+@public
 class ResponseStream(_Stream):
     """Iterator of a request's responses (one for a default-mode model); ``cancel()`` stops it.
 
@@ -534,6 +537,7 @@ class _AsyncFeed(_Pacing):
         self._on_loop(_Pacing.held, self)
 
 
+@public
 class AsyncResponseStream(_Stream):
     """Async iterator of a request's responses, fed from the host's threads.
 

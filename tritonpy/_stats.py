@@ -28,6 +28,8 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Sequence
 
+from ._errors import public
+
 log = logging.getLogger(__name__)
 
 _KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
@@ -44,6 +46,7 @@ SUMMARY_KEYS = ("request", "queue", "compute_input", "compute_infer", "compute_o
                 "cache_hit", "cache_miss")
 
 
+@public
 @dataclasses.dataclass(frozen=True)
 class MetricsConfig:
     """Triton's ``--metrics-config`` settings: the duration counters (on unless

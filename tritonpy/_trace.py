@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from ._errors import InvalidArgumentError, UnsupportedError
+from ._errors import InvalidArgumentError, UnsupportedError, public
 from ._otel import SETTING_NAMES, OtelSettings, OtlpExporter, parse_traceparent
 from .shm.dtypes import triton_dtype_of
 
@@ -256,6 +256,7 @@ def _dumps(entry: dict) -> str:
     return json.dumps(entry, separators=(",", ":"))
 
 
+@public
 class Tracing:
     """The server's trace settings and the traces they take.
 

@@ -26,7 +26,7 @@ from ._bls import BlsRouter
 from ._cache import ResponseCache
 from ._custom_metrics import CustomMetrics
 from . import _arguments as arg
-from ._errors import InvalidArgumentError, TritonpyError, input_twice
+from ._errors import InvalidArgumentError, TritonpyError, input_twice, public
 from ._loop import FrameLoop
 from ._model import ModelRuntime
 from ._model_handle import Model
@@ -63,6 +63,7 @@ EXTENSIONS = ["classification", "sequence", "model_repository", "model_repositor
 
 # Its lifecycle (start, stop, abort), its talk with the stubs outside requests and its
 # statistics views are parts of its own, each in a module (mixins: they share its state).
+@public
 class Server(ServerLifecycle, ServerStubs, ServerStats):
     """A tritonpy server: model repositories, stubs, scheduling, BLS routing.
 
