@@ -14,23 +14,27 @@ are, so the transport forwards their handles instead of copying. Steps the reque
 not need are pruned. The first error fails the request with ``in ensemble '<name>', <the
 step's message>``; the other in-flight steps are then cancelled (Triton 2.51 lets them run on,
 unseen), as they are when the client cancels the request (Triton 2.51 does not tell them).
+A request's responses are made under its lock but delivered after it is released, in the
+order they were made (``_Context._deliver``): a consumer that calls back into the request
+(a cancel from its sink) cannot wait on a lock its own delivery holds.
 The ensemble's own ``reshape`` applies as in Triton: its inputs flow into the steps in their
 reshape form, and its outputs leave in their dims form. A tensor passing between a batching and
 a non-batching side gains or loses a batch dimension of 1 as it does in Triton
-(:func:`_fit_batch_dim`).
+(:func:`._ensemble_config.fit_batch_dim`).
 
 Back-pressure (``ensemble_scheduling.max_inflight_requests``, and a decoupled ensemble's
 consumer pacing its decoupled steps): see :mod:`._ensemble_gate`.
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
 import time
 from typing import Any, Callable, Iterable, Sequence
 
-from ._ensemble_config import _dims_match
+from ._ensemble_config import fit_batch_dim
 from ._ensemble_gate import RUN, WAIT, _ConsumerPacing, _Owed, _StepGate, _StepPacing
 from ._ensemble_order import triton_output_order
 from ._errors import (
@@ -216,43 +220,6 @@ class EnsembleRuntime(RuntimeBase):
             return list(ctx.pending)
 
 
-def _fit_batch_dim(pairs: list, batched: dict[str, bool], cfg: Any, ios: Any,
-                   internal: bool = False) -> list:
-    """``(name, array)`` pairs given or stripped a batch dimension of 1 where they pass
-    between a batching and a non-batching side (as Triton's ensembles do).
-
-    ``batched`` says which arrays come from a batching producer (the ensemble's request or a
-    step); ``cfg`` is the receiver's config (a step model's, or the ensemble's for its own
-    outputs) and ``ios`` its tensors, compared in their ``dims`` form (``internal``: in their
-    ``reshape`` form, the one ensemble tensors flow in). A receiver that batches gets ``[1,
-    ...]`` when the array already has its per-item dims; one that does not gets a batch of
-    one without its batch dimension when the array does not fit its dims as it is. Anything
-    else is left to the receiver's own shape check.
-    """
-    receiver_batches = cfg.max_batch_size > 0
-    if not any(batched.get(n) != receiver_batches for n, _ in pairs):
-        return pairs  # the usual case: both sides batch, or neither does
-    dims = {}
-    for io in ios:
-        shape = io.reshape.shape if internal and io.HasField("reshape") else io.dims
-        dims[io.name] = tuple(int(d) for d in shape)
-
-    def shape_of(name: str, shape: Sequence[int]) -> list[int] | None:
-        expected = dims.get(name)
-        if expected is None:
-            return None
-        batch = shape[0] if batched.get(name) and len(shape) else 0
-        if receiver_batches == (batch != 0):
-            return None
-        if receiver_batches:
-            return [1, *shape] if _dims_match(expected, shape) else None
-        if batch == 1 and not _dims_match(expected, shape):
-            return list(shape[1:])
-        return None
-
-    return reshape_arrays(pairs, shape_of)
-
-
 def _in_ensemble(name: str, err: TritonpyError) -> TritonpyError:
     return type(err)(f"in ensemble '{name}', {err.message}", err.code)
 
@@ -262,7 +229,7 @@ class _Context:
 
     __slots__ = ("ens", "request", "plan", "values", "batched", "iterations", "uses_left",
                  "launched", "pending", "inflight", "error", "held", "finished", "lock",
-                 "compute_ns", "gate_of", "consumer")
+                 "compute_ns", "gate_of", "consumer", "_out", "_delivering")
 
     def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
         self.ens = ens
@@ -286,6 +253,10 @@ class _Context:
         # A decoupled ensemble's request paced by its consumer paces its decoupled steps.
         self.consumer = (_ConsumerPacing(req.pacer)
                          if ens.decoupled and req.pacer is not None else None)
+        # What _emit made under the lock (responses, then the ending), for _deliver to run
+        # after it, in order; True while a thread runs them.
+        self._out: collections.deque[tuple[Callable[..., None], tuple]] = collections.deque()
+        self._delivering = False
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:
@@ -334,7 +305,7 @@ class _Context:
             if value is not None:  # None: an optional input nobody provided
                 inputs.append((model_input, value))
                 batched[model_input] = self.batched.get(tensor, False)
-        inputs = _fit_batch_dim(inputs, batched, rt.config, rt.config.input)
+        inputs = fit_batch_dim(inputs, batched, rt.config, rt.config.input)
         sreq = HostRequest(
             rt, inputs, step.requested, functools.partial(self._on_step, step),
             request_id=parent.request_id, correlation_id=parent.correlation_id,
@@ -374,7 +345,7 @@ class _Context:
                     else:  # Triton's words (2.51, measured; L0_simple_ensemble greps them)
                         log.debug("Composing models did not output tensor %s", t)
                 cfg = self.ens.config
-                out = _fit_batch_dim(out, self.batched, cfg, cfg.output, internal=True)
+                out = fit_batch_dim(out, self.batched, cfg, cfg.output, internal=True)
                 reshapes = self.ens.reshapes
                 if reshapes is not None and reshapes.outputs:
                     # Its outputs leave in their dims form (TritonpyError when one cannot).
@@ -402,6 +373,7 @@ class _Context:
                     if u is not None:
                         updated.append(u)
             launches = self._advance(updated)
+        self._deliver()
         self._launch(launches)
 
     def _advance(self, updated: list[tuple[str, int]]) -> list[HostRequest]:
@@ -434,47 +406,69 @@ class _Context:
         return _in_ensemble(self.ens.name, exc)
 
     def _emit(self, outs: list | None) -> None:
+        """Make the response that ``outs`` (or the request's end) calls for, under self.lock;
+        :meth:`_deliver` delivers it once the lock is released."""
         if self.finished:
             return
         req = self.request
+        out = self._out
         final = self.inflight == 0
         if final and self.error is None:  # an ensemble that is a step of another one
             req.compute = (self.compute_ns[0], self.compute_ns[1], self.compute_ns[2])
         if self.error is not None:
             if final:
                 self.finished = True
-                req.respond([], self.error, None, True)
-                self.ens._finished(self, False)
+                out.append((req.respond, ([], self.error, None, True)))
+                out.append((self.ens._finished, (self, False)))
             return
         if outs is not None:
             if self.ens.decoupled:
                 if self.consumer is not None and not final:
                     self.consumer.emitted(outs)
-                req.respond(outs, None, self._parameters(outs), final)
+                out.append((req.respond, (outs, None, self._parameters(outs), final)))
                 self.held = outs  # remembers that a response went out
             elif final:
-                req.respond(outs, None, self._parameters(outs), True)
+                out.append((req.respond, (outs, None, self._parameters(outs), True)))
             else:
                 self.held = outs
             if final:
                 self.finished = True
-                self.ens._finished(self, True)
+                out.append((self.ens._finished, (self, True)))
             return
         if not final:
             return
         self.finished = True
         if self.ens.decoupled:
-            req.respond(None, None, None, True)  # a decoupled ensemble may answer nothing
+            # (a decoupled ensemble may answer nothing)
+            out.append((req.respond, (None, None, None, True)))
         elif self.held is not None:
-            req.respond(self.held, None, self._parameters(self.held), True)
+            out.append((req.respond, (self.held, None, self._parameters(self.held), True)))
         else:
             self.error = InvalidArgumentError(
                 f"in ensemble '{self.ens.name}', unexpected deadlock, at least one output is "
                 "not set while no more ensemble steps can be made")
-            req.respond([], self.error, None, True)
-            self.ens._finished(self, False)
+            out.append((req.respond, ([], self.error, None, True)))
+            out.append((self.ens._finished, (self, False)))
             return
-        self.ens._finished(self, True)
+        out.append((self.ens._finished, (self, True)))
+
+    def _deliver(self) -> None:
+        """Deliver what :meth:`_emit` made, outside the lock and in the order it was made. One
+        thread at a time delivers; one that finds another at it leaves it its responses (a
+        sink that leads back into this request, on this thread, finds them delivered next)."""
+        out = self._out
+        while True:
+            with self.lock:
+                if self._delivering or not out:
+                    return
+                self._delivering = True
+                fn, args = out.popleft()
+            try:
+                fn(*args)
+            except Exception:  # a consumer's fault: the responses after it still go out
+                log.exception("ensemble '%s': delivering a response failed", self.ens.name)
+            finally:
+                self._delivering = False
 
     def _late_compute(self, compute: tuple[int, int, int]) -> None:
         """The compute times of a step whose execute ended after its final response: in the
@@ -531,6 +525,7 @@ class _Context:
                 launches = self._advance(updated)
             else:
                 self._emit(None)
+        self._deliver()
         gates = self.ens.gates
         if gates is not None and final:
             let_in = gates[step.index].leave(sreq)

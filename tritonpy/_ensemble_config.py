@@ -3,13 +3,15 @@ against its step models' completed configurations the way Triton's ``ValidateEns
 does — every step input mapped once, no mapping to or from a tensor the step model lacks, data
 types and shapes consistent across every use of an ensemble tensor, batch sizes compatible, no
 step fed by two different decoupled streams — and whether it is decoupled (when any of its steps
-is). Loading is :mod:`._ensemble_load`'s, running :mod:`._ensemble`'s.
+is); and how a tensor gains or loses a batch dimension between a batching and a non-batching
+side (:func:`fit_batch_dim`). Loading is :mod:`._ensemble_load`'s, running :mod:`._ensemble`'s.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from ._errors import InvalidArgumentError, TritonpyError
+from ._runtime_base import reshape_arrays
 
 ENSEMBLE_PLATFORM = "ensemble"
 _WILDCARD = -1
@@ -188,3 +190,39 @@ def validate_ensemble(cfg: Any, step_configs: Sequence[Any]) -> bool:
             frontier.append(node)
     return labels != 0
 
+
+def fit_batch_dim(pairs: list, batched: dict[str, bool], cfg: Any, ios: Any,
+                  internal: bool = False) -> list:
+    """``(name, array)`` pairs given or stripped a batch dimension of 1 where they pass
+    between a batching and a non-batching side (as Triton's ensembles do).
+
+    ``batched`` says which arrays come from a batching producer (the ensemble's request or a
+    step); ``cfg`` is the receiver's config (a step model's, or the ensemble's for its own
+    outputs) and ``ios`` its tensors, compared in their ``dims`` form (``internal``: in their
+    ``reshape`` form, the one ensemble tensors flow in). A receiver that batches gets ``[1,
+    ...]`` when the array already has its per-item dims; one that does not gets a batch of
+    one without its batch dimension when the array does not fit its dims as it is. Anything
+    else is left to the receiver's own shape check.
+    """
+    receiver_batches = cfg.max_batch_size > 0
+    if not any(batched.get(n) != receiver_batches for n, _ in pairs):
+        return pairs  # the usual case: both sides batch, or neither does
+    dims = {}
+    for io in ios:
+        shape = io.reshape.shape if internal and io.HasField("reshape") else io.dims
+        dims[io.name] = tuple(int(d) for d in shape)
+
+    def shape_of(name: str, shape: Sequence[int]) -> list[int] | None:
+        expected = dims.get(name)
+        if expected is None:
+            return None
+        batch = shape[0] if batched.get(name) and len(shape) else 0
+        if receiver_batches == (batch != 0):
+            return None
+        if receiver_batches:
+            return [1, *shape] if _dims_match(expected, shape) else None
+        if batch == 1 and not _dims_match(expected, shape):
+            return list(shape[1:])
+        return None
+
+    return reshape_arrays(pairs, shape_of)

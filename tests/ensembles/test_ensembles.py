@@ -315,7 +315,7 @@ def test_a_fault_moving_a_request_on_fails_that_request_alone(
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(_ensemble, "_fit_batch_dim", broken)
+    monkeypatch.setattr(_ensemble, "fit_batch_dim", broken)
     resp = infer(server.model("chain3"), {"IN": np.array([1], np.float32)}, wait=10)
     assert resp.final and not resp.outputs
     assert resp.error is not None and resp.error.code == "INTERNAL"
