@@ -16,7 +16,8 @@ from ._ensemble_config import validate_ensemble
 from ._errors import InvalidArgumentError, TritonpyError
 
 if TYPE_CHECKING:
-    from ._repo_manager import ModelEntry, RepositoryManager
+    from ._repo_entry import ModelEntry
+    from ._repo_manager import RepositoryManager
 
 log = logging.getLogger("tritonpy.ensemble")
 

@@ -26,7 +26,7 @@ from ._model import ModelRuntime
 from ._runtime_base import LOADING, READY, UNAVAILABLE, side_by_side
 
 if TYPE_CHECKING:
-    from ._repo_manager import ModelEntry
+    from ._repo_entry import ModelEntry
 
 log = logging.getLogger("tritonpy.repository")
 

@@ -11,7 +11,7 @@ from ._model import ModelRuntime
 from ._runtime_base import LOADING, READY, UNAVAILABLE, UNLOADING
 
 if TYPE_CHECKING:
-    from ._repo_manager import ModelEntry
+    from ._repo_entry import ModelEntry
 
 
 class RepositoryViews:

@@ -20,7 +20,7 @@ from ._model import ModelRuntime
 if TYPE_CHECKING:
     from ._options import BackendOptions
     from ._repo_manager import RepositoryManager
-    from ._request import Timers
+    from ._timers import Timers
     from ._stubproc import StubProcess
     from ._trace import Tracing
 

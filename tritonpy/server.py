@@ -32,7 +32,8 @@ from ._model import ModelRuntime
 from ._model_handle import Model
 from ._options import BackendOptions
 from ._ratelimit import RateLimiter, parse_resource
-from ._request import HostRequest, Timers
+from ._request import HostRequest
+from ._timers import Timers
 from ._server_lifecycle import ServerLifecycle
 from ._server_stats import ServerStats
 from ._server_stubs import ServerStubs
