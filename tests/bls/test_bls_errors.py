@@ -25,7 +25,7 @@ from _bls_models import (
 )
 
 MODELS = ["bls_driver", "add_sub", "sleeper", "failing", "versioned", "echo_meta", "square",
-          "bls_in_init", "bls_background", "identity", "queue_policy"]
+          "bls_in_init", "bls_background", "identity", "queue_policy", "misuse_decoupled"]
 # pb_utils.TritonError codes
 INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, CANCELLED = 1, 2, 3, 4, 7
 
@@ -163,6 +163,24 @@ def test_target_error_response_keeps_message_and_code(server, code) -> None:
                                "inputs": {"INPUT0": fp32(1)}})
     resp = one(report)
     assert resp["error"] == {"code": code, "message": f"custom error {code}"}
+
+
+def test_a_decoupled_target_that_raises_after_a_response_ends_the_callers_stream(
+        server, driver_pid) -> None:
+    # Triton 2.51's iterator never ends here (QA measured it): the caller's instance waits for
+    # good, an unload of the target stays UNLOADING, a stop waits out its exit timeout.
+    report, _ = drive(server, {"model": "misuse_decoupled", "mode": "decoupled",
+                               "outputs": ["OUT"], "parameters": {"mode": "send_then_raise"},
+                               "inputs": {"IN": {"data": [1], "dtype": "int32"}}}, timeout=30)
+    assert report["exception"] is None, report["exception"]
+    first, *rest = report["responses"]
+    assert first["error"] is None and first["outputs"]["OUT"]["values"] == [1]
+    assert rest and rest[0]["error"] is not None
+    assert "misuse_decoupled raised after a response" in rest[0]["error"]["message"]
+    assert all(r["outputs"] == {} for r in rest)
+    assert_driver_still_serves(server, driver_pid)
+    (inst,) = server.runtime("misuse_decoupled").instances
+    assert inst.state == "READY" and inst.restarts == 0
 
 
 def test_target_that_succeeds_after_failures(server) -> None:

@@ -1,7 +1,8 @@
 """A decoupled model that misuses its response sender on purpose (request parameter 'mode'):
 send_after_final (the exception is kept and reported later), final_twice, return_list (execute
 returns responses), send_then_return (the stream is complete, then execute returns responses),
-bad_calls (unsupported flags, no response without the final flag), raise; 'report' answers
+bad_calls (unsupported flags, no response without the final flag), raise, send_then_raise
+(one response, then execute raises); 'report' answers
 with what the last misuse raised (REPORT, JSON)."""
 import json
 
@@ -57,6 +58,9 @@ class TritonPythonModel:
                 return [out(2) for _ in requests]
             elif mode == "raise":
                 raise RuntimeError("misuse_decoupled raised on purpose")
+            elif mode == "send_then_raise":
+                sender.send(out(1))
+                raise pb_utils.TritonModelException("misuse_decoupled raised after a response")
             elif mode == "report":
                 sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(
                     "REPORT", np.array([json.dumps(self.last)], dtype=np.object_))]), flags=FINAL)
