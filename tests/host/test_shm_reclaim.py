@@ -106,3 +106,69 @@ def test_a_stub_out_of_room_gets_what_other_stubs_hold_idle(shm_prefix: str,
     # On the frame loop the request is queued again a moment later, by when the room is back
     # (it used to fail: that loop does not wait).
     assert out["fourth"] == 40 * MiB, out["fourth"]
+
+
+_KEEP_ALIVE = textwrap.dedent("""
+    import json, shutil, sys
+    from pathlib import Path
+    import numpy as np
+    import tritonclient.http as httpclient
+    import tritonpy
+    from tritonpy._stress_models import write_repository
+    from tritonpy.frontends import Frontends
+    MiB = 1 << 20
+    repo = write_repository(Path(sys.argv[2]) / "models")
+    shutil.copytree(repo / "stress_io", repo / "stress_io_b")
+    cfg = repo / "stress_io_b" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace('name: "stress_io"', 'name: "stress_io_b"'))
+    server = tritonpy.Server(str(repo), model_control_mode="explicit",
+                             load_models=["stress_io", "stress_io_b"],
+                             backend_config={"shm-region-prefix-name": sys.argv[1]})
+    server.start()
+    fe = Frontends(server, http_port=0, allow_grpc=False, allow_metrics=False,
+                   http_address="127.0.0.1")
+    fe.start_in_thread()
+    out = []
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{fe.http_port}",
+                                                  network_timeout=60)
+        def call(model, data, out_bytes):
+            a = httpclient.InferInput("DATA", list(data.shape), "UINT8")
+            a.set_data_from_numpy(data, binary_data=True)
+            b = httpclient.InferInput("OUT_BYTES", [1], "INT64")
+            b.set_data_from_numpy(np.array([out_bytes], np.int64))
+            try:
+                r = client.infer(model, [a, b], outputs=[
+                    httpclient.InferRequestedOutput("OUT", binary_data=True)])
+                return int(r.as_numpy("OUT").nbytes)
+            except Exception as exc:
+                return str(exc)[:300]
+        size = 36 * MiB
+        for _ in range(3):  # one connection, kept alive across the calls
+            out.append(call("stress_io_b", np.zeros(16, np.uint8), size))
+            out.append(call("stress_io", np.full(size, 7, np.uint8), -1))
+        client.close()
+    finally:
+        fe.stop_in_thread()
+        server.stop()
+    print(json.dumps(out))
+""")
+
+
+def test_a_kept_alive_http_connection_does_not_hold_its_last_answer(shm_prefix: str,
+                                                                    tmp_path: Path) -> None:
+    # (QA, in Docker's default 64 MiB /dev/shm) stress_io_b answers 36 MiB from a segment of
+    # its own; the connection then waited for its next request with that answer still in
+    # hand, so the segment was not idle and could not be reclaimed: the next request's 36
+    # MiB input failed "shared memory exhausted" every time, on that connection (a new
+    # connection got the room).
+    reason = private_shm_unavailable(64 * MiB)
+    if reason:
+        pytest.skip(f"needs a private /dev/shm: {reason}")
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _KEEP_ALIVE,
+                           shm_prefix, str(tmp_path)], capture_output=True, text=True,
+                          timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out == [36 * MiB] * 6, out

@@ -151,6 +151,10 @@ class _Answering(_Parsing):
                 if not keep_alive:
                     self._close()
                     return
+                # Not kept while the connection waits for its next request: the answer's
+                # tensors may be views of a stub's shared memory, which it could not give
+                # back (a full /dev/shm reclaims idle segments), and the request's its inputs.
+                del item, response
                 if self.writable is not None and not self.writable.done():
                     await self._drained()  # the client reads slowly: do not queue more on it
                     if self.server.stopping:  # began meanwhile: its idle close has passed
