@@ -4,7 +4,13 @@ Imports nothing from the host (``tritonpy``) or the stub (``tritonpy.stub``); bo
 """
 from __future__ import annotations
 
-from ._errors import ChannelClosedError, ProtocolError, ShmError, ShmExhaustedError
+from ._errors import (
+    ChannelClosedError,
+    ProtocolError,
+    SegmentGoneError,
+    ShmError,
+    ShmExhaustedError,
+)
 from .channel import FRAME_LIMIT, Channel, socket_pair
 from .dtypes import (
     TRITON_TO_NUMPY,
@@ -31,6 +37,7 @@ __all__ = [
     "Pool",
     "ProtocolError",
     "Segment",
+    "SegmentGoneError",
     "SegmentMap",
     "ShmError",
     "ShmExhaustedError",

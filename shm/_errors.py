@@ -65,6 +65,18 @@ class ProtocolError(ShmError, ValueError):
     """A frame or a tensor handle from the peer is malformed or out of range."""
 
 
+class SegmentGoneError(ProtocolError):
+    """A peer's segment named in a handle is no longer in its directory: removed while in use
+    (``rm /dev/shm/*``, or systemd's ``RemoveIPC=yes`` at the logout of the server's user).
+    Its owner stops using it within a second (``Pool.drop_lost``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"shared-memory segment {name} does not exist: it was removed from its directory "
+            "while in use (rm, or systemd's RemoveIPC=yes at the logout of the server's user); "
+            "its owner replaces it within a second")
+
+
 class TruncatedElementError(ProtocolError):
     """A BYTES element whose length prefix says more than the buffer still holds."""
 

@@ -368,6 +368,23 @@ class Pool:
         with self._lock:
             return self._reap_locked(force)
 
+    def drop_lost(self) -> list[str]:
+        """Stop carving blocks from segments that lost their name (``Segment.lost``: removed
+        from their directory while in use, by ``rm`` or systemd's ``RemoveIPC``): peers open
+        segments by name, so every tensor placed there would fail to reach them. Their live
+        blocks stay valid until they die; new ones go to new segments. Returns their names,
+        which go to peers with the dropped ones (they cannot reopen them anyway)."""
+        with self._lock:
+            lost = [a for a in self._arenas if a.seg.lost()]
+            for arena in lost:
+                self._arenas.remove(arena)
+                del self._by_name[arena.seg.name]
+                arena.seg._unlinked = True  # (the name is not ours now: never unlink it)
+                self.segments.forget(arena.seg.name)
+            names = [a.seg.name for a in lost]
+            self.dropped.extend(names)
+        return names
+
     def take_dropped(self) -> list[str]:
         """Names unlinked since the last call, for peers to unmap."""
         with self._lock:

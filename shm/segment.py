@@ -18,7 +18,14 @@ import time
 
 import posix_ipc
 
-from ._errors import NO_SPACE, FdLimitError, ProtocolError, ShmError, ShmExhaustedError
+from ._errors import (
+    NO_SPACE,
+    FdLimitError,
+    ProtocolError,
+    SegmentGoneError,
+    ShmError,
+    ShmExhaustedError,
+)
 
 PAGE = mmap.PAGESIZE
 SHM_DIR = "/dev/shm"
@@ -109,7 +116,7 @@ def check_name(name: str) -> None:
 class Segment:
     """One mapped segment; ``owner`` is True in the process that created (and will unlink) it."""
 
-    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked")
+    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked", "ino")
 
     def __init__(self, name: str, size: int, mm: mmap.mmap, owner: bool, directory: str | None):
         self.name = name
@@ -118,6 +125,7 @@ class Segment:
         self.owner = owner
         self.directory = directory
         self._unlinked = False
+        self.ino = 0  # its file's inode, once known (see lost)
         # The address of the mapping, used to recognise arrays that already live in it.
         probe = ctypes.c_char.from_buffer(mm)
         self.base = ctypes.addressof(probe)
@@ -159,9 +167,12 @@ class Segment:
                 what = f"cannot map shared-memory segment {name} ({size} bytes)"
                 raise (_fd_limit(exc, what) or _no_memory(exc, what)
                        or ShmError(f"{what}: {exc}")) from None
+            ino = os.fstat(fd).st_ino
         finally:
             os.close(fd)
-        return cls(name, size, mm, True, directory)
+        seg = cls(name, size, mm, True, directory)
+        seg.ino = ino
+        return seg
 
     @classmethod
     def attach(cls, name: str, directory: str | None = None) -> Segment:
@@ -170,7 +181,7 @@ class Segment:
         try:
             fd = _open(name, directory, create=False)
         except (posix_ipc.ExistentialError, FileNotFoundError):
-            raise ProtocolError(f"shared-memory segment {name} does not exist") from None
+            raise SegmentGoneError(name) from None
         except (posix_ipc.Error, OSError, ValueError) as exc:
             # A name from a peer that we may not open (permissions, a directory ...), unless
             # this process is out of descriptors: not the peer's fault.
@@ -199,6 +210,8 @@ class Segment:
         length = round_up(offset + nbytes) - start
         try:
             fd = _open(self.name, self.directory, create=False)
+        except (posix_ipc.ExistentialError, FileNotFoundError):
+            raise SegmentGoneError(self.name) from None
         except (posix_ipc.Error, OSError) as exc:
             raise (_fd_limit(exc, f"cannot reopen shared-memory segment {self.name}")
                    or ProtocolError(f"cannot reopen shared-memory segment {self.name}: {exc}")) from None
@@ -222,6 +235,19 @@ class Segment:
         except BufferError:
             return False
         return True
+
+    def lost(self) -> bool:
+        """Whether this process's segment has lost its name: its file was removed from its
+        directory, or replaced by another of the same name, behind its owner's back (peers
+        that open it by name can no longer reach it). One ``stat``."""
+        if not self.owner or self._unlinked or not self.ino:
+            return False
+        try:
+            return os.stat(os.path.join(self.directory or SHM_DIR, self.name)).st_ino != self.ino
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False
 
     def unlink(self) -> None:
         """Remove the name (owner only); the memory lives on until every mapping is closed."""

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # asyncio is imported when a model needs it: a stub starts 20
 from tritonpy.shm.waiting import StallWatch
 from tritonpy.shm import INLINE_LIMIT, ChannelClosedError, Cmd
 from tritonpy.shm import cuda
-from tritonpy.shm._errors import ProtocolError, ShmError, ShmExhaustedError
+from tritonpy.shm._errors import ProtocolError, SegmentGoneError, ShmError, ShmExhaustedError
 
 from . import pb_utils
 from ._pberrors import (
@@ -116,6 +116,10 @@ class _Executor(_ServerCalls):
     def _on_execute(self, call_id: int, body: dict) -> None:
         try:
             requests = self._make_requests(body)
+        except SegmentGoneError as exc:  # not the request's fault: a client may send it again
+            self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
+                "UNAVAILABLE", f"cannot receive the requests' inputs: {exc}")})
+            return
         except ProtocolError:
             self.channel.send(Cmd.EXECUTE_DONE, call_id, {"error": _error_body(
                 "INVALID_ARG", f"cannot decode requests: {traceback.format_exc(limit=2)}")})

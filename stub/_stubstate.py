@@ -181,7 +181,13 @@ class _StubState:
 
     def _give_back_idle(self, force: bool = True) -> None:
         """Unlink this stub's segments idle for their idle time (``force``: every idle one,
-        now), and tell the others to unmap them."""
+        now), and tell the others to unmap them; stop using segments removed behind its back."""
+        lost = self.pool.drop_lost()
+        if lost:
+            self.channel.send(Cmd.LOG, 0, [1, (  # (a WARNING in the host's log)
+                f"shared-memory segments of this stub's pool were removed from "
+                f"{self.pool.directory or '/dev/shm'} while in use: {', '.join(lost)}; new "
+                "tensors go to new segments")])
         self.pool.reap(force)
         dropped = self.pool.take_dropped()
         if dropped:

@@ -81,7 +81,13 @@ class ServerStubs:
 
     def _give_back_idle(self, force: bool) -> None:
         """Unlink the host's idle segments (``force``: all of them, now), and those of ended
-        stubs viewed no more, and tell the stubs."""
+        stubs viewed no more, and tell the stubs; stop using segments removed behind its back."""
+        lost = self.pool.drop_lost()
+        if lost:
+            log.warning("shared-memory segments of the server's pool were removed from %s while "
+                        "in use (rm, or systemd's RemoveIPC=yes at the logout of the server's "
+                        "user): %s; new tensors go to new segments",
+                        self.pool.directory or "/dev/shm", ", ".join(lost))
         self.pool.reap(force)
         dropped = self.pool.take_dropped() + self.segments.reap_kept()
         if dropped:

@@ -236,3 +236,50 @@ def test_peer_bookkeeping() -> None:
     assert peer.drop_all() == 3 and peer.outstanding == 0 and not peer.alive
     peer.owe_release(8)  # to a dead peer: nothing is owed any more
     assert peer.take_owed() == []
+
+
+def test_a_segment_removed_behind_the_pools_back_is_replaced(pool: Pool) -> None:
+    # rm /dev/shm/*, or systemd's RemoveIPC=yes at the server user's logout: peers open
+    # segments by name, so every block carved from one that lost its name would fail to reach
+    # them (QA: every 1-16 MiB request failed until a restart, with a traceback).
+    from tritonpy.shm import SegmentGoneError
+
+    a = pool.new_array(np.uint8, (4096,))
+    a[:] = 5
+    (old,) = pool.segment_names()
+    assert pool.drop_lost() == []  # nothing lost: nothing dropped
+    os.unlink(os.path.join("/dev/shm", old))
+    with pytest.raises(SegmentGoneError, match=f"segment {old} does not exist: it was removed"):
+        SegmentMap().get(old)  # what a peer meets
+    assert pool.drop_lost() == [old]
+    assert pool.take_dropped() == [old]  # (peers are told, as of an unlinked one)
+    b = pool.new_array(np.uint8, (4096,))
+    (new,) = pool.segment_names()
+    assert new != old
+    peer = SegmentMap()
+    try:
+        assert peer.get(new).size >= 4096  # a peer reaches the new one
+    finally:
+        peer.close()
+    assert (a == 5).all()  # the old block stays valid while it lives
+    a[:] = 6
+    del a, b
+    gc.collect()
+    assert pool.drop_lost() == []
+
+
+def test_a_segment_replaced_under_its_name_is_lost_and_the_stranger_left_alone(
+        pool: Pool) -> None:
+    pool.new_array(np.uint8, (16,))
+    (old,) = pool.segment_names()
+    path = os.path.join("/dev/shm", old)
+    os.unlink(path)
+    with open(path, "wb") as f:  # someone else's file, under our name
+        f.write(b"not ours")
+    try:
+        assert pool.drop_lost() == [old]
+        pool.close()  # unlinks its own segments: never the stranger's file
+        with open(path, "rb") as f:
+            assert f.read() == b"not ours"
+    finally:
+        os.unlink(path)
