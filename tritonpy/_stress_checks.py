@@ -1,10 +1,17 @@
 """What ``tritonpy stress`` checks with: rows, one request and its answer, a server per
-scenario that reports what it leaves behind. The scenarios are in :mod:`tritonpy.stress`."""
+scenario that reports what it leaves behind (and is aborted, not drained, when the run is
+interrupted), and the run of a scenario in a private ``/dev/shm``. The scenarios are in
+:mod:`tritonpy.stress`."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import queue
+import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -147,11 +154,17 @@ def serving(ctx: Context, scenario: str, models: Sequence[str], rows: list[Row],
                     backend_config=config)
     server.start()
     stubs: list[psutil.Process] = []
+    interrupted = False
     try:
         yield server
+    except KeyboardInterrupt:  # (Ctrl-C or SIGTERM: see stress.main)
+        interrupted = True
+        raise
     finally:
         stubs = stub_processes()
         t0 = time.monotonic()
+        if interrupted:  # no drain: what runs may wait for a consumer that is gone
+            server.abort()
         server.stop()
         took = time.monotonic() - t0
         _, alive = psutil.wait_procs(stubs, timeout=5)
@@ -204,3 +217,50 @@ def late_consumer(server: Any, count: int, nbytes: int) -> tuple[int, str, float
     except queue.Empty:
         problem = "no response for 120 s"
     return got, problem, time.monotonic() - t0
+
+
+# -- running, in a private /dev/shm where one can be had --------------------------------------
+
+def private_shm_unavailable(size: int) -> str | None:
+    """None when this process may mount a tmpfs of ``size`` on /dev/shm in a new mount
+    namespace (root, ``unshare``), else why not."""
+    if shutil.which("unshare") is None:
+        return "unshare(1) is not installed"
+    probe = subprocess.run(["unshare", "-m", "sh", "-c",
+                            f"mount -t tmpfs -o size={size} tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=30, check=False)
+    if probe.returncode != 0:
+        return f"cannot mount one here: {short(probe.stderr.strip()) or probe.returncode}"
+    return None
+
+
+def in_private_shm(ctx: Context) -> list[Row]:
+    """Run ``shm-full`` again in a child whose /dev/shm is a fresh tmpfs of ``shm_size``."""
+    script = (f"mount -t tmpfs -o size={ctx.shm_size} tmpfs /dev/shm && "
+              'exec "$0" -m tritonpy stress --scenario shm-full --json --inside-private-shm '
+              f"--shm-size {ctx.shm_size}" + (" --quick" if ctx.quick else ""))
+    t0 = time.monotonic()
+    child = subprocess.Popen(["unshare", "-m", "sh", "-c", script, sys.executable],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=600)
+    except BaseException:  # interrupted (or 600 s): it stops its servers and removes its files
+        child.terminate()
+        try:
+            child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+        raise
+    proc = subprocess.CompletedProcess(child.args, child.returncode, out, err)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode in (0, 1) and lines:
+        try:
+            return [Row(**r) for r in json.loads(lines[-1])]
+        except (ValueError, TypeError):
+            pass
+    how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
+           else f"exit status {proc.returncode}")
+    tail = short(" | ".join(proc.stderr.strip().splitlines()[-3:]), 300)
+    return [Row("shm full", "the run in a private /dev/shm", f"{how}: {tail}",
+                time.monotonic() - t0, FAILED)]

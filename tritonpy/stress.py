@@ -30,11 +30,11 @@ import argparse
 import json
 import os
 import queue
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -47,8 +47,8 @@ import numpy as np
 from ._gpus import visible_gpu_count
 from ._stress_checks import (
     DOCKER_SHM, FAILED, OK, PREFIX, SKIPPED, SMALL, Answer, Context, MiB, Row, expect_error,
-    expect_served, infer, io_inputs, late_consumer, mib, serving, short, small_request_problem,
-    stub_processes, wait_until,
+    expect_served, in_private_shm, infer, io_inputs, late_consumer, mib,
+    private_shm_unavailable, serving, short, small_request_problem, stub_processes, wait_until,
 )
 from ._stress_models import write_repository
 from .shm import janitor, list_segments, sweep_orphans
@@ -495,41 +495,7 @@ SCENARIOS: dict[str, Callable[[Context], list[Row]]] = {
 }
 
 
-# -- running, in a private /dev/shm where one can be had --------------------------------------
-
-def private_shm_unavailable(size: int) -> str | None:
-    """None when this process may mount a tmpfs of ``size`` on /dev/shm in a new mount
-    namespace (root, ``unshare``), else why not."""
-    if shutil.which("unshare") is None:
-        return "unshare(1) is not installed"
-    probe = subprocess.run(["unshare", "-m", "sh", "-c",
-                            f"mount -t tmpfs -o size={size} tmpfs /dev/shm"],
-                           capture_output=True, text=True, timeout=30, check=False)
-    if probe.returncode != 0:
-        return f"cannot mount one here: {short(probe.stderr.strip()) or probe.returncode}"
-    return None
-
-
-def _in_private_shm(ctx: Context) -> list[Row]:
-    """Run ``shm-full`` again in a child whose /dev/shm is a fresh tmpfs of ``shm_size``."""
-    script = (f"mount -t tmpfs -o size={ctx.shm_size} tmpfs /dev/shm && "
-              'exec "$0" -m tritonpy stress --scenario shm-full --json --inside-private-shm '
-              f"--shm-size {ctx.shm_size}" + (" --quick" if ctx.quick else ""))
-    t0 = time.monotonic()
-    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable],
-                          capture_output=True, text=True, timeout=600, check=False)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode in (0, 1) and lines:
-        try:
-            return [Row(**r) for r in json.loads(lines[-1])]
-        except (ValueError, TypeError):
-            pass
-    how = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0
-           else f"exit status {proc.returncode}")
-    tail = short(" | ".join(proc.stderr.strip().splitlines()[-3:]), 300)
-    return [Row("shm full", "the run in a private /dev/shm", f"{how}: {tail}",
-                time.monotonic() - t0, FAILED)]
-
+# -- running ----------------------------------------------------------------------------------
 
 def run(names: Sequence[str], ctx: Context, inside_private_shm: bool = False) -> list[Row]:
     """The rows of the named scenarios, in order."""
@@ -540,7 +506,7 @@ def run(names: Sequence[str], ctx: Context, inside_private_shm: bool = False) ->
         if name == "shm-full" and not inside_private_shm:
             reason = private_shm_unavailable(ctx.shm_size)
             if reason is None:
-                rows += _in_private_shm(ctx)
+                rows += in_private_shm(ctx)
                 continue
             ctx.no_private_shm = reason
         try:
@@ -589,9 +555,28 @@ def main(args: argparse.Namespace) -> int:
               f"first segments take 16 MiB each", file=sys.stderr)
         return 2
     names = args.scenario or list(SCENARIOS)
-    with tempfile.TemporaryDirectory(prefix="tritonpy-stress-") as tmp:
-        ctx = Context(write_repository(Path(tmp) / "models"), args.shm_size, args.quick,
-                      private_shm=args.inside_private_shm)
-        rows = run(names, ctx, inside_private_shm=args.inside_private_shm)
+    # Ctrl-C and SIGTERM stop the run: the servers it started stop and its files go. (Both
+    # set here: a shell that runs it in the background hands it SIGINT ignored.)
+    caught: list[int] = []
+
+    def interrupted(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        raise KeyboardInterrupt
+
+    handlers = ({s: signal.signal(s, interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+                if threading.current_thread() is threading.main_thread() else {})
+    try:
+        with tempfile.TemporaryDirectory(prefix="tritonpy-stress-") as tmp:
+            ctx = Context(write_repository(Path(tmp) / "models"), args.shm_size, args.quick,
+                          private_shm=args.inside_private_shm)
+            rows = run(names, ctx, inside_private_shm=args.inside_private_shm)
+    except KeyboardInterrupt:
+        signum = caught[0] if caught else signal.SIGINT
+        print(f"tritonpy stress: interrupted ({signal.Signals(signum).name}): the servers it "
+              "started are stopped and its files removed", file=sys.stderr, flush=True)
+        return 128 + signum
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     print(json.dumps([asdict(r) for r in rows]) if args.json else format_table(rows), flush=True)
     return 1 if any(r.verdict == FAILED for r in rows) else 0

@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -212,3 +214,36 @@ def test_a_failed_check_makes_the_exit_status_1(monkeypatch, capsys) -> None:
     monkeypatch.setattr(stress, "SCENARIOS", {"a": lambda ctx: [Row("a", "first", "fine")]})
     args.scenario = ["a"]
     assert stress.main(args) == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_interrupted_run_stops_its_servers_and_removes_its_files(tmp_path,
+                                                                    sig: signal.Signals) -> None:
+    # (QA) SIGINT was ignored when inherited so (a shell's background job), and SIGTERM left
+    # the run's model repository in the temp folder.
+    def as_a_background_job() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    proc = subprocess.Popen([sys.executable, "-m", "tritonpy", "stress", "--scenario",
+                             "message-queue-full", "--quick"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)},
+                            preexec_fn=as_a_background_job)
+    try:
+        deadline = time.monotonic() + 60
+        while not any(stress.janitor.stubs_of(proc.pid)):  # a server of the run serves
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.1)
+        assert list(tmp_path.glob("tritonpy-stress-*"))
+        os.kill(proc.pid, sig)
+        out, err = communicate_in_session(proc, 30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 128 + sig, (proc.returncode, err[-2000:])
+    assert f"tritonpy stress: interrupted ({sig.name})" in err
+    assert "Traceback" not in err
+    assert out == ""  # no table of a run cut short
+    assert list(tmp_path.glob("tritonpy-stress-*")) == []
+    assert run_leftovers(proc.pid) == []
