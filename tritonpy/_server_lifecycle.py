@@ -62,6 +62,7 @@ class ServerLifecycle:
     transport: TensorTransport
     start_error: str | None
     cut_short: list[str]
+    aborted: bool
     loads_cancelled: bool
     _loop: asyncio.AbstractEventLoop | None
     _started: bool
@@ -169,7 +170,9 @@ class ServerLifecycle:
             # (one line for versions alike; an abort() meanwhile may have named some)
             self.cut_short = list(dict.fromkeys(self.cut_short + cut))
             if self.cut_short:
-                log.error("exit timeout expired: cut off in %s", ", ".join(self.cut_short))
+                log.error("%s: cut off in %s",
+                          "stopped at once (abort() or a second signal)" if self.aborted
+                          else "exit timeout expired", ", ".join(self.cut_short))
             drained = True
         finally:
             self._draining = False
@@ -185,6 +188,7 @@ class ServerLifecycle:
         :meth:`start` under way in another thread stops loading and raises."""
         if self._started or self._in_start:
             self._stopping = True
+            self.aborted = True
             # As a stop cut short by its exit timeout: the versions it leaves unfinished.
             self.mark_cut_off(self.in_flight())
             # The queues first: once the stubs are dead, a drain under way would fail what is

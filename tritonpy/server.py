@@ -226,6 +226,7 @@ class Server(ServerLifecycle, ServerStubs, ServerStats):
         self._loop_watches: list[StallWatch] = []
         # After stop(): the model versions whose in-flight requests outlasted exit_timeout.
         self.cut_short: list[str] = []
+        self.aborted = False  # abort() cut the stop short (its log says so, not a timeout)
 
     def tell_reserved(self, instances: Sequence[Any]) -> None:
         """The rate limiter reserved resources for ``instances``: their models dispatch

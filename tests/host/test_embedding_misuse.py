@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -682,11 +683,13 @@ def test_abort_from_another_thread_ends_a_draining_stop_at_once(repo: Path,
             srv.model("sleeper")
 
 
-def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(repo: Path,
-                                                                     shm_prefix: str) -> None:
+def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(
+        repo: Path, shm_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
     # QA round 16: with a stop draining, abort() killed the stubs first, and the drain failed
     # the queued requests as "model 'sleeper' was unloaded"; and the stop's cut_short stayed
-    # empty, as after a clean stop.
+    # empty, as after a clean stop. (Later QA: the log said "exit timeout expired", which the
+    # abort had cut short.)
+    caplog.set_level(logging.ERROR, logger="tritonpy")
     with _sleeper_server(repo, shm_prefix) as srv:
         model = srv.model("sleeper")
         running = model.infer({"IN": np.array([5000], np.float32)})
@@ -699,6 +702,10 @@ def test_abort_during_a_stop_fails_the_queued_requests_in_its_words(repo: Path,
             assert "the server stopped at once (abort() or a second signal): the request " \
                 "was not run" in str(pending.get(timeout=10).error)
         assert srv.cut_short == ["'sleeper' version 1 (requests in flight)"]
+    said = [r.getMessage() for r in caplog.records]
+    assert "stopped at once (abort() or a second signal): cut off in 'sleeper' version 1 " \
+        "(requests in flight)" in said, said
+    assert not any("exit timeout expired" in m for m in said), said
 
 
 @contextlib.contextmanager
