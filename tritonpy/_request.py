@@ -16,7 +16,7 @@ import numpy as np
 from tritonpy.shm.dtypes import triton_dtype_of
 from tritonpy.shm.messages import Cmd
 
-from ._errors import CancelledError, TritonpyError, public
+from ._errors import CancelledError, InvalidArgumentError, TritonpyError, public
 
 if TYPE_CHECKING:
     from ._timers import Timers
@@ -405,6 +405,9 @@ class ResponseStream(_Stream):
     def get(self, timeout: float | None = None) -> InferenceResponse:
         """The next response, waiting up to ``timeout`` seconds (queue.Empty when none; at
         once after the final one, which ends the iteration too: no other will come)."""
+        if timeout is not None and not (type(timeout) in (int, float)
+                                        and 0 <= timeout <= threading.TIMEOUT_MAX):
+            timeout = _timeout_arg(timeout)
         if self._finished:
             raise queue.Empty
         feed = self._feed
@@ -415,6 +418,19 @@ class ResponseStream(_Stream):
         if resp.final:
             self._finished = True
         return resp
+
+
+def _timeout_arg(timeout: Any) -> float | None:
+    """A ``get`` timeout other than a plain number of seconds: refused unless a number >= 0;
+    one past what a wait can take (``inf``) waits for ever."""
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"timeout must be a number of seconds or None, not "
+                                   f"{type(timeout).__name__}") from None
+    if not seconds >= 0:  # (NaN too)
+        raise InvalidArgumentError(f"timeout must be 0 or more seconds, not {timeout!r}")
+    return seconds if seconds <= threading.TIMEOUT_MAX else None
 
 
 # Requests of streams dropped before their end, cancelled by one thread of their own: a

@@ -10,6 +10,7 @@ import enum
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -822,3 +823,20 @@ def test_a_thread_may_serve_on_after_the_main_thread_returns(repo: Path, shm_pre
     assert "died" not in done.stderr and "killed" not in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr  # the stop from that thread works
     assert segments(shm_prefix) == []
+
+
+@pytest.mark.parametrize("timeout, words", [
+    (-1, "timeout must be 0 or more seconds, not -1"),
+    (float("nan"), "timeout must be 0 or more seconds, not nan"),
+    ("x", "timeout must be a number of seconds or None, not str"),
+])
+def test_a_bad_get_timeout_is_refused_before_and_after_the_end(
+        server: tritonpy.Server, timeout: Any, words: str) -> None:
+    # (QA) Was queue's ValueError, or "'str' object cannot be interpreted as an integer",
+    # before the end, and queue.Empty after it.
+    stream = server.model("double").infer({"IN": fp32(1)})
+    with pytest.raises(InvalidArgumentError, match=re.escape(words)):
+        stream.get(timeout)
+    assert stream.get(timeout=float("inf")).final  # (inf waits for ever: was OverflowError)
+    with pytest.raises(InvalidArgumentError, match=re.escape(words)):
+        stream.get(timeout)
