@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Mapping
 
 from .shm import waiting
+from .shm.segment import SHM_DIR, total_bytes
 from ._errors import InvalidArgumentError
 from ._loop import STALL_S
 
@@ -126,4 +128,26 @@ class BackendOptions:
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "
                 f"{opts.shm_region_prefix_name!r}"
             )
+        if opts.shm_total_byte_cap < 0:
+            raise InvalidArgumentError(f"shm-total-byte-cap must be >= 0 (0: no cap), got "
+                                       f"{opts.shm_total_byte_cap}")
         return opts
+
+    def check_shm(self) -> None:
+        """What a start checks of the shared memory it is about to use: the fallback directory
+        exists, and a segment of the default or growth size can exist there at all (else the
+        first one would be halved until it fits, taking most of it, and slowly)."""
+        directory = self.shm_fallback_directory or None
+        if directory is not None and not os.path.isdir(directory):
+            raise InvalidArgumentError(f"shm-fallback-directory {directory!r} is not a "
+                                       "directory")
+        where = directory or SHM_DIR
+        total = total_bytes(directory)
+        for key, size in (("shm-default-byte-size", self.shm_default_byte_size),
+                          ("shm-growth-byte-size", self.shm_growth_byte_size)):
+            if size > total:
+                raise InvalidArgumentError(
+                    f"{key} ({size} bytes) is larger than all of {where} ({total} bytes): no "
+                    f"segment that size can exist there; give a smaller size"
+                    + (" or a larger /dev/shm (e.g. docker --shm-size)" if directory is None
+                       else ""))

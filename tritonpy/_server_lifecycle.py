@@ -107,6 +107,7 @@ class ServerLifecycle:
     def _start(self: _Self, wait_until_ready: bool) -> _Self:
         opts = self.options
         directory = opts.shm_fallback_directory or None
+        opts.check_shm()
         removed = sweep_orphans(opts.shm_region_prefix_name, directory)
         if removed:
             log.info("removed %d orphaned shm segment(s) of dead processes", len(removed))
@@ -115,10 +116,16 @@ class ServerLifecycle:
                          default_size=opts.shm_default_byte_size,
                          growth_size=opts.shm_growth_byte_size, cap=opts.shm_total_byte_cap,
                          directory=directory, segments=self.segments, label="host")
-        # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
-        self.pool.free(*self.pool.allocate(1), 1)
-        # Should this process die without stop() (SIGKILL), the janitor removes the segments.
+        # Should this process die without stop() (SIGKILL), the janitor removes the segments:
+        # from the first one on (a large one may take seconds to reserve).
         self._janitor = janitor.start(opts.shm_region_prefix_name, directory)
+        # Reserve the first segment now: a too-small /dev/shm fails here, at start, clearly.
+        try:
+            self.pool.free(*self.pool.allocate(1), 1)
+        except BaseException:
+            self.pool.close()
+            janitor.stop(self._janitor)
+            raise
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False, device_refs=True)
