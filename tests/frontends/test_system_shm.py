@@ -39,6 +39,14 @@ class TritonPythonModel:
                 for r in requests]
 """
 
+ECHO = """\
+import triton_python_backend_utils as pb_utils
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+"""
+
 
 @pytest.fixture
 def region() -> Iterator[tuple[str, Any]]:
@@ -142,3 +150,42 @@ def test_a_region_shrunk_under_a_kept_grpc_plan_is_the_requests_error_only(
     finally:
         grpcc.close()
     assert "Fatal error" not in server.log() and "Traceback" not in server.log(), server.log()
+
+
+def test_an_input_region_that_finds_the_pool_full_is_a_503_without_a_traceback(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # (QA) The same 503 as for an input in the body, which logs nothing; this one logged an
+    # ERROR with a traceback at each request.
+    import logging
+
+    from _models import io_config, serving_frontends, write_model
+
+    caplog.set_level(logging.ERROR)
+    write_model(tmp_path, "echo", ECHO, io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8"))
+    MiB = 1 << 20
+    key = f"tpyc{secrets.token_hex(4)}"
+    handle = shm_utils.create_shared_memory_region(key, "/" + key, 16 * MiB)
+    pools = {"shm-total-byte-cap": str(8 * MiB), "shm-default-byte-size": str(4 * MiB),
+             "shm-growth-byte-size": str(4 * MiB)}
+    try:
+        with serving_frontends(tmp_path, backend_config=pools) as (_, fe):
+            for mod, port in ((httpclient, fe.http_port), (grpcclient, fe.grpc_port)):
+                client = mod.InferenceServerClient(f"127.0.0.1:{port}")
+                try:
+                    client.register_system_shared_memory("big", "/" + key, 16 * MiB)
+                    inp = mod.InferInput("IN", [16 * MiB], "UINT8")
+                    inp.set_shared_memory("big", 16 * MiB)
+                    with pytest.raises(InferenceServerException,
+                                       match="shared memory exhausted") as err:
+                        client.infer("echo", [inp])
+                    assert err.value.status() in ("503", "StatusCode.UNAVAILABLE")
+                    small = mod.InferInput("IN", [4], "UINT8")
+                    small.set_data_from_numpy(np.arange(4, dtype=np.uint8))
+                    assert client.infer("echo", [small]).as_numpy("OUT").tolist() == [0, 1, 2, 3]
+                    client.unregister_system_shared_memory("big")
+                finally:
+                    client.close()
+    finally:
+        shm_utils.destroy_shared_memory_region(handle)
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert logged == [], logged

@@ -29,7 +29,7 @@ from ._grpc_stream import _StreamInfer
 from ._h2_grpc import Serialized
 from ._infer_types import InferRequest, InferResult, RequestPlan, ShmRef, keep
 from ._request_parsing import forward_headers, parse_version, shm_ref, traceparent
-from .dataplane import DataPlane, to_error
+from .dataplane import DataPlane, needs_traceback, to_error
 
 log = logging.getLogger("tritonpy.frontends.grpc")  # the gRPC frontend's one logger
 
@@ -52,7 +52,7 @@ def _rpc(fn: F) -> F:
             raise
         except Exception as exc:  # never let a bad request take the server down
             err = to_error(exc)
-            if not isinstance(exc, TritonpyError):
+            if needs_traceback(exc):
                 log.exception("gRPC %s failed", fn.__name__)
             await context.abort(getattr(grpc.StatusCode, err.grpc_code), err.message)
 

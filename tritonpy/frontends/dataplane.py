@@ -32,7 +32,7 @@ from .._errors import (
 )
 from .._trace import Trace
 from ..shm.cuda import DeviceRef
-from ..shm._errors import ProtocolError, ShmError, ShmExhaustedError
+from ..shm._errors import FdLimitError, ProtocolError, ShmError, ShmExhaustedError
 from ..shm.dtypes import ITEMSIZE
 from ..validation import request_prefix
 from ._infer_types import InferRequest, InferResult, OutputTensor, RequestedOutput, ShmRef
@@ -60,6 +60,14 @@ BYTES_OFF_LOOP = 1 << 20
 
 
 # ------------------------------------------------------------------------------ error mapping
+
+
+def needs_traceback(exc: BaseException) -> bool:
+    """Whether an error of serving a request is tritonpy's own fault, to log with its
+    traceback; not one it answers in words of its own (a TritonpyError), nor a full
+    /dev/shm or a descriptor limit (the client's answer says it all; before, each such 503
+    of a request whose input lay in a client's shared memory logged a traceback)."""
+    return not isinstance(exc, (TritonpyError, ShmExhaustedError, FdLimitError))
 
 
 def to_error(exc: BaseException) -> TritonpyError:

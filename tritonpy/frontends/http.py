@@ -22,7 +22,7 @@ import socket
 from typing import AsyncGenerator, Awaitable, Callable
 from urllib.parse import unquote
 
-from .._errors import InvalidArgumentError, TritonpyError, listen_error
+from .._errors import InvalidArgumentError, listen_error
 from ._http1 import HTTPServer
 from ._http1_messages import BodyTooLarge, Request, Response
 from ._http_endpoints import _Endpoints
@@ -30,7 +30,7 @@ from ._http_infer import _Inference, _as_sent
 from ._http_json import _ENCODER, _NOT_FOUND, _method_not_allowed, error_response, json_response
 from ._infer_types import RequestPlan, keep
 from ._request_parsing import forward_headers, parse_version
-from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane
+from .dataplane import DEFAULT_MAX_INPUT_SIZE, DataPlane, needs_traceback
 from .generate import (NOT_ONE_RESPONSE, SSE_CONTENT_TYPE, counts, decode_generate,
                        encode_generate, sse_event)
 
@@ -172,7 +172,7 @@ class HTTPFrontend(_Endpoints, _Inference):
                 return Response(404, _NOT_FOUND, "text/plain")
             return await handler(request)  # type: ignore[operator]
         except Exception as exc:  # a bad request must never take the server down
-            if not isinstance(exc, TritonpyError):
+            if needs_traceback(exc):
                 log.exception("HTTP %s %s failed", request.method, path)
             return error_response(exc)
 
