@@ -10,6 +10,7 @@ its response path in :mod:`._model_responses`, and its instances in :mod:`._inst
 """
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import threading
@@ -91,6 +92,10 @@ class ModelRuntime(ModelResponses):
         self.all_and_states = self.all_outputs + [
             n for n in self.state_outputs if n not in self.all_outputs]
         self.queue: Any = self.sched.queue
+        # Batches taken, in the order taken, and whether a thread is sending them (see
+        # ModelDispatch._send_plans).
+        self._outbox: collections.deque = collections.deque()
+        self._sending = False
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
         # Why requests are refused at once while no instance is alive: every instance died

@@ -5,6 +5,7 @@ a call or an attribute look-up per request here.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -50,6 +51,8 @@ class ModelDispatch(RuntimeBase):
     # Set by ModelRuntime.__init__ (see there), read by the request and response paths.
     sched: Any
     sched_is_sequence: bool
+    _outbox: collections.deque[tuple[Instance, list[HostRequest]]]
+    _sending: bool
     state_outputs: list[str]
     all_and_states: list[str]
     _held: dict[int, tuple]
@@ -133,6 +136,8 @@ class ModelDispatch(RuntimeBase):
         for inst, batch in plans:  # under the lock: a cancel sees them taken (_cancelled)
             for req in batch:
                 req.instance = inst
+        if plans:
+            self._outbox.extend(plans)  # sent in this order (see _send_plans)
         return plans
 
     def _withdraw_if_idle_locked(self) -> None:
@@ -171,8 +176,25 @@ class ModelDispatch(RuntimeBase):
         return granted
 
     def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
-        for inst, batch in plans:
-            self._send(inst, batch)
+        """Send the batches taken (``plans``, and any another thread took), outside the lock
+        and in the order they were taken: an instance may be given its next request while
+        its execute runs (execute prefetch), and two threads each sending the one they took
+        could reach its stub in the other order, which runs them so (a stream of an ensemble
+        got two responses swapped, found by QA with cancels from another thread). One thread
+        at a time sends; one that finds another at it leaves it its batches."""
+        outbox = self._outbox
+        while True:
+            with self.lock:
+                if self._sending or not outbox:
+                    return
+                self._sending = True
+                inst, batch = outbox.popleft()
+            try:
+                self._send(inst, batch)
+            except Exception:  # (a fault of tritonpy's: the batches after it still go)
+                log.exception("model '%s': sending a batch to its instance failed", self.name)
+            finally:
+                self._sending = False
 
     def _send(self, inst: Instance, batch: list[HostRequest]) -> None:
         stub = inst.stub

@@ -166,3 +166,76 @@ def test_prefetch_can_be_turned_off(tmp_path) -> None:
 def test_a_bad_prefetch_option_is_refused(tmp_path, value, message) -> None:
     with pytest.raises(tritonpy.InvalidArgumentError, match=message):
         tritonpy.Server(str(tmp_path), backend_config={"execute-prefetch-microseconds": value})
+
+
+SEQ_PY = '''
+import itertools, json, os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+_order = itertools.count()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            gate = json.loads(request.parameters()).get("gate")
+            while gate and not os.path.exists(gate):
+                time.sleep(0.005)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SEQ", np.array([next(_order)], np.int64))]))
+        return out
+'''
+
+SEQ_CONFIG = '''
+name: "seq"
+backend: "python"
+max_batch_size: 0
+input [ { name: "X", data_type: TYPE_INT64, dims: [ 1 ] } ]
+output [ { name: "SEQ", data_type: TYPE_INT64, dims: [ 1 ] } ]
+instance_group [ { count: 1, kind: KIND_CPU } ]
+'''
+
+
+def test_requests_reach_the_stub_in_the_order_they_were_taken(tmp_path) -> None:
+    """A request taken by one thread (A: behind a running execute) and one taken after it by
+    another (B: the frame loop, as that execute ends) reach the stub in that order, even
+    when the first thread is slow to send (a sleep injected into its send; in the server, a
+    cancel or a submit from a client's thread takes requests too). B used to overtake A:
+    a stream of an ensemble got two responses swapped (found by QA)."""
+    import threading
+
+    gate = tmp_path / "gate"
+    with serving_models(tmp_path, {"seq": (SEQ_PY, SEQ_CONFIG)},
+                        backend_config={"execute-prefetch-microseconds": "1000000"}) as server:
+        model, rt = server.model("seq"), server.runtime("seq")
+        for _ in range(3):
+            model.infer(_x(0)).get(timeout=30)
+        held = model.infer(_x(0), parameters={"gate": str(gate)})
+        inst = rt.instances[0]
+        assert wait_for(lambda: inst.running == 1, timeout=10)
+        real_send = rt._send
+        b_answered = threading.Event()
+        a_in_send = threading.Event()
+
+        def slow_send(inst_: object, batch: list) -> None:
+            if threading.current_thread().name == "A":
+                a_in_send.set()
+                b_answered.wait(1.0)  # B overtook A by then, if it can
+            real_send(inst_, batch)
+
+        rt._send = slow_send  # (an instance attribute: the runtime's own method is shadowed)
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("a", model.infer(_x(0))), name="A")
+        t.start()
+        assert a_in_send.wait(10)  # A is taken (sent behind the held execute), not yet sent
+        b = model.infer(_x(0))  # queued: the instance has its two
+        gate.touch()  # the held execute ends: the frame loop takes B
+        held.get(timeout=30)
+        seq_b = int(b.get(timeout=30).outputs["SEQ"].to_numpy()[0])
+        b_answered.set()
+        t.join(10)
+        seq_a = int(box["a"].get(timeout=30).outputs["SEQ"].to_numpy()[0])
+        del rt._send
+        assert seq_a < seq_b, (seq_a, seq_b)
