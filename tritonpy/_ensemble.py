@@ -27,7 +27,6 @@ consumer pacing its decoupled steps): see :mod:`._ensemble_gate`.
 """
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
@@ -43,10 +42,16 @@ from ._errors import (
     TritonpyError,
     UnavailableError,
 )
+from ._outbox import Outbox
 from ._request import HostRequest, tensor_bytes
 from ._runtime_base import READY, RuntimeBase, reshape_arrays
 
 log = logging.getLogger("tritonpy.ensemble")
+
+
+def _call(item: tuple[Callable[..., None], tuple]) -> None:
+    fn, args = item
+    fn(*args)
 
 
 # ---------------------------------------------------------------------------- runtime
@@ -229,7 +234,7 @@ class _Context:
 
     __slots__ = ("ens", "request", "plan", "values", "batched", "iterations", "uses_left",
                  "launched", "pending", "inflight", "error", "held", "finished", "lock",
-                 "compute_ns", "gate_of", "consumer", "_out", "_delivering")
+                 "compute_ns", "gate_of", "consumer", "_out")
 
     def __init__(self, ens: EnsembleRuntime, req: HostRequest, plan: _Plan) -> None:
         self.ens = ens
@@ -254,9 +259,9 @@ class _Context:
         self.consumer = (_ConsumerPacing(req.pacer)
                          if ens.decoupled and req.pacer is not None else None)
         # What _emit made under the lock (responses, then the ending), for _deliver to run
-        # after it, in order; True while a thread runs them.
-        self._out: collections.deque[tuple[Callable[..., None], tuple]] = collections.deque()
-        self._delivering = False
+        # after it, in order.
+        self._out: Outbox[tuple[Callable[..., None], tuple]] = Outbox(
+            self.lock, f"ensemble '{ens.name}': delivering a response")
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:
@@ -411,7 +416,7 @@ class _Context:
         if self.finished:
             return
         req = self.request
-        out = self._out
+        out = self._out.items
         final = self.inflight == 0
         if final and self.error is None:  # an ensemble that is a step of another one
             req.compute = (self.compute_ns[0], self.compute_ns[1], self.compute_ns[2])
@@ -453,22 +458,9 @@ class _Context:
         out.append((self.ens._finished, (self, True)))
 
     def _deliver(self) -> None:
-        """Deliver what :meth:`_emit` made, outside the lock and in the order it was made. One
-        thread at a time delivers; one that finds another at it leaves it its responses (a
-        sink that leads back into this request, on this thread, finds them delivered next)."""
-        out = self._out
-        while True:
-            with self.lock:
-                if self._delivering or not out:
-                    return
-                self._delivering = True
-                fn, args = out.popleft()
-            try:
-                fn(*args)
-            except Exception:  # a consumer's fault: the responses after it still go out
-                log.exception("ensemble '%s': delivering a response failed", self.ens.name)
-            finally:
-                self._delivering = False
+        """Deliver what :meth:`_emit` made, outside the lock and in the order it was made (one
+        thread at a time: see :class:`._outbox.Outbox`)."""
+        self._out.drain(_call)
 
     def _late_compute(self, compute: tuple[int, int, int]) -> None:
         """The compute times of a step whose execute ended after its final response: in the

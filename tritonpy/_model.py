@@ -10,7 +10,6 @@ its response path in :mod:`._model_responses`, and its instances in :mod:`._inst
 """
 from __future__ import annotations
 
-import collections
 import functools
 import logging
 import threading
@@ -29,6 +28,7 @@ from ._errors import (
 )
 from ._instances import Instance, initialize_args, plan_instances, take_back
 from ._model_responses import ModelResponses
+from ._outbox import Outbox
 from ._request import HostRequest
 from ._runtime_base import READY, UNAVAILABLE, side_by_side
 from ._scheduler import FifoScheduler, fail_queued, make_scheduler
@@ -92,10 +92,8 @@ class ModelRuntime(ModelResponses):
         self.all_and_states = self.all_outputs + [
             n for n in self.state_outputs if n not in self.all_outputs]
         self.queue: Any = self.sched.queue
-        # Batches taken, in the order taken, and whether a thread is sending them (see
-        # ModelDispatch._send_plans).
-        self._outbox: collections.deque = collections.deque()
-        self._sending = False
+        # Batches taken, sent in the order taken (see ModelDispatch._send_plans).
+        self._outbox: Outbox = Outbox(self.lock, f"model '{name}': sending a batch")
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
         # Why requests are refused at once while no instance is alive: every instance died

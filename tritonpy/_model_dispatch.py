@@ -5,7 +5,6 @@ a call or an attribute look-up per request here.
 """
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ from ._errors import (
     UnavailableError,
 )
 from ._instances import Instance
+from ._outbox import Outbox
 from ._request import HostRequest
 from ._runtime_base import READY, UNAVAILABLE, RuntimeBase
 from ._scheduler import REQUEST_TIMEOUT
@@ -51,8 +51,7 @@ class ModelDispatch(RuntimeBase):
     # Set by ModelRuntime.__init__ (see there), read by the request and response paths.
     sched: Any
     sched_is_sequence: bool
-    _outbox: collections.deque[tuple[Instance, list[HostRequest]]]
-    _sending: bool
+    _outbox: Outbox[tuple[Instance, list[HostRequest]]]
     state_outputs: list[str]
     all_and_states: list[str]
     _held: dict[int, tuple]
@@ -137,7 +136,7 @@ class ModelDispatch(RuntimeBase):
             for req in batch:
                 req.instance = inst
         if plans:
-            self._outbox.extend(plans)  # sent in this order (see _send_plans)
+            self._outbox.items.extend(plans)  # sent in this order (see _send_plans)
         return plans
 
     def _withdraw_if_idle_locked(self) -> None:
@@ -180,21 +179,12 @@ class ModelDispatch(RuntimeBase):
         and in the order they were taken: an instance may be given its next request while
         its execute runs (execute prefetch), and two threads each sending the one they took
         could reach its stub in the other order, which runs them so (a stream of an ensemble
-        got two responses swapped, found by QA with cancels from another thread). One thread
-        at a time sends; one that finds another at it leaves it its batches."""
-        outbox = self._outbox
-        while True:
-            with self.lock:
-                if self._sending or not outbox:
-                    return
-                self._sending = True
-                inst, batch = outbox.popleft()
-            try:
-                self._send(inst, batch)
-            except Exception:  # (a fault of tritonpy's: the batches after it still go)
-                log.exception("model '%s': sending a batch to its instance failed", self.name)
-            finally:
-                self._sending = False
+        got two responses swapped, found by QA with cancels from another thread). See
+        :class:`._outbox.Outbox`."""
+        self._outbox.drain(self._send_plan)
+
+    def _send_plan(self, plan: tuple[Instance, list[HostRequest]]) -> None:
+        self._send(*plan)
 
     def _send(self, inst: Instance, batch: list[HostRequest]) -> None:
         stub = inst.stub

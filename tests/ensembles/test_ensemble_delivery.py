@@ -9,7 +9,6 @@ such calls), as a frontend or an outer ensemble does.
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np

@@ -7,7 +7,6 @@ import pickle
 import traceback
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import tritonpy
