@@ -233,6 +233,7 @@ class Pool:
         self.segments = segments if segments is not None else SegmentMap(directory)
         self.label = label
         self._arenas: list[_Arena] = []
+        self._lost: list[_Arena] = []  # see drop_lost
         self._by_name: dict[str, _Arena] = {}
         self._counter = 0
         # Re-entrant: a block's finalizer (-> free) can run inside any allocation made while
@@ -364,26 +365,38 @@ class Pool:
 
     def reap(self, force: bool = False) -> list[str]:
         """Unlink segments idle for ``idle_seconds`` (``force``: every idle one, the first
-        too); returns their names (peers may unmap)."""
+        too), and let go of lost ones now unused; returns their names (peers may unmap)."""
         with self._lock:
-            return self._reap_locked(force)
+            return self._reap_locked(force) + (self._reap_lost_locked() if self._lost else [])
 
     def drop_lost(self) -> list[str]:
         """Stop carving blocks from segments that lost their name (``Segment.lost``: removed
         from their directory while in use, by ``rm`` or systemd's ``RemoveIPC``): peers open
-        segments by name, so every tensor placed there would fail to reach them. Their live
-        blocks stay valid until they die; new ones go to new segments. Returns their names,
-        which go to peers with the dropped ones (they cannot reopen them anyway)."""
+        segments by name, so a tensor placed there could not reach one that has not mapped it
+        yet. Their blocks stay valid (and are sent by copy, not by handle: ``Segment.gone``);
+        each segment is let go, and its peers told, once its last block is freed (see
+        ``_reap_locked``). Returns their names."""
         with self._lock:
             lost = [a for a in self._arenas if a.seg.lost()]
             for arena in lost:
                 self._arenas.remove(arena)
-                del self._by_name[arena.seg.name]
                 arena.seg._unlinked = True  # (the name is not ours now: never unlink it)
-                self.segments.forget(arena.seg.name)
+                arena.seg.gone = True
+                self._lost.append(arena)
             names = [a.seg.name for a in lost]
-            self.dropped.extend(names)
+            self._reap_lost_locked()
         return names
+
+    def _reap_lost_locked(self) -> list[str]:
+        """Let go of the lost segments none of whose blocks is in use any more."""
+        gone = []
+        for arena in [a for a in self._lost if a.used == 0]:
+            self._lost.remove(arena)
+            del self._by_name[arena.seg.name]
+            self.segments.forget(arena.seg.name)
+            gone.append(arena.seg.name)
+        self.dropped.extend(gone)
+        return gone
 
     def take_dropped(self) -> list[str]:
         """Names unlinked since the last call, for peers to unmap."""
@@ -411,8 +424,9 @@ class Pool:
         the name)."""
         with self._lock:
             self._closed = True
-            arenas, self._arenas = self._arenas, []
+            arenas, self._arenas = self._arenas + self._lost, []
+            self._lost = []
             self._by_name.clear()
         for arena in arenas:
-            arena.seg.unlink()
+            arena.seg.unlink()  # (not a lost one's: see drop_lost)
             self.segments.forget(arena.seg.name)

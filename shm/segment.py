@@ -116,7 +116,8 @@ def check_name(name: str) -> None:
 class Segment:
     """One mapped segment; ``owner`` is True in the process that created (and will unlink) it."""
 
-    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked", "ino")
+    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked", "ino",
+                 "gone")
 
     def __init__(self, name: str, size: int, mm: mmap.mmap, owner: bool, directory: str | None):
         self.name = name
@@ -126,6 +127,9 @@ class Segment:
         self.directory = directory
         self._unlinked = False
         self.ino = 0  # its file's inode, once known (see lost)
+        # Its name was removed behind its owner's back (Pool.drop_lost): still mapped where
+        # it was, but no peer can open it any more, so nothing is sent by handle into it.
+        self.gone = False
         # The address of the mapping, used to recognise arrays that already live in it.
         probe = ctypes.c_char.from_buffer(mm)
         self.base = ctypes.addressof(probe)

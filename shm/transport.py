@@ -280,7 +280,7 @@ class TensorTransport:
 
     def _handle(self, arr: np.ndarray, peer: Peer, owner: Any) -> list:
         where = self.segments.locate(arr)
-        if where is not None:
+        if where is not None and not where[0].gone:  # (gone: its name was removed: copied)
             self.forwards += 1
             seg, off = where
             # A read-only view in shm is the host's view of an immutable block.
@@ -296,9 +296,12 @@ class TensorTransport:
             owner = None
         kept = None if owner is None else owner._shm
         if kept is not None and kept is not True:
-            self.reuses += 1
-            seg, off = self.segments.locate(kept)  # type: ignore[misc]
-            return [seg.name, off, kept.nbytes, peer.export(kept), IMMUTABLE]
+            where = self.segments.locate(kept)
+            if where is not None and not where[0].gone:
+                self.reuses += 1
+                seg, off = where
+                return [seg.name, off, kept.nbytes, peer.export(kept), IMMUTABLE]
+            kept = owner._shm = True  # (a kept copy whose name was removed: copied again)
         arr = self.pool.copy_in(np.ascontiguousarray(arr) if not arr.flags.c_contiguous else arr)
         self.copies += arr.nbytes
         where = self.segments.locate(arr)
@@ -449,6 +452,13 @@ class TensorTransport:
     def decode_many(self, wires: Any, peer: Peer) -> list[tuple[str, np.ndarray]]:
         if not isinstance(wires, list):
             raise ProtocolError("malformed tensor list")
-        if len(wires) == 1:  # the usual answer: no comprehension to set up
+        if len(wires) == 1:  # the usual answer: no loop to set up
             return [self.decode(wires[0], peer)]
-        return [self.decode(w, peer) for w in wires]
+        out: list[tuple[str, np.ndarray]] = []
+        try:
+            for w in wires:
+                out.append(self.decode(w, peer))
+        except BaseException:  # (the one that failed gave its own handle back)
+            self.discard(wires[len(out) + 1:], peer)
+            raise
+        return out

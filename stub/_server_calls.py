@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextvars
 from typing import Any
 
-from tritonpy.shm import ChannelClosedError, Cmd
+from tritonpy.shm import ChannelClosedError, Cmd, SegmentGoneError
 
 from . import pb_utils
 from ._pberrors import TritonError, TritonModelException, unsendable
@@ -141,8 +141,13 @@ class _ServerCalls(_ReadRole):
     def _to_response(self, body: dict,
                      memory: pb_utils.PreferredMemory | None = None) -> pb_utils.InferenceResponse:
         err = body.get("error")
-        decode, peer, wrap = self.transport.decode, self.peer, Tensor._wrap
-        outputs = [wrap(*decode(w, peer)) for w in body.get("outputs") or ()]
+        wrap = Tensor._wrap
+        try:
+            outputs = [wrap(*pair) for pair in
+                       self.transport.decode_many(body.get("outputs") or [], self.peer)]
+        except SegmentGoneError as exc:  # not the target's fault: an error response, not a raise
+            return pb_utils.InferenceResponse([], TritonError(
+                f"the response's outputs cannot be received: {exc}", TritonError.UNAVAILABLE))
         if memory is not None:
             place(outputs, memory)
         return pb_utils.InferenceResponse(

@@ -23,7 +23,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from tritonpy.shm import Cmd
+from tritonpy.shm import Cmd, SegmentGoneError
 from tritonpy.shm.messages import MEMORY_GPU
 
 from . import _request
@@ -125,6 +125,9 @@ class BlsRouter:
                         f"BLS parameter '{k}' has type {type(v).__name__}; bool, int or str only")
         except TritonpyError as exc:
             reply_error(exc)
+            return
+        except SegmentGoneError as exc:  # not the caller's fault: it may send it again
+            reply_error(UnavailableError(f"cannot receive the BLS request's inputs: {exc}"))
             return
         except (KeyError, TypeError, ValueError) as exc:
             reply_error(InvalidArgumentError(f"malformed BLS request: {exc}"))

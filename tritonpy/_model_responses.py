@@ -9,7 +9,7 @@ import time
 from typing import Any, Sequence
 
 from tritonpy.shm import Cmd
-from tritonpy.shm._errors import FdLimitError
+from tritonpy.shm._errors import FdLimitError, SegmentGoneError
 
 from ._errors import InternalError, TritonpyError, UnavailableError, error_from_wire
 from ._instances import Instance, take_back
@@ -71,7 +71,7 @@ class ModelResponses(ModelDispatch):
             outputs: Any = None if body.get("empty") else self._decode(stub, body.get("outputs"))
         except TritonpyError as exc:
             outputs, error = [], exc
-        except FdLimitError as exc:  # not the stub's fault, and it may pass
+        except (FdLimitError, SegmentGoneError) as exc:  # not the stub's fault; it may pass
             outputs, error = [], UnavailableError(
                 f"the response of '{inst.name}' cannot be read: {exc}")
         except Exception as exc:

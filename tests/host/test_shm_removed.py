@@ -126,3 +126,84 @@ def test_a_stub_replaces_its_removed_segments(tmp_path, shm_prefix: str,
 
         assert wait_until(lambda: all(n in warned() for n in theirs), 5, "the stub's warning")
         assert not set(theirs) & {n for n in os.listdir("/dev/shm")}
+
+
+IDENT_COPY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().copy())])
+            for r in requests]
+"""
+
+# Calls ident with its input; OUT is the answer, or (an error response) empty, with its error
+# passed on as this model's own.
+BLS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            resp = pb_utils.InferenceRequest(model_name="ident", inputs=[
+                pb_utils.Tensor("IN", x.copy())], requested_output_names=["OUT"]).exec()
+            if resp.has_error():
+                out.append(pb_utils.InferenceResponse([], error=resp.error()))
+                continue
+            y = pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", y.copy())]))
+        return out
+"""
+
+
+def test_segments_removed_again_and_again_under_load(tmp_path, shm_prefix: str) -> None:
+    # (QA) Removing every segment of the server every 0.3-2.5 s under load: a few requests
+    # got 500s ("AssertionError", "bad response"), a BLS call raised into its caller's
+    # execute, and a BLS request was called malformed (400). What may fail now is a request
+    # that meets a removed segment before its owner noticed: UNAVAILABLE, saying so.
+    import threading
+
+    uint8 = io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8")
+    write_model(tmp_path, "ident", IDENT_COPY_PY, uint8)
+    write_model(tmp_path, "bls", BLS_PY, uint8)
+    with serving(tmp_path, shm_prefix) as srv:
+        stop = threading.Event()
+        answers: list = []
+
+        def client(model: str, nbytes: int) -> None:
+            data = np.full(nbytes, 5, np.uint8)
+            while not stop.is_set():
+                resp = srv.model(model).infer({"IN": data}).get(timeout=30)
+                ok = resp.error is None and int(resp.outputs["OUT"].to_numpy().sum()) == 5 * nbytes
+                answers.append((model, ok, resp.error))
+
+        threads = [threading.Thread(target=client, args=a)
+                   for a in (("ident", 4 * MiB), ("bls", 2 * MiB), ("ident", 12 * MiB))]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(8):
+                time.sleep(0.4)
+                for name in os.listdir("/dev/shm"):
+                    if name.startswith(shm_prefix):
+                        try:
+                            os.unlink(os.path.join("/dev/shm", name))
+                        except FileNotFoundError:
+                            pass
+            time.sleep(1.5)  # every owner notices: then nothing fails
+            n = len(answers)
+            time.sleep(1.0)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        errors = [e for _, ok, e in answers if e is not None]
+        assert all(ok or e is not None for _, ok, e in answers), "a wrong answer"
+        for err in errors:
+            assert err.code.value == "UNAVAILABLE" and "removed" in err.message, err
+        assert all(ok for _, ok, _ in answers[n:]), [e for _, _, e in answers[n:]]
+        assert len(answers) > n and {m for m, _, _ in answers[n:]} == {"ident", "bls"}
