@@ -6,7 +6,7 @@ import os
 from typing import Mapping
 
 from .shm import waiting
-from .shm.segment import SHM_DIR, total_bytes
+from .shm.segment import PAGE, SHM_DIR, total_bytes
 from ._errors import InvalidArgumentError
 from ._loop import STALL_S
 
@@ -128,9 +128,9 @@ class BackendOptions:
                 f"shm-region-prefix-name must be letters, digits, '-' or '_': "
                 f"{opts.shm_region_prefix_name!r}"
             )
-        if opts.shm_total_byte_cap < 0:
-            raise InvalidArgumentError(f"shm-total-byte-cap must be >= 0 (0: no cap), got "
-                                       f"{opts.shm_total_byte_cap}")
+        if opts.shm_total_byte_cap < 0 or 0 < opts.shm_total_byte_cap < PAGE:
+            raise InvalidArgumentError(f"shm-total-byte-cap must be 0 (no cap) or at least "
+                                       f"{PAGE} bytes (a page), got {opts.shm_total_byte_cap}")
         return opts
 
     def check_shm(self) -> None:

@@ -280,8 +280,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except Exception as exc:
         from ._errors import TritonpyError
+        from .shm import ShmExhaustedError
 
-        if isinstance(exc, TritonpyError):
+        # (a full /dev/shm, or a pool cap too small for a first segment: the words say it all)
+        if isinstance(exc, (TritonpyError, ShmExhaustedError)):
             log.error("error: %s", exc)
             return 1
         log.exception("tritonpy serve failed")

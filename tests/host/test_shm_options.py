@@ -18,15 +18,18 @@ import pytest
 import tritonpy
 from _models import wait_until, write_model
 from tritonpy.shm import list_segments
-from tritonpy.shm.segment import total_bytes
+from tritonpy.shm.segment import PAGE, total_bytes
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_a_negative_pool_cap_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cap", ["-1", "1024"])
+def test_a_negative_or_sub_page_pool_cap_is_refused(tmp_path: Path, cap: str) -> None:
+    # (a cap of 1024 failed the start with a traceback: no first segment fits under it)
     with pytest.raises(tritonpy.InvalidArgumentError,
-                       match=r"shm-total-byte-cap must be >= 0 \(0: no cap\), got -1"):
-        tritonpy.Server(str(tmp_path), backend_config={"shm-total-byte-cap": "-1"})
+                       match=rf"shm-total-byte-cap must be 0 \(no cap\) or at least {PAGE} bytes "
+                             rf"\(a page\), got {cap}"):
+        tritonpy.Server(str(tmp_path), backend_config={"shm-total-byte-cap": cap})
 
 
 @pytest.mark.parametrize("key", ["shm-default-byte-size", "shm-growth-byte-size"])
