@@ -126,6 +126,11 @@ class ServerLifecycle:
             self.pool.close()
             janitor.stop(self._janitor)
             raise
+        first = self.pool.usage()["mapped_bytes"]
+        if first < self.pool.default_size:  # (halved to fit: Triton refuses to start there)
+            log.warning("the first shared-memory segment is %d bytes, not shm-default-byte-size "
+                        "%d: %s has too little room free", first, self.pool.default_size,
+                        directory or "/dev/shm")
         # The host only reads the tensors it routes: small ones stay views of their frames.
         self.transport = TensorTransport(self.pool, self.segments, writable_inline=False,
                                          private_views=False, device_refs=True)

@@ -95,3 +95,38 @@ def test_a_server_killed_while_it_reserves_its_first_segment_leaves_nothing(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     wait_until(lambda: list_segments(shm_prefix) == [], 10, "the janitor to remove it")
+
+
+_HALVED = textwrap.dedent("""
+    import logging, os, sys, tritonpy
+    logging.basicConfig(level=logging.WARNING, stream=sys.stdout, format="%(message)s")
+    with open("/dev/shm/filler", "wb") as f:  # another tenant's 40 MiB
+        os.posix_fallocate(f.fileno(), 0, 40 << 20)
+    server = tritonpy.Server(sys.argv[1], backend_config={
+        "shm-region-prefix-name": sys.argv[2], "shm-default-byte-size": str(48 << 20)})
+    server.start()
+    server.stop()
+""")
+
+
+def test_a_default_size_larger_than_the_room_left_is_halved_and_said(
+        tmp_path: Path, shm_prefix: str) -> None:
+    # (QA) In a 64 MiB /dev/shm with 40 MiB taken, a 48 MiB default started with a 24 MiB
+    # first segment and said nothing (as documented: it serves what fits; Triton refuses).
+    from tritonpy.stress import private_shm_unavailable
+
+    reason = private_shm_unavailable(64 << 20)
+    if reason:
+        pytest.skip(f"needs a private /dev/shm: {reason}")
+    write_model(tmp_path, "double")
+    script = 'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$0" -c "$1" "$2" "$3"'
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script, sys.executable, _HALVED,
+                           str(tmp_path), shm_prefix], capture_output=True, text=True,
+                          timeout=50)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import re
+
+    said = re.search(r"the first shared-memory segment is (\d+) bytes, not "
+                     r"shm-default-byte-size 50331648: /dev/shm has too little room free",
+                     proc.stdout)
+    assert said and int(said.group(1)) <= 24 << 20, proc.stdout
