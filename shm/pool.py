@@ -375,7 +375,7 @@ class Pool:
         segments by name, so a tensor placed there could not reach one that has not mapped it
         yet. Their blocks stay valid (and are sent by copy, not by handle: ``Segment.gone``);
         each segment is let go, and its peers told, once its last block is freed (see
-        ``_reap_locked``). Returns their names."""
+        ``_reap_lost_locked``). Returns their names."""
         with self._lock:
             lost = [a for a in self._arenas if a.seg.lost()]
             for arena in lost:
