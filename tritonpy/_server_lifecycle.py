@@ -127,7 +127,8 @@ class ServerLifecycle:
             janitor.stop(self._janitor)
             raise
         first = self.pool.usage()["mapped_bytes"]
-        if first < self.pool.default_size:  # (halved to fit: Triton refuses to start there)
+        # Halved to fit the room left (Triton refuses to start there); not under a smaller cap.
+        if first < min(self.pool.default_size, self.pool.cap or self.pool.default_size):
             log.warning("the first shared-memory segment is %d bytes, not shm-default-byte-size "
                         "%d: %s has too little room free", first, self.pool.default_size,
                         directory or "/dev/shm")

@@ -130,3 +130,20 @@ def test_a_default_size_larger_than_the_room_left_is_halved_and_said(
                      r"shm-default-byte-size 50331648: /dev/shm has too little room free",
                      proc.stdout)
     assert said and int(said.group(1)) <= 24 << 20, proc.stdout
+
+
+def test_a_cap_below_the_default_size_is_not_taken_for_a_lack_of_room(
+        tmp_path: Path, shm_prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="tritonpy")
+    write_model(tmp_path, "double")
+    server = tritonpy.Server(str(tmp_path), backend_config={
+        "shm-region-prefix-name": shm_prefix, "shm-total-byte-cap": str(8 << 20)})
+    server.start()
+    try:
+        assert server.pool.usage()["mapped_bytes"] == 8 << 20  # the cap, not the default
+        assert not any("the first shared-memory segment" in r.getMessage()
+                       for r in caplog.records)
+    finally:
+        server.stop()
