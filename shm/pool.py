@@ -380,8 +380,7 @@ class Pool:
             lost = [a for a in self._arenas if a.seg.lost()]
             for arena in lost:
                 self._arenas.remove(arena)
-                arena.seg._unlinked = True  # (the name is not ours now: never unlink it)
-                arena.seg.gone = True
+                arena.seg.gone = True  # (the name is not ours now: never unlink it)
                 self._lost.append(arena)
             names = [a.seg.name for a in lost]
             self._reap_lost_locked()

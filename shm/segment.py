@@ -116,8 +116,7 @@ def check_name(name: str) -> None:
 class Segment:
     """One mapped segment; ``owner`` is True in the process that created (and will unlink) it."""
 
-    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "_unlinked", "ino",
-                 "gone")
+    __slots__ = ("name", "size", "mm", "owner", "directory", "base", "gone", "ino")
 
     def __init__(self, name: str, size: int, mm: mmap.mmap, owner: bool, directory: str | None):
         self.name = name
@@ -125,11 +124,11 @@ class Segment:
         self.mm = mm
         self.owner = owner
         self.directory = directory
-        self._unlinked = False
-        self.ino = 0  # its file's inode, once known (see lost)
-        # Its name was removed behind its owner's back (Pool.drop_lost): still mapped where
-        # it was, but no peer can open it any more, so nothing is sent by handle into it.
+        # Its name is not this process's any more: unlinked by it, or removed behind its back
+        # (Pool.drop_lost). Still mapped where it was, but no peer can open it, so nothing is
+        # sent by handle into it.
         self.gone = False
+        self.ino = 0  # its file's inode, once known (see lost)
         # The address of the mapping, used to recognise arrays that already live in it.
         probe = ctypes.c_char.from_buffer(mm)
         self.base = ctypes.addressof(probe)
@@ -244,7 +243,7 @@ class Segment:
         """Whether this process's segment has lost its name: its file was removed from its
         directory, or replaced by another of the same name, behind its owner's back (peers
         that open it by name can no longer reach it). One ``stat``."""
-        if not self.owner or self._unlinked or not self.ino:
+        if not self.owner or self.gone or not self.ino:
             return False
         try:
             return os.stat(os.path.join(self.directory or SHM_DIR, self.name)).st_ino != self.ino
@@ -255,8 +254,8 @@ class Segment:
 
     def unlink(self) -> None:
         """Remove the name (owner only); the memory lives on until every mapping is closed."""
-        if self.owner and not self._unlinked:
-            self._unlinked = True
+        if self.owner and not self.gone:
+            self.gone = True
             _unlink(self.name, self.directory)
 
 

@@ -49,8 +49,7 @@ from ._runtime_base import READY, RuntimeBase, reshape_arrays
 log = logging.getLogger("tritonpy.ensemble")
 
 
-def _call(item: tuple[Callable[..., None], tuple]) -> None:
-    fn, args = item
+def _call(fn: Callable[..., None], args: tuple) -> None:
     fn(*args)
 
 
@@ -126,6 +125,7 @@ class EnsembleRuntime(RuntimeBase):
         self.cache = server.response_cache if config.response_cache.enable else None
         limit = int(config.ensemble_scheduling.max_inflight_requests)
         self.gates = [_StepGate(limit) for _ in self.steps] if limit > 0 else None
+        self.delivering = f"ensemble '{name}': delivering a response"  # (see _Context._out)
 
     def _plan(self, requested: Sequence[str]) -> _Plan:
         key = tuple(requested)
@@ -260,8 +260,8 @@ class _Context:
                          if ens.decoupled and req.pacer is not None else None)
         # What _emit made under the lock (responses, then the ending), for _deliver to run
         # after it, in order.
-        self._out: Outbox[tuple[Callable[..., None], tuple]] = Outbox(
-            self.lock, f"ensemble '{ens.name}': delivering a response")
+        self._out: Outbox[tuple[Callable[..., None], tuple]] = Outbox(self.lock,
+                                                                      ens.delivering)
 
     # -- tensor book-keeping (under self.lock) --------------------------------------------------
     def _add(self, tensor: str, value: Any, batched: bool) -> tuple[str, int] | None:

@@ -92,7 +92,7 @@ class ModelRuntime(ModelResponses):
         self.all_and_states = self.all_outputs + [
             n for n in self.state_outputs if n not in self.all_outputs]
         self.queue: Any = self.sched.queue
-        # Batches taken, sent in the order taken (see ModelDispatch._send_plans).
+        # Batches taken, sent in the order taken (see ModelDispatch._send_taken).
         self._outbox: Outbox = Outbox(self.lock, f"model '{name}': sending a batch")
         # Default mode: a response sent without the final flag, until the flag comes.
         self._held: dict[int, tuple] = {}
@@ -209,7 +209,7 @@ class ModelRuntime(ModelResponses):
         if stopped:
             stub.stop(finalize=True, timeout=5)
         elif plans is not None:
-            self._send_plans(plans)
+            self._send_taken()
 
     def _bring_up(self, inst: Instance, stub: StubProcess, config_json: str | None,
                   on_hello: Callable[[], None] | None) -> None:
@@ -292,8 +292,8 @@ class ModelRuntime(ModelResponses):
             self.passive_only = all(i.passive for i in keep + new)
             for inst in new:
                 self.sched.add_instance(inst)
-            plans = self._take_locked()
-        self._send_plans(plans)
+            self._take_locked()  # (into the outbox)
+        self._send_taken()
         if self.rate_limited:  # (what the retiring ones held no longer counts)
             self.server.limiter.log_resources()
         if gone:

@@ -100,7 +100,7 @@ class ModelDispatch(RuntimeBase):
             req.fail(err)
             return
         if plans:
-            self._send_plans(plans)
+            self._send_taken()
         elif req.caller_exec and req.caller is not None and not req.done:
             self.server.bls.watch(req)
 
@@ -136,7 +136,7 @@ class ModelDispatch(RuntimeBase):
             for req in batch:
                 req.instance = inst
         if plans:
-            self._outbox.items.extend(plans)  # sent in this order (see _send_plans)
+            self._outbox.items.extend(plans)  # sent in this order (see _send_taken)
         return plans
 
     def _withdraw_if_idle_locked(self) -> None:
@@ -157,7 +157,7 @@ class ModelDispatch(RuntimeBase):
         with self.lock:
             plans = self._take_locked()
         if plans:
-            self._send_plans(plans)
+            self._send_taken()
 
     def kick_reserved(self, inst: Instance) -> None:
         """The rate limiter reserved ``inst``'s resources: dispatch, and give back what it
@@ -174,17 +174,14 @@ class ModelDispatch(RuntimeBase):
             granted += limiter.release(inst, inst.state == "READY" and len(self.queue) > 0)
         return granted
 
-    def _send_plans(self, plans: list[tuple[Instance, list[HostRequest]]]) -> None:
-        """Send the batches taken (``plans``, and any another thread took), outside the lock
-        and in the order they were taken: an instance may be given its next request while
+    def _send_taken(self) -> None:
+        """Send the batches taken (by this thread, or another), outside the lock and in the
+        order they were taken: an instance may be given its next request while
         its execute runs (execute prefetch), and two threads each sending the one they took
         could reach its stub in the other order, which runs them so (a stream of an ensemble
         got two responses swapped, found by QA with cancels from another thread). See
         :class:`._outbox.Outbox`."""
-        self._outbox.drain(self._send_plan)
-
-    def _send_plan(self, plan: tuple[Instance, list[HostRequest]]) -> None:
-        self._send(*plan)
+        self._outbox.drain(self._send)
 
     def _send(self, inst: Instance, batch: list[HostRequest]) -> None:
         stub = inst.stub
@@ -323,7 +320,7 @@ class ModelDispatch(RuntimeBase):
                                      or inst.state in ("STARTING", "RESTARTING")):
                 self._idle.notify_all()  # a drain, or a warmup (_warmup), waits for this
         if plans:
-            self._send_plans(plans)
+            self._send_taken()
         if granted:
             self.server.tell_reserved(granted)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
-_T = TypeVar("_T")
+_T = TypeVar("_T", bound=tuple)
 log = logging.getLogger("tritonpy")
 
 
@@ -31,9 +31,9 @@ class Outbox(Generic[_T]):
         self._busy = False
         self._what = what  # for the log, should running one fail
 
-    def drain(self, run: Callable[[_T], None]) -> None:
-        """Run the items put so far (and any put meanwhile), in order, unless another thread
-        is at it. One that raises is logged; the items after it still run."""
+    def drain(self, run: Callable[..., Any]) -> None:
+        """``run(*item)`` for the items put so far (and any put meanwhile), in order, unless
+        another thread is at it. One that raises is logged; the items after it still run."""
         items = self.items
         while True:
             with self.lock:
@@ -42,7 +42,7 @@ class Outbox(Generic[_T]):
                 self._busy = True
                 item = items.popleft()
             try:
-                run(item)
+                run(*item)
             except Exception:  # a fault of tritonpy's or of a consumer's
                 log.exception("%s failed", self._what)
             finally:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._timers import Timers
 
 _ids = itertools.count(1)
+_TIMEOUT_MAX = threading.TIMEOUT_MAX  # the longest wait a lock takes (ResponseStream.get)
 
 
 @public
@@ -406,7 +407,7 @@ class ResponseStream(_Stream):
         """The next response, waiting up to ``timeout`` seconds (queue.Empty when none; at
         once after the final one, which ends the iteration too: no other will come)."""
         if timeout is not None and not (type(timeout) in (int, float)
-                                        and 0 <= timeout <= threading.TIMEOUT_MAX):
+                                        and 0 <= timeout <= _TIMEOUT_MAX):
             timeout = _timeout_arg(timeout)
         if self._finished:
             raise queue.Empty
@@ -430,7 +431,7 @@ def _timeout_arg(timeout: Any) -> float | None:
                                    f"{type(timeout).__name__}") from None
     if not seconds >= 0:  # (NaN too)
         raise InvalidArgumentError(f"timeout must be 0 or more seconds, not {timeout!r}")
-    return seconds if seconds <= threading.TIMEOUT_MAX else None
+    return seconds if seconds <= _TIMEOUT_MAX else None
 
 
 # Requests of streams dropped before their end, cancelled by one thread of their own: a

@@ -22,20 +22,21 @@ pytestmark = pytest.mark.timeout(60)
 
 MiB = 1 << 20
 
-ECHO_PY = """
+COPY_PY = """
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())]) for r in requests]
+            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().copy())])
+            for r in requests]
 """
 
 
 def test_the_server_replaces_its_removed_segments(tmp_path, shm_prefix: str,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger="tritonpy")
-    write_model(tmp_path, "echo", ECHO_PY, io_config(in_type="TYPE_UINT8",
+    write_model(tmp_path, "echo", COPY_PY, io_config(in_type="TYPE_UINT8",
                                                      out_type="TYPE_UINT8"))
     with serving(tmp_path, shm_prefix) as srv:
         model = srv.model("echo")
@@ -128,16 +129,6 @@ def test_a_stub_replaces_its_removed_segments(tmp_path, shm_prefix: str,
         assert not set(theirs) & {n for n in os.listdir("/dev/shm")}
 
 
-IDENT_COPY_PY = """
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor(
-            "OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().copy())])
-            for r in requests]
-"""
-
 # Calls ident with its input; OUT is the answer, or (an error response) empty, with its error
 # passed on as this model's own.
 BLS_PY = """
@@ -168,7 +159,7 @@ def test_segments_removed_again_and_again_under_load(tmp_path, shm_prefix: str) 
     import threading
 
     uint8 = io_config(in_type="TYPE_UINT8", out_type="TYPE_UINT8")
-    write_model(tmp_path, "ident", IDENT_COPY_PY, uint8)
+    write_model(tmp_path, "ident", COPY_PY, uint8)
     write_model(tmp_path, "bls", BLS_PY, uint8)
     with serving(tmp_path, shm_prefix) as srv:
         stop = threading.Event()
