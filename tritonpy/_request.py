@@ -423,8 +423,11 @@ class ResponseStream(_Stream):
 
 def _timeout_arg(timeout: Any) -> float | None:
     """A ``get`` timeout other than a plain number of seconds: refused unless a number >= 0;
-    one past what a wait can take (``inf``) waits for ever."""
+    one past what a wait can take (``inf``) waits for ever. A bool is refused: ``get(True)``
+    reads as queue.Queue's ``get(block=True)``, which it is not."""
     try:
+        if isinstance(timeout, bool):
+            raise TypeError
         seconds = float(timeout)
     except (TypeError, ValueError):
         raise InvalidArgumentError(f"timeout must be a number of seconds or None, not "

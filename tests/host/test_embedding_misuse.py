@@ -829,6 +829,8 @@ def test_a_thread_may_serve_on_after_the_main_thread_returns(repo: Path, shm_pre
     (-1, "timeout must be 0 or more seconds, not -1"),
     (float("nan"), "timeout must be 0 or more seconds, not nan"),
     ("x", "timeout must be a number of seconds or None, not str"),
+    # (get(True) reads as queue.Queue's get(block=True): it was a 1 s timeout)
+    (True, "timeout must be a number of seconds or None, not bool"),
 ])
 def test_a_bad_get_timeout_is_refused_before_and_after_the_end(
         server: tritonpy.Server, timeout: Any, words: str) -> None:
