@@ -350,6 +350,8 @@ class ModelRuntime(ModelResponses):
             inst.held_back = False  # its replacement starts afresh
             for batch, _, _ in inflight.values():
                 self.sched.finished(inst, batch)
+            if was != "RETIRING":
+                self.sched.instance_died(inst)
             # Prefetched requests, sent behind the execute that was running, never started
             # (the stub runs one execute at a time): they queue again, as if never sent.
             back = (sorted(inflight)[1:] if inst.prefetch_ns and inst.state == "RESTARTING"
@@ -360,7 +362,7 @@ class ModelRuntime(ModelResponses):
             # The requests of an execute that never ended fail with it (the statistics count
             # one whose execute ended, e.g. a decoupled one still streaming, already).
             died = [r for exec_id, (batch, _, _) in inflight.items() if exec_id not in back
-                    for r in batch]
+                    for r in batch if not r.null]  # (a sequence batcher's fillers aside)
             orphans: list[HostRequest] = []
             if was == "RETIRING":  # removed by an update: its sequences end with it
                 orphans = self.sched.remove_instance(inst)

@@ -151,6 +151,10 @@ class Unbound:
         """Forget ``inst``; returns the requests that were bound to it (to be failed)."""
         return []
 
+    def instance_died(self, inst: Instance) -> None:
+        """``inst``'s stub died, its batches in flight finished (the caller holds the model
+        lock): nothing is bound to an instance here."""
+
 
 class FifoScheduler(Unbound):
     """One request per ``execute``, in arrival order, to the first free instance."""

@@ -187,6 +187,18 @@ class SequenceBatcher:
             seq.pending.clear()
         return orphans
 
+    def instance_died(self, inst: Instance) -> None:
+        """``inst``'s stub died (the caller holds the model lock, the batches it was running
+        finished): the sequences holding its slots end, since what the model kept of them in
+        that process is gone. Their queued requests are answered UNAVAILABLE, their slots are
+        freed, and a later request of their IDs needs START: a restarted instance never sees
+        a sequence go on that it did not start."""
+        for seq in list(self.by_inst.get(inst, ())):
+            self._end(seq, UnavailableError(
+                f"sequence {seq.corrid} of model '{self.name}' ended: instance '{inst.name}', "
+                "which held it, died; a new sequence needs the START flag"), "BACKEND")
+            self._settle(seq)
+
     # -- the deque-like view -----------------------------------------------------------------
     def _all(self) -> Iterator[_Seq]:
         for seqs in self.by_inst.values():
