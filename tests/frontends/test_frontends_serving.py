@@ -606,6 +606,21 @@ FP32_4 = {"name": "INPUT0", "datatype": "FP32", "shape": [4]}
     ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})]),
      {"Inference-Header-Content-Length": "abc"}, 400, "Unable to parse Inference-Header-Content-Length"),
     ("/v2/models/identity_fp32/infer", b"BINARY", {}, 400, "failed to parse the request JSON"),
+    # (QA) Binary tensors sent without Inference-Header-Content-Length, read as Triton 2.51
+    # reads them (measured): a NUL byte after the JSON ends it, and the input is found short;
+    # any other byte is refused there. Both were "Invalid encoding in string".
+    ("/v2/models/identity_fp32/infer",
+     _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})]) + b"\0" * 16, {}, 400,
+     "unexpected size for input 'INPUT0', expecting 16 additional bytes for model "
+     "'identity_fp32'"),
+    ("/v2/models/identity_fp32/infer",
+     _infer_body([dict(FP32_4, parameters={"binary_data_size": 16})]) + b"\x80" * 16, {}, 400,
+     "failed to parse the request JSON buffer: The document root must not be followed by "
+     f"other values. at {len(_infer_body([dict(FP32_4, parameters={'binary_data_size': 16})]))}"),
+    ("/v2/models/identity_fp32/infer", b'{"inputs": []} {"x": 1}', {}, 400,
+     "The document root must not be followed by other values. at 15"),
+    ("/v2/models/identity_fp32/infer", b'{"id": "\xff"} tail', {}, 400,
+     "failed to parse the request JSON buffer: Invalid encoding in string. at 8"),
     ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4)]), {}, 400, "no field is set"),
     ("/v2/models/identity_fp32/infer", _infer_body([dict(FP32_4, data=[1, 2, 3, 4],
                                                          parameters={"binary_data_size": 16})]),

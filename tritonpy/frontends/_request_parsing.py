@@ -101,11 +101,34 @@ def parse_json_object(raw: bytes | bytearray, **options: Any) -> dict[str, Any]:
     except RecursionError:
         raise InvalidArgumentError(f"failed to parse the request JSON buffer: {JSON_TOO_DEEP}") from None
     except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgumentError(
-            f"failed to parse the request JSON buffer: {json_error_words(exc)}") from None
+        doc, words = _followed(raw, options)
+        if words is None:
+            words = json_error_words(exc)
+        if doc is None:
+            raise InvalidArgumentError(f"failed to parse the request JSON buffer: {words}") from None
     if not isinstance(doc, dict):
         raise InvalidArgumentError("failed to parse the request JSON buffer: expected a JSON object")
     return doc
+
+
+def _followed(raw: bytes | bytearray, options: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """A body that begins with a whole JSON value followed by more (binary tensors sent
+    without Inference-Header-Content-Length, say), read as Triton's parser reads it: the value
+    when a NUL byte comes next (a C string's end to it: the input is then found short of its
+    bytes), else its error at the byte after the value. (None, None) for any other body."""
+    text = bytes(raw).decode("utf-8", "surrogateescape")  # (bytes not UTF-8: lone surrogates)
+    start = len(text) - len(text.lstrip(" \t\r\n"))
+    try:
+        doc, end = json.JSONDecoder(**options).raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return None, None
+    if any("\udc80" <= ch <= "\udcff" for ch in text[start:end]):
+        return None, None  # (bytes not UTF-8 inside the value: its own error)
+    pos = len(text) - len(text[end:].lstrip(" \t\r\n"))
+    if pos < len(text) and text[pos] == "\0":
+        return doc, None
+    at = len(text[:pos].encode("utf-8", "surrogateescape"))
+    return None, f"The document root must not be followed by other values. at {at}"
 
 
 def apply_parameters(req: InferRequest, params: Mapping[str, object], *, http: bool) -> None:
