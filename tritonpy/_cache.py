@@ -5,8 +5,9 @@ running the model.
 
 As in Triton 2.51 (measured side by side): request ids and parameters are not part of the key;
 a hit counts as a success and in ``cache_hit`` (its lookup time), a miss in ``cache_miss`` (its
-lookup and insertion time), and only executions count in ``inference_count`` and the compute
-times. Unlike Triton, a hit answers only the outputs its request asks for, and an entry that
+lookup and insertion time) once its request has run (not one rejected or timed out in the
+queue), unless an identical request's answer was kept first, and only executions count in
+``inference_count`` and the compute times. Unlike Triton, a hit answers only the outputs its request asks for, and an entry that
 lacks one of them is a miss (Triton answers whatever the entry holds).
 
 Entries are kept least recently used first and evicted to stay within the size, each counted
@@ -96,10 +97,16 @@ class ResponseCache:
                 self.lookup_ns += time.monotonic_ns() - t0
 
     def insert(self, key: bytes, outputs: list[tuple[str, np.ndarray]], params: Any,
-               model: str = "") -> bool:
+               model: str = "") -> bool | None:
         """Keep a copy of a successful answer; False (and an error in the log, as Triton
-        writes one) when it is larger than the cache."""
+        writes one) when it is larger than the cache; None when the cache holds that key
+        with these outputs already (an identical request's answer, kept first: it stays, as
+        in Triton). An entry without some of them is replaced."""
         t0 = time.monotonic_ns()
+        with self._lock:
+            held = self._entries.get(key)
+            if held is not None and all(name in held[0] for name, _ in outputs):
+                return None
         kept: dict[str, np.ndarray] = {}
         for name, arr in outputs:
             copy = np.array(arr, copy=True)

@@ -185,7 +185,7 @@ class EnsembleRuntime(RuntimeBase):
             return
         # As Triton's, a hit carries no sequence parameters (they are not kept).
         if self.cache is not None and self._answered_from_cache(req, self.cache,
-                                                                keep_params=False):
+                                                                keep_params=False, queued=False):
             return
         if req.trace is not None:
             req.trace.queued(self.version, req.request_id, req.t_enqueue, req.inputs)

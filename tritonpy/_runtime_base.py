@@ -181,11 +181,16 @@ class RuntimeBase:
         """A version replaced by a reload: what it has queued and not started goes to its
         successor now (only what it runs is left to finish here)."""
 
-    def _answered_from_cache(self, req: HostRequest, cache: Any, keep_params: bool = True) -> bool:
+    def _answered_from_cache(self, req: HostRequest, cache: Any, keep_params: bool = True,
+                             queued: bool = True) -> bool:
         """Answer ``req`` from the response cache if it holds its answer; else arrange for
-        its successful answer to be kept there (its parameters too, unless ``keep_params``).
-        GPU tensors (a BLS call's, a client's CUDA shared memory) are not cached: the host
-        never reads device memory."""
+        its answer to be kept there (its parameters too, unless ``keep_params``). GPU tensors
+        (a BLS call's, a client's CUDA shared memory) are not cached: the host never reads
+        device memory.
+
+        As Triton counts them, a miss counts once its request has run (``queued``: a request
+        answered from the queue, rejected or timed out, is no miss), with its insertion time,
+        unless an identical request's answer was kept first."""
         if any(type(a) is DeviceRef for _, a in req.inputs):
             return False
         t0 = time.monotonic_ns()
@@ -196,19 +201,20 @@ class RuntimeBase:
             self.stats.cache_hit(t1 - req.t_enqueue, t1 - t0)
             req.respond(hit[0], None, hit[1], True)
             return True
-        self.stats.cache_miss(t1 - t0)
         sink, stats = req.sink, self.stats
 
         def keep(r: HostRequest, outputs: Any, error: Any, params: Any, final: bool) -> None:
-            if final:
-                insert_ns = 0
+            if final and not (queued and error is not None and not r.t_start):
+                insert_ns, missed = 0, True
                 if error is None and outputs and not any(
                         type(a) is DeviceRef for _, a in outputs):
                     t = time.monotonic_ns()
                     # Copies: before the caller takes them.
-                    cache.insert(key, outputs, params if keep_params else None, self.name)
+                    missed = cache.insert(key, outputs, params if keep_params else None,
+                                          self.name) is not None
                     insert_ns = time.monotonic_ns() - t
-                stats.cache_miss_done(t1 - t0, insert_ns)
+                if missed:
+                    stats.cache_miss(t1 - t0, insert_ns)
             sink(r, outputs, error, params, final)
         req.sink = keep
         return False

@@ -233,16 +233,13 @@ class ModelStats:
                 self.summaries["queue"].observe(0, now)
                 self.summaries["cache_hit"].observe(lookup_ns // 1000, now)
 
-    def cache_miss(self, lookup_ns: int) -> None:
+    def cache_miss(self, lookup_ns: int, insert_ns: int) -> None:
+        """A request the response cache missed has run, its answer kept in ``insert_ns`` (0:
+        not kept): a miss timed by both, as Triton's count and summary."""
         with self._lock:
-            self.stats["cache_miss"][0] += 1
-            self.stats["cache_miss"][1] += lookup_ns
-
-    def cache_miss_done(self, lookup_ns: int, insert_ns: int) -> None:
-        """A miss's request was answered, its answer kept in ``insert_ns`` (0: not kept): the
-        insertion counts in the miss's time, and the summary observes both, as Triton's."""
-        with self._lock:
-            self.stats["cache_miss"][1] += insert_ns
+            s = self.stats["cache_miss"]
+            s[0] += 1
+            s[1] += lookup_ns + insert_ns
             if self.summaries is not None:
                 self.summaries["cache_miss"].observe((lookup_ns + insert_ns) // 1000,
                                                      time.monotonic())

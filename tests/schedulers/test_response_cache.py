@@ -9,7 +9,7 @@ import re
 
 import numpy as np
 import pytest
-from _models import COUNTING_PY, infer, io_config, serving, write_model
+from _models import COUNTING_PY, infer, io_config, serving, wait_until, write_model
 
 from tritonpy._cache import packed_size
 from tritonpy.metrics import metrics_text
@@ -96,6 +96,66 @@ def test_without_a_server_cache_the_model_runs_every_request(repo, shm_prefix):
         assert [_n(model, [1.0]) for _ in range(3)] == [1, 2, 3]
         inf = server.statistics("cached")["model_stats"][0]["inference_stats"]
         assert inf["cache_hit"]["count"] == inf["cache_miss"]["count"] == 0
+
+
+# COUNTING_PY whose execute of IN == [1000] says it started (file STARTED) and waits for the
+# file GATE.
+GATED_PY = COUNTING_PY.replace("""            self.n += 1
+""", """            self.n += 1
+            if pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().tolist() == [1000]:
+                import os, time
+                open("STARTED", "w").close()
+                while not os.path.exists("GATE"):
+                    time.sleep(0.005)
+""")
+
+QUEUE_POLICY = """dynamic_batching { default_queue_policy { max_queue_size: 1 timeout_action: REJECT
+  default_timeout_microseconds: 200000 } }
+"""
+
+
+def test_a_miss_counts_once_its_request_has_run_and_its_answer_is_new(tmp_path, shm_prefix):
+    # (QA) As Triton 2.51 counts them (measured): a request rejected or timed out in the queue
+    # is no miss, nor is one whose answer an identical request kept first. tritonpy counted
+    # every lookup that missed: 4 misses where Triton counts 2, in both cases below.
+    gated = GATED_PY.replace('"STARTED"', repr(str(tmp_path / "started"))).replace(
+        '"GATE"', repr(str(tmp_path / "gate")))
+    assert gated != COUNTING_PY
+    write_model(tmp_path, "queued", gated, CONFIG + "response_cache { enable: true }\n"
+                + QUEUE_POLICY)
+    write_model(tmp_path, "twins", gated, CONFIG + "response_cache { enable: true }\n")
+    with serving(tmp_path, shm_prefix, response_cache_size=1 << 20) as server:
+        model = server.model("queued")
+        assert _n(model, [1]) == 1
+        held = model.infer({"IN": np.float32([1000])})
+        wait_until((tmp_path / "started").exists, 30, "the held execute")
+        late = model.infer({"IN": np.float32([2])})  # queued, then times out
+        full = infer(model, {"IN": np.float32([3])})  # the queue is full
+        assert full.error is not None and "Exceeds maximum queue size" in full.error.message
+        late_resp = late.get(timeout=30)
+        assert late_resp.error is not None and "timeout" in late_resp.error.message.lower()
+        (tmp_path / "gate").touch()
+        assert held.get(timeout=30).error is None
+        assert _n(model, [1]) == 1  # a hit
+        inf = server.statistics("queued")["model_stats"][0]["inference_stats"]
+        assert (inf["cache_hit"]["count"], inf["cache_miss"]["count"]) == (1, 2)
+
+        (tmp_path / "gate").unlink()
+        (tmp_path / "started").unlink()
+        twins = server.model("twins")
+        held = twins.infer({"IN": np.float32([1000])})
+        wait_until((tmp_path / "started").exists, 30, "the held execute")
+        # Both miss at their lookup and both run; the second one's answer is already kept.
+        first, second = (twins.infer({"IN": np.float32([7])}) for _ in range(2))
+        (tmp_path / "gate").touch()
+        assert held.get(timeout=30).error is None
+        assert {int(s.get(timeout=30).outputs["N"].to_numpy()[0]) for s in (first, second)} \
+            == {2, 3}
+        st = server.statistics("twins")["model_stats"][0]
+        assert st["execution_count"] == 3
+        assert st["inference_stats"]["cache_miss"]["count"] == 2
+        text = metrics_text(server)
+        assert 'nv_cache_num_misses_per_model{model="twins",version="1"} 2\n' in text
 
 
 ENSEMBLE_CONFIG = """
