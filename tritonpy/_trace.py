@@ -9,7 +9,8 @@ records Triton's timestamps (``REQUEST_START``, ``QUEUE_START``, ``COMPUTE_START
 the monotonic clock, as Triton's steady clock. They are written as Triton writes them: a JSON
 array with, per trace, one entry naming the model and one entry per timestamp; to
 ``trace_file`` itself (``log_frequency`` 0, closed when the server stops) or, every
-``log_frequency`` traces, to ``trace_file.0``, ``trace_file.1``...
+``log_frequency`` traces, to ``trace_file.0``, ``trace_file.1``... As in Triton, settings
+updated are new settings that hold their own traces (see :class:`_Sink`).
 
 Only requests from the HTTP and gRPC frontends are sampled (the in-process API carries no
 trace, as requests made without one in Triton). As in Triton, an ensemble's steps, and the BLS
@@ -118,9 +119,20 @@ class Trace:
             if not self.parent_id:  # a step's trace goes with its ensemble's
                 self._sink.add(self)
 
+    def family(self) -> Iterator[Trace]:
+        """This trace and those under it, in the order Triton writes them: the steps' traces
+        first (they end first), then this one."""
+        for child in self.children:
+            yield from child.family()
+        yield self
+
     def entries(self) -> list[dict]:
-        """Triton's file entries: the steps' traces first (they end first), then this one."""
-        out: list[dict] = [e for child in self.children for e in child.entries()]
+        """Triton's file entries of this trace and of those under it."""
+        return [e for t in self.family() for e in t.own_entries()]
+
+    def own_entries(self) -> list[dict]:
+        """Triton's file entries of this trace alone."""
+        out: list[dict] = []
         if self.timestamps:  # as Triton: level TENSORS alone writes the tensors only
             head: dict[str, Any] = {"id": self.id, "model_name": self.model,
                                     "model_version": self.version}
@@ -158,20 +170,81 @@ def _tensor(trace_id: int, activity: str, name: str, array: np.ndarray) -> dict:
                        "dtype": triton_dtype_of(array)}}
 
 
-class _Sink:
-    """Where the traces of one ``trace_file`` go."""
+class _File:
+    """One ``trace_file``, shared by the settings that write to it (as Triton's): its numbered
+    parts (``file.0``, ``file.1``...), and the file itself, one JSON array that traces are
+    added to ("[" before the first, "]" when the server stops)."""
 
-    def __init__(self, path: str, log_frequency: int, index: Iterator[int]) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
+        self._index = itertools.count()
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self._failed = False
+
+    def part(self, traces: list[Trace]) -> None:
+        """Write ``traces`` as the next part, whole."""
+        with self._lock:
+            path = f"{self.path}.{next(self._index)}"
+            try:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write("[" + ",".join(_dumps(e) for t in traces for e in t.own_entries())
+                            + "]")
+            except OSError as exc:
+                self._fail(path, exc)
+
+    def append(self, traces: list[Trace]) -> None:
+        """Add ``traces`` to the file itself."""
+        text = ",".join(_dumps(e) for t in traces for e in t.own_entries())
+        with self._lock:
+            try:
+                if self._file is None:
+                    if self._failed:
+                        return
+                    self._file = open(self.path, "w", encoding="utf-8")
+                    self._file.write("[" + text)
+                else:
+                    self._file.write("," + text)
+                self._file.flush()
+            except OSError as exc:
+                self._fail(self.path, exc)
+
+    def _fail(self, path: str, exc: OSError) -> None:
+        if not self._failed:
+            log.error("cannot write traces to '%s': %s", path, exc)
+        self._failed = True
+        self._file = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.write("]")
+                    self._file.close()
+                except OSError as exc:
+                    self._fail(self.path, exc)
+                self._file = None
+
+
+class _Sink:
+    """Where the traces taken under one version of a scope's settings go (the server's, or a
+    model's own), as Triton's trace setting: a settings update makes a new one, and the old one
+    writes what it holds once its last trace is in. Traces are written every ``log_frequency``
+    (counting each trace of an ensemble's steps) as the file's next part; a used-up count's
+    last trace writes what is held as a part at once; what is held at the end (an update, the
+    server's stop) goes to the next part with a ``log_frequency``, else to the file itself.
+    With neither a ``log_frequency`` nor a count, each trace goes to the file as it ends."""
+
+    def __init__(self, file: _File, log_frequency: int, counted: bool) -> None:
+        self.file = file
         self.log_frequency = log_frequency
+        self._stream = log_frequency == 0 and not counted
         self._lock = threading.Lock()
         self._pending: list[Trace] = []
-        self._index = index  # the numbers of path's parts, shared by its sinks
-        self._file: Any = None  # log_frequency 0: the open file, its "[" written
-        self._failed = False
         self._closed = False
-        # Traces sampled for this file and those written; ``last``: a trace count ran out,
-        # so once every sampled trace is in, what the file holds becomes a part of its own.
+        self._retired = False
+        # Traces sampled and those in; ``last``: the count ran out, so once every sampled
+        # trace is in, what is held becomes a part.
         self._sampled = 0
         self._collected = 0
         self._last = False
@@ -187,69 +260,41 @@ class _Sink:
             if self._closed:  # finished after the server stopped: its file is complete
                 return
             self._collected += 1
-            self._append(trace)
-            if self._last and self._collected >= self._sampled:
-                # As Triton: the count's last trace is in, the file is written out as the
-                # next part ("file.N") at once, complete.
-                self._last = False
-                if self._pending:
-                    self._write_part()
-                elif self._file is not None:
-                    self._close_file()
-                    try:
-                        os.replace(self.path, f"{self.path}.{next(self._index)}")
-                    except OSError as exc:
-                        self._fail(exc)
-
-    def _append(self, trace: Trace) -> None:
-        if self.log_frequency > 0:
-            self._pending.append(trace)
-            if len(self._pending) >= self.log_frequency:
-                self._write_part()
-            return
-        text = ",".join(_dumps(e) for e in trace.entries())
-        try:
-            if self._file is None:
-                if self._failed:
-                    return
-                self._file = open(self.path, "w", encoding="utf-8")
-                self._file.write("[" + text)
+            if self._stream:
+                self.file.append(list(trace.family()))
             else:
-                self._file.write("," + text)
-            self._file.flush()
-        except OSError as exc:
-            self._fail(exc)
+                for one in trace.family():
+                    self._pending.append(one)
+                    if self.log_frequency and len(self._pending) >= self.log_frequency:
+                        self._write(part=True)
+            if self._last and self._collected >= self._sampled:
+                # As Triton: the count's last trace is in, what is held is written out as the
+                # next part at once.
+                self._last = False
+                self._write(part=True)
+            if self._retired and self._collected >= self._sampled:
+                self._write(part=self.log_frequency > 0)
 
-    def _write_part(self) -> None:
+    def retire(self) -> bool:
+        """Settings of the scope were updated: no trace is sampled here any more, and what is
+        held is written once the last one is in. Whether that is now."""
+        with self._lock:
+            self._retired = True
+            if self._collected < self._sampled:
+                return False
+            self._write(part=self.log_frequency > 0)
+            return True
+
+    def _write(self, part: bool) -> None:
         traces, self._pending = self._pending, []
-        path = f"{self.path}.{next(self._index)}"
-        try:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write("[" + ",".join(_dumps(e) for t in traces for e in t.entries()) + "]")
-        except OSError as exc:
-            self._fail(exc)
-
-    def _fail(self, exc: OSError) -> None:
-        if not self._failed:
-            log.error("cannot write traces to '%s': %s", self.path, exc)
-        self._failed = True
-        self._file = None
+        if traces:
+            (self.file.part if part else self.file.append)(traces)
 
     def close(self) -> None:
         with self._lock:
-            self._closed = True
-            if self._pending:
-                self._write_part()
-            self._close_file()
-
-    def _close_file(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.write("]")
-                self._file.close()
-            except OSError as exc:
-                self._fail(exc)
-            self._file = None
+            if not self._closed:
+                self._closed = True
+                self._write(part=self.log_frequency > 0)
 
 
 def _dumps(entry: dict) -> str:
@@ -293,8 +338,11 @@ class Tracing:
         # the server's count (which it does not use up), until either count is set again.
         self._counts: dict[str, int] = {}
         self._ids = 0
-        self._sinks: dict[tuple[str, int], _Sink] = {}
-        self._parts: dict[str, Iterator[int]] = {}  # per file, the numbers of its parts
+        self._files: dict[str, _File] = {}
+        # Per scope ("" the server's settings, else a model's own), the sink of its settings
+        # now; those of settings updated since, until their last trace is in.
+        self._sinks: dict[str, _Sink] = {}
+        self._retired: list[_Sink] = []
         self._lock = threading.Lock()
         self.active = False  # whether any scope traces: the hot path reads only this
         self._refresh()
@@ -360,6 +408,11 @@ class Tracing:
                 self._models[model] = trial
             else:
                 self._models.pop(model, None)
+            # As Triton: settings updated are new settings, which write where the old ones
+            # did, but hold their own traces (those of a model with settings of its own too,
+            # at an update of the server's).
+            for scope in [model] if model else ["", *self._sinks]:
+                self._retire(scope)
             if "trace_rate" in checked or cleared:
                 self._seen.pop(model, None)
             if model:
@@ -368,6 +421,11 @@ class Tracing:
                 self._counts.clear()
             self._refresh()
             return self._effective(model)
+
+    def _retire(self, scope: str) -> None:
+        sink = self._sinks.pop(scope, None)
+        if sink is not None and not sink.retire():
+            self._retired.append(sink)
 
     def _check_file(self, values: Mapping[str, Any]) -> None:
         if self.mode != "triton":
@@ -430,11 +488,15 @@ class Tracing:
                 return Trace(trace_id, model, self._exporter, values["trace_level"],
                              ids=self._next_id,
                              span_ids=(secrets.token_hex(16), _span_id(), _span_id()))
-            key = (values["trace_file"], int(values["log_frequency"]))
-            sink = self._sinks.get(key)
+            scope = model if own else ""
+            sink = self._sinks.get(scope)
             if sink is None:
-                parts = self._parts.setdefault(key[0], itertools.count())
-                sink = self._sinks[key] = _Sink(key[0], key[1], parts)
+                path = values["trace_file"]
+                file = self._files.get(path)
+                if file is None:
+                    file = self._files[path] = _File(path)
+                sink = self._sinks[scope] = _Sink(file, int(values["log_frequency"]),
+                                                  counted=count > 0)
             sink.sampled(last=count == 1)
             return Trace(trace_id, model, sink, values["trace_level"], ids=self._next_id)
 
@@ -449,9 +511,12 @@ class Tracing:
     def close(self) -> None:
         """Write what is left (the server stops)."""
         with self._lock:
-            sinks = list(self._sinks.values())
+            sinks = self._retired + list(self._sinks.values())
+            files = list(self._files.values())
         for sink in sinks:
             sink.close()
+        for file in files:
+            file.close()
         if self._exporter is not None:
             self._exporter.close()
 

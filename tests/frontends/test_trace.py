@@ -318,7 +318,61 @@ def test_a_trace_finished_after_close_leaves_the_file_whole(tmp_path: Path) -> N
     assert [t["head"]["id"] for t in _traces(_load(base)).values()] == [1]
 
 
+def _ids_in(path: Path) -> list[str]:
+    """The request ids of the traces in a trace file, in the order written (a step's
+    trace, which has no request id, by its model's name)."""
+    return [t["head"].get("request_id") or t["head"]["model_name"]
+            for t in _traces(_load(path)).values()]
+
+
+def _take(tracing: Tracing, model: str, request_id: str) -> Any:
+    trace = tracing.start(model)
+    assert trace is not None
+    trace.queued(1, request_id, 1)
+    return trace
+
+
+def test_updated_settings_hold_their_own_traces(tmp_path: Path) -> None:
+    # As Triton 2.51 writes them (QA, measured): an update makes new settings; what the old
+    # ones held goes to the file itself, and the new count's last trace makes a part of its
+    # own. tritonpy wrote all four to trace.0, and never wrote the file itself.
+    base = tmp_path / "trace"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, count=5, file=str(base))
+    for rid in ("a1", "a2", "a3"):
+        _take(tracing, "m", rid).finish()
+    tracing.update({"trace_count": "1"})
+    for rid in ("a4", "a5"):
+        trace = tracing.start("m")
+        if trace is not None:
+            trace.queued(1, rid, 1)
+            trace.finish()
+    tracing.close()
+    assert _ids_in(base) == ["a1", "a2", "a3"]
+    assert _ids_in(Path(f"{base}.0")) == ["a4"]
+    assert not Path(f"{base}.1").exists()
+
+
+def test_a_model_with_settings_of_its_own_holds_its_traces_apart(tmp_path: Path) -> None:
+    # As Triton 2.51 (QA, measured): the server's settings and a model's own each count their
+    # traces to log_frequency, each trace of an ensemble's steps counting; the parts share
+    # the file's numbers. tritonpy wrote a6 and the ensemble's two traces together.
+    base = tmp_path / "trace"
+    tracing = Tracing(level="TIMESTAMPS", rate=1, file=str(base))
+    tracing.update({"log_frequency": "2"})
+    tracing.update({"trace_rate": "1"}, model="ens")
+    _take(tracing, "m", "a6").finish()
+    ens = _take(tracing, "ens", "e1")
+    ens.child("add").queued(1, "", 1)
+    ens.finish()
+    _take(tracing, "m", "a8").finish()
+    tracing.close()
+    assert _ids_in(Path(f"{base}.0")) == ["add", "e1"]
+    assert _ids_in(Path(f"{base}.1")) == ["a6", "a8"]
+    assert not base.exists() and not Path(f"{base}.2").exists()
+
+
 def test_parts_of_one_file_are_numbered_across_log_frequencies(tmp_path: Path) -> None:
+    # Each update holds its own traces: what one held at the next update is a part.
     base = tmp_path / "t"
     tracing = Tracing(level="TIMESTAMPS", rate=1, log_frequency=1, file=str(base))
     for frequency in ("1", "2", "2"):
@@ -327,8 +381,9 @@ def test_parts_of_one_file_are_numbered_across_log_frequencies(tmp_path: Path) -
         assert trace is not None
         trace.finish()
     tracing.close()
-    ids = [[t["head"]["id"] for t in _traces(_load(Path(f"{base}.{n}"))).values()] for n in (0, 1)]
-    assert ids == [[1], [2, 3]]
+    ids = [[t["head"]["id"] for t in _traces(_load(Path(f"{base}.{n}"))).values()]
+           for n in (0, 1, 2)]
+    assert ids == [[1], [2], [3]]
 
 
 def _traced_http_infer(tmp_path: Path, model: str, request_id: str) -> tuple[list, dict]:
