@@ -269,10 +269,10 @@ class RequestValidator:
         if matches:
             return
         expected = (WILDCARD_DIM, *spec.dims) if self.max_batch_size > 0 else spec.dims
-        note = f" {_BATCH_NOTE}" if self.max_batch_size > 0 else ""
-        raise InvalidArgumentError(
+        note = _BATCH_NOTE if self.max_batch_size > 0 else ""
+        raise InvalidArgumentError(  # (Triton's space after the stop, with or without a note)
             f"{prefix}unexpected shape for input '{name}' for model '{self.model_name}'. "
-            f"Expected {_dims_text(expected)}, got {_dims_text(shape)}.{note}"
+            f"Expected {_dims_text(expected)}, got {_dims_text(shape)}. {note}"
         )
 
     def _batch_error(

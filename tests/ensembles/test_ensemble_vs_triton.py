@@ -146,7 +146,7 @@ def test_a_larger_batch_reaching_a_non_batching_step_is_refused_by_its_shape_che
     assert info.value.status() == "400"
     assert info.value.message() == (
         f"in ensemble '{model}', [request id: <id_unknown>] unexpected shape for input 'IN' "
-        f"for model 'plus1'. Expected [-1], got {bad_shape}.")
+        f"for model 'plus1'. Expected [-1], got {bad_shape}. ")  # (Triton's space, measured)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -67,7 +67,8 @@ def _binary(port: int, shape: list[int], blob: bytes, rid: str = "") -> tuple[in
 
 
 PREFIX_CUT = ("incomplete string length indicator for inference input 'IN' for model 'echo', "
-              "expecting 4 bytes but only {} bytes available")
+              "expecting 4 bytes but only {} bytes available. Please make sure the string "
+              "length indicator is in one buffer.")
 
 # (shape, data, Triton 2.51's message after the "[request id: ...] " prefix)
 FRAMING = [

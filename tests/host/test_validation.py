@@ -169,9 +169,9 @@ def test_shape_mismatch_batching(batching: RequestValidator) -> None:
 
 def test_shape_mismatch_non_batching(plain: RequestValidator) -> None:
     message = rejected(plain, {"A": ("FP32", (3, 1)), "B": ("BOOL", (3,))})
-    assert message == UNKNOWN + "unexpected shape for input 'A' for model 'm'. Expected [2,-1], got [3,1]."
+    assert message == UNKNOWN + "unexpected shape for input 'A' for model 'm'. Expected [2,-1], got [3,1]. "
     message = rejected(plain, {"A": ("FP32", (2, 1)), "B": ("BOOL", (1, 3))})
-    assert message == UNKNOWN + "unexpected shape for input 'B' for model 'm'. Expected [3], got [1,3]."
+    assert message == UNKNOWN + "unexpected shape for input 'B' for model 'm'. Expected [3], got [1,3]. "
 
 
 def test_unspecified_dimensions(plain: RequestValidator, batching: RequestValidator) -> None:

@@ -133,7 +133,8 @@ def array_from_raw(name: str, datatype: str, shape: Sequence[int], buf: Buffer, 
             raise InvalidArgumentError(
                 f"{request_prefix(request_id)}incomplete string length indicator for inference "
                 f"input '{name}' for model '{model}', expecting 4 bytes but only "
-                f"{exc.available} bytes available") from None
+                f"{exc.available} bytes available. Please make sure the string length "
+                "indicator is in one buffer.") from None
         except ElementCountError as exc:
             raise InvalidArgumentError(request_prefix(request_id) + string_count_error(
                 name, exc.found, exc.expected, f" for model '{model}'")) from None
