@@ -133,6 +133,27 @@ def _stopped(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2:][:1] == b"T"
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """The CPU time process ``pid`` has used (user and system, /proc), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2:].split()  # from the state on: utime, stime are 11, 12
+    try:
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (IndexError, ValueError):
+        return None
+
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+#: A stub that does not answer the watchdog but used at least this share of a CPU meanwhile is
+#: busy (C code holding the GIL: a long regex, json.loads of a huge document...), not stuck.
+BUSY_CPU_SHARE = 0.1
+
+
 #: Runs a stub in an environment as Triton's launcher does: its ``bin/activate`` sourced (a
 #: conda-pack environment's activation scripts set its variables), its ``lib`` first on
 #: LD_LIBRARY_PATH. Arguments: the activate script, the lib directory, the command.
@@ -488,13 +509,16 @@ class StubProcess:
             return False
 
     def _watchdog(self) -> None:
-        """Kill a stub that stops answering for ``stub-timeout-seconds`` (e.g. stuck in C code
-        holding the GIL, or stopped); its death path then fails its requests and restarts it.
-        A stub that is merely busy still answers: any thread of it may take the read role."""
+        """Kill a stub that stops answering for ``stub-timeout-seconds`` and is stuck (stopped,
+        or blocked in C code holding the GIL: no CPU used meanwhile); its death path then fails
+        its requests and restarts it. A stub that is merely busy answers (any thread of it may
+        take the read role); one busy on a CPU in C code that holds the GIL cannot, and is let
+        be, as Triton lets it be (a WARNING says so, once while it lasts)."""
         timeout = self.options.stub_timeout_seconds
         if timeout <= 0:
             return
         interval = min(max(timeout / 3, 0.05), 5.0)
+        warned = False  # of the silence going on, spent on a CPU
         while self.alive and not self._closing:
             # Waits on the death path rather than sleeping: once the stub has ended, the
             # thread ends at once (a sleep kept up to 5 s of threads after unloads).
@@ -503,12 +527,27 @@ class StubProcess:
             if not self.alive or self._closing:
                 return
             if time.monotonic() - self._last_seen < interval or not self._hello.is_set():
+                warned = False
                 continue
-            if not self.ping(timeout) and self.alive and not self._closing:
+            cpu, t0 = _cpu_seconds(self.pid), time.monotonic()
+            if self.ping(timeout):
+                warned = False
+            elif self.alive and not self._closing:
                 if self.proc.poll() is not None:
                     return  # it died meanwhile (its death path, maybe late, says how)
                 # A stopped stub (SIGSTOP, a debugger, Ctrl-Z) is silent for another reason.
-                how = "; it was stopped (SIGSTOP or SIGTSTP)" if _stopped(self.pid) else ""
+                stopped = _stopped(self.pid)
+                used = _cpu_seconds(self.pid)
+                if (not stopped and cpu is not None and used is not None
+                        and used - cpu >= BUSY_CPU_SHARE * (time.monotonic() - t0)):
+                    if not warned:
+                        warned = True
+                        log.warning("[%s] stub has not answered for %.1f s, busy on a CPU "
+                                    "(C code that holds the GIL?): not killed "
+                                    "(stub-timeout-seconds is for a stub that is stuck)",
+                                    self.name, time.monotonic() - t0)
+                    continue
+                how = "; it was stopped (SIGSTOP or SIGTSTP)" if stopped else ""
                 log.error("[%s] stub did not answer for %.1f s (stub-timeout-seconds)%s; "
                           "killing it", self.name, timeout, how)
                 self.stderr_tail.append(

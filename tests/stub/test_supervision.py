@@ -3,8 +3,9 @@
 A stub that dies mid-request (SIGKILL, a segfault, ``os._exit``) fails every request it was
 executing with the exit code or signal and its last stderr lines, is restarted with back-off
 while the model reports not ready, and serves again; requests queued meanwhile are served by
-the new stub. A stub that stops answering (stuck in C code holding the GIL) is killed after
-``stub-timeout-seconds``; one that is merely busy in ``execute`` is left alone. A host process
+the new stub. A stub that stops answering and is stuck (stopped, or blocked in C code holding
+the GIL) is killed after ``stub-timeout-seconds``; one that is merely busy in ``execute``, even
+on a CPU in C code that holds the GIL, is left alone. A host process
 that ends in any way leaves no stub behind, and the next start sweeps its segments.
 """
 from __future__ import annotations
@@ -85,13 +86,26 @@ class TritonPythonModel:
             ctypes.PyDLL(None).sleep(30)
         elif mode == "busy":
             time.sleep(float(params["seconds"]))  # releases the GIL: the stub still answers
+        elif mode == "gil_cpu":
+            # Busy on a CPU for about that long in one C call that holds the GIL (re does not
+            # release it): nothing answers the host's pings meanwhile. Backtracking doubles
+            # with each "a": the count is found from a short run.
+            import math, re
+            t0 = time.perf_counter()
+            re.match(r"(a+)+$", "a" * 16 + "b")
+            unit = max(time.perf_counter() - t0, 1e-6) / 2 ** 16
+            n = max(16, math.ceil(math.log2(float(params["seconds"]) / unit)))
+            t0 = time.perf_counter()
+            re.match(r"(a+)+$", "a" * n + "b")
+            requests[0].held = time.perf_counter() - t0
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
             out.append(pb_utils.InferenceResponse(
                 [pb_utils.Tensor("OUT", x * 2)],
                 parameters={"pid": os.getpid(), "instance": self.instance,
-                            "batch": len(requests)}))
+                            "batch": len(requests),
+                            "held": str(getattr(requests[0], "held", 0.0))}))
         return out
 '''
 
@@ -270,6 +284,25 @@ def test_busy_stub_is_not_killed_by_the_watchdog(repo, shm_prefix):
         assert model.ready()
 
 
+def test_a_stub_busy_on_a_cpu_in_c_code_holding_the_gil_is_not_killed(repo, shm_prefix, caplog):
+    # (QA) As Triton 2.51 lets it be: one C call that holds the GIL for several
+    # stub-timeout-seconds (a long regex, json.loads of a huge document) got its stub killed,
+    # the request failed and the stub restarted. Only a stub that uses no CPU meanwhile (the
+    # hang test above) is stuck.
+    backend = {"stub-timeout-seconds": "1"}
+    caplog.set_level(logging.WARNING, logger="tritonpy")
+    with serving(repo, shm_prefix, backend_config=backend) as srv:
+        model = srv.model("crashy")
+        first = ok(model)
+        resp = infer(model, {"IN": X}, wait=40, parameters={"mode": "gil_cpu", "seconds": 4})
+        assert resp.error is None, resp.error
+        assert float(resp.parameters["held"]) > 2, resp.parameters  # (the GIL held > 1 s)
+        assert resp.parameters["pid"] == first["pid"]
+        assert model.ready()
+    busy = [r.getMessage() for r in caplog.records if "busy on a CPU" in r.getMessage()]
+    assert len(busy) == 1, busy
+
+
 SLOW_INIT_PY = '''
 import ctypes
 import json
@@ -283,6 +316,12 @@ class TritonPythonModel:
         how = json.loads(args["model_config"])["parameters"]["HOW"]["string_value"]
         if how == "busy":
             time.sleep(3.0)  # e.g. loading weights: releases the GIL, the stub answers pings
+        elif how == "gil_cpu":  # 2 s on a CPU in one C call that holds the GIL (see CRASHY_PY)
+            import math, re
+            t0 = time.perf_counter()
+            re.match(r"(a+)+$", "a" * 16 + "b")
+            unit = max(time.perf_counter() - t0, 1e-6) / 2 ** 16
+            re.match(r"(a+)+$", "a" * max(16, math.ceil(math.log2(2.0 / unit))) + "b")
         else:
             ctypes.PyDLL(None).sleep(30)  # stuck in C holding the GIL: nothing answers
 
@@ -292,7 +331,7 @@ class TritonPythonModel:
 '''
 
 
-@pytest.mark.parametrize("how", ["busy", "hang"])
+@pytest.mark.parametrize("how", ["busy", "gil_cpu", "hang"])
 def test_initialize_has_no_deadline_but_a_hung_one_is_killed(tmp_path, shm_prefix, how):
     # Triton waits for initialize as long as the stub is healthy (models load weights for
     # minutes); a stub that stops answering is killed after stub-timeout-seconds.
@@ -302,7 +341,7 @@ def test_initialize_has_no_deadline_but_a_hung_one_is_killed(tmp_path, shm_prefi
     backend = {"stub-timeout-seconds": "0.6", "restart-backoff-seconds": "0.1"}
     with serving(repo, shm_prefix, backend_config=backend) as srv:
         (entry,) = [m for m in srv.models() if m["name"] == "slowinit"]
-        if how == "busy":
+        if how in ("busy", "gil_cpu"):  # (QA: gil_cpu was killed, as hung)
             assert entry["state"] == "READY", entry
             resp = infer(srv.model("slowinit"), {"IN": np.array([2.0], np.float32)})
             assert resp.error is None and resp.outputs["OUT"].to_numpy().tolist() == [2.0]
