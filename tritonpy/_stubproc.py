@@ -149,6 +149,11 @@ def _cpu_seconds(pid: int) -> float | None:
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 
+#: A stub's output line longer than this many bytes is logged in pieces of this size.
+LINE_MAX = 1 << 16
+#: A stderr line kept for a stub's death reason is cut at this many characters.
+TAIL_LINE_MAX = 1024
+
 #: A stub that does not answer the watchdog but used at least this share of a CPU meanwhile is
 #: busy (C code holding the GIL: a long regex, json.loads of a huge document...), not stuck.
 BUSY_CPU_SHARE = 0.1
@@ -321,11 +326,17 @@ class StubProcess:
 
     # -- output -----------------------------------------------------------------------------
     def _pump(self, pipe: Any, is_err: bool) -> None:
+        """Log what the stub writes to ``pipe``, a line a record. A line longer than
+        ``LINE_MAX`` bytes (a progress bar redrawn with ``\r`` and never ended, say) is logged
+        in pieces of that size as they come, so that it is neither held in memory whole nor
+        kept from the log; the stderr lines kept for a death's reason are cut at
+        ``TAIL_LINE_MAX`` characters."""
         logger = logging.getLogger(f"tritonpy.model.{self.model}")
-        for raw in iter(pipe.readline, b""):
+        for raw in iter(lambda: pipe.readline(LINE_MAX), b""):
             line = raw.decode("utf-8", "replace").rstrip("\n")
             if is_err:
-                self.stderr_tail.append(line)
+                self.stderr_tail.append(line if len(line) <= TAIL_LINE_MAX else
+                                        f"{line[:TAIL_LINE_MAX]}... ({len(line)} characters)")
             logger.log(logging.WARNING if is_err else logging.INFO, "[%s] %s", self.name, line)
         pipe.close()
 
