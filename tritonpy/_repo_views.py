@@ -123,7 +123,10 @@ class RepositoryViews:
                 out.append({"name": name, "version": "", "state": UNAVAILABLE,
                             "reason": self.scan_errors[name]})
             elif e.runtimes:
-                rows = {v: (rt.state, rt.failed_update) for v, rt in e.runtimes.items()}
+                # (a version whose every instance died and cannot restart now says why, as
+                # its ready endpoint and its requests do)
+                rows = {v: (rt.state, rt.failed_update or getattr(rt, "unserviceable", ""))
+                        for v, rt in e.runtimes.items()}
                 for v, why in e.failed.items():  # a new version a reload could not load
                     rows.setdefault(v, (UNAVAILABLE, why))
                 self._dropped_rows(e, rows)

@@ -526,8 +526,13 @@ def test_requests_are_failed_while_a_dead_stub_cannot_restart(tmp_path, shm_pref
         assert isinstance(late.error, tritonpy.UnavailableError) and why in late.error.message
         assert time.monotonic() - t0 < 1
         assert not model.ready()
+        # (QA) The index said READY with no reason meanwhile: it now says why, as requests do.
+        (entry,) = [m for m in srv.models() if m["name"] == "flaky"]
+        assert entry["state"] == "READY" and why in entry["reason"], entry
         (mdir / "mode").write_text("ok")
         assert wait_for(model.ready, timeout=20), srv.models()
+        (entry,) = [m for m in srv.models() if m["name"] == "flaky"]
+        assert entry["reason"] == "", entry
         resp = model.infer({"IN": X[0]}).get(timeout=20)
         assert resp.error is None, resp.error
         assert resp.parameters["pid"] not in (first,)
