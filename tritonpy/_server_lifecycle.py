@@ -255,6 +255,8 @@ class ServerLifecycle:
             self.loads_cancelled = True
             starting = list(self._starting)
         for stub in starting:
+            if stub.abandoned:  # (by an earlier call: a stop calls it again)
+                continue
             log.warning("stopping: instance '%s' of model '%s' was still starting; it is stopped",
                         stub.name, stub.model)
             stub.abandon()

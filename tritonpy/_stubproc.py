@@ -255,6 +255,7 @@ class StubProcess:
         self.segments_gone: list[str] = []  # once it ended: its segments, unlinked
         self._closing = False
         self._abandoned_why = ""  # see abandon()
+        self.abandoned = False  # killed on purpose (abandon())
         self.finalize_cut_off = False  # stop() gave up on a finalize still running
         self._last_seen = time.monotonic()
         self.hello_info: dict | None = None  # the stub's HELLO, once it came
@@ -578,6 +579,7 @@ class StubProcess:
         """SIGKILL the stub on purpose: its death is not logged as an error; ``why`` is added
         to what its requests in flight fail with."""
         self._closing = True
+        self.abandoned = True
         self._abandoned_why = why
         self.kill()
 
@@ -589,7 +591,8 @@ class StubProcess:
             try:
                 self.call(Cmd.FINALIZE, None, timeout)
             except TritonpyError as exc:
-                log.warning("[%s] finalize failed: %s", self.name, exc.message)
+                if not self.abandoned:  # (killed on purpose meanwhile: abort() says so)
+                    log.warning("[%s] finalize failed: %s", self.name, exc.message)
                 if isinstance(exc, NoAnswerError):
                     grace = 0.5  # stuck in finalize: no second full wait
                     # Still running it when the time was up: cut off (a stop then exits 1).

@@ -558,7 +558,9 @@ def test_serve_ctrl_c_while_a_model_initializes_stops_at_once(
     assert elapsed < 10, f"stopping took {elapsed:.1f} s"
     log = server.log()
     assert "signal received while models load: stopping" in log, log
-    assert "instance 'stuck_0_0' of model 'stuck' was still starting; it is stopped" in log, log
+    # (once: QA saw it twice, 6 ms apart, from the stop's second cancel of the loads)
+    assert log.count("instance 'stuck_0_0' of model 'stuck' was still starting; it is "
+                     "stopped") == 1, log
     # Its load was cut short on purpose: said, but not as an error.
     assert re.search(r"^I.*failed to load 'stuck': .*load was cancelled", log, re.M), log
     assert not re.search(r"^E.*failed to load", log, re.M), log
