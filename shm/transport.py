@@ -147,30 +147,35 @@ _PAGEMAP = "/proc/self/pagemap"
 
 
 class PrivateViews:
-    """Copy-on-write views of immutable blocks, and the test that forwards them unwritten.
+    """Copy-on-write views of the blocks a stub receives, and the test that forwards them
+    unwritten.
 
     Model code may write into its input arrays (it can with the real Triton, which hands it
-    copies). An immutable block is shared by every call that sends it, so each view of one is
-    a private mapping: a write copies the page it touches into this process only. When model
-    code sends such a view on (an identity output, a pass-through to another BLS call), the
-    kernel's page map tells whether any of its pages were written: if none were, the original
-    handle goes (zero copy); if some were, the array is copied like any other.
+    copies). A block may have other readers than this process (the sender, which may hold a
+    view of it still, as a BLS caller holds its own request input; the other steps an
+    ensemble gives it to; the other calls an immutable block is sent to), so each view of one
+    is a private mapping: a write copies the page it touches into this process only. When
+    model code sends such a view on (an identity output, a pass-through to another BLS call),
+    the kernel's page map tells whether any of its pages were written: if none were, the
+    original handle goes (zero copy); if some were, the array is copied like any other.
     """
 
     def __init__(self) -> None:
         self._starts: list[int] = []
-        self._spans: list[tuple[int, int, str, int]] = []  # (start, end, segment, its offset)
+        # (start, end, segment, its offset, whether the block is immutable)
+        self._spans: list[tuple[int, int, str, int, bool]] = []
         self._lock = threading.RLock()
         self._pagemap = -1
         self._pagemap_pid = 0
         self.enabled = True  # False: never forward a private view (always copy it)
 
-    def map(self, seg: Segment, off: int, nbytes: int, npdt: Any, count: int) -> np.ndarray:
+    def map(self, seg: Segment, off: int, nbytes: int, npdt: Any, count: int,
+            immutable: bool = True) -> np.ndarray:
         """A private view of ``count`` items of ``npdt`` at ``off`` in ``seg``."""
         mm, delta, address = seg.map_private(off, nbytes)
         root = np.frombuffer(mm, npdt, count, delta)
         start = address + delta
-        span = (start, start + nbytes, seg.name, off)
+        span = (start, start + nbytes, seg.name, off, immutable)
         # Nothing is allocated under the lock, and it is re-entrant anyway: an allocation may
         # run the cyclic GC, whose finalizers may call _forget from right here.
         with self._lock:
@@ -187,9 +192,9 @@ class PrivateViews:
                 del self._starts[i]
                 del self._spans[i]
 
-    def source(self, arr: np.ndarray) -> tuple[str, int] | None:
-        """(segment, offset) of the block ``arr`` views, if it is a private view whose pages
-        were never written; None otherwise."""
+    def source(self, arr: np.ndarray) -> tuple[str, int, bool] | None:
+        """(segment, offset, whether the block is immutable) of the block ``arr`` views, if it
+        is a private view whose pages were never written; None otherwise."""
         if not self._starts or not arr.flags.c_contiguous:
             return None
         addr = arr.__array_interface__["data"][0]
@@ -197,10 +202,10 @@ class PrivateViews:
             i = bisect.bisect_right(self._starts, addr) - 1
             if i < 0:
                 return None
-            start, end, seg_name, seg_off = self._spans[i]
+            start, end, seg_name, seg_off, immutable = self._spans[i]
         if addr + arr.nbytes > end or not self.enabled or not self._unwritten(addr, arr.nbytes):
             return None
-        return seg_name, seg_off + (addr - start)
+        return seg_name, seg_off + (addr - start), immutable
 
     def _unwritten(self, addr: int, nbytes: int) -> bool:
         """True when no page of [addr, addr + nbytes) holds a private (written) copy."""
@@ -291,7 +296,8 @@ class TensorTransport:
             source = self.private.source(arr)
             if source is not None:
                 self.forwards += 1
-                return [source[0], source[1], arr.nbytes, peer.export(arr), IMMUTABLE]
+                wire = [source[0], source[1], arr.nbytes, peer.export(arr)]
+                return wire + [IMMUTABLE] if source[2] else wire
         if owner is not None and arr.nbytes < KEEP_MIN_BYTES:
             owner = None
         kept = None if owner is None else owner._shm
@@ -398,17 +404,18 @@ class TensorTransport:
         if nbytes != count * ITEMSIZE[dt]:
             peer.owe_release(eid)
             raise ProtocolError(f"tensor {name!r}: {nbytes} bytes for shape {shape} of {dt}")
-        if len(data) == 4:
-            root = np.frombuffer(seg.mm, npdt, count, off)
-        elif self.private is not None:
+        if self.private is not None:
+            # (QA) A shared view let model code write into a block that others read: a BLS
+            # caller's own input, an ensemble's other steps, responses already sent.
             try:
-                root = self.private.map(seg, off, nbytes, npdt, count)
+                root = self.private.map(seg, off, nbytes, npdt, count, len(data) == 5)
             except ShmError:
                 peer.owe_release(eid)
                 raise
-        else:
+        else:  # (the host, which never writes)
             root = np.frombuffer(seg.mm, npdt, count, off)
-            root.flags.writeable = False
+            if len(data) == 5:
+                root.flags.writeable = False
         # On the base: see Pool.new_array. Its size counts towards what is owed (see
         # URGENT_RELEASE_BYTES), unless it is immutable: its owner keeps it for the next send.
         weakref.finalize(root, peer.owe_release, eid, nbytes if len(data) == 4 else 0)

@@ -146,14 +146,16 @@ class ChildError(AssertionError):
 
 
 class Child:
-    """A peer process on a real Channel; use as a context manager (it always cleans up)."""
+    """A peer process on a real Channel; use as a context manager (it always cleans up). This
+    side decodes handles as the host does (shared views: it never writes), the child as a
+    stub (copy-on-write views)."""
 
     def __init__(self, prefix: str, *, child_pool: dict | None = None,
                  pool: dict | None = None, inline_limit: int = INLINE_LIMIT,
                  child_inline_limit: int = INLINE_LIMIT) -> None:
         self.prefix = prefix
         self.pool = Pool(prefix=prefix, label="parent", **(pool or {}))
-        self.transport = TensorTransport(self.pool, inline_limit=inline_limit)
+        self.transport = TensorTransport(self.pool, inline_limit=inline_limit, private_views=False)
         config = {"prefix": prefix, "pool": child_pool or {}, "inline_limit": child_inline_limit}
         ours, theirs = socket_pair()
         try:

@@ -23,7 +23,9 @@ def _transport():
 def _in_shm(arr):
     tr = _transport()
     try:
-        return tr is not None and tr.segments.locate(arr) is not None
+        # (a block's view: shared, or copy-on-write as every tensor a stub receives is)
+        return tr is not None and (tr.segments.locate(arr) is not None
+                                   or tr.private.source(arr) is not None)
     except Exception:
         return None
 

@@ -24,7 +24,10 @@ class TritonPythonModel:
             params = {
                 "owndata": bool(arr.flags.owndata),
                 "mmap_view": isinstance(root, mmap.mmap),
-                "in_shm": bool(rt is not None and rt.transport.segments.locate(arr) is not None),
+                # (a block's view: shared, or copy-on-write as every input of a stub is)
+                "in_shm": bool(rt is not None and (
+                    rt.transport.segments.locate(arr) is not None
+                    or rt.transport.private.source(arr) is not None)),
                 "nbytes": int(arr.nbytes),
             }
             responses.append(pb_utils.InferenceResponse(
