@@ -103,17 +103,27 @@ class _ServerCalls(_ReadRole):
         reply = self._await(waiter, spin=True)
         return self._to_response(reply, req._preferred_memory)
 
-    async def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+    def bls_async_exec(self, req: pb_utils.InferenceRequest, decoupled: bool) -> Any:
+        """Send the request now, as Triton's ``async_exec`` does (it returns a Future), and
+        return the Task that gives its response: a call left unawaited still runs, and one
+        awaited later has run meanwhile. Without a running event loop, asyncio's RuntimeError
+        (Triton's too)."""
         import asyncio
 
         loop = asyncio.get_running_loop()
         if self._forked:
-            return await loop.run_in_executor(None, self._fork_link.exec, req, decoupled)
+            return loop.run_in_executor(None, self._fork_link.exec, req, decoupled)
         body = self._bls_body(req, decoupled)
         waiter = Waiter(stream=decoupled, loop=loop)
         if not decoupled:
             waiter.drop = self.drop_reply
         call_id = self._call(Cmd.BLS_INFER, body, waiter)
+        return loop.create_task(self._bls_async_reply(req, decoupled, call_id, waiter))
+
+    async def _bls_async_reply(self, req: pb_utils.InferenceRequest, decoupled: bool,
+                               call_id: int, waiter: Waiter) -> Any:
+        import asyncio
+
         if decoupled:
             # As Triton: resolved once the first response is in, so that the documented plain
             # ``for`` over the result does not block the event loop waiting for it.

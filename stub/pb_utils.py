@@ -144,9 +144,10 @@ def _check_parameters(parameters: Any) -> dict[str, Any]:
             raise TritonModelException(
                 f"Expect parameters values to have type bool/int/str, found type {type(v)} "
                 f"(key '{k}')")
-        if type(v) is int and not -(1 << 63) <= v < (1 << 64):
+        if type(v) is int and not -(1 << 63) <= v < (1 << 63):  # (Triton's int64, measured)
             raise TritonModelException(
-                f"Unsupported value type on parameters: {v} does not fit in 64 bits (key '{k}')")
+                f"Unsupported value type on parameters: {v} is not a 64-bit signed integer "
+                f"(key '{k}')")
     return parameters
 
 
@@ -227,12 +228,16 @@ class InferenceRequest:
             _expect(flags, int, "flags")
             _expect(timeout, int, "timeout")
             model_version, flags, timeout = int(model_version), int(flags), int(timeout)
-        # Unsigned in Triton (its pybind11 API refuses a negative one with a TypeError).
-        if flags < 0 or timeout < 0 or (type(correlation_id) is int and correlation_id < 0):
-            for what, value in (("flags", flags), ("timeout", timeout),
-                                ("correlation_id", correlation_id)):
+        # Unsigned in Triton, flags of 32 bits, the others of 64 (its pybind11 API refuses
+        # one out of range with a TypeError; QA: flags=2**32 was delivered as it was).
+        if (flags < 0 or flags > 0xFFFFFFFF or timeout < 0 or timeout >> 64
+                or (type(correlation_id) is int and (correlation_id < 0 or correlation_id >> 64))):
+            for what, value, bits in (("flags", flags, 32), ("timeout", timeout, 64),
+                                      ("correlation_id", correlation_id, 64)):
                 if type(value) is int and value < 0:
                     raise TypeError(f"{what} must not be negative, got {value}")
+                if type(value) is int and value >> bits:
+                    raise TypeError(f"{what} must be below 2**{bits}, got {value}")
         self._model_name = model_name if type(model_name) is str else _text(
             model_name, "model_name")
         names = requested_output_names
@@ -366,9 +371,11 @@ class InferenceRequest:
         them when ``decoupled`` is True."""
         return _need_runtime("InferenceRequest.exec()").bls_exec(self, decoupled)
 
-    async def async_exec(self, decoupled: bool = False) -> Any:
-        """Like :meth:`exec`, awaitable from ``async def execute``."""
-        return await _need_runtime("InferenceRequest.async_exec()").bls_async_exec(self, decoupled)
+    def async_exec(self, decoupled: bool = False) -> Any:
+        """Like :meth:`exec`, from a running event loop (``async def execute``): the request
+        is sent at once, as Triton's is, and what it returns is awaited for the response (or
+        the iterator of responses when ``decoupled``)."""
+        return _need_runtime("InferenceRequest.async_exec()").bls_async_exec(self, decoupled)
 
 
 def _one_of_each(tensors: list[Tensor]) -> None:

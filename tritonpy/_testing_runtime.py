@@ -140,11 +140,18 @@ class _RunnerRuntime:
         out = self._bls(req, decoupled)
         return iter(out) if decoupled else out
 
-    async def bls_async_exec(self, req: Any, decoupled: bool) -> Any:
+    def bls_async_exec(self, req: Any, decoupled: bool) -> Any:
+        """As a stub's: the handler is called now (needing a running event loop, as Triton's
+        async_exec does), and the Task returned gives what it answers."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
         out = self._bls(req, decoupled)
-        if inspect.isawaitable(out):
-            out = await out
-        return iter(out) if decoupled else out
+
+        async def reply() -> Any:
+            answer = await out if inspect.isawaitable(out) else out
+            return iter(answer) if decoupled else answer
+        return loop.create_task(reply())
 
     def model_call(self, what: str, name: str, **kw: Any) -> Any:
         raise _pb().TritonModelException(

@@ -49,7 +49,10 @@ def attempts():
 
     def async_sum():
         import asyncio
-        resp = asyncio.run(request("double").async_exec())
+
+        async def call():  # (async_exec needs a running event loop, as Triton's)
+            return await request("double").async_exec()
+        resp = asyncio.run(call())
         return float(pb_utils.get_output_tensor_by_name(resp, "OUT").as_numpy().sum())
 
     calls = {

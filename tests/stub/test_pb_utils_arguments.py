@@ -31,6 +31,11 @@ T = pb_utils.Tensor("IN", np.zeros(2, np.float32))
     ({"timeout": -1}, "timeout"),
     ({"flags": -1}, "flags"),
     ({"correlation_id": -1}, "correlation_id"),
+    # (QA) Past Triton's widths: flags of 32 bits (2**32 was delivered as it was), the others
+    # of 64.
+    ({"flags": 2**32}, "flags must be below 2\\*\\*32"),
+    ({"timeout": 2**64}, "timeout must be below 2\\*\\*64"),
+    ({"correlation_id": 2**64}, "correlation_id must be below 2\\*\\*64"),
 ])
 def test_inference_request_wrong_argument_types(kwargs, what):
     args = {"model_name": "m", "inputs": [T], "requested_output_names": ["OUT"], **kwargs}
@@ -119,8 +124,11 @@ def test_inference_response_and_tensor_wrong_argument_types():
      "Expect parameters values to have type bool/int/str, found type <class 'NoneType'>"),
     # Past 64 bits: Triton answers "Unsupported value type on parameters"; it used to be an
     # OverflowError out of exec().
-    ({"big": 2 ** 70}, "Unsupported value type on parameters: 1180591620717411303424 does not "
-                       "fit in 64 bits (key 'big')"),
+    ({"big": 2 ** 70}, "Unsupported value type on parameters: 1180591620717411303424 is not "
+                       "a 64-bit signed integer (key 'big')"),
+    # (QA) Triton's parameters are int64: 2**63 was passed on.
+    ({"big": 2 ** 63}, "Unsupported value type on parameters: 9223372036854775808 is not a "
+                       "64-bit signed integer (key 'big')"),
 ])
 def test_parameter_errors_use_tritons_wording(params, message):
     for build in (lambda: pb_utils.InferenceResponse([T], parameters=params),

@@ -6,6 +6,7 @@ async (calls made with async_exec), return_last (the last output goes back as OU
 REPORT (JSON): per call the target's CHECK and whether OUTPUT0 held what it should; this stub's
 copies, reuses and forwards; its pool's bytes in use before, with the tensor, and after it died.
 """
+import asyncio
 import json
 import time
 
@@ -25,11 +26,13 @@ def used_bytes():
     return runtime().pool.usage()["used_bytes"]
 
 
-def settled_used(limit, seconds=5.0):
-    # Releases come back asynchronously (batched): wait a little for the pool to drain.
+async def settled_used(limit, seconds=5.0):
+    # Releases come back asynchronously (batched): wait a little for the pool to drain. (On
+    # the event loop: an async_exec's response is let go once the loop runs on, as Triton's
+    # Future is.)
     deadline = time.monotonic() + seconds
     while used_bytes() > limit and time.monotonic() < deadline:
-        time.sleep(0.01)
+        await asyncio.sleep(0.01)
     return used_bytes()
 
 
@@ -48,7 +51,7 @@ class TritonPythonModel:
     async def run(self, spec):
         tr = runtime().transport
         n, calls = int(spec["nbytes"]), int(spec["calls"])
-        used0 = settled_used(0)
+        used0 = await settled_used(0)
         before = (tr.copies, tr.reuses, tr.forwards)
         tensor = pb_utils.Tensor("INPUT0", pattern(n))
         report = {"calls": [], "used_before": used0}
@@ -75,5 +78,5 @@ class TritonPythonModel:
         if not spec.get("return_last"):
             last = None
         del tensor
-        report["used_after"] = settled_used(used0)
+        report["used_after"] = await settled_used(used0)
         return report, last
