@@ -212,9 +212,11 @@ class ModelResponses(ModelDispatch):
         if err:
             for req in failed:
                 req.fail(error)
-            # Nobody left to tell (e.g. a decoupled execute returned responses after its final
-            # flag): the log says it.
-            if not failed and not logged:
+            # As Triton's stub logs it (QA): an execute that failed (it raised, or returned no
+            # list of responses) is in the server's log too, with the model's frames, whoever
+            # else is told (and when nobody is left to tell, e.g. a decoupled execute that
+            # returned responses after its final flag).
+            if not logged:
                 log.error("model '%s' instance '%s': %s", self.name, inst.name, error.message)
         if requeue:
             with self.lock:
