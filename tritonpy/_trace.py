@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
 import secrets
 import threading
 import time
