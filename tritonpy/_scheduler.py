@@ -472,10 +472,10 @@ class DynamicBatcher(Unbound):
     def _form(self, n_instances: int) -> bool:
         """Move the requests that make (or grow) the next batch from the queue to the batches
         formed; False when none can go now (too few yet: the waker is armed)."""
-        grow = self.payloads[-1] if self.open and self.payloads else None
-        if grow is None and len(self.payloads) >= 2 * max(1, n_instances):
-            return False  # as Triton's: so many formed ahead already
         while True:
+            grow = self.payloads[-1] if self.open and self.payloads else None
+            if grow is None and len(self.payloads) >= 2 * max(1, n_instances):
+                return False  # as Triton's: so many formed ahead already
             expired: list[HostRequest] = []
             chosen, saturated = self._choose(self._candidates(time.monotonic_ns(), expired),
                                              grow)
@@ -485,6 +485,11 @@ class DynamicBatcher(Unbound):
                 self._expire(expired)
                 continue
             if not chosen:
+                if grow is not None and saturated:
+                    # Closed by a request that cannot join it (another shape, past the
+                    # maximum), as Triton's: that request starts the next batch.
+                    self.open = False
+                    continue
                 return False
             self._pop(len(chosen))
             if grow is not None:
@@ -534,7 +539,7 @@ class DynamicBatcher(Unbound):
         if not pending:
             for lv in self.levels:
                 self._purge(lv)
-            return None, send_now
+            return None, saturated
         delay = self.delay_ns
         exceeded = bool(delay) and time.monotonic_ns() - oldest >= delay
         if best and not exceeded:

@@ -184,6 +184,21 @@ def test_batches_behind_a_busy_instance_grow_past_the_preferred_size_as_in_trito
     assert [b["batch_size"] for b in stats["batch_stats"]] == [2, 5]
 
 
+def test_a_request_too_big_for_the_batch_formed_ahead_starts_the_next(server, gate):
+    # As Triton's batcher: the 7-row request cannot join the 2 rows formed ahead (past
+    # max_batch_size 8), which closes them; it makes a batch of its own (past the largest
+    # preferred size), and the last request runs after it, alone.
+    model = server.model("db_pref")
+    held = _hold(model, gate, rows=2)
+    small = [model.infer({"IN": _row(i)}) for i in range(2)]
+    big = model.infer({"IN": np.full((7, 1), 9, dtype=np.float32)})
+    last = model.infer({"IN": _row(5)})
+    gate.open()
+    n = params(held.get(timeout=30))["exec"]
+    seen = [params(r) for r in _all(small + [big, last])]
+    assert [(p["exec"] - n, p["rows"]) for p in seen] == [(1, 2), (1, 2), (2, 7), (3, 1)]
+
+
 def test_queue_delay_holds_a_batch_open_until_it_is_full(server):
     # max_queue_delay 30 s, max_batch_size 3: the first request waits for company instead of
     # running alone, and the batch goes as soon as it is full (long before the delay ends).
