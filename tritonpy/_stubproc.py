@@ -122,27 +122,19 @@ def _raise_if_no_thread(name: str, exc: BaseException, what: str) -> None:
                                f"({exc}): {THREAD_LIMIT_HINT}") from None
 
 
-def _stopped(pid: int) -> bool:
-    """Whether process ``pid`` is stopped by a signal (state T in /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')'.
-    return stat[stat.rfind(b")") + 2:][:1] == b"T"
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """The CPU time process ``pid`` has used (user and system, /proc), or None."""
+def _proc_state(pid: int) -> tuple[bool, float] | None:
+    """Whether process ``pid`` is stopped by a signal (state T), and the CPU time it has used
+    (user and system, in seconds), from /proc; None when it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()
     except OSError:
         return None
-    fields = stat[stat.rfind(b")") + 2:].split()  # from the state on: utime, stime are 11, 12
+    # "pid (comm) S ...": comm may hold spaces and parentheses; the state follows the last ')',
+    # and utime, stime are the 12th and 13th fields from it.
+    fields = stat[stat.rfind(b")") + 2:].split()
     try:
-        return (int(fields[11]) + int(fields[12])) / _TICKS
+        return fields[0] == b"T", (int(fields[11]) + int(fields[12])) / _TICKS
     except (IndexError, ValueError):
         return None
 
@@ -541,17 +533,17 @@ class StubProcess:
             if time.monotonic() - self._last_seen < interval or not self._hello.is_set():
                 warned = False
                 continue
-            cpu, t0 = _cpu_seconds(self.pid), time.monotonic()
+            before, t0 = _proc_state(self.pid), time.monotonic()
             if self.ping(timeout):
                 warned = False
             elif self.alive and not self._closing:
                 if self.proc.poll() is not None:
                     return  # it died meanwhile (its death path, maybe late, says how)
                 # A stopped stub (SIGSTOP, a debugger, Ctrl-Z) is silent for another reason.
-                stopped = _stopped(self.pid)
-                used = _cpu_seconds(self.pid)
-                if (not stopped and cpu is not None and used is not None
-                        and used - cpu >= BUSY_CPU_SHARE * (time.monotonic() - t0)):
+                now = _proc_state(self.pid)
+                stopped = now is not None and now[0]
+                if (not stopped and before is not None and now is not None
+                        and now[1] - before[1] >= BUSY_CPU_SHARE * (time.monotonic() - t0)):
                     if not warned:
                         warned = True
                         log.warning("[%s] stub has not answered for %.1f s, busy on a CPU "
