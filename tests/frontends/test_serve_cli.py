@@ -1308,7 +1308,9 @@ def test_the_server_loop_does_not_poll_while_client_requests_overlap(
     try:
         overlapping(3)  # warm
         used = overlapping(40)
-        assert used < 0.08, used
+        # Polling would cost ~300 ms; without it the main thread's own work for 80 requests
+        # took 40-100 ms on this VM (0.08 was hit by the code before and after on a slow hour).
+        assert used < 0.15, used
         _polls(one_at_a_time)
     finally:
         client.close()
